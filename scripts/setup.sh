@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Idempotent set-up: npm packages, the Python venv (cached by lock hash), the TypeScript build and
+# the tiny test model. Safe to run again; each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+step() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+# --- npm ---------------------------------------------------------------------------------------
+lock_hash=$(sha256sum package-lock.json | cut -c1-16)
+if [ ! -f node_modules/.reef-lock-hash ] || [ "$(cat node_modules/.reef-lock-hash)" != "$lock_hash" ]; then
+  step "npm ci (package-lock $lock_hash)"
+  npm ci --no-audit --no-fund --loglevel=error
+  echo "$lock_hash" > node_modules/.reef-lock-hash
+else
+  step "npm packages up to date"
+fi
+
+# --- Python venv, cached in the user cache dir keyed by the lock hash --------------------------
+cache_dir="${XDG_CACHE_HOME:-$HOME/.cache}/reef"
+py_hash=$( (cat python_shim/requirements.lock; python3 --version) | sha256sum | cut -c1-16)
+venv="$cache_dir/venv-$py_hash"
+if [ ! -f "$venv/.complete" ]; then
+  step "creating Python venv $venv (torch, ray, transformers: a few minutes the first time)"
+  rm -rf "$venv"
+  mkdir -p "$cache_dir"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --progress-bar on -r python_shim/requirements.lock
+  touch "$venv/.complete"
+else
+  step "Python venv cached at $venv"
+fi
+ln -sfn "$venv" .venv
+
+# --- TypeScript build ---------------------------------------------------------------------------
+step "building TypeScript"
+npx tsc -p tsconfig.json
+
+# --- tiny model -----------------------------------------------------------------------------------
+if [ -f python_shim/reef_shim/tiny_model.py ]; then
+  step "building the tiny test model"
+  PYTHONPATH="$root/python_shim" .venv/bin/python -m reef_shim.tiny_model --out "$root/.cache/tiny-model" --quiet
+fi
+step "done"
