@@ -1,0 +1,58 @@
+/**
+ * A small argv parser for the reef CLI: flags (`--json`, `-c FILE`, `--config=FILE`), config
+ * overrides (`--a.b.c=value`, kept aside for the config loader) and positionals.
+ */
+export interface ParsedArgs {
+  positionals: string[];
+  flags: Map<string, string | true>;
+  /** `--a.b=c` config overrides, in order. */
+  overrides: string[];
+}
+
+const ALIASES: Record<string, string> = { c: 'config', h: 'help', d: 'detach' };
+/** Flags that take a value when written as `--flag value`. */
+const VALUED = new Set(['config', 'data-dir', 'scenario', 'out', 'timeout']);
+
+export function parseArgs(argv: readonly string[]): ParsedArgs {
+  const positionals: string[] = [];
+  const flags = new Map<string, string | true>();
+  const overrides: string[] = [];
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!;
+    if (arg === '--') {
+      positionals.push(...argv.slice(i + 1));
+      break;
+    }
+    if (arg.startsWith('--') && arg.slice(2).split('=')[0]!.includes('.')) {
+      // A dotted flag is a config override, never a CLI flag.
+      if (!arg.includes('=')) throw new Error(`config override ${arg} needs a value: ${arg}=VALUE`);
+      overrides.push(arg);
+      continue;
+    }
+    const long = arg.startsWith('--') ? arg.slice(2) : arg.startsWith('-') && arg.length > 1 ? arg.slice(1) : null;
+    if (long === null) {
+      positionals.push(arg);
+      continue;
+    }
+    const eq = long.indexOf('=');
+    const rawName = eq >= 0 ? long.slice(0, eq) : long;
+    const name = ALIASES[rawName] ?? rawName;
+    if (eq >= 0) flags.set(name, long.slice(eq + 1));
+    else if (VALUED.has(name)) {
+      const value = argv[i + 1];
+      if (value === undefined || value.startsWith('-')) throw new Error(`--${name} needs a value`);
+      flags.set(name, value);
+      i++;
+    } else flags.set(name, true);
+  }
+  return { positionals, flags, overrides };
+}
+
+export function flagString(args: ParsedArgs, name: string): string | null {
+  const v = args.flags.get(name);
+  return typeof v === 'string' ? v : null;
+}
+
+export function flagBool(args: ParsedArgs, name: string): boolean {
+  return args.flags.get(name) === true || args.flags.get(name) === 'true';
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Sets up everything (idempotent) and runs every test: vitest (TypeScript, incl. integration tests
+# with real processes, Ray and torch) and pytest (the Python shim). GPU-only tests skip, visibly,
+# without a GPU. Ends with one summary line: "reef: N passed, N failed, N skipped".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh || { echo "reef: set-up failed"; exit 1; }
+
+mkdir -p .cache/test-results
+rm -f .cache/test-results/vitest.json .cache/test-results/pytest.xml
+
+echo "[test] vitest"
+npx vitest run --reporter=default --reporter=json --outputFile.json=.cache/test-results/vitest.json "$@"
+ts_rc=$?
+
+echo "[test] pytest"
+PYTHONPATH=python_shim .venv/bin/python -m pytest python_shim/tests -q -rs --junitxml=.cache/test-results/pytest.xml
+py_rc=$?
+# pytest exits 5 when it collects nothing; that is a failure of the suite here, not a pass.
+
+node scripts/test-summary.mjs .cache/test-results/vitest.json .cache/test-results/pytest.xml
+sum_rc=$?
+if [ $ts_rc -ne 0 ] || [ $py_rc -ne 0 ] || [ $sum_rc -ne 0 ]; then exit 1; fi
