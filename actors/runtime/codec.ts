@@ -8,7 +8,8 @@ import { Packr } from 'msgpackr';
 const packr = new Packr({
   useRecords: false,
   encodeUndefinedAsNil: true,
-  int64AsType: 'auto',
+  // 'auto' is supported by msgpackr 1.12 at run time but missing from its type declarations.
+  int64AsType: 'auto' as 'number',
   mapsAsObjects: true,
   moreTypes: false,
   bundleStrings: false,

@@ -1,0 +1,181 @@
+import { Agent, request } from 'undici';
+import { ReefError } from '../actors/runtime/errors.js';
+
+/**
+ * Client of the engine HTTP API (the SGLang native subset in docs/internals.md), shared by the
+ * gateway, the PRM actors and the trainer-controller. One keep-alive pool per engine URL.
+ */
+
+export interface SamplingParams {
+  max_new_tokens?: number;
+  temperature?: number;
+  top_p?: number;
+  top_k?: number;
+  stop?: string[] | null;
+  stop_token_ids?: number[] | null;
+  sampling_seed?: number | null;
+}
+
+export interface GenerateRequest {
+  input_ids?: number[] | null;
+  text?: string | null;
+  sampling_params: SamplingParams;
+  return_logprob?: boolean;
+  top_logprobs_num?: number;
+  rid?: string | null;
+}
+
+export type LogprobEntry = [number, number, string | null];
+
+export interface GenerateResponse {
+  text: string;
+  output_ids: number[];
+  meta_info: {
+    id: string;
+    finish_reason: { type: 'stop' | 'length' | 'abort'; matched: number | string | null } | null;
+    prompt_tokens: number;
+    completion_tokens: number;
+    output_token_logprobs?: LogprobEntry[];
+    output_top_logprobs?: LogprobEntry[][];
+    weight_version: string | null;
+  };
+}
+
+export interface ModelInfo {
+  model_path: string;
+  tokenizer_path?: string | null;
+  is_generation?: boolean;
+  weight_version?: string | null;
+  max_context_length?: number;
+  vocab_size?: number;
+}
+
+export interface EngineClientOptions {
+  /** @default 300_000 */
+  requestTimeoutMs?: number;
+  /** @default 64 */
+  connections?: number;
+  /** Name used in errors. @default the URL */
+  name?: string;
+}
+
+export class EngineClient {
+  readonly baseUrl: string;
+  readonly name: string;
+  private readonly agent: Agent;
+  private readonly timeoutMs: number;
+
+  constructor(baseUrl: string, opts: EngineClientOptions = {}) {
+    this.baseUrl = baseUrl.replace(/\/+$/, '');
+    this.name = opts.name ?? this.baseUrl;
+    this.timeoutMs = opts.requestTimeoutMs ?? 300_000;
+    this.agent = new Agent({ connections: opts.connections ?? 64, keepAliveTimeout: 30_000, pipelining: 1 });
+  }
+
+  private async call(method: 'GET' | 'POST', path: string, body?: unknown, signal?: AbortSignal) {
+    try {
+      return await request(this.baseUrl + path, {
+        method,
+        dispatcher: this.agent,
+        headers: body === undefined ? {} : { 'content-type': 'application/json' },
+        body: body === undefined ? null : JSON.stringify(body),
+        headersTimeout: this.timeoutMs,
+        bodyTimeout: this.timeoutMs,
+        signal: signal ?? null,
+      });
+    } catch (err) {
+      if (signal?.aborted) throw err;
+      throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.name, reason: (err as Error).message }, { cause: err });
+    }
+  }
+
+  private async json<T>(method: 'GET' | 'POST', path: string, body?: unknown): Promise<T> {
+    const res = await this.call(method, path, body);
+    const text = await res.body.text();
+    if (res.statusCode >= 500) {
+      throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.name, reason: `${path} answered ${res.statusCode}: ${text.slice(0, 300)}` });
+    }
+    if (res.statusCode >= 400) {
+      throw new EngineRequestError(res.statusCode, text, path);
+    }
+    return (text ? JSON.parse(text) : {}) as T;
+  }
+
+  async health(): Promise<boolean> {
+    try {
+      const res = await this.call('GET', '/health');
+      await res.body.dump();
+      return res.statusCode === 200;
+    } catch {
+      return false;
+    }
+  }
+
+  modelInfo(): Promise<ModelInfo> {
+    return this.json('GET', '/model_info');
+  }
+
+  generate(req: GenerateRequest): Promise<GenerateResponse> {
+    return this.json('POST', '/generate', { ...req, stream: false });
+  }
+
+  /**
+   * Streams a generation. Each yielded chunk is cumulative (SGLang's convention: `output_ids` and
+   * the logprob lists hold everything generated so far). Aborting `signal` closes the connection,
+   * which makes the engine stop generating.
+   */
+  async *generateStream(req: GenerateRequest, signal?: AbortSignal): AsyncGenerator<GenerateResponse> {
+    const res = await this.call('POST', '/generate', { ...req, stream: true }, signal);
+    if (res.statusCode >= 400) {
+      const text = await res.body.text();
+      if (res.statusCode >= 500) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.name, reason: `/generate answered ${res.statusCode}: ${text.slice(0, 300)}` });
+      throw new EngineRequestError(res.statusCode, text, '/generate');
+    }
+    let buf = '';
+    for await (const chunk of res.body) {
+      buf += typeof chunk === 'string' ? chunk : (chunk as Buffer).toString('utf8');
+      let sep: number;
+      while ((sep = buf.indexOf('\n\n')) >= 0) {
+        const event = buf.slice(0, sep);
+        buf = buf.slice(sep + 2);
+        for (const line of event.split('\n')) {
+          if (!line.startsWith('data:')) continue;
+          const data = line.slice(5).trim();
+          if (data === '[DONE]') return;
+          const parsed = JSON.parse(data) as GenerateResponse | { error: unknown };
+          if ('error' in parsed) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.name, reason: JSON.stringify(parsed.error).slice(0, 300) });
+          yield parsed;
+        }
+      }
+    }
+    throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.name, reason: 'stream ended without [DONE]' });
+  }
+
+  updateWeightsFromDisk(modelPath: string, weightVersion: string | null): Promise<{ success: boolean; message: string; weight_version?: string | null }> {
+    return this.json('POST', '/update_weights_from_disk', { model_path: modelPath, weight_version: weightVersion });
+  }
+
+  pauseGeneration(): Promise<unknown> {
+    return this.json('POST', '/pause_generation', {});
+  }
+
+  continueGeneration(): Promise<unknown> {
+    return this.json('POST', '/continue_generation', {});
+  }
+
+  flushCache(): Promise<unknown> {
+    return this.json('POST', '/flush_cache', {});
+  }
+
+  async close(): Promise<void> {
+    await this.agent.close();
+  }
+}
+
+/** A 4xx from the engine: the request itself was bad (e.g. prompt past the context length). */
+export class EngineRequestError extends Error {
+  constructor(readonly statusCode: number, readonly body: string, readonly path: string) {
+    super(`engine ${path} answered ${statusCode}: ${body.slice(0, 300)}`);
+    this.name = 'EngineRequestError';
+  }
+}
