@@ -36,6 +36,9 @@ export const ERRORS = {
   REEF_ERR_NOT_RUNNING: { message: 'no running reef stack found at {path}', status: null, retryable: false, type: 'not_found_error' },
   REEF_ERR_ALREADY_RUNNING: { message: 'a reef stack is already running (pid {pid}, control {endpoint})', status: null, retryable: false, type: 'conflict_error' },
   REEF_ERR_INVALID_ARGUMENT: { message: '{details}', status: 400, retryable: false, type: 'invalid_request_error' },
+  REEF_ERR_CONFLICT: { message: '{what} conflicts with an existing one: {details}', status: 409, retryable: false, type: 'conflict_error' },
+  REEF_ERR_STORE: { message: 'record store: {reason}', status: 500, retryable: false, type: 'server_error' },
+  REEF_ERR_STORE_CLOSED: { message: 'record store {path} is closed', status: 503, retryable: true, type: 'service_unavailable' },
 } as const satisfies Record<string, ErrorSpec>;
 
 export type ErrorCode = keyof typeof ERRORS;
