@@ -1,0 +1,114 @@
+import { z } from 'zod';
+
+/**
+ * The OpenAI chat-completions request as Reef accepts it. Known fields are checked strictly;
+ * unknown top-level fields are accepted and ignored, because real clients (OpenClaw, Hermes, the
+ * SDKs) send many optional knobs this engine does not implement.
+ */
+
+const TextPart = z.object({ type: z.literal('text'), text: z.string() }).loose();
+const ContentPart = z.discriminatedUnion('type', [
+  TextPart,
+  z.object({ type: z.literal('image_url') }).loose(),
+  z.object({ type: z.literal('input_audio') }).loose(),
+  z.object({ type: z.literal('file') }).loose(),
+]);
+const Content = z.union([z.string(), z.array(ContentPart)]);
+
+const ToolCall = z.object({
+  id: z.string(),
+  type: z.literal('function').default('function'),
+  function: z.object({ name: z.string().min(1), arguments: z.string() }),
+}).loose();
+
+const SystemMessage = z.object({ role: z.enum(['system', 'developer']), content: Content, name: z.string().optional() }).loose();
+const UserMessage = z.object({ role: z.literal('user'), content: Content, name: z.string().optional() }).loose();
+const AssistantMessage = z.object({
+  role: z.literal('assistant'),
+  content: Content.nullable().optional(),
+  reasoning_content: z.string().nullable().optional(),
+  tool_calls: z.array(ToolCall).optional(),
+  name: z.string().optional(),
+}).loose();
+const ToolMessage = z.object({ role: z.literal('tool'), content: Content, tool_call_id: z.string().optional(), name: z.string().optional() }).loose();
+
+export const ChatMessage = z.discriminatedUnion('role', [SystemMessage, UserMessage, AssistantMessage, ToolMessage]);
+export type ChatMessage = z.infer<typeof ChatMessage>;
+
+const Tool = z.object({
+  type: z.literal('function'),
+  function: z.object({
+    name: z.string().min(1).max(64),
+    description: z.string().optional(),
+    parameters: z.record(z.string(), z.unknown()).optional(),
+    strict: z.boolean().nullable().optional(),
+  }).loose(),
+}).loose();
+export type Tool = z.infer<typeof Tool>;
+
+const ToolChoice = z.union([
+  z.enum(['none', 'auto', 'required']),
+  z.object({ type: z.literal('function'), function: z.object({ name: z.string() }) }).loose(),
+]);
+
+export const ChatCompletionRequest = z.object({
+  model: z.string().optional(),
+  messages: z.array(ChatMessage).min(1, { message: 'messages must contain at least one message' }),
+  temperature: z.number().min(0).max(2).nullable().optional(),
+  top_p: z.number().gt(0).max(1).nullable().optional(),
+  max_tokens: z.number().int().min(1).nullable().optional(),
+  max_completion_tokens: z.number().int().min(1).nullable().optional(),
+  stop: z.union([z.string(), z.array(z.string()).max(4)]).nullable().optional(),
+  n: z.number().int().nullable().optional(),
+  stream: z.boolean().nullable().optional(),
+  stream_options: z.object({ include_usage: z.boolean().optional() }).loose().nullable().optional(),
+  tools: z.array(Tool).nullable().optional(),
+  tool_choice: ToolChoice.nullable().optional(),
+  seed: z.number().int().nullable().optional(),
+  user: z.string().optional(),
+}).loose();
+export type ChatCompletionRequest = z.infer<typeof ChatCompletionRequest>;
+
+export interface RequestIssue {
+  /** The OpenAI `param` of the error: a dotted path such as `messages[2].role`. */
+  param: string | null;
+  message: string;
+}
+
+function paramOf(path: readonly PropertyKey[]): string | null {
+  if (path.length === 0) return null;
+  let out = '';
+  for (const seg of path) out += typeof seg === 'number' ? `[${seg}]` : out ? `.${String(seg)}` : String(seg);
+  return out;
+}
+
+/** Validates a parsed body; returns the typed request or the first issue in OpenAI terms. */
+export function parseChatRequest(body: unknown): { ok: true; value: ChatCompletionRequest } | { ok: false; issue: RequestIssue } {
+  if (body === null || typeof body !== 'object' || Array.isArray(body)) {
+    return { ok: false, issue: { param: null, message: 'request body must be a JSON object' } };
+  }
+  const parsed = ChatCompletionRequest.safeParse(body);
+  if (!parsed.success) {
+    const first = parsed.error.issues[0]!;
+    const param = paramOf(first.path);
+    return { ok: false, issue: { param, message: `${param ?? 'body'}: ${describeIssue(first, body)}` } };
+  }
+  const req = parsed.data;
+  if (req.n != null && req.n !== 1) return { ok: false, issue: { param: 'n', message: 'n must be 1: Reef records one completion per request' } };
+  for (const [i, m] of req.messages.entries()) {
+    const parts = Array.isArray(m.content) ? m.content : [];
+    const bad = parts.findIndex((p) => p.type !== 'text');
+    if (bad >= 0) return { ok: false, issue: { param: `messages[${i}].content[${bad}].type`, message: `content part type ${JSON.stringify(parts[bad]!.type)} is not supported: this model takes text only` } };
+  }
+  return { ok: true, value: req };
+}
+
+function describeIssue(issue: z.core.$ZodIssue, body: unknown): string {
+  if (issue.code === 'invalid_union' && 'discriminator' in issue && issue.discriminator === 'role') {
+    const i = issue.path[1];
+    const role = typeof i === 'number' ? (body as { messages: Array<{ role?: unknown }> }).messages[i]?.role : undefined;
+    return role === undefined ? 'missing role' : `unknown role ${JSON.stringify(role)}; expected system, developer, user, assistant or tool`;
+  }
+  if (issue.code === 'invalid_union' && issue.path.at(-1) === 'content') return 'expected a string or an array of content parts';
+  return issue.message.replace(/^Invalid input: /, '');
+}
