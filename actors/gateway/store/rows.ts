@@ -1,0 +1,175 @@
+import { endianness } from 'node:os';
+import { ReefError } from '../../runtime/errors.js';
+import { isId } from './ids.js';
+import type { AgentRecord, NewRecord, RecordSummary } from './types.js';
+
+/** Conversion between records and SQLite rows: token arrays as raw little-endian BLOBs. */
+
+// Typed arrays are stored as their in-memory bytes; that is only little-endian on an LE host.
+if (endianness() !== 'LE') throw new Error('the record store needs a little-endian host');
+
+export const SCENARIO_RE = /^[a-z0-9][a-z0-9._-]{0,63}$/;
+
+export function checkScenarioName(name: unknown): string {
+  if (typeof name !== 'string' || !SCENARIO_RE.test(name)) {
+    throw invalid(`scenario name ${JSON.stringify(name)} must match ${SCENARIO_RE.source}`);
+  }
+  return name;
+}
+
+export function invalid(details: string): ReefError {
+  return new ReefError('REEF_ERR_INVALID_ARGUMENT', { details });
+}
+
+/** Row values in the column order of `INSERT_RECORD_SQL`. */
+export type RecordRow = (string | number | Buffer | null)[];
+
+export const INSERT_RECORD_SQL = `INSERT INTO records (id, scenario, status, started_at, finished_at, latency_ms, engine,
+  weight_version, finish_reason, prompt_tokens, completion_tokens, top_k, error, tags, request, response,
+  prompt_ids, output_ids, logprobs, topk_ids, topk_logprobs)
+  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`;
+
+export const SUMMARY_COLUMNS = `seq, id, scenario, status, started_at, finished_at, latency_ms, engine, weight_version,
+  finish_reason, prompt_tokens, completion_tokens, top_k, error, tags, request, response`;
+export const FULL_COLUMNS = `${SUMMARY_COLUMNS}, prompt_ids, output_ids, logprobs, topk_ids, topk_logprobs`;
+
+/** A copy of the array's bytes: the caller may reuse its array before the commit runs. */
+function blob(arr: Int32Array | Float32Array): Buffer {
+  return Buffer.from(new Uint8Array(arr.buffer, arr.byteOffset, arr.byteLength));
+}
+
+function typed<T>(value: unknown, ctor: abstract new (...args: never[]) => T, field: string): T {
+  if (!(value instanceof ctor)) throw invalid(`record.${field} must be a ${ctor.name}`);
+  return value;
+}
+
+function finite(value: unknown, field: string): number {
+  if (typeof value !== 'number' || !Number.isFinite(value)) throw invalid(`record.${field} must be a finite number`);
+  return value;
+}
+
+function count(value: unknown, field: string): number {
+  if (!Number.isSafeInteger(value) || (value as number) < 0) throw invalid(`record.${field} must be a non-negative integer`);
+  return value as number;
+}
+
+function text(value: unknown, field: string, nullable: boolean): string | null {
+  if (value === null && nullable) return null;
+  if (typeof value !== 'string') throw invalid(`record.${field} must be a string${nullable ? ' or null' : ''}`);
+  return value;
+}
+
+/** Checks a record completely and turns it into a row; throws REEF_ERR_INVALID_ARGUMENT. */
+export function toRow(r: NewRecord, id: string): RecordRow {
+  if (!isId(id)) throw invalid(`record.id ${JSON.stringify(id)} is not a 26-char Crockford base32 id`);
+  checkScenarioName(r.scenario);
+  if (r.status !== 'ok' && r.status !== 'aborted' && r.status !== 'failed') {
+    throw invalid(`record.status must be ok, aborted or failed, got ${JSON.stringify(r.status)}`);
+  }
+  if (r.tags === null || typeof r.tags !== 'object' || Object.values(r.tags).some((v) => typeof v !== 'string')) {
+    throw invalid('record.tags must map names to strings');
+  }
+  if (r.request === null || typeof r.request !== 'object' || !Array.isArray(r.request.messages)) {
+    throw invalid('record.request must be {messages, tools, params}');
+  }
+  const promptIds = typed(r.promptIds, Int32Array, 'promptIds');
+  const outputIds = typed(r.outputIds, Int32Array, 'outputIds');
+  const logprobs = typed(r.logprobs, Float32Array, 'logprobs');
+  const topkIds = typed(r.topkIds, Int32Array, 'topkIds');
+  const topkLogprobs = typed(r.topkLogprobs, Float32Array, 'topkLogprobs');
+  const k = count(r.topK, 'topK');
+  const n = outputIds.length;
+  if (logprobs.length !== n) throw invalid(`record.logprobs has ${logprobs.length} entries for ${n} output tokens`);
+  if (topkIds.length !== n * k || topkLogprobs.length !== n * k) {
+    throw invalid(`record.topkIds/topkLogprobs must hold ${n}×${k} entries, got ${topkIds.length}/${topkLogprobs.length}`);
+  }
+  return [
+    id,
+    r.scenario,
+    r.status,
+    finite(r.startedAt, 'startedAt'),
+    finite(r.finishedAt, 'finishedAt'),
+    finite(r.latencyMs, 'latencyMs'),
+    text(r.engine, 'engine', false),
+    text(r.weightVersion, 'weightVersion', true),
+    text(r.finishReason, 'finishReason', true),
+    count(r.usage?.promptTokens, 'usage.promptTokens'),
+    count(r.usage?.completionTokens, 'usage.completionTokens'),
+    k,
+    text(r.error, 'error', true),
+    JSON.stringify(r.tags),
+    JSON.stringify({ messages: r.request.messages, tools: r.request.tools ?? null, params: r.request.params ?? {} }),
+    JSON.stringify(r.response ?? null),
+    blob(promptIds),
+    blob(outputIds),
+    blob(logprobs),
+    blob(topkIds),
+    blob(topkLogprobs),
+  ];
+}
+
+/** A typed view of a BLOB, copied when SQLite's buffer is not 4-byte aligned. */
+function view<T>(bytes: Buffer, ctor: { new (buf: ArrayBufferLike, offset: number, length: number): T }): T {
+  const aligned = bytes.byteOffset % 4 === 0 ? bytes : Buffer.from(bytes);
+  return new ctor(aligned.buffer, aligned.byteOffset, aligned.byteLength / 4);
+}
+
+export interface SummaryRowShape {
+  seq: number;
+  id: string;
+  scenario: string;
+  status: RecordSummary['status'];
+  started_at: number;
+  finished_at: number;
+  latency_ms: number;
+  engine: string;
+  weight_version: string | null;
+  finish_reason: string | null;
+  prompt_tokens: number;
+  completion_tokens: number;
+  top_k: number;
+  error: string | null;
+  tags: string;
+  request: string;
+  response: string;
+}
+
+export interface FullRowShape extends SummaryRowShape {
+  prompt_ids: Buffer;
+  output_ids: Buffer;
+  logprobs: Buffer;
+  topk_ids: Buffer;
+  topk_logprobs: Buffer;
+}
+
+export function toSummary(row: SummaryRowShape): RecordSummary {
+  return {
+    id: row.id,
+    offset: row.seq,
+    scenario: row.scenario,
+    tags: JSON.parse(row.tags) as Record<string, string>,
+    status: row.status,
+    startedAt: row.started_at,
+    finishedAt: row.finished_at,
+    request: JSON.parse(row.request) as RecordSummary['request'],
+    topK: row.top_k,
+    finishReason: row.finish_reason,
+    usage: { promptTokens: row.prompt_tokens, completionTokens: row.completion_tokens },
+    weightVersion: row.weight_version,
+    engine: row.engine,
+    latencyMs: row.latency_ms,
+    error: row.error,
+    response: JSON.parse(row.response) as unknown,
+  };
+}
+
+export function toRecord(row: FullRowShape): AgentRecord {
+  return {
+    ...toSummary(row),
+    promptIds: view(row.prompt_ids, Int32Array),
+    outputIds: view(row.output_ids, Int32Array),
+    logprobs: view(row.logprobs, Float32Array),
+    topkIds: view(row.topk_ids, Int32Array),
+    topkLogprobs: view(row.topk_logprobs, Float32Array),
+  };
+}

@@ -1,0 +1,98 @@
+import type Database from 'better-sqlite3';
+import { ReefError } from '../../runtime/errors.js';
+
+/**
+ * Schema migrations, applied in order on open. `PRAGMA user_version` holds how many have run.
+ * Append new steps; never edit a released one.
+ *
+ * Records keep their small columns first and the large ones (JSON, token blobs) last: SQLite
+ * reads a row's leading columns without walking the overflow pages of the blobs behind them,
+ * so listings and summaries stay cheap.
+ */
+const MIGRATIONS: readonly string[] = [
+  `
+  CREATE TABLE scenarios (
+    name TEXT PRIMARY KEY,
+    created_at INTEGER NOT NULL,
+    description TEXT
+  ) STRICT;
+
+  -- AUTOINCREMENT: an offset is never reused, even for the newest row after a delete.
+  CREATE TABLE records (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    scenario TEXT NOT NULL REFERENCES scenarios(name),
+    status TEXT NOT NULL CHECK (status IN ('ok', 'aborted', 'failed')),
+    started_at INTEGER NOT NULL,
+    finished_at INTEGER NOT NULL,
+    latency_ms REAL NOT NULL,
+    engine TEXT NOT NULL,
+    weight_version TEXT,
+    finish_reason TEXT,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    top_k INTEGER NOT NULL,
+    error TEXT,
+    tags TEXT NOT NULL,
+    request TEXT NOT NULL,
+    response TEXT NOT NULL,
+    prompt_ids BLOB NOT NULL,
+    output_ids BLOB NOT NULL,
+    logprobs BLOB NOT NULL,
+    topk_ids BLOB NOT NULL,
+    topk_logprobs BLOB NOT NULL
+  ) STRICT;
+  CREATE INDEX records_by_scenario ON records(scenario, seq);
+
+  CREATE TABLE reports (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    scenario TEXT NOT NULL REFERENCES scenarios(name),
+    client_id TEXT,
+    score REAL NOT NULL,
+    feedback TEXT NOT NULL,
+    refs TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+  ) STRICT;
+  CREATE UNIQUE INDEX reports_by_client ON reports(scenario, client_id) WHERE client_id IS NOT NULL;
+  CREATE INDEX reports_by_scenario ON reports(scenario, seq);
+
+  CREATE TABLE judgments (
+    record_id TEXT PRIMARY KEY REFERENCES records(id),
+    judgment TEXT NOT NULL,
+    updated_at INTEGER NOT NULL
+  ) STRICT;
+
+  CREATE TABLE consumer_offsets (
+    consumer TEXT PRIMARY KEY,
+    next_offset INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+  ) STRICT;
+
+  CREATE TABLE kv (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    updated_at INTEGER NOT NULL
+  ) STRICT;
+  `,
+];
+
+export const SCHEMA_VERSION = MIGRATIONS.length;
+
+/** Brings the database to SCHEMA_VERSION; refuses a database written by a newer Reef. */
+export function migrate(db: Database.Database): void {
+  // IMMEDIATE: two processes opening a fresh file at once must not both run step 1.
+  db.transaction(() => {
+    const current = db.pragma('user_version', { simple: true }) as number;
+    if (current > SCHEMA_VERSION) {
+      throw new ReefError('REEF_ERR_STORE', {
+        reason: `${db.name} has schema version ${current}, newer than this build's ${SCHEMA_VERSION}`,
+      });
+    }
+    for (let v = current; v < SCHEMA_VERSION; v++) {
+      db.exec(MIGRATIONS[v]!);
+      db.pragma(`user_version = ${v + 1}`);
+    }
+  }).immediate();
+}

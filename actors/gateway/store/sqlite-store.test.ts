@@ -1,0 +1,186 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { recordDiff, sampleRecord } from './fixtures.js';
+import { SqliteStore } from './sqlite-store.js';
+
+let dir: string;
+let store: SqliteStore;
+beforeEach(() => {
+  dir = mkdtempSync(join(tmpdir(), 'reef-store-'));
+  store = SqliteStore.open(join(dir, 'records.db'));
+});
+afterEach(async () => {
+  await store.close();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+describe('SqliteStore records', () => {
+  it('round-trips every field, token arrays bit for bit', async () => {
+    const input = sampleRecord(3, { promptTokens: 300, outputTokens: 200, topK: 4 });
+    const receipt = await store.append(input);
+    const got = await store.get(receipt.id);
+    expect(got).not.toBeNull();
+    expect(recordDiff(got!, input)).toEqual([]);
+    expect(got!.id).toBe(receipt.id);
+    expect(got!.offset).toBe(receipt.offset);
+    expect(got!.topkLogprobs[got!.topkLogprobs.length - 1]).toBe(-Infinity);
+    expect(got!.topkIds).toHaveLength(200 * 4);
+  });
+
+  it('keeps a caller-supplied id and stores records with no top-K', async () => {
+    const input = { ...sampleRecord(1, { topK: 0 }), id: '01ARZ3NDEKTSV4RRFFQ69G5FAV' };
+    const receipt = await store.append(input);
+    expect(receipt.id).toBe('01ARZ3NDEKTSV4RRFFQ69G5FAV');
+    const got = await store.get(receipt.id);
+    expect(recordDiff(got!, input)).toEqual([]);
+    expect(got!.topkIds).toHaveLength(0);
+  });
+
+  it('rejects a duplicate id with REEF_ERR_CONFLICT without failing its batch neighbours', async () => {
+    const first = await store.append(sampleRecord(1));
+    const results = await Promise.allSettled([
+      store.append(sampleRecord(2)),
+      store.append({ ...sampleRecord(3), id: first.id }),
+      store.append(sampleRecord(4)),
+    ]);
+    expect(results.map((r) => r.status)).toEqual(['fulfilled', 'rejected', 'fulfilled']);
+    expect((results[1] as PromiseRejectedResult).reason.code).toBe('REEF_ERR_CONFLICT');
+    expect(store.stats().failedAppends).toBe(1);
+  });
+
+  it('rejects inconsistent records with REEF_ERR_INVALID_ARGUMENT naming the field', async () => {
+    const r = sampleRecord(1, { outputTokens: 8, topK: 4 });
+    await expect(store.append({ ...r, logprobs: new Float32Array(7) })).rejects.toMatchObject({
+      code: 'REEF_ERR_INVALID_ARGUMENT', message: expect.stringContaining('logprobs'),
+    });
+    await expect(store.append({ ...r, topkIds: new Int32Array(31) })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
+    await expect(store.append({ ...r, promptIds: [1, 2] as unknown as Int32Array })).rejects.toMatchObject({
+      message: expect.stringContaining('promptIds'),
+    });
+    await expect(store.append({ ...r, scenario: 'Bad Name' })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
+    await expect(store.append({ ...r, id: 'not-an-id' })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
+    expect(await store.headOffset()).toBe(0);
+  });
+
+  it('records aborted and failed streams whole, with their status and reason', async () => {
+    const aborted = await store.markAborted({ ...sampleRecord(5), finishReason: null }, 'client disconnected');
+    const failed = await store.markFailed(sampleRecord(6, { outputTokens: 0 }), 'engine returned 500');
+    const a = await store.get(aborted.id);
+    const f = await store.get(failed.id);
+    expect([a!.status, a!.error, a!.finishReason]).toEqual(['aborted', 'client disconnected', null]);
+    expect([f!.status, f!.error, f!.outputIds.length]).toEqual(['failed', 'engine returned 500', 0]);
+  });
+
+  it('assigns strictly increasing offsets in commit order and reads them back by offset', async () => {
+    const receipts = [];
+    for (let i = 0; i < 5; i++) receipts.push(await store.append(sampleRecord(i)));
+    receipts.push(...(await Promise.all([10, 11, 12].map((s) => store.append(sampleRecord(s))))));
+    const offsets = receipts.map((r) => r.offset);
+    expect(offsets[0]).toBe(1);
+    for (let i = 1; i < offsets.length; i++) expect(offsets[i]).toBeGreaterThan(offsets[i - 1]!);
+    expect(await store.headOffset()).toBe(offsets[offsets.length - 1]);
+
+    const firstTwo = await store.readFrom(0, 2);
+    expect(firstTwo.map((r) => r.id)).toEqual(receipts.slice(0, 2).map((r) => r.id));
+    const rest = await store.readFrom(firstTwo[1]!.offset + 1, 100);
+    expect(rest.map((r) => r.id)).toEqual(receipts.slice(2).map((r) => r.id));
+    expect(recordDiff(rest[rest.length - 1]!, sampleRecord(12))).toEqual([]);
+    expect(await store.readFrom(offsets[offsets.length - 1]! + 1, 10)).toEqual([]);
+  });
+
+  it('lists one scenario page by page, both directions, without token payloads', async () => {
+    const mine: string[] = [];
+    for (let i = 0; i < 7; i++) {
+      mine.push((await store.append(sampleRecord(i, { scenario: 'a' }))).id);
+      await store.append(sampleRecord(100 + i, { scenario: 'b' }));
+    }
+    const seen: string[] = [];
+    let after: string | null = null;
+    let pages = 0;
+    do {
+      const page = await store.list({ scenario: 'a', after, limit: 3 });
+      seen.push(...page.items.map((s) => s.id));
+      expect(page.items.every((s) => !('outputIds' in s) && s.scenario === 'a')).toBe(true);
+      after = page.next;
+      pages += 1;
+    } while (after !== null);
+    expect(seen).toEqual(mine);
+    expect(pages).toBe(3);
+
+    const newest = await store.list({ scenario: 'a', limit: 4, order: 'desc' });
+    expect(newest.items.map((s) => s.id)).toEqual([...mine].reverse().slice(0, 4));
+    const older = await store.list({ scenario: 'a', limit: 4, order: 'desc', after: newest.next });
+    expect(older.items.map((s) => s.id)).toEqual([...mine].reverse().slice(4));
+    expect(older.next).toBeNull();
+    expect((await store.list({ scenario: 'nobody' })).items).toEqual([]);
+    await expect(store.list({ scenario: 'a', after: 'garbage' })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
+  });
+
+  it('returns null for an unknown id', async () => {
+    expect(await store.get('01ARZ3NDEKTSV4RRFFQ69G5FAV')).toBeNull();
+  });
+});
+
+describe('SqliteStore scenarios', () => {
+  it('validates names', async () => {
+    for (const good of ['a', '0', 'my-app.v2_test', 'x'.repeat(64)]) {
+      await expect(store.createScenario(good)).resolves.toMatchObject({ name: good });
+    }
+    for (const bad of ['', '-a', '.a', 'A', 'a b', 'a/b', 'x'.repeat(65), 'é']) {
+      await expect(store.createScenario(bad)).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
+    }
+  });
+
+  it('creates, refuses duplicates with 409, ensures idempotently and lists by name', async () => {
+    const made = await store.createScenario('shop', 'the shop agent');
+    expect(made).toMatchObject({ name: 'shop', description: 'the shop agent' });
+    await expect(store.createScenario('shop')).rejects.toMatchObject({ code: 'REEF_ERR_CONFLICT', status: 409 });
+    expect(await store.ensureScenario('shop', 'ignored')).toEqual(made);
+    await store.append(sampleRecord(1, { scenario: 'auto' }));
+    expect((await store.listScenarios()).map((s) => s.name)).toEqual(['auto', 'shop']);
+    expect(await store.getScenario('none')).toBeNull();
+  });
+});
+
+describe('SqliteStore consumer state', () => {
+  it('keeps offsets, state and judgments across a reopen', async () => {
+    const { id } = await store.append(sampleRecord(1));
+    expect(await store.getOffset('judge')).toBe(0);
+    await store.setOffset('judge', 2);
+    await store.commitConsumer('trainer', 7, 'trainer/state', { pending: ['x'], n: 3 });
+    await store.putState('judge/sessions', { open: 2 });
+    await store.putJudgment(id, { reward: 1, votes: [1, 1, -1] });
+    await store.close();
+
+    store = SqliteStore.open(join(dir, 'records.db'));
+    expect(await store.getOffset('judge')).toBe(2);
+    expect(await store.getOffset('trainer')).toBe(7);
+    expect(await store.getState('trainer/state')).toEqual({ pending: ['x'], n: 3 });
+    expect(await store.getState('judge/sessions')).toEqual({ open: 2 });
+    expect(await store.getJudgment(id)).toEqual({ reward: 1, votes: [1, 1, -1] });
+    await store.deleteState('judge/sessions');
+    expect(await store.getState('judge/sessions')).toBeNull();
+  });
+
+  it('commitConsumer writes both or neither', async () => {
+    await store.commitConsumer('judge', 3, 'judge/state', { v: 1 });
+    await expect(store.commitConsumer('judge', 9, 'judge/state', undefined)).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
+    await expect(store.commitConsumer('judge', -1, 'judge/state', { v: 2 })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
+    expect(await store.getOffset('judge')).toBe(3);
+    expect(await store.getState('judge/state')).toEqual({ v: 1 });
+  });
+
+  it('refuses a judgment for an unknown record', async () => {
+    await expect(store.putJudgment('01ARZ3NDEKTSV4RRFFQ69G5FAV', {})).rejects.toMatchObject({ code: 'REEF_ERR_NOT_FOUND' });
+  });
+
+  it('is closed after close(), which is idempotent', async () => {
+    await store.close();
+    await store.close();
+    await expect(store.append(sampleRecord(1))).rejects.toMatchObject({ code: 'REEF_ERR_STORE_CLOSED', retryable: true });
+    await expect(store.getOffset('x')).rejects.toMatchObject({ code: 'REEF_ERR_STORE_CLOSED' });
+    store = SqliteStore.open(join(dir, 'records.db'));
+  });
+});

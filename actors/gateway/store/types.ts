@@ -1,0 +1,175 @@
+/**
+ * The record store: what the gateway commits before a client gets its receipt, and what the judge
+ * and trainer read back by offset. `RecordStore` is the interface; `SqliteStore` the embedded
+ * implementation. Every method is async so that a networked store can implement the same surface.
+ */
+
+/** The request as the gateway received it (OpenAI chat-completions shape, JSON-serialisable). */
+export interface RecordRequest {
+  messages: unknown[];
+  tools: unknown[] | null;
+  /** Sampling and other request parameters (temperature, max_tokens, ...). */
+  params: Record<string, unknown>;
+}
+
+export type RecordStatus = 'ok' | 'aborted' | 'failed';
+
+export interface Usage {
+  promptTokens: number;
+  completionTokens: number;
+}
+
+/** Everything about one inference except its token payloads (what listings return). */
+export interface RecordSummary {
+  /** 26-char Crockford base32, sortable by creation time (see ids.ts). */
+  id: string;
+  /** Assigned by the store at commit; strictly increasing in commit order, starts at 1. */
+  offset: number;
+  scenario: string;
+  tags: Record<string, string>;
+  status: RecordStatus;
+  /** ms since the epoch. */
+  startedAt: number;
+  finishedAt: number;
+  request: RecordRequest;
+  /** K of the recorded top-K (0 when none was recorded). */
+  topK: number;
+  finishReason: string | null;
+  usage: Usage;
+  weightVersion: string | null;
+  engine: string;
+  latencyMs: number;
+  error: string | null;
+  /** The assistant message as returned to the client, or null when none was. */
+  response: unknown;
+}
+
+export interface AgentRecord extends RecordSummary {
+  promptIds: Int32Array;
+  outputIds: Int32Array;
+  /** One per output token. */
+  logprobs: Float32Array;
+  /** outputIds.length × topK, row-major (token t's candidates at [t*K, (t+1)*K)). */
+  topkIds: Int32Array;
+  topkLogprobs: Float32Array;
+}
+
+/** What `append` takes: a record without its offset; the id is generated when absent. */
+export type NewRecord = Omit<AgentRecord, 'id' | 'offset'> & { id?: string };
+
+export interface Receipt {
+  id: string;
+  offset: number;
+}
+
+export interface ListOptions {
+  scenario: string;
+  /** Cursor from a previous page's `next`; absent for the first page. */
+  after?: string | null;
+  /** @default 50 (at most 1000) */
+  limit?: number;
+  /** @default 'asc' (oldest first) */
+  order?: 'asc' | 'desc';
+}
+
+export interface Page<T> {
+  items: T[];
+  /** Pass as `after` to get the next page; null when this page is the last. */
+  next: string | null;
+}
+
+export interface Scenario {
+  name: string;
+  createdAt: number;
+  description: string | null;
+}
+
+export interface Report {
+  /** Store-generated id (same format as record ids). */
+  id: string;
+  scenario: string;
+  /** A finite number. */
+  score: number;
+  feedback: string | Record<string, unknown> | null;
+  /** Record ids (receipts) of the same scenario. */
+  references: string[];
+  metadata: Record<string, unknown> | null;
+  createdAt: number;
+  /** The client's idempotency key, unique per scenario; null when the client gave none. */
+  clientId: string | null;
+}
+
+export interface NewReport {
+  scenario: string;
+  score: number;
+  feedback: string | Record<string, unknown> | null;
+  references: string[];
+  metadata: Record<string, unknown> | null;
+  clientId: string | null;
+}
+
+/** Prometheus-style histogram: `counts[i]` = observations ≤ `bounds[i]` (cumulative); +Inf = `count`. */
+export interface Histogram {
+  bounds: number[];
+  counts: number[];
+  sum: number;
+  count: number;
+}
+
+export interface StoreStats {
+  /** Group-commit transactions that committed. */
+  commits: number;
+  /** Records committed. */
+  records: number;
+  /** Appends rejected (bad record, failed transaction). */
+  failedAppends: number;
+  /** Appends queued and not yet committed. */
+  pending: number;
+  /** Records per committed transaction. */
+  batchSize: Histogram;
+  /** Wall time of each group-commit transaction, BEGIN to COMMIT returning, in ms. */
+  commitMs: Histogram;
+}
+
+export interface RecordStore {
+  /** Queue a record; resolves once the transaction holding it has committed (the receipt). */
+  append(record: NewRecord): Promise<Receipt>;
+  /** Append a record whose stream ended early (client gone, engine abort), with its reason. */
+  markAborted(record: NewRecord, reason: string): Promise<Receipt>;
+  /** Append a record whose generation failed, with the error text. */
+  markFailed(record: NewRecord, error: string): Promise<Receipt>;
+
+  get(id: string): Promise<AgentRecord | null>;
+  list(options: ListOptions): Promise<Page<RecordSummary>>;
+  /** Records with offset ≥ `offset`, in offset order. A consumer then commits `last.offset + 1`. */
+  readFrom(offset: number, limit: number): Promise<AgentRecord[]>;
+  /** The highest committed offset (0 when empty). */
+  headOffset(): Promise<number>;
+
+  /** The next offset `consumer` should read (0 for a new consumer: offsets start at 1). */
+  getOffset(consumer: string): Promise<number>;
+  setOffset(consumer: string, offset: number): Promise<void>;
+  /** Advance a consumer and save its resumable state in one transaction. */
+  commitConsumer(consumer: string, offset: number, stateKey: string, state: unknown): Promise<void>;
+
+  getState(key: string): Promise<unknown>;
+  putState(key: string, value: unknown): Promise<void>;
+  deleteState(key: string): Promise<void>;
+
+  putJudgment(recordId: string, judgment: unknown): Promise<void>;
+  getJudgment(recordId: string): Promise<unknown>;
+
+  createScenario(name: string, description?: string | null): Promise<Scenario>;
+  ensureScenario(name: string, description?: string | null): Promise<Scenario>;
+  getScenario(name: string): Promise<Scenario | null>;
+  listScenarios(): Promise<Scenario[]>;
+
+  /** Idempotent by (scenario, clientId): same content returns the stored report, other content → 409. */
+  putReport(report: NewReport): Promise<{ report: Report; created: boolean }>;
+  getReport(id: string): Promise<Report | null>;
+  listReports(options: ListOptions): Promise<Page<Report>>;
+
+  stats(): StoreStats;
+  /** Commits what is queued, then closes. Idempotent. */
+  close(): Promise<void>;
+}
