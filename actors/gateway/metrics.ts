@@ -74,7 +74,13 @@ export class GatewayMetrics {
   readonly commitLatency = new Histogram('reef_record_commit_seconds', 'Time from record hand-off to durable commit', LATENCY_S);
   readonly engineErrors = new Counter('reef_engine_errors_total', 'Engine calls that failed, by kind');
   readonly inflight = new Gauge('reef_inflight_requests', 'Chat completions being served now');
+  /** Chat completions being served now (read by the gauge at scrape time). */
+  inflightCount = 0;
   private readonly extra: Array<() => string> = [];
+
+  constructor() {
+    this.inflight.set(() => this.inflightCount);
+  }
 
   /** Lets other modules (correlation counters, store stats) add their own series. */
   addSection(render: () => string): void {

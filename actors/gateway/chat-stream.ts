@@ -1,0 +1,87 @@
+import type { GenerateResponse } from '../../cluster/engine-client.js';
+import { ReefError } from '../runtime/errors.js';
+import { buildRecord, commit, finishReason, type ChatDeps, type Prepared } from './chat.js';
+import { errorBody } from './http-errors.js';
+import type { StreamDelta } from './ports.js';
+
+/** Where SSE events go; the route adapts a Node response to it. */
+export interface SseSink {
+  /** Writes one `data:` event; resolves once the socket took it (backpressure). */
+  send(data: unknown): Promise<void>;
+  sendDone(): Promise<void>;
+  /** Aborted when the client goes away. */
+  readonly signal: AbortSignal;
+}
+
+/**
+ * Streams a completion as OpenAI chunks while the engine generates. The receipt chunk
+ * (`choices: []`, `reef.agent_record_id`) is sent only after the record committed, just before
+ * `[DONE]`. A client that leaves mid-stream gets its record written as `aborted`; an engine that
+ * fails mid-stream gets an SSE error event and a `failed` record.
+ */
+export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSink): Promise<{ recordId: string; status: 'ok' | 'aborted' | 'failed' }> {
+  const base = { id: `chatcmpl-${p.id}`, object: 'chat.completion.chunk', created: Math.floor(p.ctx.startedAt / 1000), model: p.req.model ?? deps.modelName };
+  const chunk = (delta: StreamDelta & { role?: string }, finish: string | null = null) => ({ ...base, choices: [{ index: 0, delta, finish_reason: finish, logprobs: null }] });
+  const parser = deps.parser.stream({ parseTools: p.parseTools });
+  const abort = new AbortController();
+  const onClientGone = () => abort.abort(new Error('client disconnected'));
+  sink.signal.addEventListener('abort', onClientGone, { once: true });
+
+  let last: GenerateResponse | null = null;
+  let text = '';
+  let sawToolCall = false;
+  const emit = async (deltas: StreamDelta[]) => {
+    for (const d of deltas) {
+      if (d.tool_calls) sawToolCall = true;
+      if (!sink.signal.aborted) await sink.send(chunk(d));
+    }
+  };
+
+  await deps.gate.enter(abort.signal);
+  try {
+    await sink.send(chunk({ role: 'assistant', content: '' }));
+    for await (const res of deps.engine.generateStream(p.engineReq, abort.signal)) {
+      last = res;
+      // Chunks are cumulative; only the new suffix is news. A detokenizer may revise a trailing
+      // partial character, in which case we wait for the text to grow past it.
+      if (res.text.length > text.length && res.text.startsWith(text)) {
+        const delta = res.text.slice(text.length);
+        text = res.text;
+        await emit(parser.push(delta));
+      }
+    }
+    if (last && last.text !== text && last.text.startsWith(text)) await emit(parser.push(last.text.slice(text.length)));
+    await emit(parser.finish());
+  } catch (err) {
+    deps.gate.leave();
+    if (sink.signal.aborted) {
+      await commit(deps, buildRecord(deps, p, last, 'aborted', 'client disconnected', null));
+      return { recordId: p.id, status: 'aborted' };
+    }
+    deps.metrics.engineErrors.inc({ kind: 'stream' });
+    const reason = err instanceof Error ? err.message : String(err);
+    await commit(deps, buildRecord(deps, p, last, 'failed', reason, null));
+    const e = err instanceof ReefError ? err : new ReefError('REEF_ERR_ENGINE_FAILED', { engine: deps.engineName, reason });
+    await sink.send(errorBody(e.code, e.message));
+    return { recordId: p.id, status: 'failed' };
+  } finally {
+    sink.signal.removeEventListener('abort', onClientGone);
+  }
+  deps.gate.leave();
+
+  const full = deps.parser.parse(last?.text ?? '', { parseTools: p.parseTools });
+  const message = { role: 'assistant' as const, content: full.content, ...(full.reasoning_content !== null ? { reasoning_content: full.reasoning_content } : {}), ...(full.tool_calls ? { tool_calls: full.tool_calls } : {}) };
+  const completionTokens = last?.output_ids.length ?? 0;
+  if (sink.signal.aborted) {
+    await commit(deps, buildRecord(deps, p, last, 'aborted', 'client disconnected', message));
+    return { recordId: p.id, status: 'aborted' };
+  }
+  await sink.send(chunk({}, finishReason(last, sawToolCall)));
+  if (p.req.stream_options?.include_usage) {
+    await sink.send({ ...base, choices: [], usage: { prompt_tokens: p.promptIds.length, completion_tokens: completionTokens, total_tokens: p.promptIds.length + completionTokens } });
+  }
+  const recordId = await commit(deps, buildRecord(deps, p, last, 'ok', null, message));
+  await sink.send({ ...base, choices: [], reef: { agent_record_id: recordId } });
+  await sink.sendDone();
+  return { recordId, status: 'ok' };
+}

@@ -1,0 +1,166 @@
+import type { EngineClient, GenerateRequest, GenerateResponse } from '../../cluster/engine-client.js';
+import { ReefError } from '../runtime/errors.js';
+import type { GenerationGate } from './generation-gate.js';
+import type { GatewayMetrics } from './metrics.js';
+import type { ChatCompletionRequest } from './openai-schema.js';
+import type { NewRecord, OutputParser, PromptTokenizer, RecordSink } from './ports.js';
+
+/**
+ * The chat-completion pipeline, transport-free: render + tokenize → engine `/generate` with
+ * `input_ids` → parse → record. The ids sent to the engine are exactly the ids recorded.
+ */
+
+export interface ChatDeps {
+  tokenizer: PromptTokenizer;
+  parser: OutputParser;
+  engine: EngineClient;
+  engineName: string;
+  records: RecordSink;
+  gate: GenerationGate;
+  metrics: GatewayMetrics;
+  modelName: string;
+  /** K of the recorded top-K. @default 4 */
+  topK: number;
+  /** max_new_tokens when the client sets none (capped by the context). @default 1024 */
+  defaultMaxTokens: number;
+}
+
+export interface ChatContext {
+  scenario: string;
+  tags: Record<string, string>;
+  sessionKey: string | null;
+  startedAt: number;
+}
+
+export interface Prepared {
+  id: string;
+  req: ChatCompletionRequest;
+  ctx: ChatContext;
+  promptIds: Int32Array;
+  engineReq: GenerateRequest;
+  parseTools: boolean;
+}
+
+/** Tokenizes and checks the context; throws ReefError (4xx) on a request the model cannot take. */
+export async function prepare(deps: ChatDeps, req: ChatCompletionRequest, ctx: ChatContext): Promise<Prepared> {
+  const tools = req.tools && req.tools.length > 0 ? req.tools : null;
+  let promptIds: Int32Array;
+  try {
+    promptIds = await deps.tokenizer.render(req.messages, tools, ctx.sessionKey);
+  } catch (err) {
+    if (err instanceof ReefError) throw err;
+    throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `cannot render the chat template: ${(err as Error).message}` });
+  }
+  const ctxLen = deps.tokenizer.contextLength;
+  const asked = req.max_completion_tokens ?? req.max_tokens ?? null;
+  const room = ctxLen - promptIds.length;
+  if (room <= 0 || (asked !== null && asked > room)) {
+    throw new ReefError('REEF_ERR_CONTEXT_LENGTH', { promptTokens: promptIds.length, maxTokens: asked ?? 1, contextLength: ctxLen });
+  }
+  const maxNew = Math.min(asked ?? deps.defaultMaxTokens, room);
+  const stop = req.stop == null ? null : Array.isArray(req.stop) ? req.stop : [req.stop];
+  const engineReq: GenerateRequest = {
+    input_ids: Array.from(promptIds),
+    sampling_params: {
+      max_new_tokens: maxNew,
+      temperature: req.temperature ?? 1.0,
+      top_p: req.top_p ?? 1.0,
+      stop,
+      ...(req.seed != null ? { sampling_seed: req.seed } : {}),
+    },
+    return_logprob: true,
+    top_logprobs_num: deps.topK,
+    rid: null,
+  };
+  const id = deps.records.newId();
+  engineReq.rid = id;
+  return { id, req, ctx, promptIds, engineReq, parseTools: tools !== null && req.tool_choice !== 'none' };
+}
+
+/** OpenAI finish_reason from the engine's, given what the parser found. */
+export function finishReason(res: GenerateResponse | null, hasToolCalls: boolean): 'stop' | 'length' | 'tool_calls' {
+  if (res?.meta_info.finish_reason?.type === 'length') return 'length';
+  return hasToolCalls ? 'tool_calls' : 'stop';
+}
+
+/** Builds the record of a finished (or aborted, or failed) generation. */
+export function buildRecord(deps: ChatDeps, p: Prepared, res: GenerateResponse | null, status: NewRecord['status'], error: string | null, response: unknown): NewRecord {
+  const outputIds = Int32Array.from(res?.output_ids ?? []);
+  const lps = res?.meta_info.output_token_logprobs ?? [];
+  const tops = res?.meta_info.output_top_logprobs ?? [];
+  const n = outputIds.length;
+  const K = deps.topK;
+  const logprobs = new Float32Array(n);
+  const topkIds = new Int32Array(n * K).fill(-1);
+  const topkLogprobs = new Float32Array(n * K).fill(Number.NEGATIVE_INFINITY);
+  for (let t = 0; t < n; t++) {
+    logprobs[t] = lps[t]?.[0] ?? Number.NaN;
+    const row = tops[t] ?? [];
+    for (let k = 0; k < Math.min(K, row.length); k++) {
+      topkIds[t * K + k] = row[k]![1];
+      topkLogprobs[t * K + k] = row[k]![0];
+    }
+  }
+  const finishedAt = Date.now();
+  const { messages, tools, ...params } = p.req;
+  return {
+    id: p.id,
+    scenario: p.ctx.scenario,
+    tags: p.ctx.tags,
+    status,
+    startedAt: p.ctx.startedAt,
+    finishedAt,
+    request: { messages, tools: tools ?? null, params },
+    promptIds: p.promptIds,
+    outputIds,
+    logprobs,
+    topK: K,
+    topkIds,
+    topkLogprobs,
+    finishReason: res?.meta_info.finish_reason?.type ?? (status === 'ok' ? null : status),
+    usage: { promptTokens: p.promptIds.length, completionTokens: n },
+    weightVersion: res?.meta_info.weight_version ?? deps.gate.weightVersion,
+    engine: deps.engineName,
+    latencyMs: finishedAt - p.ctx.startedAt,
+    error,
+    response,
+  };
+}
+
+export async function commit(deps: ChatDeps, record: NewRecord): Promise<string> {
+  const t0 = performance.now();
+  const { id } = await deps.records.append(record);
+  deps.metrics.commitLatency.observe((performance.now() - t0) / 1000);
+  deps.metrics.records.inc({ scenario: record.scenario, status: record.status });
+  deps.metrics.tokens.inc({ kind: 'prompt' }, record.usage.promptTokens);
+  deps.metrics.tokens.inc({ kind: 'completion' }, record.usage.completionTokens);
+  return id;
+}
+
+/** Non-streamed completion: generate, parse, commit, and only then return the body with its receipt. */
+export async function completeOnce(deps: ChatDeps, p: Prepared): Promise<{ recordId: string; body: unknown }> {
+  await deps.gate.enter();
+  let res: GenerateResponse;
+  try {
+    res = await deps.engine.generate(p.engineReq);
+  } catch (err) {
+    deps.metrics.engineErrors.inc({ kind: 'generate' });
+    throw err;
+  } finally {
+    deps.gate.leave();
+  }
+  const parsed = deps.parser.parse(res.text, { parseTools: p.parseTools });
+  const message = { role: 'assistant' as const, content: parsed.content, ...(parsed.reasoning_content !== null ? { reasoning_content: parsed.reasoning_content } : {}), ...(parsed.tool_calls ? { tool_calls: parsed.tool_calls } : {}) };
+  const fr = finishReason(res, parsed.tool_calls !== null && parsed.tool_calls.length > 0);
+  const usage = { prompt_tokens: p.promptIds.length, completion_tokens: res.output_ids.length, total_tokens: p.promptIds.length + res.output_ids.length };
+  const body = {
+    id: `chatcmpl-${p.id}`,
+    object: 'chat.completion',
+    created: Math.floor(p.ctx.startedAt / 1000),
+    model: p.req.model ?? deps.modelName,
+    choices: [{ index: 0, message, finish_reason: fr, logprobs: null }],
+    usage,
+  };
+  const recordId = await commit(deps, buildRecord(deps, p, res, 'ok', null, message));
+  return { recordId, body };
+}

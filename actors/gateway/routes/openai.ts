@@ -1,0 +1,120 @@
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { ReefError } from '../../runtime/errors.js';
+import { EngineRequestError } from '../../../cluster/engine-client.js';
+import { completeOnce, prepare, type ChatDeps } from '../chat.js';
+import { streamCompletion, type SseSink } from '../chat-stream.js';
+import { sendError, sendReefError } from '../http-errors.js';
+import { parseChatRequest } from '../openai-schema.js';
+import { canSee, type Principal } from '../auth.js';
+
+const TAG_PREFIX = 'x-reef-tag-';
+
+/** `x-reef-tag-<name>` headers, stored opaquely under the record's tags. */
+export function tagsOf(headers: FastifyRequest['headers']): Record<string, string> {
+  const tags: Record<string, string> = {};
+  for (const [k, v] of Object.entries(headers)) {
+    if (!k.startsWith(TAG_PREFIX) || v === undefined) continue;
+    tags[k.slice(TAG_PREFIX.length)] = Array.isArray(v) ? v.join(',') : v;
+  }
+  return tags;
+}
+
+export function scenarioOf(req: FastifyRequest, fallback: string): string {
+  const h = req.headers['x-reef-scenario'];
+  const s = (Array.isArray(h) ? h[0] : h)?.trim();
+  return s ? s : fallback;
+}
+
+const SCENARIO_RE = /^[a-z0-9][a-z0-9._-]{0,63}$/;
+
+export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts: { defaultScenario: string; principalOf: (req: FastifyRequest) => Principal }): void {
+  app.get('/v1/models', async () => ({
+    object: 'list',
+    data: [{ id: deps.modelName, object: 'model', created: 0, owned_by: 'reef', max_model_len: deps.tokenizer.contextLength }],
+  }));
+
+  app.post('/v1/chat/completions', async (request, reply) => {
+    const principal = opts.principalOf(request);
+    const parsed = parseChatRequest(request.body);
+    if (!parsed.ok) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', parsed.issue.message, { param: parsed.issue.param });
+    const scenario = scenarioOf(request, opts.defaultScenario);
+    if (!SCENARIO_RE.test(scenario)) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `x-reef-scenario ${JSON.stringify(scenario)} is not a valid scenario name ([a-z0-9][a-z0-9._-]{0,63})`, { param: 'x-reef-scenario' });
+    if (!canSee(principal, scenario)) return sendReefError(reply, new ReefError('REEF_ERR_FORBIDDEN', { scenario }));
+    if (!principal.limiter.tryAcquire()) {
+      return sendError(reply, 'REEF_ERR_RATE_LIMITED', new ReefError('REEF_ERR_RATE_LIMITED', { limit: principal.limiter.limit }).message, { retryAfterS: 1 });
+    }
+    deps.metrics.inflightCount++;
+    try {
+      const tags = tagsOf(request.headers);
+      const ctx = { scenario, tags, sessionKey: tags['session'] ? `${scenario}\u0000${tags['session']}` : null, startedAt: Date.now() };
+      const p = await prepare(deps, parsed.value, ctx);
+      if (parsed.value.stream) return await stream(deps, p, request, reply);
+      const { recordId, body } = await completeOnce(deps, p);
+      return reply.header('x-reef-agent-record-id', recordId).send(body);
+    } catch (err) {
+      return replyWithError(reply, err);
+    } finally {
+      deps.metrics.inflightCount--;
+      principal.limiter.release();
+    }
+  });
+}
+
+export function replyWithError(reply: FastifyReply, err: unknown): FastifyReply {
+  if (reply.sent || reply.raw.headersSent) {
+    reply.raw.end();
+    return reply;
+  }
+  if (err instanceof ReefError) {
+    if (err.code === 'REEF_ERR_ENGINE_DOWN') return sendError(reply, err.code, err.message, { retryAfterS: 2 });
+    return sendReefError(reply, err);
+  }
+  if (err instanceof EngineRequestError) {
+    // The engine refused the request itself (e.g. too long): the client's problem, not ours.
+    return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `engine rejected the request: ${err.body.slice(0, 500)}`, { status: err.statusCode < 500 ? 400 : 502 });
+  }
+  reply.log.error({ err }, 'chat completion failed');
+  return sendError(reply, 'REEF_ERR_HANDLER', `internal error: ${(err as Error).message}`, { status: 500 });
+}
+
+async function stream(deps: ChatDeps, p: Parameters<typeof streamCompletion>[1], request: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
+  const res = reply.raw;
+  const gone = new AbortController();
+  const onClose = () => {
+    if (!res.writableFinished) gone.abort();
+  };
+  res.on('close', onClose);
+  reply.hijack();
+  res.writeHead(200, {
+    'content-type': 'text/event-stream; charset=utf-8',
+    'cache-control': 'no-cache',
+    connection: 'keep-alive',
+    'x-accel-buffering': 'no',
+  });
+  const write = (s: string) =>
+    new Promise<void>((resolve) => {
+      if (gone.signal.aborted || res.destroyed) return resolve();
+      if (res.write(s)) return resolve();
+      // Backpressure: wait for the socket to drain, or for the client to leave.
+      const done = () => {
+        res.off('drain', done);
+        res.off('close', done);
+        resolve();
+      };
+      res.once('drain', done);
+      res.once('close', done);
+    });
+  const sink: SseSink = {
+    send: (data) => write(`data: ${JSON.stringify(data)}\n\n`),
+    sendDone: () => write('data: [DONE]\n\n'),
+    signal: gone.signal,
+  };
+  try {
+    await streamCompletion(deps, p, sink);
+  } finally {
+    res.off('close', onClose);
+    if (!res.destroyed) res.end();
+  }
+  void request;
+  return reply;
+}

@@ -1,0 +1,74 @@
+import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
+import { Authenticator, type Principal } from './auth.js';
+import type { ChatDeps } from './chat.js';
+import { sendError } from './http-errors.js';
+import { registerOpenAIRoutes } from './routes/openai.js';
+
+/** 64 MiB: OpenClaw resends whole transcripts with large tool outputs every turn. */
+export const BODY_LIMIT = 64 * 1024 * 1024;
+
+export interface GatewayServerOptions {
+  chat: ChatDeps;
+  auth: Authenticator;
+  defaultScenario: string;
+  /** Registers the /reef/* API (records, reports, scenarios, status, releases). */
+  registerReefRoutes?: (app: FastifyInstance, principalOf: (req: FastifyRequest) => Principal) => void;
+  logger?: boolean;
+}
+
+const PRINCIPAL = Symbol('reef.principal');
+type WithPrincipal = FastifyRequest & { [PRINCIPAL]?: Principal };
+
+export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance {
+  const app = Fastify({
+    logger: opts.logger ?? false,
+    bodyLimit: BODY_LIMIT,
+    // Keep-alive clients (the SDKs) reuse sockets across turns.
+    keepAliveTimeout: 75_000,
+    return503OnClosing: true,
+    disableRequestLogging: true,
+  });
+  const { metrics } = opts.chat;
+
+  app.addHook('onRequest', async (request, reply) => {
+    (request as FastifyRequest & { startedNs?: bigint }).startedNs = process.hrtime.bigint();
+    if (request.url === '/healthz') return;
+    const principal = opts.auth.authenticate(request.headers);
+    if (!principal) return sendError(reply, 'REEF_ERR_UNAUTHORIZED', 'missing or invalid API key: send Authorization: Bearer KEY or x-api-key: KEY');
+    (request as WithPrincipal)[PRINCIPAL] = principal;
+  });
+
+  app.addHook('onResponse', async (request, reply) => {
+    const route = request.routeOptions.url ?? 'unmatched';
+    const started = (request as FastifyRequest & { startedNs?: bigint }).startedNs;
+    metrics.requests.inc({ route, code: String(reply.statusCode) });
+    if (started !== undefined) metrics.latency.observe(Number(process.hrtime.bigint() - started) / 1e9, { route });
+  });
+
+  // Framework-level failures (bad JSON, wrong content type, too large) still answer with the
+  // OpenAI error body and a 4xx, never a 5xx.
+  app.setErrorHandler((err: Error & { statusCode?: number; code?: string }, _request, reply) => {
+    const status = err.statusCode ?? 500;
+    if (status === 413) return sendError(reply, 'REEF_ERR_TOO_LARGE', `request body is larger than ${BODY_LIMIT} bytes`);
+    if (status >= 400 && status < 500) {
+      const message = err.code === 'FST_ERR_CTP_INVALID_JSON_BODY' || err instanceof SyntaxError ? `request body is not valid JSON: ${err.message}` : err.message;
+      return sendError(reply, 'REEF_ERR_BODY', message, { status: status === 415 ? 415 : 400 });
+    }
+    reply.log.error({ err }, 'unhandled gateway error');
+    return sendError(reply, 'REEF_ERR_HANDLER', `internal error: ${err.message}`, { status: 500 });
+  });
+
+  app.setNotFoundHandler((request, reply) => sendError(reply, 'REEF_ERR_NOT_FOUND', `no route ${request.method} ${request.url}`));
+
+  const principalOf = (req: FastifyRequest): Principal => {
+    const p = (req as WithPrincipal)[PRINCIPAL];
+    if (!p) throw new Error('request passed auth without a principal');
+    return p;
+  };
+
+  app.get('/healthz', async () => ({ ok: true }));
+  app.get('/metrics', async (_req, reply) => reply.type('text/plain; version=0.0.4').send(metrics.render()));
+  registerOpenAIRoutes(app, opts.chat, { defaultScenario: opts.defaultScenario, principalOf });
+  opts.registerReefRoutes?.(app, principalOf);
+  return app;
+}
