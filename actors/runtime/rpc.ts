@@ -1,0 +1,175 @@
+import { randomBytes } from 'node:crypto';
+import * as zmq from 'zeromq';
+import type { z } from 'zod';
+import { decode, encode } from './codec.js';
+import { type ErrorReply, ReefError } from './errors.js';
+import { Lifecycle } from './lifecycle.js';
+import { type LogFn, stderrLog } from './log.js';
+import { SendQueue } from './send-queue.js';
+
+export interface RpcClientOptions {
+  /** Name in errors and logs, e.g. `judge→prm-0`. @default the endpoint */
+  name?: string;
+  /** @default 5000 */
+  defaultTimeoutMs?: number;
+  /** @default 1000 */
+  sendHighWaterMark?: number;
+  /** @default 1000 */
+  receiveHighWaterMark?: number;
+  /** ms a send may block on a full or absent peer before it fails. @default 5000 */
+  sendTimeoutMs?: number;
+  /** ms unsent requests are kept after close. @default 0 */
+  lingerMs?: number;
+  /** @default 10000 */
+  maxQueued?: number;
+  log?: LogFn;
+}
+
+export interface CallOptions<T> {
+  /** @default the client's defaultTimeoutMs */
+  timeoutMs?: number;
+  /** Validates the ok reply; a mismatch rejects with REEF_ERR_BAD_MESSAGE. */
+  schema?: z.ZodType<T>;
+}
+
+/** A request as the caller writes it; the client adds `requestId`. */
+export type Request = { type: string } & Record<string, unknown>;
+
+/** An ok reply: `{type: 'ok', requestId, ...fields}`. */
+export type OkReply = { type: 'ok'; requestId: string } & Record<string, unknown>;
+
+interface Pending {
+  resolve: (reply: Record<string, unknown>) => void;
+  reject: (err: unknown) => void;
+  timer: NodeJS.Timeout;
+}
+
+// Unique across processes and restarts without coordination: pid alone repeats after a restart.
+const PREFIX = `${process.pid}-${randomBytes(3).toString('hex')}`;
+let counter = 0;
+
+export function nextRequestId(): string {
+  counter++;
+  return `${PREFIX}-${counter}`;
+}
+
+/** A DEALER that makes request/reply calls to one mailbox, with per-call timeouts. */
+export class RpcClient {
+  readonly name: string;
+  readonly lifecycle: Lifecycle;
+  /** Replies that arrived after their call timed out (or were never asked for). */
+  dropped = 0;
+  private readonly dealer: zmq.Dealer;
+  private readonly requests: SendQueue;
+  private readonly pending = new Map<string, Pending>();
+  private readonly defaultTimeoutMs: number;
+  private readonly log: LogFn;
+  private readonly loop: Promise<void>;
+
+  constructor(
+    readonly endpoint: string,
+    options: RpcClientOptions = {},
+  ) {
+    this.name = options.name ?? endpoint;
+    this.lifecycle = new Lifecycle(`rpc ${this.name}`);
+    this.defaultTimeoutMs = options.defaultTimeoutMs ?? 5000;
+    this.log = options.log ?? stderrLog;
+    this.dealer = new zmq.Dealer({
+      sendHighWaterMark: options.sendHighWaterMark ?? 1000,
+      receiveHighWaterMark: options.receiveHighWaterMark ?? 1000,
+      sendTimeout: options.sendTimeoutMs ?? 5000,
+      linger: options.lingerMs ?? 0,
+    });
+    this.dealer.connect(endpoint);
+    this.requests = new SendQueue(this.dealer, { name: `rpc ${this.name}`, maxQueued: options.maxQueued ?? 10_000 });
+    this.lifecycle.transition('running');
+    this.loop = this.receiveLoop();
+  }
+
+  get inFlight(): number {
+    return this.pending.size;
+  }
+
+  /**
+   * Send `msg` with a fresh `requestId` and resolve with the ok reply; an error reply rejects with
+   * `ReefError.fromReply`, no reply within the timeout rejects with REEF_ERR_TIMEOUT.
+   */
+  call<T = OkReply>(msg: Request, options: CallOptions<T> = {}): Promise<T> {
+    if (!this.lifecycle.is('running')) {
+      return Promise.reject(new ReefError('REEF_ERR_ACTOR_CLOSED', { actor: this.name, state: this.lifecycle.state }));
+    }
+    const requestId = nextRequestId();
+    const timeoutMs = options.timeoutMs ?? this.defaultTimeoutMs;
+    const reply = new Promise<Record<string, unknown>>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.pending.delete(requestId);
+        reject(new ReefError('REEF_ERR_TIMEOUT', { what: `${this.name} ${msg.type}`, ms: timeoutMs }));
+      }, timeoutMs);
+      this.pending.set(requestId, { resolve, reject, timer });
+    });
+    this.requests.send([encode({ ...msg, requestId })]).catch((err: unknown) => this.settle(requestId, null, err));
+    return reply.then((value) => {
+      if (options.schema === undefined) return value as T;
+      const parsed = options.schema.safeParse(value);
+      if (parsed.success) return parsed.data;
+      throw new ReefError('REEF_ERR_BAD_MESSAGE', { details: `reply to ${msg.type}: ${parsed.error.message}` });
+    });
+  }
+
+  /** Reject pending calls with REEF_ERR_ACTOR_CLOSED and close the socket. Idempotent. */
+  close(): Promise<void> {
+    return this.lifecycle.close({
+      drain: async () => {
+        this.requests.close();
+        for (const id of [...this.pending.keys()]) {
+          this.settle(id, null, new ReefError('REEF_ERR_ACTOR_CLOSED', { actor: this.name, state: 'closed' }));
+        }
+      },
+      destroy: async () => {
+        this.dealer.close();
+        await this.loop;
+      },
+    });
+  }
+
+  private settle(requestId: string, reply: Record<string, unknown> | null, err?: unknown): void {
+    const entry = this.pending.get(requestId);
+    if (entry === undefined) {
+      if (reply !== null) this.dropped++;
+      return;
+    }
+    this.pending.delete(requestId);
+    clearTimeout(entry.timer);
+    if (reply === null) entry.reject(err);
+    else if (reply.type === 'ok') entry.resolve(reply);
+    else if (reply.type === 'error') entry.reject(ReefError.fromReply(reply as unknown as ErrorReply));
+    else entry.reject(new ReefError('REEF_ERR_BAD_MESSAGE', { details: `reply type ${String(reply.type)}` }));
+  }
+
+  private async receiveLoop(): Promise<void> {
+    for (;;) {
+      let frames: Buffer[];
+      try {
+        frames = await this.dealer.receive();
+      } catch (err) {
+        if (!this.dealer.closed) this.log(`rpc ${this.name}: receive failed: ${String(err)}`);
+        return;
+      }
+      const payload = frames[frames.length - 1];
+      if (payload === undefined) continue;
+      let reply: unknown;
+      try {
+        reply = decode(payload);
+      } catch (err) {
+        this.log(`rpc ${this.name}: undecodable reply dropped: ${String(err)}`);
+        continue;
+      }
+      const obj = typeof reply === 'object' && reply !== null ? (reply as Record<string, unknown>) : {};
+      if (typeof obj.requestId !== 'string') {
+        this.dropped++;
+        continue;
+      }
+      this.settle(obj.requestId, obj);
+    }
+  }
+}
