@@ -28,28 +28,8 @@ export interface OutputParser {
   stream(opts: { parseTools: boolean }): { push(text: string): StreamDelta[]; finish(): StreamDelta[] };
 }
 
-export interface NewRecord {
-  id: string;
-  scenario: string;
-  tags: Record<string, string>;
-  status: 'ok' | 'aborted' | 'failed';
-  startedAt: number;
-  finishedAt: number;
-  request: { messages: unknown; tools: unknown; params: unknown };
-  promptIds: Int32Array;
-  outputIds: Int32Array;
-  logprobs: Float32Array;
-  topK: number;
-  topkIds: Int32Array;
-  topkLogprobs: Float32Array;
-  finishReason: string | null;
-  usage: { promptTokens: number; completionTokens: number };
-  weightVersion: string | null;
-  engine: string;
-  latencyMs: number;
-  error: string | null;
-  response: unknown;
-}
+export type { NewRecord } from './store/types.js';
+import type { NewRecord } from './store/types.js';
 
 export interface RecordSink {
   newId(): string;

@@ -1,0 +1,141 @@
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { ReefError } from '../../runtime/errors.js';
+import { canSee, type Principal } from '../auth.js';
+import { sendError, sendReefError } from '../http-errors.js';
+import type { AgentRecord, RecordStore } from '../store/types.js';
+import { scenarioOf } from './openai.js';
+
+/** The Reef HTTP API (records, reports, scenarios, status, releases). */
+
+export interface ReefRouteDeps {
+  store: RecordStore;
+  defaultScenario: string;
+  /** Everything `/reef/status` shows beyond the store (gateway, correlation, training). */
+  status: () => Promise<Record<string, unknown>> | Record<string, unknown>;
+  /** Releases of a scenario, newest first (from the trainer-controller's state). */
+  releases?: (scenario: string) => Promise<unknown[]>;
+  /** Puts an earlier release back into the engine. */
+  rollback?: (scenario: string, body: unknown) => Promise<unknown>;
+}
+
+function isPlainObject(v: unknown): v is Record<string, unknown> {
+  return v !== null && typeof v === 'object' && !Array.isArray(v);
+}
+
+/** Checks a report body; returns the first problem as [param, message], or null. */
+export function checkReport(body: unknown): [string | null, string] | null {
+  if (!isPlainObject(body)) return [null, 'request body must be a JSON object'];
+  const { score, feedback, references, metadata, agent_record_id: clientId } = body;
+  if (typeof score !== 'number' || !Number.isFinite(score)) return ['score', `score must be a finite number, got ${JSON.stringify(score) ?? String(score)}`];
+  if (feedback !== undefined && feedback !== null && typeof feedback !== 'string' && !isPlainObject(feedback)) return ['feedback', 'feedback must be a string or an object'];
+  if (references !== undefined && references !== null) {
+    if (!Array.isArray(references) || references.some((r) => typeof r !== 'string')) return ['references', 'references must be an array of receipt ids (strings)'];
+    const dup = references.find((r, i) => references.indexOf(r) !== i);
+    if (dup !== undefined) return ['references', `reference ${dup} appears twice`];
+  }
+  if (metadata !== undefined && metadata !== null && !isPlainObject(metadata)) return ['metadata', 'metadata must be an object'];
+  if (clientId !== undefined && clientId !== null && (typeof clientId !== 'string' || clientId.length === 0 || clientId.length > 128)) return ['agent_record_id', 'agent_record_id must be a non-empty string of at most 128 characters'];
+  return null;
+}
+
+/** A record as JSON: token payloads become plain arrays, top-K rows become [ids, logprobs] pairs. */
+export function recordJson(r: AgentRecord, judgment: unknown): Record<string, unknown> {
+  const K = r.topK;
+  const topk = Array.from({ length: r.outputIds.length }, (_, t) => ({
+    ids: Array.from(r.topkIds.subarray(t * K, (t + 1) * K)),
+    logprobs: Array.from(r.topkLogprobs.subarray(t * K, (t + 1) * K)),
+  }));
+  const { promptIds, outputIds, logprobs, topkIds: _ids, topkLogprobs: _lps, ...summary } = r;
+  return { ...summary, promptIds: Array.from(promptIds), outputIds: Array.from(outputIds), logprobs: Array.from(logprobs), topk, judgment: judgment ?? null };
+}
+
+export function registerReefRoutes(app: FastifyInstance, deps: ReefRouteDeps, principalOf: (req: FastifyRequest) => Principal): void {
+  const guard = (request: FastifyRequest, reply: FastifyReply, scenario: string): boolean => {
+    if (canSee(principalOf(request), scenario)) return true;
+    // Scenarios a key may not use are invisible to it: answer as if they did not exist.
+    sendError(reply, 'REEF_ERR_NOT_FOUND', `scenario ${scenario} not found`);
+    return false;
+  };
+  const fail = (reply: FastifyReply, err: unknown) => {
+    if (err instanceof ReefError) return sendReefError(reply, err);
+    throw err;
+  };
+
+  app.post('/reef/report', async (request, reply) => {
+    const problem = checkReport(request.body);
+    if (problem) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', problem[1], { param: problem[0] });
+    const b = request.body as Record<string, unknown>;
+    const scenario = typeof b.scenario === 'string' ? b.scenario : scenarioOf(request, deps.defaultScenario);
+    if (!canSee(principalOf(request), scenario)) return sendReefError(reply, new ReefError('REEF_ERR_FORBIDDEN', { scenario }));
+    try {
+      const { report, created } = await deps.store.putReport({
+        scenario,
+        score: b.score as number,
+        feedback: (b.feedback ?? null) as string | Record<string, unknown> | null,
+        references: (b.references ?? []) as string[],
+        metadata: (b.metadata ?? null) as Record<string, unknown> | null,
+        clientId: (b.agent_record_id ?? null) as string | null,
+      });
+      return reply.code(created ? 201 : 200).header('x-reef-agent-record-id', report.clientId ?? report.id).send({ ...report, agent_record_id: report.clientId ?? report.id, created });
+    } catch (err) {
+      return fail(reply, err);
+    }
+  });
+
+  app.get('/reef/scenarios', async (request) => {
+    const p = principalOf(request);
+    return { data: (await deps.store.listScenarios()).filter((s) => canSee(p, s.name)) };
+  });
+
+  app.post('/reef/scenarios', async (request, reply) => {
+    const b = request.body;
+    if (!isPlainObject(b) || typeof b.name !== 'string') return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'body must be {"name": string, "description"?: string}', { param: 'name' });
+    if (!canSee(principalOf(request), b.name)) return sendReefError(reply, new ReefError('REEF_ERR_FORBIDDEN', { scenario: b.name }));
+    try {
+      return reply.code(201).send(await deps.store.createScenario(b.name, typeof b.description === 'string' ? b.description : null));
+    } catch (err) {
+      return fail(reply, err);
+    }
+  });
+
+  app.get<{ Params: { s: string }; Querystring: { after?: string; limit?: string; order?: string } }>('/reef/scenarios/:s/records', async (request, reply) => {
+    const { s } = request.params;
+    if (!guard(request, reply, s)) return reply;
+    const limit = request.query.limit === undefined ? 50 : Number(request.query.limit);
+    if (!Number.isInteger(limit) || limit < 1 || limit > 1000) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'limit must be an integer from 1 to 1000', { param: 'limit' });
+    const order = request.query.order === 'desc' ? 'desc' : 'asc';
+    try {
+      const page = await deps.store.list({ scenario: s, after: request.query.after ?? null, limit, order });
+      return { data: page.items, next: page.next };
+    } catch (err) {
+      return fail(reply, err);
+    }
+  });
+
+  app.get<{ Params: { s: string; id: string } }>('/reef/scenarios/:s/records/:id', async (request, reply) => {
+    const { s, id } = request.params;
+    if (!guard(request, reply, s)) return reply;
+    const rec = await deps.store.get(id);
+    if (!rec || rec.scenario !== s) return sendError(reply, 'REEF_ERR_NOT_FOUND', `record ${id} not found in scenario ${s}`);
+    return recordJson(rec, await deps.store.getJudgment(id));
+  });
+
+  app.get<{ Params: { s: string } }>('/reef/scenarios/:s/releases', async (request, reply) => {
+    const { s } = request.params;
+    if (!guard(request, reply, s)) return reply;
+    return { data: deps.releases ? await deps.releases(s) : [] };
+  });
+
+  app.post<{ Params: { s: string } }>('/reef/scenarios/:s/releases/rollback', async (request, reply) => {
+    const { s } = request.params;
+    if (!guard(request, reply, s)) return reply;
+    if (!deps.rollback) return sendError(reply, 'REEF_ERR_ACTOR_CLOSED', 'training is not running in this stack, so there is nothing to roll back', { status: 409 });
+    try {
+      return await deps.rollback(s, request.body);
+    } catch (err) {
+      return fail(reply, err);
+    }
+  });
+
+  app.get('/reef/status', async () => ({ ...(await deps.status()), store: deps.store.stats() }));
+}

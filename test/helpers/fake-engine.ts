@@ -1,0 +1,130 @@
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+
+/**
+ * A test double of an inference engine that speaks the engine HTTP API of docs/internals.md
+ * (the SGLang native subset) and, for PRM tests, OpenAI `/v1/chat/completions`. It generates
+ * scripted text, one token per piece, with deterministic logprobs and top-K, so tests and
+ * benchmarks can drive the gateway and the judge without a model.
+ */
+
+export interface FakeGeneration {
+  /** Output pieces; each piece is one token. */
+  pieces: string[];
+  finish?: 'stop' | 'length';
+}
+
+export interface FakeEngineOptions {
+  /** Decides the output from the request body (`input_ids`/`text`, or OpenAI `messages`). */
+  respond?: (req: { inputIds: number[] | null; text: string | null; messages: unknown[] | null; body: Record<string, unknown> }) => FakeGeneration;
+  /** Delay before each streamed token, ms. @default 0 */
+  tokenDelayMs?: number;
+  /** Fail `/generate` with this HTTP status (engine trouble) until cleared. */
+  failWith?: number | null;
+  /** Cut the stream after this many tokens without [DONE] (an engine crash mid-stream). */
+  dieAfterTokens?: number | null;
+  weightVersion?: string;
+  contextLength?: number;
+}
+
+export interface FakeEngine {
+  url: string;
+  server: Server;
+  options: FakeEngineOptions;
+  /** Bodies of every /generate and /v1/chat/completions request, in arrival order. */
+  requests: Array<Record<string, unknown>>;
+  paused: boolean;
+  close(): Promise<void>;
+}
+
+const DEFAULT: FakeGeneration = { pieces: ['Hello', ' from', ' the', ' fake', ' engine', '.'] };
+
+function tokenId(piece: string): number {
+  let h = 7;
+  for (const ch of piece) h = (h * 31 + ch.codePointAt(0)!) % 50_000;
+  return 100 + h;
+}
+
+function meta(g: FakeGeneration, upto: number, promptTokens: number, K: number, wv: string, rid: string, done: boolean) {
+  const ids = g.pieces.slice(0, upto).map(tokenId);
+  return {
+    text: g.pieces.slice(0, upto).join(''),
+    output_ids: ids,
+    meta_info: {
+      id: rid,
+      finish_reason: done ? { type: g.finish ?? 'stop', matched: null } : null,
+      prompt_tokens: promptTokens,
+      completion_tokens: ids.length,
+      output_token_logprobs: ids.map((id, t) => [-0.1 - t * 0.01, id, null]),
+      output_top_logprobs: ids.map((id, t) => Array.from({ length: K }, (_, k) => [-0.1 - t * 0.01 - k, k === 0 ? id : id + k, null])),
+      weight_version: wv,
+    },
+  };
+}
+
+async function readBody(req: IncomingMessage): Promise<Record<string, unknown>> {
+  const chunks: Buffer[] = [];
+  for await (const c of req) chunks.push(c as Buffer);
+  const raw = Buffer.concat(chunks).toString('utf8');
+  return raw ? (JSON.parse(raw) as Record<string, unknown>) : {};
+}
+
+export async function startFakeEngine(options: FakeEngineOptions = {}): Promise<FakeEngine> {
+  const state: FakeEngine = { url: '', server: null as unknown as Server, options, requests: [], paused: false, close: async () => {} };
+  let rid = 0;
+  const handle = async (req: IncomingMessage, res: ServerResponse) => {
+    const json = (code: number, body: unknown) => {
+      res.writeHead(code, { 'content-type': 'application/json' });
+      res.end(JSON.stringify(body));
+    };
+    const wv = options.weightVersion ?? 'v0';
+    if (req.method === 'GET' && req.url === '/health') return json(200, {});
+    if (req.method === 'GET' && req.url === '/model_info') return json(200, { model_path: 'fake', is_generation: true, weight_version: wv, max_context_length: options.contextLength ?? 32768 });
+    if (req.method === 'POST' && req.url === '/pause_generation') return (state.paused = true), json(200, {});
+    if (req.method === 'POST' && req.url === '/continue_generation') return (state.paused = false), json(200, {});
+    if (req.method === 'POST' && req.url === '/flush_cache') return json(200, {});
+    if (req.method === 'POST' && req.url === '/update_weights_from_disk') {
+      const body = await readBody(req);
+      options.weightVersion = String(body.weight_version ?? 'v?');
+      return json(200, { success: true, message: 'ok', weight_version: options.weightVersion });
+    }
+    const isOpenAI = req.method === 'POST' && req.url === '/v1/chat/completions';
+    if (!(req.method === 'POST' && (req.url === '/generate' || isOpenAI))) return json(404, { error: 'not found' });
+    const body = await readBody(req);
+    state.requests.push(body);
+    if (options.failWith) return json(options.failWith, { error: { message: 'fake engine failure' } });
+    const inputIds = Array.isArray(body.input_ids) ? (body.input_ids as number[]) : null;
+    const g = (options.respond ?? (() => DEFAULT))({ inputIds, text: typeof body.text === 'string' ? body.text : null, messages: Array.isArray(body.messages) ? (body.messages as unknown[]) : null, body });
+    const id = `fake-${++rid}`;
+    const promptTokens = inputIds?.length ?? 0;
+    if (isOpenAI) {
+      const text = g.pieces.join('');
+      return json(200, { id, object: 'chat.completion', created: 0, model: String(body.model ?? 'fake'), choices: [{ index: 0, message: { role: 'assistant', content: text }, finish_reason: g.finish ?? 'stop' }], usage: { prompt_tokens: 0, completion_tokens: g.pieces.length, total_tokens: g.pieces.length } });
+    }
+    const K = Number(body.top_logprobs_num ?? 0);
+    if (!body.stream) return json(200, meta(g, g.pieces.length, promptTokens, K, wv, id, true));
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    for (let t = 1; t <= g.pieces.length; t++) {
+      if (options.tokenDelayMs) await new Promise((r) => setTimeout(r, options.tokenDelayMs));
+      if (res.destroyed) return;
+      if (options.dieAfterTokens != null && t > options.dieAfterTokens) return res.destroy();
+      res.write(`data: ${JSON.stringify(meta(g, t, promptTokens, K, wv, id, t === g.pieces.length))}\n\n`);
+    }
+    res.end('data: [DONE]\n\n');
+  };
+  const server = createServer((req, res) => {
+    handle(req, res).catch((err) => {
+      if (!res.headersSent) res.writeHead(500);
+      res.end(String(err));
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  state.server = server;
+  state.url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  state.close = () =>
+    new Promise<void>((resolve) => {
+      server.closeAllConnections();
+      server.close(() => resolve());
+    });
+  return state;
+}
