@@ -1,0 +1,201 @@
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { Template } from '@huggingface/jinja';
+import './jinja-compat.js';
+import { Tokenizer } from '@huggingface/tokenizers';
+import { ReefError } from '../../runtime/errors.js';
+import { ControlTokenMarker, controlTokens, literalAlternation } from './control-tokens.js';
+import { loadModelFiles, type ModelFiles } from './model-files.js';
+import { templateView, type TemplateMessage } from './normalize.js';
+import { PieceCache, type PieceCacheStats } from './piece-cache.js';
+
+export interface RenderOptions {
+  /** Append the assistant header so the model answers. @default true */
+  addGenerationPrompt?: boolean;
+  /** Extra template variables (`enable_thinking`, ...); they override the special-token variables. */
+  extra?: Record<string, unknown> | null;
+  /** Encode control tokens found in user strings as plain text. @default true */
+  guard?: boolean;
+}
+
+export interface RenderResult {
+  ids: Int32Array;
+  /** The rendered prompt, what `ids` decode to. */
+  text: string;
+}
+
+export interface ChatTokenizerStats {
+  renders: number;
+  cache: PieceCacheStats;
+}
+
+export interface ChatTokenizerOptions {
+  /** Bound of the piece cache in token ids. @default 4_000_000 */
+  cacheMaxIds?: number;
+}
+
+/**
+ * Renders a model's chat template and tokenizes the result exactly as transformers 5
+ * `apply_chat_template(..., tokenize=True)` does (with `sanitize_control_tokens=True` when guarded).
+ *
+ * Encoding is done piece by piece between added tokens, because added tokens split the text before
+ * pre-tokenization: the concatenation equals encoding the whole text, and each piece's ids are
+ * cached, so an unchanged transcript prefix costs a hash instead of a BPE pass on the next turn.
+ */
+export class ChatTokenizer {
+  readonly files: ModelFiles;
+  readonly contextLength: number | null;
+  private readonly full: Tokenizer;
+  /** Same model with no added tokens: encodes any text as plain text. */
+  private readonly plain: Tokenizer;
+  private readonly template: Template;
+  private readonly marker: ControlTokenMarker;
+  private readonly addedIds = new Map<string, number>();
+  private readonly addedRe: RegExp;
+  /** Added tokens that rely on normalisation or stripping cannot be split out by plain matching. */
+  private readonly exactSplit: boolean;
+  private readonly newlineIds: Int32Array;
+  private readonly cache: PieceCache;
+  private readonly cleanUpSpaces: boolean;
+  private renders = 0;
+
+  private constructor(files: ModelFiles, opts: ChatTokenizerOptions) {
+    this.files = files;
+    this.contextLength = files.contextLength;
+    const text = readFileSync(join(files.modelDir, 'tokenizer.json'), 'utf8');
+    try {
+      this.full = new Tokenizer(files.tokenizerJson, files.tokenizerConfig);
+      // A fresh parse: the library writes added tokens into the model's vocab tables it is given.
+      this.plain = new Tokenizer({ ...(JSON.parse(text) as object), added_tokens: [] }, { ...files.tokenizerConfig, additional_special_tokens: [] });
+      this.template = new Template(files.chatTemplate);
+    } catch (err) {
+      throw new ReefError('REEF_ERR_TOKENIZER', { modelDir: files.modelDir, reason: (err as Error).message }, { cause: err });
+    }
+    for (const t of files.addedTokens) this.addedIds.set(t.content, t.id);
+    const allAdded = files.addedTokens.map((t) => t.content);
+    this.addedRe = new RegExp(literalAlternation(allAdded), 'gu');
+    this.exactSplit = files.addedTokens.every((t) => !t.normalized && !t.lstrip && !t.rstrip && !t.singleWord);
+    const explicit = Array.isArray(files.tokenizerConfig.chat_control_tokens) ? (files.tokenizerConfig.chat_control_tokens as string[]) : null;
+    this.marker = new ControlTokenMarker(controlTokens(files.addedTokens, files.chatTemplate, explicit), allAdded);
+    this.cache = new PieceCache(opts.cacheMaxIds);
+    this.cleanUpSpaces = files.tokenizerConfig.clean_up_tokenization_spaces === true;
+    this.newlineIds = this.encodeText('\n');
+  }
+
+  static load(modelDir: string, opts: ChatTokenizerOptions = {}): ChatTokenizer {
+    return new ChatTokenizer(loadModelFiles(modelDir), opts);
+  }
+
+  /** Render the template for these (already normalised) messages and tokenize. */
+  render(messages: readonly TemplateMessage[], tools: readonly unknown[] | null, opts: RenderOptions = {}): RenderResult {
+    const guard = opts.guard ?? true;
+    let view: unknown = templateView(messages);
+    let toolList: unknown = tools ?? null;
+    let extra: Record<string, unknown> = opts.extra ?? {};
+    if (guard) {
+      view = this.marker.mark(view);
+      toolList = this.marker.mark(toolList);
+      extra = this.marker.mark(extra);
+    }
+    let rendered: string;
+    try {
+      rendered = this.template.render({
+        messages: view,
+        tools: toolList,
+        documents: null,
+        add_generation_prompt: opts.addGenerationPrompt ?? true,
+        ...this.files.specialTokens,
+        ...extra,
+      } as Record<string, unknown>) as string;
+    } catch (err) {
+      throw new ReefError('REEF_ERR_CHAT_TEMPLATE', { reason: (err as Error).message }, { cause: err });
+    }
+    this.renders++;
+    if (!guard) return { ids: this.encodeText(rendered), text: rendered };
+    return this.encodeMarked(rendered);
+  }
+
+  /** Encode template text: added tokens become their ids, the text between them goes through the cache. */
+  encodeText(text: string): Int32Array {
+    if (!this.exactSplit) return Int32Array.from(this.full.encode(text, { add_special_tokens: false }).ids);
+    const parts: Int32Array[] = [];
+    let last = 0;
+    this.addedRe.lastIndex = 0;
+    for (const m of text.matchAll(this.addedRe)) {
+      if (m.index > last) parts.push(this.encodePlain(text.slice(last, m.index)));
+      parts.push(Int32Array.of(this.addedIds.get(m[0])!));
+      last = m.index + m[0].length;
+    }
+    if (last < text.length) parts.push(this.encodePlain(text.slice(last)));
+    return concat(parts);
+  }
+
+  /** Encode as plain text (added-token matching off), through the piece cache. */
+  encodePlain(piece: string): Int32Array {
+    return this.cache.getOrEncode(piece, (p) => Int32Array.from(this.plain.encode(p, { add_special_tokens: false }).ids));
+  }
+
+  private encodeMarked(rendered: string): RenderResult {
+    const parts: Int32Array[] = [];
+    let text = '';
+    for (const piece of this.marker.split(rendered)) {
+      text += piece.text;
+      if (piece.first) {
+        parts.push(this.encodeText(piece.text));
+        continue;
+      }
+      const ids = this.encodeMidChat(piece.text, piece.asText);
+      if (piece.asText && this.addedIds.has(piece.text) && ids.includes(this.addedIds.get(piece.text)!)) {
+        throw new ReefError('REEF_ERR_TOKENIZER', { modelDir: this.files.modelDir, reason: `plain text ${JSON.stringify(piece.text)} encodes to the control token itself` });
+      }
+      parts.push(ids);
+    }
+    return { ids: concat(parts), text };
+  }
+
+  /**
+   * A piece from the middle of a chat is encoded after a newline that is then removed, as Python
+   * does, so tokenizers that add a prefix space at the start of a string do not add one here.
+   */
+  private encodeMidChat(piece: string, asText: boolean): Int32Array {
+    const encode = (s: string): Int32Array => (asText ? this.encodePlain(s) : this.encodeText(s));
+    const withNewline = encode('\n' + piece);
+    const nl = this.newlineIds;
+    if (withNewline.length >= nl.length && nl.every((id, i) => withNewline[i] === id)) return withNewline.subarray(nl.length);
+    return encode(piece);
+  }
+
+  decode(ids: ArrayLike<number>, opts: { skipSpecialTokens?: boolean } = {}): string {
+    return this.full.decode(Array.from(ids), { skip_special_tokens: opts.skipSpecialTokens ?? false, clean_up_tokenization_spaces: this.cleanUpSpaces });
+  }
+
+  tokenToId(token: string): number | null {
+    return this.addedIds.get(token) ?? this.full.token_to_id(token) ?? null;
+  }
+
+  idToToken(id: number): string | null {
+    return this.full.id_to_token(id) ?? null;
+  }
+
+  /** The ids of all added tokens (special and not), e.g. to check that none came from content. */
+  addedTokenIds(): ReadonlyMap<string, number> {
+    return this.addedIds;
+  }
+
+  stats(): ChatTokenizerStats {
+    return { renders: this.renders, cache: this.cache.stats() };
+  }
+}
+
+function concat(parts: Int32Array[]): Int32Array {
+  // Always a fresh array: parts may be cached arrays that callers must not be able to mutate.
+  let n = 0;
+  for (const p of parts) n += p.length;
+  const out = new Int32Array(n);
+  let o = 0;
+  for (const p of parts) {
+    out.set(p, o);
+    o += p.length;
+  }
+  return out;
+}

@@ -1,0 +1,106 @@
+import { readFileSync, existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { ReefError } from '../../runtime/errors.js';
+
+/** An added token as `tokenizer.json` lists it. */
+export interface AddedTokenSpec {
+  id: number;
+  content: string;
+  special: boolean;
+  normalized: boolean;
+  lstrip: boolean;
+  rstrip: boolean;
+  singleWord: boolean;
+}
+
+/** Everything a chat tokenizer needs from a Hugging Face model directory, read once. */
+export interface ModelFiles {
+  modelDir: string;
+  tokenizerJson: Record<string, unknown>;
+  tokenizerConfig: Record<string, unknown>;
+  chatTemplate: string;
+  /** The special-token variables transformers passes into every render (`bos_token`, `eos_token`, ...). */
+  specialTokens: Record<string, string>;
+  addedTokens: AddedTokenSpec[];
+  /** Longest prompt + completion the model accepts, or null when the config names none. */
+  contextLength: number | null;
+}
+
+function readJson(path: string): Record<string, unknown> {
+  try {
+    return JSON.parse(readFileSync(path, 'utf8')) as Record<string, unknown>;
+  } catch (err) {
+    throw new ReefError('REEF_ERR_TOKENIZER', { modelDir: path, reason: (err as Error).message }, { cause: err });
+  }
+}
+
+/** `bos_token` may be a string or an AddedToken-like object `{content: ...}`. */
+function tokenText(value: unknown): string | null {
+  if (typeof value === 'string') return value;
+  if (value && typeof value === 'object' && typeof (value as { content?: unknown }).content === 'string') {
+    return (value as { content: string }).content;
+  }
+  return null;
+}
+
+const SPECIAL_TOKEN_KEYS = ['bos_token', 'eos_token', 'unk_token', 'sep_token', 'pad_token', 'cls_token', 'mask_token'];
+
+/**
+ * Read `tokenizer.json`, `tokenizer_config.json`, the chat template and `config.json` of a model.
+ * transformers 5 writes the template to `chat_template.jinja`, so that file wins over the
+ * config's `chat_template` key.
+ */
+export function loadModelFiles(modelDir: string): ModelFiles {
+  const tokenizerPath = join(modelDir, 'tokenizer.json');
+  if (!existsSync(tokenizerPath)) {
+    throw new ReefError('REEF_ERR_TOKENIZER', { modelDir, reason: 'no tokenizer.json' });
+  }
+  const tokenizerJson = readJson(tokenizerPath);
+  const configPath = join(modelDir, 'tokenizer_config.json');
+  const tokenizerConfig = existsSync(configPath) ? readJson(configPath) : {};
+
+  let chatTemplate: string | null = null;
+  const templatePath = join(modelDir, 'chat_template.jinja');
+  if (existsSync(templatePath)) chatTemplate = readFileSync(templatePath, 'utf8');
+  else if (typeof tokenizerConfig.chat_template === 'string') chatTemplate = tokenizerConfig.chat_template;
+  if (chatTemplate === null) {
+    throw new ReefError('REEF_ERR_TOKENIZER', { modelDir, reason: 'no chat_template.jinja and no chat_template in tokenizer_config.json' });
+  }
+
+  const specialTokens: Record<string, string> = {};
+  for (const key of SPECIAL_TOKEN_KEYS) {
+    const text = tokenText(tokenizerConfig[key]);
+    if (text !== null) specialTokens[key] = text;
+  }
+
+  const rawAdded = Array.isArray(tokenizerJson.added_tokens) ? (tokenizerJson.added_tokens as Record<string, unknown>[]) : [];
+  const addedTokens = rawAdded.map((t) => ({
+    id: Number(t.id),
+    content: String(t.content),
+    special: t.special === true,
+    normalized: t.normalized === true,
+    lstrip: t.lstrip === true,
+    rstrip: t.rstrip === true,
+    singleWord: t.single_word === true,
+  }));
+
+  return { modelDir, tokenizerJson, tokenizerConfig, chatTemplate, specialTokens, addedTokens, contextLength: readContextLength(modelDir, tokenizerConfig) };
+}
+
+/** Context length from `config.json` (`max_position_embeddings` and its aliases), else the tokenizer's `model_max_length`. */
+function readContextLength(modelDir: string, tokenizerConfig: Record<string, unknown>): number | null {
+  const configPath = join(modelDir, 'config.json');
+  if (existsSync(configPath)) {
+    const config = readJson(configPath);
+    const nested = (config.text_config ?? {}) as Record<string, unknown>;
+    for (const source of [config, nested]) {
+      for (const key of ['max_position_embeddings', 'max_sequence_length', 'seq_length', 'n_positions']) {
+        const v = source[key];
+        if (typeof v === 'number' && Number.isInteger(v) && v > 0) return v;
+      }
+    }
+  }
+  const v = tokenizerConfig.model_max_length;
+  // transformers writes a huge sentinel (1e30) when the length is unknown.
+  return typeof v === 'number' && Number.isInteger(v) && v > 0 && v < 1e9 ? v : null;
+}

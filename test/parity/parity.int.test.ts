@@ -1,0 +1,58 @@
+import { spawnSync } from 'node:child_process';
+import { join } from 'node:path';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { pythonBin, pythonEnv, repoRoot, tinyModelDir } from '../../cluster/paths.js';
+import { ChatTokenizer } from '../../actors/gateway/tokenize/chat-tokenizer.js';
+import { normalizeMessages, type TemplateMessage } from '../../actors/gateway/tokenize/normalize.js';
+import { CORPUS, type ParityCase } from './corpus.js';
+
+interface PyResult { ids: number[]; sanitizedIds: number[]; text: string }
+
+function normalized(c: ParityCase): TemplateMessage[] {
+  return normalizeMessages(c.messages);
+}
+
+/** Python is started once for the whole corpus: transformers takes seconds to import. */
+function runPython(cases: ParityCase[]): Record<string, PyResult> {
+  const input = JSON.stringify({
+    modelDir: tinyModelDir(),
+    cases: cases.map((c) => ({ id: c.id, messages: normalized(c), tools: c.tools, extra: c.extra ?? null })),
+  });
+  const proc = spawnSync(pythonBin(), [join(repoRoot(), 'test/parity/render.py')], { input, env: pythonEnv(), encoding: 'utf8', maxBuffer: 256 << 20, timeout: 120_000 });
+  if (proc.status !== 0) throw new Error(`render.py failed (${proc.status}): ${proc.stderr}`);
+  return (JSON.parse(proc.stdout) as { results: Record<string, PyResult> }).results;
+}
+
+describe('chat template parity with transformers', () => {
+  let tok: ChatTokenizer;
+  let py: Record<string, PyResult>;
+
+  beforeAll(() => {
+    tok = ChatTokenizer.load(tinyModelDir());
+    py = runPython(CORPUS);
+  });
+
+  it('has a corpus of at least 30 conversations', () => {
+    expect(CORPUS.length).toBeGreaterThanOrEqual(30);
+    expect(new Set(CORPUS.map((c) => c.id)).size).toBe(CORPUS.length);
+  });
+
+  describe.each(CORPUS.map((c) => [c.id, c] as const))('%s', (_id, c) => {
+    it('renders the same text and ids as apply_chat_template', () => {
+      const out = tok.render(normalized(c), c.tools, { extra: c.extra ?? null, guard: false });
+      expect(out.text).toBe(py[c.id]!.text);
+      expect(Array.from(out.ids)).toEqual(py[c.id]!.ids);
+    });
+
+    it('guarded ids equal apply_chat_template(sanitize_control_tokens=True)', () => {
+      const out = tok.render(normalized(c), c.tools, { extra: c.extra ?? null });
+      expect(Array.from(out.ids)).toEqual(py[c.id]!.sanitizedIds);
+      expect(out.text).toBe(py[c.id]!.text.replaceAll('\u{F0000}', '').replaceAll('\u{F0001}', ''));
+      if (!c.injection) expect(Array.from(out.ids)).toEqual(py[c.id]!.ids);
+    });
+  });
+
+  it('a 30,000-character system prompt is thousands of ids', () => {
+    expect(py['long-system-30k']!.ids.length).toBeGreaterThan(5_000);
+  });
+});
