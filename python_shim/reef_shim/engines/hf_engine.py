@@ -1,0 +1,169 @@
+"""The `hf` engine's model side: load, generate one request token by token, swap weights.
+
+No HTTP here (that is `hf_server.py`). One request runs at a time: the caller holds `lock`
+around `generate`, and `update_weights_from_disk` takes the same lock, so a weight swap waits for
+the request in flight and the next request sees the new weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .request import GenRequest
+from .sampling import pick_token, sampling_logprobs, top_logprobs
+from .weights import WeightError, load_checked_state_dict
+
+
+@dataclass
+class GenState:
+    """A request's output so far; `finish` is set on the last state."""
+
+    rid: str
+    prompt_tokens: int
+    output_ids: list[int] = field(default_factory=list)
+    token_logprobs: list[list[Any]] = field(default_factory=list)
+    top_logprobs: list[list[list[Any]]] = field(default_factory=list)
+    text: str = ""
+    finish: dict[str, Any] | None = None
+    # False while the text ends inside a multi-byte character or a possible stop string: a stream
+    # skips such states so that cumulative text never shrinks.
+    stable: bool = True
+
+
+def request_generator(req: GenRequest, server_seed: int | None) -> torch.Generator:
+    """Per-request RNG: `sampling_seed` if given, else derived from (server seed, rid), else random."""
+    g = torch.Generator(device="cpu")
+    if req.sampling_seed is not None:
+        g.manual_seed(req.sampling_seed)
+    elif server_seed is not None:
+        digest = hashlib.sha256(f"{server_seed}:{req.rid}".encode()).digest()
+        g.manual_seed(int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF)
+    else:
+        g.seed()
+    return g
+
+
+class HFEngine:
+    def __init__(self, model_path: str, weight_version: str = "default", seed: int | None = None) -> None:
+        from tokenizers import Tokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        self.model_path = str(Path(model_path).resolve())
+        self.tokenizer_path = self.model_path
+        self.weight_version = weight_version
+        self.seed = seed
+        self.lock = threading.Lock()
+        self.tokenizer = Tokenizer.from_file(str(Path(model_path) / "tokenizer.json"))
+        self.config = AutoConfig.from_pretrained(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        self.vocab_size = int(self.config.vocab_size)
+        self.max_context_length = int(getattr(self.config, "max_position_embeddings", 4096))
+        self.eos_ids = self._eos_ids(Path(model_path))
+
+    def _eos_ids(self, path: Path) -> set[int]:
+        ids: set[int] = set()
+        sources = [self.config.eos_token_id]
+        try:
+            sources.append(json.loads((path / "generation_config.json").read_text()).get("eos_token_id"))
+        except (OSError, ValueError):
+            pass
+        for value in sources:
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list):
+                ids.update(int(v) for v in value)
+        return ids
+
+    def info(self) -> dict[str, Any]:
+        return {"model_path": self.model_path, "tokenizer_path": self.tokenizer_path, "is_generation": True,
+                "weight_version": self.weight_version, "max_context_length": self.max_context_length,
+                "vocab_size": self.vocab_size}
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def generate(self, req: GenRequest, should_stop: Callable[[], bool]) -> Iterator[GenState]:
+        """Yield the state after every new token; the caller must hold `lock`.
+
+        `should_stop` is polled between tokens (client gone, server stopping): the last state then
+        finishes with `abort`.
+        """
+        prompt = req.input_ids if req.input_ids is not None else self.encode(req.text or "")
+        req.check_prompt(prompt, self.vocab_size, self.max_context_length)
+        sp = req.sampling
+        budget = min(sp.max_new_tokens, self.max_context_length - len(prompt))
+        stop_ids = set(sp.stop_token_ids) | (set() if sp.ignore_eos else self.eos_ids)
+        gen = request_generator(req, self.seed)
+        state = GenState(rid=req.rid or uuid.uuid4().hex, prompt_tokens=len(prompt))
+        if budget <= 0:
+            state.finish = {"type": "length", "matched": None}
+            yield state
+            return
+        with torch.inference_mode():
+            out = self.model(input_ids=torch.tensor([prompt]), use_cache=True)
+            while True:
+                lp = sampling_logprobs(out.logits[0, -1], sp.temperature, sp.top_k, sp.top_p)
+                token = pick_token(lp, sp.temperature, gen)
+                state.output_ids.append(token)
+                if req.return_logprob:
+                    state.token_logprobs.append([float(lp[token]), token, None])
+                    state.top_logprobs.append(top_logprobs(lp, req.top_logprobs_num))
+                is_stop_token = token in stop_ids
+                if is_stop_token:
+                    state.finish = {"type": "stop", "matched": token}
+                elif len(state.output_ids) >= budget:
+                    state.finish = {"type": "length", "matched": None}
+                elif should_stop():
+                    state.finish = {"type": "abort", "matched": None}
+                # Decoding is O(length) per token: do it only when someone looks at the text.
+                if sp.stop or req.stream or state.finish is not None:
+                    self._update_text(state, sp.stop, is_stop_token)
+                yield state
+                if state.finish is not None:
+                    return
+                out = self.model(input_ids=torch.tensor([[token]]), past_key_values=out.past_key_values,
+                                 use_cache=True)
+
+    def _update_text(self, state: GenState, stops: list[str], stop_token: bool) -> None:
+        # A matched stop token is kept in output_ids (a trainer learns to emit it) but not in text.
+        ids = state.output_ids[:-1] if stop_token else state.output_ids
+        text = self.decode(ids)
+        for s in stops:
+            at = text.find(s)
+            if at >= 0:
+                state.text = text[:at]
+                state.finish = {"type": "stop", "matched": s}
+                state.stable = True
+                return
+        state.text = text
+        tail_is_prefix = any(text.endswith(s[:n]) for s in stops for n in range(1, len(s)))
+        state.stable = not text.endswith("\ufffd") and not tail_is_prefix
+
+    def update_weights_from_disk(self, model_path: str, weight_version: str | None) -> None:
+        """Load safetensors from `model_path` into the running model; raises WeightError."""
+        state = load_checked_state_dict(Path(model_path), self.config, self.model)
+        with self.lock, torch.inference_mode():
+            params = dict(self.model.named_parameters(remove_duplicate=False))
+            buffers = dict(self.model.named_buffers())
+            for name, tensor in state.items():
+                target = params.get(name, buffers.get(name))
+                if target is None:
+                    raise WeightError(f"{name} vanished from the model")
+                target.copy_(tensor.to(target.dtype))
+            self.model_path = str(Path(model_path).resolve())
+            if weight_version is not None:
+                self.weight_version = weight_version
+
+
+__all__ = ["GenState", "HFEngine", "WeightError", "request_generator"]

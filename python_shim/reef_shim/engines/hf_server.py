@@ -1,0 +1,117 @@
+"""The `hf` engine: a CPU inference server on transformers speaking Reef's SGLang subset.
+
+    python -m reef_shim.engines.hf_server --model-path DIR --host 127.0.0.1 --port P
+        [--weight-version V] [--seed S] [--max-running N] [--threads T]
+
+Routes (docs/internals.md, "Engine HTTP API"): `POST /generate`, `GET /health`,
+`GET /model_info` (also `/get_model_info`), `POST /update_weights_from_disk`,
+`POST /pause_generation`, `POST /continue_generation`, `POST /flush_cache`.
+
+Behaviour a client can rely on:
+- One request generates at a time (KV-cached, fp32, `torch.inference_mode`); others queue, at most
+  `--max-running` admitted at once (more → 503 `REEF_ERR_ENGINE_DOWN`, retryable).
+- Sampling: see `sampling.py`. The reported logprobs and top-K are those of the distribution the
+  token was drawn from (temperature, then top-k, then top-p, renormalised; temperature 0 = greedy
+  on the raw log-softmax). `sampling_logprobs` recomputes them from (prompt, output).
+- Randomness: each request gets its own `torch.Generator`, seeded by `sampling_params.sampling_seed`
+  when given, else by sha256(f"{--seed}:{rid}") when the server has a seed and the client a rid,
+  else randomly. So (seed, rid, weights, prompt, params) fixes the output.
+- Finishing: a stop token (`stop_token_ids`, plus the model's eos ids unless `ignore_eos`) ends
+  with `{type: 'stop', matched: <id>}`; the token is in `output_ids` and its logprobs, not in `text`.
+  A stop string ends with `matched: <string>` and `text` cut before it. `max_new_tokens` (clipped
+  to the context) ends with `length`; a client that disconnects or a server that stops ends it
+  with `abort`. `text` is decoded without special tokens.
+- Streaming (`stream: true`): SSE events `data: {<full reply shape>}` whose `text`, `output_ids`
+  and logprob lists are cumulative (the whole output so far, as SGLang's native API), with
+  `finish_reason` null until the last event, then `data: [DONE]`. An event is held back while the
+  text ends inside a UTF-8 character or a possible stop string, so `text` never shrinks.
+- Pause: `/pause_generation` makes new `/generate` calls wait (they are not failed) until
+  `/continue_generation`; requests already admitted finish. `/health` stays 200 while paused.
+- `/update_weights_from_disk {model_path, weight_version}` waits for the request in flight, loads
+  the safetensors of a same-shaped checkpoint, and answers `{success, message, weight_version}`
+  (400 with `success: false` and nothing changed when the checkpoint does not fit).
+- Errors: `{error: {message, code}}` with a Reef code; 400 for a bad request or an input at or
+  past the context length, 503 while loading.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from http.server import ThreadingHTTPServer
+from typing import Any
+
+from .http_handler import EngineHandler, ServerState
+from .sampling import sampling_logprobs
+
+log = logging.getLogger("reef_shim.hf_server")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m reef_shim.engines.hf_server", description="Reef's CPU engine")
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000, help="0 picks a free port (see the ready line)")
+    p.add_argument("--weight-version", default="default")
+    p.add_argument("--seed", type=int, default=None, help="server seed for per-request RNGs")
+    p.add_argument("--max-running", type=int, default=256, help="requests admitted at once")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--log-level", default="info")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    state = ServerState(max_running=args.max_running)
+    httpd = ThreadingHTTPServer((args.host, args.port), EngineHandler)
+    httpd.daemon_threads = True
+    httpd.state = state  # type: ignore[attr-defined]
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping", signum)
+        state.stopping.set()
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    # Serve /health (503) while the model loads, so a launcher can tell "loading" from "dead".
+    serving = threading.Thread(target=httpd.serve_forever, name="http", daemon=True)
+    serving.start()
+    host, port = httpd.server_address[:2]
+    log.info("listening on http://%s:%d, loading %s", host, port, args.model_path)
+    try:
+        from .hf_engine import HFEngine
+
+        state.engine = HFEngine(args.model_path, weight_version=args.weight_version, seed=args.seed)
+    except Exception:
+        log.exception("cannot load %s", args.model_path)
+        httpd.shutdown()
+        return 1
+    url = f"http://{host}:{port}"
+    print(json.dumps({"event": "ready", "url": url, "pid": os.getpid()}), flush=True)
+    log.info("ready at %s (weight_version %s)", url, args.weight_version)
+    while not stop.wait(0.5):
+        pass
+    state.release_waiters()
+    httpd.shutdown()
+    httpd.server_close()
+    log.info("stopped")
+    return 0
+
+
+__all__ = ["main", "sampling_logprobs"]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""HTTP routes of the `hf` engine (behaviour documented in `hf_server.py`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+from .hf_engine import GenState, HFEngine
+from .request import GenRequest, RequestError, parse_generate
+from .weights import WeightError
+
+log = logging.getLogger("reef_shim.hf_server")
+
+
+class ServerState:
+    """What the handler threads share: the engine, the pause gate, the admission count."""
+
+    def __init__(self, max_running: int) -> None:
+        self.engine: HFEngine | None = None
+        self.max_running = max_running
+        self.stopping = threading.Event()
+        self._cond = threading.Condition()
+        self._paused = False
+        self._admitted = 0
+
+    def set_paused(self, paused: bool) -> None:
+        with self._cond:
+            self._paused = paused
+            self._cond.notify_all()
+
+    def release_waiters(self) -> None:
+        self.set_paused(False)
+
+    def admit(self) -> None:
+        """Wait while paused, then count the request in (503 when too many are admitted)."""
+        with self._cond:
+            while self._paused and not self.stopping.is_set():
+                self._cond.wait(0.5)
+            if self.stopping.is_set():
+                raise RequestError("the engine is stopping", "REEF_ERR_ENGINE_DOWN", 503)
+            if self._admitted >= self.max_running:
+                raise RequestError(f"engine is unavailable: {self._admitted} requests already admitted",
+                                   "REEF_ERR_ENGINE_DOWN", 503)
+            self._admitted += 1
+
+    def leave(self) -> None:
+        with self._cond:
+            self._admitted -= 1
+
+
+def reply_body(state: GenState, weight_version: str, req: GenRequest) -> dict[str, Any]:
+    return {
+        "text": state.text,
+        "output_ids": list(state.output_ids),
+        "meta_info": {
+            "id": state.rid,
+            "finish_reason": state.finish,
+            "prompt_tokens": state.prompt_tokens,
+            "completion_tokens": len(state.output_ids),
+            "output_token_logprobs": list(state.token_logprobs) if req.return_logprob else None,
+            "output_top_logprobs": list(state.top_logprobs) if req.return_logprob else None,
+            "weight_version": weight_version,
+        },
+    }
+
+
+class ClientGone(Exception):
+    pass
+
+
+class EngineHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "reef-hf-engine"
+
+    @property
+    def st(self) -> ServerState:
+        return self.server.state  # type: ignore[attr-defined]
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        log.debug("%s " + format, self.address_string(), *args)
+
+    # --- plumbing -------------------------------------------------------------------------------
+    def _send_json(self, status: int, obj: Any) -> None:
+        data = json.dumps(obj, allow_nan=False).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status: int, code: str, message: str) -> None:
+        self._send_json(status, {"error": {"message": message, "code": code}})
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length > 0 else b""
+        if not raw:
+            return {}
+        try:
+            return json.loads(raw)
+        except ValueError as e:
+            raise RequestError(f"the body is not JSON: {e}") from e
+
+    def _engine(self) -> HFEngine | None:
+        if self.st.engine is None:
+            self._error(503, "REEF_ERR_ENGINE_DOWN", "engine is unavailable: the model is loading")
+        return self.st.engine
+
+    def _chunk(self, data: bytes) -> None:
+        try:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError, OSError) as e:
+            raise ClientGone() from e
+
+    # --- routes ---------------------------------------------------------------------------------
+    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+        path = self.path.split("?", 1)[0]
+        if path == "/health":
+            if self._engine() is not None:
+                self._send_json(200, {})
+        elif path in ("/model_info", "/get_model_info"):
+            engine = self._engine()
+            if engine is not None:
+                self._send_json(200, engine.info())
+        else:
+            self._error(404, "REEF_ERR_NOT_FOUND", f"{path} not found")
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        path = self.path.split("?", 1)[0]
+        try:
+            body = self._body()
+            if path == "/generate":
+                self._generate(body)
+                return
+            engine = self._engine()
+            if engine is None:
+                return
+            if path == "/update_weights_from_disk":
+                self._update_weights(engine, body)
+            elif path == "/pause_generation":
+                self.st.set_paused(True)
+                self._send_json(200, {"success": True, "message": "paused"})
+            elif path == "/continue_generation":
+                self.st.set_paused(False)
+                self._send_json(200, {"success": True, "message": "continued"})
+            elif path == "/flush_cache":
+                # No cache outlives a request here, so there is nothing to drop.
+                self._send_json(200, {"success": True, "message": "nothing cached between requests"})
+            else:
+                self._error(404, "REEF_ERR_NOT_FOUND", f"{path} not found")
+        except RequestError as e:
+            self._error(e.status, e.code, e.message)
+
+    def _update_weights(self, engine: HFEngine, body: Any) -> None:
+        path = body.get("model_path") if isinstance(body, dict) else None
+        version = body.get("weight_version") if isinstance(body, dict) else None
+        if not isinstance(path, str) or not (version is None or isinstance(version, str)):
+            raise RequestError("expected {model_path: string, weight_version: string | null}")
+        try:
+            engine.update_weights_from_disk(path, version)
+        except WeightError as e:
+            log.warning("update_weights_from_disk %s failed: %s", path, e)
+            self._send_json(400, {"success": False, "message": str(e), "weight_version": engine.weight_version})
+            return
+        log.info("weights loaded from %s, weight_version %s", path, engine.weight_version)
+        self._send_json(200, {"success": True, "message": f"loaded {path}", "weight_version": engine.weight_version})
+
+    def _generate(self, body: Any) -> None:
+        req = parse_generate(body)
+        if self._engine() is None:
+            return
+        self.st.admit()
+        try:
+            engine = self.st.engine
+            assert engine is not None
+            with engine.lock:
+                if req.stream:
+                    self._stream(engine, req)
+                else:
+                    last = None
+                    for last in engine.generate(req, self.st.stopping.is_set):
+                        pass
+                    assert last is not None
+                    self._send_json(200, reply_body(last, engine.weight_version, req))
+        finally:
+            self.st.leave()
+
+    def _stream(self, engine: HFEngine, req: GenRequest) -> None:
+        states = engine.generate(req, lambda: self.st.stopping.is_set())
+        try:
+            first = next(states)  # prompt errors surface here, before any header is sent
+        except RequestError:
+            raise
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            state: GenState | None = first
+            while state is not None:
+                if state.stable or state.finish is not None:
+                    event = json.dumps(reply_body(state, engine.weight_version, req), allow_nan=False)
+                    self._chunk(f"data: {event}\n\n".encode())
+                state = next(states, None)
+            self._chunk(b"data: [DONE]\n\n")
+            self._chunk(b"")
+        except ClientGone:
+            states.close()  # stops the generator: no token is computed for a client that left
+            self.close_connection = True
+            log.info("client left stream %s", req.rid)

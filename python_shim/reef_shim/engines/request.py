@@ -1,0 +1,128 @@
+"""Parse and check a `/generate` body (docs/internals.md, "Engine HTTP API").
+
+Every field may be omitted or null; defaults follow SGLang: max_new_tokens 128, temperature 1.0,
+top_p 1.0, top_k -1 (off). Extra keys are ignored, as SGLang ignores what it does not use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class RequestError(Exception):
+    """A client mistake: HTTP 400 with `{error: {message, code}}`."""
+
+    def __init__(self, message: str, code: str = "REEF_ERR_INVALID_ARGUMENT", status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.status = status
+
+
+@dataclass
+class Sampling:
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    sampling_seed: int | None = None
+
+
+@dataclass
+class GenRequest:
+    input_ids: list[int] | None
+    text: str | None
+    sampling: Sampling
+    return_logprob: bool
+    top_logprobs_num: int
+    stream: bool
+    rid: str | None
+
+    @property
+    def sampling_seed(self) -> int | None:
+        return self.sampling.sampling_seed
+
+    def check_prompt(self, prompt: list[int], vocab_size: int, context: int) -> None:
+        if not prompt:
+            raise RequestError("the prompt is empty")
+        bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise RequestError(f"input id {bad} is outside the vocabulary (0..{vocab_size - 1})")
+        if len(prompt) >= context:
+            raise RequestError(f"the input ({len(prompt)} tokens) is longer than the model's context length "
+                               f"({context} tokens)")
+
+
+def _get(body: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+    value = body.get(key)
+    if value is None:
+        return default
+    # bool is an int in Python; a JSON true is not a token count.
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise RequestError(f"{key}: expected {_name(kind)}, got a boolean")
+    if not isinstance(value, kind):
+        raise RequestError(f"{key}: expected {_name(kind)}, got {type(value).__name__}")
+    return value
+
+
+def _name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join({int: "an integer", float: "a number", str: "a string", bool: "a boolean",
+                        list: "a list"}.get(k, k.__name__) for k in kinds)
+
+
+def _int_list(value: list[Any], key: str) -> list[int]:
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise RequestError(f"{key}: expected a list of integers (one prompt per request)")
+    return list(value)
+
+
+def parse_sampling(sp: dict[str, Any]) -> Sampling:
+    if not isinstance(sp, dict):
+        raise RequestError("sampling_params: expected an object")
+    stop = _get(sp, "stop", (str, list), [])
+    stop = [stop] if isinstance(stop, str) else stop
+    if not all(isinstance(s, str) and s for s in stop):
+        raise RequestError("sampling_params.stop: expected non-empty strings")
+    out = Sampling(
+        max_new_tokens=_get(sp, "max_new_tokens", int, 128),
+        temperature=float(_get(sp, "temperature", (int, float), 1.0)),
+        top_p=float(_get(sp, "top_p", (int, float), 1.0)),
+        top_k=_get(sp, "top_k", int, -1),
+        stop=stop,
+        stop_token_ids=_int_list(_get(sp, "stop_token_ids", list, []), "sampling_params.stop_token_ids"),
+        ignore_eos=_get(sp, "ignore_eos", bool, False),
+        sampling_seed=_get(sp, "sampling_seed", int, None),
+    )
+    if out.max_new_tokens < 0:
+        raise RequestError("sampling_params.max_new_tokens: must be >= 0")
+    if out.temperature < 0:
+        raise RequestError("sampling_params.temperature: must be >= 0")
+    if not 0 < out.top_p <= 1:
+        raise RequestError("sampling_params.top_p: must be in (0, 1]")
+    if out.top_k == 0 or out.top_k < -1:
+        raise RequestError("sampling_params.top_k: must be -1 (off) or a positive integer")
+    return out
+
+
+def parse_generate(body: Any) -> GenRequest:
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object")
+    input_ids = _get(body, "input_ids", list, None)
+    text = _get(body, "text", str, None)
+    if (input_ids is None) == (text is None):
+        raise RequestError("give exactly one of input_ids and text")
+    top_k = _get(body, "top_logprobs_num", int, 0)
+    if top_k < 0:
+        raise RequestError("top_logprobs_num: must be >= 0")
+    rid = _get(body, "rid", str, None)
+    return GenRequest(
+        input_ids=None if input_ids is None else _int_list(input_ids, "input_ids"), text=text,
+        sampling=parse_sampling(body.get("sampling_params") or {}),
+        return_logprob=_get(body, "return_logprob", bool, False), top_logprobs_num=top_k,
+        stream=_get(body, "stream", bool, False), rid=rid,
+    )

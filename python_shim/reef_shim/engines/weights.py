@@ -1,0 +1,77 @@
+"""Read and check a checkpoint directory before any byte of it reaches the running model.
+
+Everything that can fail (missing files, another architecture, a missing or misshapen tensor) is
+found here, so `update_weights_from_disk` either swaps all weights or none.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Config fields that decide tensor shapes and semantics; any difference means another model.
+SHAPE_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "intermediate_size", "tie_word_embeddings")
+
+
+class WeightError(Exception):
+    pass
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError) as e:
+            raise WeightError(f"cannot read {index}: {e}") from e
+        return [path / s for s in shards]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise WeightError(f"no .safetensors files in {path}")
+    return files
+
+
+def check_config(path: Path, config: Any) -> None:
+    try:
+        theirs = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise WeightError(f"cannot read {path / 'config.json'}: {e}") from e
+    ours = config.to_dict()
+    diffs = [f"{k}: {ours.get(k)!r} != {theirs.get(k)!r}" for k in SHAPE_KEYS if ours.get(k) != theirs.get(k)]
+    if diffs:
+        raise WeightError("the checkpoint's config does not match the served model (" + "; ".join(diffs) + ")")
+
+
+def load_checked_state_dict(path: Path, config: Any, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if not path.is_dir():
+        raise WeightError(f"{path} is not a directory")
+    check_config(path, config)
+    state: dict[str, torch.Tensor] = {}
+    for f in safetensors_files(path):
+        try:
+            state.update(load_file(str(f), device="cpu"))
+        except (OSError, SafetensorError) as e:
+            raise WeightError(f"cannot read {f}: {e}") from e
+    expected = dict(model.state_dict())
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    if tied:
+        # A tied head is saved once, as the embedding; it is updated through it.
+        expected.pop("lm_head.weight", None)
+        state.pop("lm_head.weight", None)
+    unexpected = sorted(set(state) - set(expected))
+    missing = sorted(set(expected) - set(state))
+    if unexpected or missing:
+        raise WeightError(f"tensor names differ: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise WeightError(f"{name}: shape {tuple(tensor.shape)} != {tuple(expected[name].shape)}")
+        if not torch.isfinite(tensor).all():
+            raise WeightError(f"{name}: holds NaN or infinite values")
+    return state

@@ -1,0 +1,260 @@
+"""The `hf` engine as a real subprocess on a free port, against a tiny model built in a tmp dir."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from reef_shim import tiny_model
+from reef_shim.engines.sampling import LOGPROB_FLOOR, sampling_logprobs
+
+SHIM = Path(__file__).resolve().parents[1]
+PROMPT = "<|im_start|>user\nWhat is 12 + 7?<|im_end|>\n<|im_start|>assistant\n"
+
+
+class Engine:
+    def __init__(self, proc: subprocess.Popen[str], url: str, log_path: Path) -> None:
+        self.proc, self.url, self.log_path = proc, url, log_path
+
+    def call(self, path: str, body: Any = None, method: str | None = None) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method or ("POST" if data else "GET"),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    def generate(self, **body: Any) -> dict[str, Any]:
+        status, reply = self.call("/generate", body)
+        assert status == 200, reply
+        return reply
+
+    def stream(self, **body: Any) -> Iterator[Any]:
+        host, port = self.url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=120)
+        conn.request("POST", "/generate", json.dumps({**body, "stream": True}), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
+        try:
+            for line in resp:
+                line = line.decode().strip()
+                if line.startswith("data: "):
+                    payload = line[len("data: "):]
+                    yield payload if payload == "[DONE]" else json.loads(payload)
+        finally:
+            conn.close()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("models")
+    tiny_model.build(root / "seed0", seed=0, quiet=True)
+    tiny_model.build(root / "seed1", seed=1, quiet=True)
+    return root / "seed0", root / "seed1"
+
+
+@pytest.fixture(scope="module")
+def engine(models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    log_path = tmp_path_factory.mktemp("log") / "engine.log"
+    env = {**os.environ, "PYTHONPATH": str(SHIM), "PYTHONUNBUFFERED": "1"}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "reef_shim.engines.hf_server", "--model-path", str(models[0]),
+                                 "--host", "127.0.0.1", "--port", "0", "--seed", "7", "--weight-version", "v0"],
+                                stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline() or "{}")
+        assert ready.get("event") == "ready", log_path.read_text()
+        yield Engine(proc, ready["url"], log_path)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    assert code == 0, f"engine exited with {code} after SIGTERM:\n{log_path.read_text()}"
+
+
+def recompute(model_dir: Path, prompt_ids: list[int], output_ids: list[int], **sampling: Any) -> Any:
+    """Full forward over prompt + output, then the engine's own sampling distribution."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt_ids + output_ids])).logits[0]
+    return sampling_logprobs(logits[len(prompt_ids) - 1:-1], **sampling)
+
+
+def prompt_ids(model_dir: Path) -> list[int]:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(PROMPT, add_special_tokens=False).ids
+
+
+def test_health_and_model_info(engine: Engine, models: tuple[Path, Path]) -> None:
+    assert engine.call("/health")[0] == 200
+    status, info = engine.call("/model_info")
+    assert status == 200
+    assert info == {"model_path": str(models[0].resolve()), "tokenizer_path": str(models[0].resolve()),
+                    "is_generation": True, "weight_version": "v0", "max_context_length": 4096, "vocab_size": 2048}
+
+
+def test_greedy_is_deterministic_and_text_equals_input_ids(engine: Engine, models: tuple[Path, Path]) -> None:
+    params = {"max_new_tokens": 12, "temperature": 0}
+    a = engine.generate(text=PROMPT, sampling_params=params, return_logprob=True, top_logprobs_num=3)
+    b = engine.generate(input_ids=prompt_ids(models[0]), sampling_params=params, return_logprob=True,
+                        top_logprobs_num=3)
+    assert a["output_ids"] == b["output_ids"] and a["text"] == b["text"]
+    assert a["meta_info"]["output_token_logprobs"] == b["meta_info"]["output_token_logprobs"]
+    assert a["meta_info"]["finish_reason"] == {"type": "length", "matched": None}
+    assert a["meta_info"]["prompt_tokens"] == len(prompt_ids(models[0]))
+    assert a["meta_info"]["completion_tokens"] == len(a["output_ids"]) == 12
+
+
+@pytest.mark.parametrize("sampling", [
+    {"temperature": 0.0, "top_k": -1, "top_p": 1.0},
+    {"temperature": 0.8, "top_k": 40, "top_p": 0.9},
+    {"temperature": 1.3, "top_k": -1, "top_p": 0.5},
+])
+def test_logprobs_match_a_full_forward_recomputation(engine: Engine, models: tuple[Path, Path],
+                                                     sampling: dict[str, Any]) -> None:
+    k = 5
+    reply = engine.generate(text=PROMPT, sampling_params={"max_new_tokens": 16, "sampling_seed": 3, **sampling},
+                            return_logprob=True, top_logprobs_num=k)
+    out = reply["output_ids"]
+    lp = recompute(models[0], prompt_ids(models[0]), out, **sampling)
+    meta = reply["meta_info"]
+    assert len(meta["output_token_logprobs"]) == len(meta["output_top_logprobs"]) == len(out)
+    for t, (entry, top) in enumerate(zip(meta["output_token_logprobs"], meta["output_top_logprobs"])):
+        assert entry[1] == out[t] and entry[2] is None
+        assert abs(entry[0] - float(lp[t, out[t]])) < 1e-5
+        assert len(top) == k
+        values = [x[0] for x in top]
+        assert values == sorted(values, reverse=True)
+        for value, tid, none in top:
+            assert none is None and abs(value - max(float(lp[t, tid]), LOGPROB_FLOOR)) < 1e-5
+        rank = int((lp[t] > lp[t, out[t]]).sum())
+        if rank < k:
+            assert out[t] in [x[1] for x in top]
+        # The sampled token was drawn from the reported distribution: it must be in its support.
+        assert float(lp[t, out[t]]) > float("-inf")
+
+
+def test_sampling_seed_and_server_seed_with_rid_fix_the_output(engine: Engine) -> None:
+    params = {"max_new_tokens": 10, "temperature": 1.0}
+    a = engine.generate(text=PROMPT, sampling_params={**params, "sampling_seed": 11})
+    b = engine.generate(text=PROMPT, sampling_params={**params, "sampling_seed": 11})
+    assert a["output_ids"] == b["output_ids"]
+    c = engine.generate(text=PROMPT, sampling_params=params, rid="req-1")
+    d = engine.generate(text=PROMPT, sampling_params=params, rid="req-1")
+    assert c["output_ids"] == d["output_ids"] and c["meta_info"]["id"] == "req-1"
+
+
+def test_stop_token_ids_and_stop_strings(engine: Engine) -> None:
+    first = engine.generate(text=PROMPT, sampling_params={"max_new_tokens": 6, "temperature": 0})
+    stop_id = first["output_ids"][0]
+    r = engine.generate(text=PROMPT, sampling_params={"max_new_tokens": 6, "temperature": 0, "stop_token_ids": [stop_id]})
+    assert r["output_ids"] == [stop_id] and r["text"] == ""
+    assert r["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_id}
+    stop_str = first["text"][1:3]
+    assert stop_str
+    s = engine.generate(text=PROMPT, sampling_params={"max_new_tokens": 6, "temperature": 0, "stop": [stop_str]})
+    assert s["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_str}
+    assert stop_str not in s["text"] and first["text"].startswith(s["text"])
+
+
+def test_stream_is_incremental_and_ends_like_the_plain_reply(engine: Engine) -> None:
+    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 8, "temperature": 0}, "return_logprob": True,
+            "top_logprobs_num": 2}
+    plain = engine.generate(**body)
+    events = list(engine.stream(**body))
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert len(chunks) >= 2
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+    lengths = [len(c["output_ids"]) for c in chunks]
+    assert lengths == sorted(lengths) and lengths[0] < lengths[-1]
+    final = chunks[-1]
+    assert final["text"] == plain["text"] and final["output_ids"] == plain["output_ids"]
+    assert final["meta_info"]["output_token_logprobs"] == plain["meta_info"]["output_token_logprobs"]
+    assert final["meta_info"]["output_top_logprobs"] == plain["meta_info"]["output_top_logprobs"]
+    assert final["meta_info"]["finish_reason"] == plain["meta_info"]["finish_reason"]
+
+
+def test_client_leaving_a_stream_stops_its_generation(engine: Engine) -> None:
+    events = engine.stream(text=PROMPT, rid="leaver",
+                           sampling_params={"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True})
+    next(events)
+    events.close()  # closes the connection after the first event
+    after = engine.generate(text=PROMPT, sampling_params={"max_new_tokens": 2, "temperature": 0})
+    assert len(after["output_ids"]) == 2
+    deadline = time.monotonic() + 60
+    while "client left stream leaver" not in engine.log_path.read_text():
+        assert time.monotonic() < deadline, "the engine did not notice the client leaving"
+        time.sleep(0.2)
+
+
+def test_bad_requests_are_400_with_a_code(engine: Engine) -> None:
+    for body in ({"input_ids": [1] * 4096}, {"input_ids": [5000]}, {}, {"text": "x", "input_ids": [1]},
+                 {"text": "x", "sampling_params": {"top_k": 0}}, {"text": "x", "sampling_params": {"max_new_tokens": "9"}}):
+        status, reply = engine.call("/generate", body)
+        assert status == 400, body
+        assert reply["error"]["code"] == "REEF_ERR_INVALID_ARGUMENT" and reply["error"]["message"]
+    assert engine.call("/nope")[0] == 404
+
+
+def test_update_weights_changes_outputs_and_reload_restores_them(engine: Engine, models: tuple[Path, Path]) -> None:
+    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 8, "temperature": 0}, "return_logprob": True}
+    before = engine.generate(**body)
+    status, r = engine.call("/update_weights_from_disk", {"model_path": str(models[1]), "weight_version": "v1"})
+    assert (status, r["success"], r["weight_version"]) == (200, True, "v1")
+    changed = engine.generate(**body)
+    assert changed["meta_info"]["weight_version"] == "v1"
+    assert changed["meta_info"]["output_token_logprobs"] != before["meta_info"]["output_token_logprobs"]
+    assert engine.call("/model_info")[1]["model_path"] == str(models[1].resolve())
+    status, r = engine.call("/update_weights_from_disk", {"model_path": str(models[0]), "weight_version": "v0"})
+    assert status == 200 and r["success"]
+    restored = engine.generate(**body)
+    assert restored["output_ids"] == before["output_ids"]
+    assert restored["meta_info"]["output_token_logprobs"] == before["meta_info"]["output_token_logprobs"]
+    assert restored["meta_info"]["weight_version"] == "v0"
+
+
+def test_update_weights_rejects_a_bad_checkpoint_and_keeps_serving(engine: Engine, tmp_path: Path,
+                                                                     models: tuple[Path, Path]) -> None:
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    config = json.loads((models[0] / "config.json").read_text())
+    (wrong / "config.json").write_text(json.dumps({**config, "hidden_size": 32}))
+    for path in (str(tmp_path / "missing"), str(wrong)):
+        status, r = engine.call("/update_weights_from_disk", {"model_path": path, "weight_version": "bad"})
+        assert status == 400 and r["success"] is False and r["message"] and r["weight_version"] == "v0"
+    assert engine.generate(text=PROMPT, sampling_params={"max_new_tokens": 1})["meta_info"]["weight_version"] == "v0"
+
+
+def test_pause_holds_new_requests_until_continue(engine: Engine) -> None:
+    assert engine.call("/pause_generation", {})[0] == 200
+    assert engine.call("/health")[0] == 200
+    result: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: result.update(
+        engine.generate(text=PROMPT, sampling_params={"max_new_tokens": 2, "temperature": 0})))
+    worker.start()
+    worker.join(1.0)
+    assert worker.is_alive() and not result, "a request completed while the engine was paused"
+    assert engine.call("/continue_generation", {})[0] == 200
+    worker.join(60)
+    assert len(result["output_ids"]) == 2
+    assert engine.call("/flush_cache", {})[0] == 200
