@@ -1,0 +1,52 @@
+import { z } from 'zod';
+import { heartbeatReport, lifecycleStateSchema, registerRequest, statsSchema } from '../actors/runtime/messages.js';
+
+/**
+ * Everything the supervisor's control ROUTER accepts: `register` and `heartbeat` from its actors
+ * (schemas shared with the actor host), and `status`, `scale`, `down` from the CLI.
+ */
+
+export const statusRequest = z.object({ type: z.literal('status'), requestId: z.string() });
+export const scaleRequest = z.object({
+  type: z.literal('scale'),
+  requestId: z.string(),
+  actor: z.string().min(1),
+  count: z.number().int().min(0),
+});
+/** Replied `{}` first, then the whole stack drains. */
+export const downRequest = z.object({ type: z.literal('down'), requestId: z.string() });
+
+export const controlMessages = z.discriminatedUnion('type', [statusRequest, scaleRequest, downRequest]);
+export type ControlMessage = z.output<typeof controlMessages>;
+
+export const supervisorMessages = z.discriminatedUnion('type', [registerRequest, heartbeatReport, controlMessages]);
+export type SupervisorMessage = z.output<typeof supervisorMessages>;
+
+/** One actor instance as `status` reports it. */
+export const actorInstanceStatusSchema = z.object({
+  id: z.string(),
+  name: z.string(),
+  pid: z.number().int().nullable(),
+  /** The actor's own lifecycle state; `failed` while it waits to be restarted. */
+  state: lifecycleStateSchema,
+  restarts: z.number().int(),
+  /** ms epoch of the last heartbeat, null before the first. */
+  lastHeartbeat: z.number().nullable(),
+  mailbox: z.string().nullable(),
+  stats: statsSchema,
+});
+export type ActorInstanceStatus = z.output<typeof actorInstanceStatusSchema>;
+
+/** `status` ok reply; `groups`, `engines`, `ray` are filled by whoever composes `reef up`. */
+export const statusReply = z.object({
+  type: z.literal('ok'),
+  requestId: z.string(),
+  actors: z.array(actorInstanceStatusSchema),
+  groups: z.array(z.unknown()),
+  engines: z.array(z.unknown()),
+  ray: z.unknown().nullable(),
+});
+export type StatusReply = z.output<typeof statusReply>;
+
+export const scaleReply = z.object({ type: z.literal('ok'), requestId: z.string(), before: z.number().int(), after: z.number().int() });
+export type ScaleReply = z.output<typeof scaleReply>;

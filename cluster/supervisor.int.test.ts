@@ -1,0 +1,150 @@
+import { execFileSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { RpcClient } from '../actors/runtime/rpc.js';
+import { pidAlive, waitFor } from '../test/helpers/wait.js';
+import { repoRoot } from './paths.js';
+import { scaleReply, statusReply } from './supervisor-messages.js';
+import { Supervisor, readyOnJsonLine } from './supervisor.js';
+
+const root = repoRoot();
+const fixture = join(root, 'test', 'fixtures', 'echo-actor.mjs');
+const lines: string[] = [];
+const seenPids = new Set<number>();
+let sup: Supervisor;
+const clients: RpcClient[] = [];
+
+function client(endpoint: string): RpcClient {
+  const rpc = new RpcClient(endpoint, { defaultTimeoutMs: 5000, log: () => {} });
+  clients.push(rpc);
+  return rpc;
+}
+
+function instance(id: string) {
+  const found = sup.status().find((a) => a.id === id);
+  if (found === undefined) throw new Error(`no instance ${id}`);
+  return found;
+}
+
+function remember(): void {
+  for (const a of sup.status()) if (a.pid !== null) seenPids.add(a.pid);
+}
+
+beforeAll(() => {
+  // Children run the compiled runtime; other parts of the tree may not typecheck yet, which tsc
+  // reports but still emits, so only the output file decides.
+  try {
+    execFileSync(process.execPath, [join(root, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', 'tsconfig.json'], { cwd: root, stdio: 'pipe' });
+  } catch {
+    // reported below if the runtime did not compile
+  }
+  if (!existsSync(join(root, 'dist', 'actors', 'runtime', 'actor-host.js'))) throw new Error('dist/actors/runtime/actor-host.js was not built');
+  sup = new Supervisor({
+    actors: { echo: 2 },
+    command: () => ({ command: process.execPath, args: [fixture] }),
+    heartbeatMs: 200,
+    backoff: { initialMs: 200 },
+    log: (line) => lines.push(line),
+  });
+  return sup.start();
+});
+
+afterAll(async () => {
+  for (const rpc of clients) await rpc.close();
+  await sup?.stop();
+  for (const pid of seenPids) if (pidAlive(pid)) process.kill(pid, 'SIGKILL');
+});
+
+describe('Supervisor with real actor processes', () => {
+  it('starts the configured instances, which register and answer ping on their mailbox', async () => {
+    const actors = sup.status();
+    expect(actors.map((a) => a.id)).toEqual(['echo-0', 'echo-1']);
+    remember();
+    for (const a of actors) {
+      expect(a.mailbox).toMatch(/^tcp:\/\//);
+      const pong = await client(a.mailbox!).call<{ pid: number; id: string }>({ type: 'ping' });
+      expect(pong).toMatchObject({ type: 'ok', id: a.id, pid: a.pid, state: 'running' });
+    }
+    await waitFor(() => instance('echo-0').lastHeartbeat !== null && instance('echo-0').stats.received !== undefined, { what: 'a heartbeat with stats' });
+  });
+
+  it('restarts an actor killed with SIGKILL: new pid, registered again, answers ping', async () => {
+    const before = instance('echo-1');
+    const restarts: { id: string; reason: string }[] = [];
+    sup.on('restart', (info: { id: string; reason: string }) => restarts.push(info));
+    process.kill(before.pid!, 'SIGKILL');
+    const after = await waitFor(
+      () => {
+        const now = instance('echo-1');
+        return now.restarts === 1 && now.pid !== null && now.pid !== before.pid && now.state === 'running' && now.mailbox !== null ? now : null;
+      },
+      { what: 'echo-1 to be restarted and registered', timeoutMs: 20_000 },
+    );
+    remember();
+    expect(pidAlive(before.pid!)).toBe(false);
+    const pong = await client(after.mailbox!).call<{ pid: number }>({ type: 'ping' });
+    expect(pong.pid).toBe(after.pid);
+    expect(restarts).toEqual([expect.objectContaining({ id: 'echo-1', reason: 'exit signal SIGKILL', restarts: 1 })]);
+    expect(lines.some((l) => /^supervisor: restarted echo-1 \(exit signal SIGKILL\), restart #1 after \d+ ms$/.test(l))).toBe(true);
+    expect(instance('echo-0').restarts).toBe(0);
+  });
+
+  it('kills and restarts an actor that stops heartbeating', async () => {
+    const before = instance('echo-0');
+    process.kill(before.pid!, 'SIGSTOP'); // frozen: alive, but silent
+    await waitFor(
+      () => {
+        const now = instance('echo-0');
+        return now.restarts === 1 && now.pid !== null && now.pid !== before.pid && now.state === 'running';
+      },
+      { what: 'the frozen echo-0 to be replaced', timeoutMs: 20_000 },
+    );
+    remember();
+    await waitFor(() => !pidAlive(before.pid!), { what: 'the frozen process to be gone' });
+    expect(lines.some((l) => l.includes('restarted echo-0 (missed 6 heartbeats), restart #1'))).toBe(true);
+  });
+
+  it('scales 2 → 4 → 1 through the control socket, draining the highest ids', async () => {
+    const control = client(sup.endpoint);
+    expect(await control.call({ type: 'scale', actor: 'echo', count: 4 }, { timeoutMs: 30_000, schema: scaleReply })).toMatchObject({ before: 2, after: 4 });
+    remember();
+    const four = statusReply.parse(await control.call({ type: 'status' }));
+    expect(four.actors.map((a) => a.id)).toEqual(['echo-0', 'echo-1', 'echo-2', 'echo-3']);
+    const retired = four.actors.slice(1).map((a) => a.pid!);
+    expect(await sup.scale('echo', 1)).toEqual({ before: 4, after: 1 });
+    expect(sup.status().map((a) => a.id)).toEqual(['echo-0']);
+    for (const pid of retired) expect(pidAlive(pid)).toBe(false);
+    // Drained, not killed: each retired actor logged its own clean stop.
+    for (const id of ['echo-1', 'echo-2', 'echo-3']) expect(lines).toContain(`supervisor: [${id}] actor ${id}: stopped`);
+    expect(lines.some((l) => l.includes('sending SIGTERM'))).toBe(false);
+    await expect(control.call({ type: 'scale', actor: 'echo', count: -1 })).rejects.toMatchObject({ code: 'REEF_ERR_BAD_MESSAGE' });
+  });
+
+  it('refuses a register from an unknown actor', async () => {
+    const control = client(sup.endpoint);
+    await expect(control.call({ type: 'register', id: 'ghost-0', name: 'ghost', pid: 1, mailbox: 'tcp://127.0.0.1:1' })).rejects.toMatchObject({
+      code: 'REEF_ERR_NOT_FOUND',
+    });
+  });
+
+  it('keeps a non-node child alive with the same policy, ready on its JSON line', async () => {
+    const script = 'console.log("booting"); console.log(JSON.stringify({event: "ready", pid: process.pid})); setInterval(() => {}, 1000);';
+    const proc = sup.manage({ id: 'shim', command: process.execPath, args: ['-e', script], ready: readyOnJsonLine() });
+    await proc.start();
+    const first = proc.pid!;
+    seenPids.add(first);
+    expect(proc.readyInfo).toEqual({ event: 'ready', pid: first });
+    process.kill(first, 'SIGKILL');
+    await waitFor(() => proc.restarts === 1 && proc.state === 'running' && proc.pid !== first, { what: 'the shim to be restarted', timeoutMs: 20_000 });
+    seenPids.add(proc.pid!);
+  });
+
+  it('stop() drains everything and leaves no child process', async () => {
+    remember();
+    expect(seenPids.size).toBeGreaterThanOrEqual(7);
+    await sup.stop();
+    expect(sup.status()).toEqual([]);
+    for (const pid of seenPids) expect(pidAlive(pid)).toBe(false);
+  });
+});

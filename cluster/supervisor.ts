@@ -1,0 +1,296 @@
+import { EventEmitter } from 'node:events';
+import { ReefError } from '../actors/runtime/errors.js';
+import type { LifecycleState } from '../actors/runtime/lifecycle.js';
+import { type LogFn, prefixed, stderrLog } from '../actors/runtime/log.js';
+import { type HandlerContext, type Handlers, Mailbox, type ReplyFields } from '../actors/runtime/mailbox.js';
+import type { ActorEnv, HeartbeatReport, RegisterRequest } from '../actors/runtime/messages.js';
+import { RpcClient } from '../actors/runtime/rpc.js';
+import { distEntry } from './paths.js';
+import { type ActorInstanceStatus, type ControlMessage, type SupervisorMessage, supervisorMessages } from './supervisor-messages.js';
+import { type BackoffOptions, ManagedProcess, type ManagedProcessOptions } from './supervisor-process.js';
+
+export { Backoff, ManagedProcess, readyOnJsonLine } from './supervisor-process.js';
+export type { BackoffOptions, ManagedProcessOptions, ProcessState, StopOptions } from './supervisor-process.js';
+
+/** How to start one actor instance; `env` already holds `REEF_ACTOR`. */
+export type ActorCommand = (name: string, id: string, env: NodeJS.ProcessEnv) => { command: string; args: string[] };
+
+/** The production command: `node dist/actors/<name>/main.js`. */
+export const nodeActorCommand: ActorCommand = (name) => ({ command: process.execPath, args: [distEntry(`actors/${name}/main`)] });
+
+/** Handlers for the CLI's control requests; each default uses the supervisor's own data. */
+export type ControlHandlers = {
+  [K in ControlMessage['type']]: (msg: Extract<ControlMessage, { type: K }>, ctx: HandlerContext, sup: Supervisor) => Promise<ReplyFields> | ReplyFields;
+};
+
+export interface SupervisorOptions {
+  /** Instances started by `start()`, by actor name, e.g. `{gateway: 1, judge: 1, prm: 2}`. @default {} */
+  actors?: Record<string, number>;
+  /** @default nodeActorCommand */
+  command?: ActorCommand;
+  configPath?: string | null;
+  overrides?: Record<string, unknown>;
+  /** @default 'tcp://127.0.0.1:*' */
+  endpoint?: string;
+  /** @default 500 */
+  heartbeatMs?: number;
+  /** Missed heartbeats before an actor is killed and restarted. @default 6 */
+  missedHeartbeats?: number;
+  /** How long an instance may take to register. @default 20000 */
+  startTimeoutMs?: number;
+  /** How long a drained actor may take to exit before SIGTERM. @default 10000 */
+  drainTimeoutMs?: number;
+  backoff?: BackoffOptions;
+  /** Replace any of the default `status`, `scale`, `down` handlers. */
+  control?: Partial<ControlHandlers>;
+  /** Extra environment for every actor. */
+  env?: Record<string, string>;
+  log?: LogFn;
+}
+
+interface Instance {
+  id: string;
+  name: string;
+  index: number;
+  proc: ManagedProcess;
+  mailbox: string | null;
+  rpc: RpcClient | null;
+  registeredPid: number | null;
+  lastHeartbeat: number | null;
+  reported: LifecycleState | null;
+  stats: Record<string, number>;
+  onRegister: (() => void) | null;
+}
+
+/**
+ * Runs the actor processes: spawns them, tracks their registration and heartbeats, restarts the
+ * ones that die or hang (with backoff), scales instance counts, and drains everything on stop.
+ * Events: `restart` ({id, reason, restarts, delayMs}), `down` (a `down` request was received).
+ */
+export class Supervisor extends EventEmitter {
+  private readonly instances = new Map<string, Instance>();
+  private readonly managed = new Map<string, ManagedProcess>();
+  private readonly log: LogFn;
+  private readonly heartbeatMs: number;
+  private control: Mailbox<typeof supervisorMessages> | null = null;
+  private watchdog: NodeJS.Timeout | null = null;
+  private scaling: Promise<unknown> = Promise.resolve();
+  private stopping: Promise<void> | null = null;
+  private readonly killAll = (): void => {
+    for (const inst of this.instances.values()) inst.proc.killNow();
+    for (const proc of this.managed.values()) proc.killNow();
+  };
+
+  constructor(private readonly options: SupervisorOptions = {}) {
+    super();
+    this.log = prefixed(options.log ?? stderrLog, 'supervisor');
+    this.heartbeatMs = options.heartbeatMs ?? 500;
+  }
+
+  /** The control endpoint (bound by `start()`). */
+  get endpoint(): string {
+    if (this.control === null) throw new ReefError('REEF_ERR_SUPERVISOR', { reason: 'not started' });
+    return this.control.endpoint;
+  }
+
+  /** Bind the control socket, start the configured actors and wait until each has registered. */
+  async start(): Promise<void> {
+    const own: Handlers<SupervisorMessage> = {
+      register: (msg) => this.onRegister(msg),
+      heartbeat: (msg) => this.onHeartbeat(msg),
+      status: (msg, ctx) => (this.options.control?.status ?? defaultStatus)(msg, ctx, this),
+      scale: (msg, ctx) => (this.options.control?.scale ?? defaultScale)(msg, ctx, this),
+      down: (msg, ctx) => (this.options.control?.down ?? defaultDown)(msg, ctx, this),
+    };
+    this.control = await Mailbox.open({ name: 'supervisor', schema: supervisorMessages, handlers: own, endpoint: this.options.endpoint, log: this.log });
+    process.on('exit', this.killAll);
+    this.watchdog = setInterval(() => this.checkHeartbeats(), this.heartbeatMs);
+    this.log(`control ${this.control.endpoint}`);
+    for (const [name, count] of Object.entries(this.options.actors ?? {})) await this.scale(name, count);
+  }
+
+  /** A snapshot of every actor instance, ordered by id. */
+  status(): ActorInstanceStatus[] {
+    return [...this.instances.values()]
+      .sort((a, b) => a.name.localeCompare(b.name) || a.index - b.index)
+      .map((inst) => ({
+        id: inst.id,
+        name: inst.name,
+        pid: inst.proc.pid,
+        state: stateOf(inst),
+        restarts: inst.proc.restarts,
+        lastHeartbeat: inst.lastHeartbeat,
+        mailbox: inst.mailbox,
+        stats: inst.stats,
+      }));
+  }
+
+  /** Start instances `<name>-<n>` or drain the highest ids until `count` run; waits for new ones to register. */
+  scale(name: string, count: number): Promise<{ before: number; after: number }> {
+    if (!Number.isInteger(count) || count < 0) {
+      return Promise.reject(new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `scale ${name}: count must be an integer ≥ 0, got ${count}` }));
+    }
+    // One scale at a time, so two overlapping requests cannot pick the same ids.
+    const run = this.scaling.then(async () => {
+      if (this.stopping !== null) throw new ReefError('REEF_ERR_SUPERVISOR', { reason: 'stopping' });
+      const current = [...this.instances.values()].filter((i) => i.name === name).sort((a, b) => a.index - b.index);
+      const before = current.length;
+      if (count > before) {
+        const used = new Set(current.map((i) => i.index));
+        const added: Instance[] = [];
+        for (let index = 0; added.length < count - before; index++) if (!used.has(index)) added.push(this.spawnInstance(name, index));
+        await Promise.all(added.map((inst) => inst.proc.start()));
+      } else if (count < before) {
+        await Promise.all(current.slice(count).map((inst) => this.retire(inst)));
+      }
+      if (count !== before) this.log(`scaled ${name} ${before} → ${count}`);
+      return { before, after: count };
+    });
+    this.scaling = run.catch(() => {});
+    return run;
+  }
+
+  /** Run a non-actor child (the Python shim) under the same restart policy; stopped by `stop()`. */
+  manage(options: Omit<ManagedProcessOptions, 'log'>): ManagedProcess {
+    if (this.managed.has(options.id) || this.instances.has(options.id)) {
+      throw new ReefError('REEF_ERR_SUPERVISOR', { reason: `a child named ${options.id} already exists` });
+    }
+    const proc = new ManagedProcess({ ...options, backoff: options.backoff ?? this.options.backoff, log: this.log });
+    proc.on('restart', (info: object) => this.emit('restart', { id: options.id, ...info }));
+    this.managed.set(options.id, proc);
+    return proc;
+  }
+
+  /** Drain every actor (then every managed child), escalating to SIGTERM/SIGKILL; resolves when none is left. */
+  stop(): Promise<void> {
+    this.stopping ??= (async () => {
+      this.log('stopping');
+      await this.scaling;
+      if (this.watchdog !== null) clearInterval(this.watchdog);
+      await Promise.all([...this.instances.values()].map((inst) => this.retire(inst)));
+      await Promise.all([...this.managed.values()].map((proc) => proc.stop()));
+      this.managed.clear();
+      await this.control?.close();
+      process.off('exit', this.killAll);
+      this.log('stopped');
+    })();
+    return this.stopping;
+  }
+
+  private spawnInstance(name: string, index: number): Instance {
+    const id = `${name}-${index}`;
+    const actorEnv: ActorEnv = {
+      name,
+      id,
+      supervisor: this.endpoint,
+      configPath: this.options.configPath ?? null,
+      overrides: this.options.overrides ?? {},
+      heartbeatMs: this.heartbeatMs,
+    };
+    const env = { ...process.env, ...this.options.env, REEF_ACTOR: JSON.stringify(actorEnv) };
+    const { command, args } = (this.options.command ?? nodeActorCommand)(name, id, env);
+    const inst: Instance = { id, name, index, mailbox: null, rpc: null, registeredPid: null, lastHeartbeat: null, reported: null, stats: {}, onRegister: null } as Instance;
+    inst.proc = new ManagedProcess({
+      id,
+      command,
+      args,
+      env,
+      readyTimeoutMs: this.options.startTimeoutMs ?? 20_000,
+      backoff: this.options.backoff,
+      log: this.log,
+      ready: (_proc, child) =>
+        new Promise<void>((resolve) => {
+          inst.onRegister = () => {
+            if (inst.registeredPid !== child.pid) return;
+            inst.onRegister = null;
+            resolve();
+          };
+        }),
+    });
+    inst.proc.on('spawn', () => {
+      inst.registeredPid = null;
+      inst.lastHeartbeat = null;
+      inst.reported = null;
+    });
+    inst.proc.on('restart', (info: object) => this.emit('restart', { id, ...info }));
+    this.instances.set(id, inst);
+    return inst;
+  }
+
+  private async retire(inst: Instance): Promise<void> {
+    const rpc = inst.rpc;
+    await inst.proc.stop({
+      drain: rpc === null ? undefined : () => rpc.call({ type: 'drain' }, { timeoutMs: 2000 }),
+      drainTimeoutMs: this.options.drainTimeoutMs ?? 10_000,
+    });
+    await inst.rpc?.close();
+    this.instances.delete(inst.id);
+  }
+
+  private async onRegister(msg: RegisterRequest): Promise<ReplyFields> {
+    const inst = this.instances.get(msg.id);
+    // A stale process (already replaced, or from an earlier run) must not take over the slot.
+    if (inst === undefined || inst.proc.pid !== msg.pid || inst.name !== msg.name) {
+      throw new ReefError('REEF_ERR_NOT_FOUND', { what: `actor ${msg.id} with pid ${msg.pid}` });
+    }
+    if (inst.mailbox !== msg.mailbox) {
+      await inst.rpc?.close();
+      inst.rpc = new RpcClient(msg.mailbox, { name: `supervisor→${msg.id}`, log: this.log });
+      inst.mailbox = msg.mailbox;
+    }
+    inst.registeredPid = msg.pid;
+    inst.lastHeartbeat = Date.now();
+    this.log(`registered ${msg.id} (pid ${msg.pid}, mailbox ${msg.mailbox})`);
+    inst.onRegister?.();
+    return { heartbeatMs: this.heartbeatMs };
+  }
+
+  private onHeartbeat(msg: HeartbeatReport): ReplyFields {
+    const inst = this.instances.get(msg.id);
+    if (inst === undefined || inst.registeredPid === null) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `actor ${msg.id}` });
+    inst.lastHeartbeat = Date.now();
+    inst.reported = msg.state;
+    inst.stats = msg.stats;
+    return {};
+  }
+
+  private checkHeartbeats(): void {
+    const limit = (this.options.missedHeartbeats ?? 6) * this.heartbeatMs;
+    for (const inst of this.instances.values()) {
+      if (inst.proc.state !== 'running' || inst.lastHeartbeat === null) continue;
+      const silentMs = Date.now() - inst.lastHeartbeat;
+      if (silentMs <= limit) continue;
+      this.log(`${inst.id} (pid ${inst.proc.pid}) sent no heartbeat for ${silentMs} ms; killing it`);
+      inst.lastHeartbeat = null;
+      inst.proc.forceRestart(`missed ${this.options.missedHeartbeats ?? 6} heartbeats`);
+    }
+  }
+}
+
+function stateOf(inst: Instance): LifecycleState {
+  switch (inst.proc.state) {
+    case 'running':
+      return inst.reported ?? 'running';
+    case 'stopping':
+      return 'draining';
+    case 'stopped':
+      return 'stopped';
+    case 'backoff':
+      return 'failed';
+    default:
+      return 'starting';
+  }
+}
+
+const defaultStatus: ControlHandlers['status'] = (_msg, _ctx, sup) => ({ actors: sup.status(), groups: [], engines: [], ray: null });
+
+const defaultScale: ControlHandlers['scale'] = (msg, _ctx, sup) => sup.scale(msg.actor, msg.count);
+
+const defaultDown: ControlHandlers['down'] = (_msg, _ctx, sup) => {
+  // Reply first: the drain closes the control socket this reply goes out on.
+  setImmediate(() => {
+    sup.emit('down');
+    void sup.stop();
+  });
+  return {};
+};
