@@ -1,0 +1,75 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { z } from 'zod';
+import { waitFor } from '../../test/helpers/wait.js';
+import { type ActorHost, readActorEnv, runActor } from './actor-host.js';
+import { RpcClient } from './rpc.js';
+
+const messages = z.discriminatedUnion('type', [z.object({ type: z.literal('work'), requestId: z.string(), ms: z.number() })]);
+
+const cleanups: (() => Promise<void>)[] = [];
+afterEach(async () => {
+  while (cleanups.length > 0) await cleanups.pop()!();
+});
+
+async function start(onDrain: () => Promise<void> = async () => {}) {
+  const exits: number[] = [];
+  const host: ActorHost = await runActor({
+    name: 'worker',
+    messages,
+    env: { name: 'worker', id: 'worker-0', supervisor: null, configPath: null, overrides: {}, heartbeatMs: null },
+    processHooks: false,
+    exit: (code) => exits.push(code),
+    log: () => {},
+    onDrain,
+    stats: () => ({ custom: 7 }),
+    createHandler: () => ({
+      work: async (msg) => {
+        await new Promise((resolve) => setTimeout(resolve, msg.ms));
+        return { done: msg.ms };
+      },
+    }),
+  });
+  const rpc = new RpcClient(host.endpoint, { log: () => {} });
+  cleanups.push(async () => {
+    await rpc.close();
+    await host.drain('test cleanup');
+  });
+  return { host, rpc, exits };
+}
+
+describe('runActor (in process, no supervisor)', () => {
+  it('answers ping and heartbeat with state, pid and merged stats', async () => {
+    const { rpc } = await start();
+    const pong = await rpc.call<{ state: string; pid: number; stats: Record<string, number> }>({ type: 'ping' });
+    expect(pong).toMatchObject({ id: 'worker-0', name: 'worker', state: 'running', pid: process.pid });
+    expect(pong.stats).toMatchObject({ custom: 7, working: 0 });
+    await expect(rpc.call({ type: 'heartbeat' })).resolves.toMatchObject({ state: 'running' });
+  });
+
+  it('on drain: answers at once, refuses new work, finishes in-flight work, runs onDrain, exits 0', async () => {
+    const order: string[] = [];
+    const { rpc, host, exits } = await start(async () => {
+      order.push('onDrain');
+    });
+    const inFlight = rpc.call({ type: 'work', ms: 150 }).then((r) => {
+      order.push('work done');
+      return r;
+    });
+    await waitFor(async () => ((await rpc.call<{ stats: { working: number } }>({ type: 'ping' })).stats.working === 1), { what: 'work to start' });
+    await expect(rpc.call({ type: 'drain' })).resolves.toMatchObject({ state: 'draining' });
+    await expect(rpc.call({ type: 'work', ms: 1 })).rejects.toMatchObject({ code: 'REEF_ERR_ACTOR_DRAINING' });
+    await expect(inFlight).resolves.toMatchObject({ done: 150 });
+    await waitFor(() => exits.length === 1, { what: 'the actor to exit' });
+    expect(exits).toEqual([0]);
+    expect(host.lifecycle.state).toBe('stopped');
+    expect(order).toEqual(['work done', 'onDrain']);
+  });
+
+  it('readActorEnv rejects a missing or malformed REEF_ACTOR with REEF_ERR_CONFIG_INVALID', () => {
+    expect(() => readActorEnv(undefined)).toThrow(expect.objectContaining({ code: 'REEF_ERR_CONFIG_INVALID' }));
+    expect(() => readActorEnv('{nope')).toThrow(expect.objectContaining({ code: 'REEF_ERR_CONFIG_INVALID' }));
+    expect(() => readActorEnv(JSON.stringify({ name: 'x', id: 'x-0' }))).toThrow(expect.objectContaining({ code: 'REEF_ERR_CONFIG_INVALID' }));
+    const env = readActorEnv(JSON.stringify({ name: 'x', id: 'x-0', supervisor: 'tcp://127.0.0.1:1', configPath: null, overrides: {} }));
+    expect(env.heartbeatMs).toBeNull();
+  });
+});
