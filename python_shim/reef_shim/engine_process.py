@@ -1,0 +1,183 @@
+"""An engine server as a child process: its command line, start, health probe, stop.
+
+No Ray here: `ray_driver.EngineActor` owns one `EngineProcess` inside its bundle, and the tests
+drive the same class directly against `tests/fake_engine_server.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Callable
+
+from .errors import ShimError
+
+log = logging.getLogger("reef_shim.engine")
+
+DEFAULT_MODULES = {"hf": "reef_shim.engines.hf_server", "sglang": "sglang.launch_server"}
+ENGINE_START_TIMEOUT_S = float(os.environ.get("REEF_ENGINE_START_TIMEOUT_S", "290"))
+
+
+def engine_module(kind: str) -> str:
+    """The module run for an engine kind.
+
+    `REEF_ENGINE_MODULE_HF` / `REEF_ENGINE_MODULE_SGLANG` replace it: tests point them at
+    `tests/fake_engine_server.py` so the production launch path runs unchanged around a stand-in.
+    """
+    if kind not in DEFAULT_MODULES:
+        raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"unknown engine kind {kind!r}")
+    return os.environ.get(f"REEF_ENGINE_MODULE_{kind.upper()}") or DEFAULT_MODULES[kind]
+
+
+def engine_command(module: str, model_path: str, host: str, port: int, extra_args: list[str]) -> list[str]:
+    return [sys.executable, "-m", module, "--model-path", model_path, "--host", host, "--port", str(port), *extra_args]
+
+
+def pick_free_port(host: str) -> int:
+    # The port is released before the engine binds it; the window is tiny and a clash shows up
+    # as a dead child with "address in use" in its log, not as a silent hang.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host if host not in ("", "0.0.0.0") else "0.0.0.0", 0))
+        return int(s.getsockname()[1])
+
+
+def _load_prctl() -> Callable[[int, int], int] | None:
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Loaded up front: the child must not import anything between fork and exec.
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # If the actor process holding this engine is killed outright, take the engine down with it.
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+
+class EngineProcess:
+    """One engine server subprocess in its own process group, logging to `log_path`."""
+
+    def __init__(self, name: str, argv: list[str], probe_host: str, port: int, log_path: str,
+                 env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.argv = argv
+        self.base = f"http://{probe_host}:{port}"
+        self.log_path = log_path
+        self.env = env
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self) -> int:
+        os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                start_new_session=True, preexec_fn=_die_with_parent,
+            )
+        return self.proc.pid
+
+    def tail(self, max_chars: int = 2000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - max_chars))
+                return f.read().decode("utf-8", errors="replace").strip()
+        except OSError:
+            return ""
+
+    def _get(self, path: str, timeout: float = 1.0) -> tuple[int, bytes] | None:
+        try:
+            with urllib.request.urlopen(self.base + path, timeout=timeout) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, b""
+        except (OSError, ValueError):
+            return None
+
+    def healthy(self) -> bool:
+        got = self._get("/health")
+        return got is not None and got[0] == 200
+
+    def weight_version(self) -> str | None:
+        got = self._get("/model_info", timeout=2.0)
+        if got is None or got[0] != 200:
+            return None
+        try:
+            version = json.loads(got[1]).get("weight_version")
+        except (ValueError, AttributeError):
+            return None
+        return None if version is None else str(version)
+
+    def probe(self) -> dict[str, Any]:
+        """`{alive, returncode, healthy, tail}`: one poll of the child and its /health."""
+        code = self.proc.poll() if self.proc else None
+        alive = self.proc is not None and code is None
+        return {
+            "alive": alive,
+            "returncode": code,
+            "healthy": alive and self.healthy(),
+            "tail": "" if alive else self.tail(),
+        }
+
+    def stop(self, grace_s: float = 10.0) -> bool:
+        """Stop the whole process group (engines fork workers); True if it was running."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                log.warning("engine %s (pid %d) ignored %s", self.name, self.proc.pid, sig.name)
+        return True
+
+
+def wait_healthy(name: str, probe: Callable[[], dict[str, Any]], timeout_s: float,
+                 cancelled: Callable[[], bool] = lambda: False, interval_s: float = 1.0) -> None:
+    """Poll `probe` until the engine answers /health; fail fast, with its log tail, if it dies."""
+    start = time.monotonic()
+    next_log = 0.0
+    while True:
+        state = probe()
+        if state["healthy"]:
+            log.info("engine %s healthy after %.1f s", name, time.monotonic() - start)
+            return
+        if not state["alive"]:
+            raise ShimError(
+                "REEF_ERR_ENGINE_START",
+                f"engine {name} failed to start: process exited with code {state['returncode']}; "
+                f"last output:\n{state['tail']}",
+            )
+        elapsed = time.monotonic() - start
+        if elapsed > timeout_s:
+            raise ShimError("REEF_ERR_ENGINE_START",
+                            f"engine {name} failed to start: /health not ready after {timeout_s:.0f} s")
+        if cancelled():
+            raise ShimError("REEF_ERR_SHIM", f"python shim failed: shutting down while engine {name} was starting")
+        if elapsed >= next_log:
+            log.info("engine %s: waiting for /health (%.0f s)", name, elapsed)
+            next_log += 5.0
+        time.sleep(interval_s)

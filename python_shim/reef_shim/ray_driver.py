@@ -1,0 +1,428 @@
+"""The thin Ray side of the shim: connect, create/remove placement groups, run engines in bundles.
+
+Planning is pure (`placement.py`); this module only turns a plan into Ray calls, waits for them
+with progress logs and timeouts that name what is stuck, and keeps a registry of what it made so
+status and shutdown can account for everything. Ray is imported lazily: `import ray` costs
+seconds, and the shim must answer `ping` long before anyone asks for Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .engine_process import (ENGINE_START_TIMEOUT_S, EngineProcess, engine_command, engine_module,
+                             pick_free_port, wait_healthy)
+from .errors import ShimError
+from .placement import bundle_label, fmt_number, plan_placement
+
+log = logging.getLogger("reef_shim.ray")
+
+DEFAULT_OBJECT_STORE_BYTES = 128 * 1024 * 1024
+ENGINE_ACTOR_CPUS = 0.1
+
+
+@dataclass
+class _Group:
+    planned: dict[str, Any]  # PlannedGroup
+    pg: Any  # ray.util.placement_group.PlacementGroup
+
+
+@dataclass
+class _Engine:
+    spec: dict[str, Any]  # EngineSpec
+    actor: Any
+    url: str
+    pid: int | None
+    healthy: bool = False
+    weight_version: str | None = None
+
+
+class EngineActor:
+    """A Ray actor that owns one engine server subprocess inside its placement-group bundle.
+
+    The actor holds the bundle's GPUs (Ray sets CUDA_VISIBLE_DEVICES for it, and the engine
+    inherits that); the engine itself runs as a child process so it can be killed as a process
+    group and its output kept in a log file.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.engine: EngineProcess | None = None
+
+    def launch(self, module: str, model_path: str, host: str, port: int, extra_args: list[str],
+               log_dir: str) -> dict[str, Any]:
+        import ray
+
+        port = port or pick_free_port(host)
+        probe_host = "127.0.0.1" if host in ("", "0.0.0.0") else host
+        public_host = ray.util.get_node_ip_address() if host in ("", "0.0.0.0") else host
+        log_path = os.path.join(log_dir, f"{self.name}-{port}.log")
+        argv = engine_command(module, model_path, host, port, extra_args)
+        self.engine = EngineProcess(self.name, argv, probe_host, port, log_path)
+        pid = self.engine.start()
+        return {"pid": pid, "url": f"http://{public_host}:{port}", "log": log_path}
+
+    def probe(self) -> dict[str, Any]:
+        if self.engine is None:
+            return {"alive": False, "returncode": None, "healthy": False, "tail": "not launched"}
+        return self.engine.probe()
+
+    def weight_version(self) -> str | None:
+        return self.engine.weight_version() if self.engine else None
+
+    def stop(self) -> bool:
+        return self.engine.stop() if self.engine else False
+
+
+def _ray() -> Any:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    return ray
+
+
+class RayDriver:
+    """All Ray state of one shim. Long calls run on one worker thread; `status` may run alongside."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._groups: dict[str, _Group] = {}
+        self._engines: dict[str, _Engine] = {}
+        self._connected = False
+        self._address: str | None = None
+        self._started_head = False
+        self._actor_cls: Any = None
+        self.closing = threading.Event()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    def _require_ray(self) -> Any:
+        if not self._connected:
+            raise ShimError("REEF_ERR_RAY", "ray: not connected; send init-ray first", retryable=False)
+        return _ray()
+
+    # --- connection ---------------------------------------------------------------------------
+
+    def init_ray(self, address: str | None, num_cpus: int | None, num_gpus: int | None,
+                 object_store_bytes: int | None) -> dict[str, Any]:
+        ray = _ray()
+        if self._connected:
+            log.info("ray already connected to %s; init-ray is a no-op", self._address)
+        else:
+            started = time.monotonic()
+            common = dict(namespace="reef", logging_level=logging.WARNING, log_to_driver=False)
+            try:
+                if address is None:
+                    log.info("starting a local Ray head (cpus=%s, logical gpus=%s)", num_cpus, num_gpus)
+                    ray.init(
+                        address="local", num_cpus=num_cpus, num_gpus=num_gpus,
+                        object_store_memory=object_store_bytes or DEFAULT_OBJECT_STORE_BYTES,
+                        include_dashboard=False,
+                        # Prestarting one idle worker per declared CPU would fork a dozen Python
+                        # processes on a small machine for actors that may never come.
+                        _system_config={"enable_worker_prestart": False, "prestart_worker_first_driver": False},
+                        **common,
+                    )
+                else:
+                    if num_cpus is not None or num_gpus is not None or object_store_bytes is not None:
+                        log.warning("init-ray: numCpus/numGpus/objectStoreBytes apply only to a local head; ignored")
+                    log.info("connecting to Ray at %s", address)
+                    ray.init(address=address, **common)
+            except Exception as e:  # Ray raises many types (ConnectionError, RuntimeError, ValueError)
+                raise ShimError("REEF_ERR_RAY", f"ray: init failed: {e}") from e
+            self._address = ray.get_runtime_context().gcs_address
+            self._started_head = address is None
+            self._connected = True
+            log.info("ray ready at %s in %.1f s", self._address, time.monotonic() - started)
+        return {"address": self._address, "startedHead": self._started_head,
+                "resources": _plain(ray.cluster_resources())}
+
+    # --- placement groups ---------------------------------------------------------------------
+
+    def create_placement(self, layout: dict[str, Any], timeout_s: float) -> list[dict[str, Any]]:
+        ray = self._require_ray()
+        from ray.util.placement_group import placement_group
+
+        total = ray.cluster_resources()
+        # Checked against the cluster's totals first, so an impossible layout fails at once and
+        # names its bundle, instead of sitting PENDING until the timeout.
+        plan = plan_placement(layout, total.get("GPU", 0.0), total.get("CPU", 0.0))
+        created: list[str] = []
+        for planned in plan["groups"]:
+            name = planned["name"]
+            with self._lock:
+                existing = self._groups.get(name)
+            if existing is not None:
+                if existing.planned != planned:
+                    self._remove_many(created)
+                    raise ShimError("REEF_ERR_PLACEMENT", f"cannot place {name}: a group of that name exists "
+                                    "with a different shape; remove-placement it first")
+                continue
+            bundles = [{k: float(v) for k, v in b.items()} for b in planned["bundles"]]
+            pg = placement_group(bundles, strategy=planned["strategy"], name=name)
+            with self._lock:
+                self._groups[name] = _Group(planned, pg)
+            created.append(name)
+        try:
+            self._wait_created([g["name"] for g in plan["groups"]], timeout_s)
+        except ShimError:
+            self._remove_many(created)  # all or nothing: a failed create leaves the cluster as it was
+            raise
+        return [self._group_status(self._groups[g["name"]]) for g in plan["groups"]]
+
+    def _wait_created(self, names: list[str], timeout_s: float) -> None:
+        ray = _ray()
+        started = time.monotonic()
+        pending = {name: self._groups[name].pg.ready() for name in names}
+        while pending:
+            refs = list(pending.values())
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=1.0)
+            ready_set = set(ready)
+            pending = {n: r for n, r in pending.items() if r not in ready_set}
+            elapsed = time.monotonic() - started
+            if not pending:
+                log.info("placement: %d group(s) created in %.1f s", len(names), elapsed)
+                return
+            if self.closing.is_set():
+                raise ShimError("REEF_ERR_SHIM", "python shim failed: shutting down during create-placement")
+            if elapsed >= timeout_s:
+                raise self._pending_error(next(iter(pending)), elapsed)
+            log.info("placement: waiting for %s (%.0f of %s s)", ", ".join(pending), elapsed, fmt_number(timeout_s))
+
+    def _pending_error(self, name: str, elapsed: float) -> ShimError:
+        """Name the first bundle of a stuck group that the free resources cannot hold."""
+        ray = _ray()
+        planned = self._groups[name].planned
+        free = _plain(ray.available_resources())
+        total = ray.cluster_resources()
+        culprit = 0
+        reason = f"{planned['strategy']} group still pending after {elapsed:.0f} s"
+        for index, bundle in enumerate(planned["bundles"]):
+            short = [k for k, v in bundle.items() if free.get(k, 0.0) + 1e-9 < v]
+            if short:
+                culprit = index
+                have = "; ".join(f"{k} {fmt_number(free.get(k, 0.0))} of {fmt_number(total.get(k, 0.0))} free"
+                                 for k in short)
+                reason = f"still pending after {elapsed:.0f} s ({have})"
+                break
+            for k, v in bundle.items():
+                free[k] = free.get(k, 0.0) - v
+        label = bundle_label(name, culprit, planned["bundles"][culprit])
+        return ShimError("REEF_ERR_PLACEMENT", f"cannot place {label}: {reason}")
+
+    def remove_placement(self, names: list[str] | None) -> list[str]:
+        self._require_ray()
+        with self._lock:
+            targets = list(self._groups) if names is None else [n for n in names if n in self._groups]
+        return self._remove_many(targets)
+
+    def _remove_many(self, names: list[str]) -> list[str]:
+        from ray.util.placement_group import remove_placement_group
+
+        removed = []
+        for name in names:
+            with self._lock:
+                engines = [e for e, rec in self._engines.items() if rec.spec["group"] == name]
+            for engine in engines:
+                self.stop_engine(engine)
+            with self._lock:
+                group = self._groups.pop(name, None)
+            if group is None:
+                continue
+            try:
+                remove_placement_group(group.pg)
+            except Exception as e:  # already gone with its job, or GCS hiccup: the group is ours no more
+                log.warning("removing placement group %s: %s", name, e)
+            removed.append(name)
+            log.info("placement group %s removed", name)
+        return removed
+
+    def _group_status(self, group: _Group) -> dict[str, Any]:
+        from ray.util.placement_group import placement_group_table
+
+        table = placement_group_table(group.pg) or {}
+        raw_state = table.get("state", "PENDING")
+        state = raw_state if raw_state in ("CREATED", "REMOVED") else "PENDING"
+        nodes = table.get("bundles_to_node_id") or {}
+        bundles = []
+        for index, resources in enumerate(group.planned["bundles"]):
+            node = nodes.get(index)
+            bundles.append({"index": index, "resources": {k: float(v) for k, v in resources.items()},
+                            "nodeId": None if node is None or state != "CREATED" else str(node)})
+        planned = group.planned
+        return {"name": planned["name"], "role": planned["role"], "strategy": planned["strategy"],
+                "state": state, "bundles": bundles}
+
+    # --- engines ------------------------------------------------------------------------------
+
+    def start_engine(self, spec: dict[str, Any]) -> dict[str, Any]:
+        ray = self._require_ray()
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        name = spec["name"]
+        with self._lock:
+            if name in self._engines:
+                raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"engine {name} is already running; stop-engine it first")
+            group = self._groups.get(spec["group"])
+        if group is None:
+            raise ShimError("REEF_ERR_NOT_FOUND", f"placement group {spec['group']} not found")
+        bundles = group.planned["bundles"]
+        if not 0 <= spec["bundleIndex"] < len(bundles):
+            raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"bundleIndex {spec['bundleIndex']} is out of range for "
+                            f"{spec['group']} ({len(bundles)} bundle(s))")
+        bundle = bundles[spec["bundleIndex"]]
+        module = engine_module(spec["kind"])
+        if self._actor_cls is None:
+            self._actor_cls = ray.remote(EngineActor)
+        actor = self._actor_cls.options(
+            name=f"reef-engine-{name}", num_gpus=bundle["GPU"], num_cpus=min(ENGINE_ACTOR_CPUS, bundle["CPU"]),
+            max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=group.pg, placement_group_bundle_index=spec["bundleIndex"]),
+        ).remote(name)
+        log.info("engine %s: starting %s in %s bundle %d", name, module, spec["group"], spec["bundleIndex"])
+        try:
+            launched = ray.get(actor.launch.remote(module, spec["modelPath"], spec["host"], spec["port"],
+                                                   spec["extraArgs"], _engine_log_dir()), timeout=120)
+        except Exception as e:
+            ray.kill(actor)
+            raise ShimError("REEF_ERR_ENGINE_START", f"engine {name} failed to start: {e}") from e
+        record = _Engine(spec, actor, launched["url"], launched["pid"])
+        with self._lock:
+            self._engines[name] = record
+        log.info("engine %s: pid %s, url %s, log %s", name, launched["pid"], launched["url"], launched["log"])
+        try:
+            wait_healthy(name, lambda: ray.get(actor.probe.remote(), timeout=30), ENGINE_START_TIMEOUT_S,
+                         cancelled=self.closing.is_set)
+            record.weight_version = ray.get(actor.weight_version.remote(), timeout=30)
+        except Exception as e:
+            self.stop_engine(name)
+            if isinstance(e, ShimError):
+                raise
+            raise ShimError("REEF_ERR_ENGINE_START", f"engine {name} failed to start: {e}") from e
+        record.healthy = True
+        return self._engine_info(record)
+
+    def stop_engine(self, name: str) -> bool:
+        ray = self._require_ray()
+        with self._lock:
+            record = self._engines.pop(name, None)
+        if record is None:
+            return False
+        try:
+            ray.get(record.actor.stop.remote(), timeout=30)
+        except Exception as e:  # actor already dead: its engine got SIGTERM through PDEATHSIG
+            log.warning("engine %s: stop: %s", name, e)
+        ray.kill(record.actor)
+        log.info("engine %s stopped", name)
+        return True
+
+    def _engine_info(self, record: _Engine) -> dict[str, Any]:
+        spec = record.spec
+        return {"name": spec["name"], "role": spec["role"], "kind": spec["kind"], "url": record.url,
+                "pid": record.pid, "healthy": record.healthy, "weightVersion": record.weight_version,
+                "modelPath": spec["modelPath"], "group": spec["group"], "bundleIndex": spec["bundleIndex"]}
+
+    # --- status and shutdown ------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        if not self._connected:
+            return {"ray": None, "groups": [], "engines": []}
+        ray = _ray()
+        with self._lock:
+            groups = list(self._groups.values())
+            engines = list(self._engines.values())
+        for record in engines:
+            if record.healthy:  # a starting engine's health is the start call's to report
+                try:
+                    state = ray.get(record.actor.probe.remote(), timeout=2)
+                    record.healthy = bool(state["healthy"])
+                except Exception:
+                    record.healthy = False
+        return {
+            "ray": {"address": self._address,
+                    "resources": _plain(ray.cluster_resources()),
+                    "available": _plain(ray.available_resources())},
+            "groups": [self._group_status(g) for g in groups],
+            "engines": [self._engine_info(e) for e in engines],
+        }
+
+    def close(self) -> None:
+        """Stop every engine, remove every group, disconnect (and stop a head we started)."""
+        self.closing.set()
+        if not self._connected:
+            return
+        with self._lock:
+            engines = list(self._engines)
+        for name in engines:
+            self.stop_engine(name)
+        self.remove_placement(None)
+        # Ray's agents (started by the raylet we started) can outlive ray.shutdown(), stuck
+        # reporting the raylet's death to a GCS that is already gone: remember our descendants
+        # now and end the ones still there afterwards, by pid.
+        leftovers = _descendants(os.getpid()) if self._started_head else {}
+        _ray().shutdown()
+        self._connected = False
+        _reap(leftovers)
+        log.info("ray disconnected")
+
+
+def _plain(resources: dict[str, Any]) -> dict[str, float]:
+    """Cluster resources without the per-placement-group entries Ray adds (`GPU_group_0_<id>`...)."""
+    return {k: float(v) for k, v in resources.items() if "_group_" not in k}
+
+
+def _proc_stat(pid: int) -> tuple[int, str] | None:
+    """(parent pid, start time) of a live process, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), fields[19].decode()
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """pid -> start time of every process below `root` (Linux; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    starts: dict[int, str] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit() and (stat := _proc_stat(int(entry))) is not None:
+            children.setdefault(stat[0], []).append(int(entry))
+            starts[int(entry)] = stat[1]
+    found: dict[int, str] = {}
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found[pid] = starts[pid]
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def _reap(procs: dict[int, str], grace_s: float = 2.0) -> None:
+    deadline = time.monotonic() + grace_s
+    alive = dict(procs)
+    while alive:
+        # Same pid and same start time: still the process we saw, not a reused pid.
+        alive = {p: t for p, t in alive.items() if (st := _proc_stat(p)) is not None and st[1] == t}
+        if not alive or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    for pid in alive:
+        log.warning("ray left process %d running after shutdown; killing it", pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _engine_log_dir() -> str:
+    return os.environ.get("REEF_ENGINE_LOG_DIR") or os.path.join("/tmp", f"reef-engines-{os.getuid()}")

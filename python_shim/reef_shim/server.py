@@ -1,0 +1,217 @@
+"""The shim process: a ZeroMQ ROUTER answering bridge requests (docs/internals.md "Bridge protocol").
+
+    python -m reef_shim.server --endpoint tcp://127.0.0.1:PORT [--log-level info] [--watch-stdin]
+
+`ping`, `plan-placement` and `status` are answered on the socket thread; the slow requests
+(Ray start, placement, engines) run one at a time on a worker thread, so a caller can always
+tell a busy shim from a dead one. The worker hands replies back through a queue and a pipe the
+socket thread polls, because a ZeroMQ socket must only be used from one thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+import zmq
+
+from . import __version__
+from .errors import ShimError
+from .messages import ok_reply, pack, request_id_of, unpack, validate_request
+from .placement import plan_placement
+from .ray_driver import RayDriver
+
+log = logging.getLogger("reef_shim.server")
+
+INLINE = frozenset({"ping", "plan-placement", "status"})
+_STOP = object()
+
+
+class ShimServer:
+    def __init__(self, endpoint: str) -> None:
+        self.driver = RayDriver()
+        self.stopping = threading.Event()
+        self._ctx = zmq.Context()
+        self._router = self._ctx.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.LINGER, 2000)  # time for the last replies (shutdown's) to leave
+        self._router.setsockopt(zmq.SNDHWM, 1000)
+        self._router.setsockopt(zmq.RCVHWM, 1000)
+        self._router.bind(endpoint)
+        self.endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._work: queue.Queue[Any] = queue.Queue()
+        self._replies: queue.Queue[tuple[bytes, bytes]] = queue.Queue()
+        self._wake_r, self._wake_w = os.pipe()
+        self._parent = os.getppid()
+        self._worker = threading.Thread(target=self._work_loop, name="shim-worker", daemon=True)
+        self._handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+            "ping": lambda m: {"pid": os.getpid(), "version": __version__, "rayConnected": self.driver.connected},
+            "init-ray": lambda m: self.driver.init_ray(m["address"], m["numCpus"], m["numGpus"], m["objectStoreBytes"]),
+            "plan-placement": lambda m: {"plan": plan_placement(m["layout"])},
+            "create-placement": lambda m: {"groups": self.driver.create_placement(m["layout"], m["timeoutS"])},
+            "remove-placement": lambda m: {"removed": self.driver.remove_placement(m["names"])},
+            "start-engine": lambda m: {"engine": self.driver.start_engine(m["spec"])},
+            "stop-engine": lambda m: {"stopped": self.driver.stop_engine(m["name"])},
+            "status": lambda m: self.driver.status(),
+            "shutdown": lambda m: {},
+        }
+
+    def wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def request_stop(self, why: str) -> None:
+        if not self.stopping.is_set():
+            log.info("stopping: %s", why)
+        self.stopping.set()
+        self.driver.closing.set()  # long waits on the worker give up instead of holding the exit
+        self.wake()
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def _execute(self, msg: dict[str, Any]) -> dict[str, Any]:
+        kind, rid = msg["type"], msg["requestId"]
+        started = time.monotonic()
+        try:
+            fields = self._handlers[kind](msg)
+        except ShimError as e:
+            log.warning("%s %s failed: %s: %s", kind, rid, e.code, e.message)
+            return e.to_reply(rid)
+        except Exception as e:  # a bug, or a library error we did not map: report it, stay up
+            log.exception("%s %s crashed", kind, rid)
+            return ShimError("REEF_ERR_HANDLER", f"handler for {kind} failed: {type(e).__name__}: {e}").to_reply(rid)
+        if kind not in INLINE:
+            log.info("%s %s done in %.1f s", kind, rid, time.monotonic() - started)
+        try:
+            return ok_reply(kind, rid, **fields)
+        except ShimError as e:
+            log.error("%s produced an invalid reply: %s", kind, e.message)
+            return ShimError("REEF_ERR_SHIM", f"python shim failed: invalid {kind} reply: {e.message}").to_reply(rid)
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        identity = frames[0]
+        if len(frames) != 2:
+            err = ShimError("REEF_ERR_BAD_MESSAGE", f"malformed message: expected 1 payload frame, got {len(frames) - 1}")
+            self._send(identity, err.to_reply(None))
+            return
+        try:
+            raw = unpack(frames[1])
+        except Exception as e:  # msgpack raises several types for garbage input
+            self._send(identity, ShimError("REEF_ERR_BAD_MESSAGE", f"malformed message: not msgpack ({e})").to_reply(None))
+            return
+        try:
+            msg = validate_request(raw)
+        except ShimError as e:
+            self._send(identity, e.to_reply(request_id_of(raw)))
+            return
+        if self.stopping.is_set():
+            self._send(identity, ShimError("REEF_ERR_SHIM", "python shim failed: shutting down").to_reply(msg["requestId"]))
+        elif msg["type"] == "shutdown":
+            self._send(identity, self._execute(msg))
+            self.request_stop("shutdown requested")
+        elif msg["type"] in INLINE:
+            self._send(identity, self._execute(msg))
+        else:
+            self._work.put((identity, msg))
+
+    def _send(self, identity: bytes, reply: dict[str, Any]) -> None:
+        self._router.send_multipart([identity, pack(reply)])
+
+    def _work_loop(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is _STOP:
+                return
+            identity, msg = item
+            if self.stopping.is_set():
+                reply = ShimError("REEF_ERR_SHIM", "python shim failed: shutting down").to_reply(msg["requestId"])
+            else:
+                reply = self._execute(msg)
+            self._replies.put((identity, pack(reply)))
+            self.wake()
+
+    def _flush_replies(self) -> None:
+        while True:
+            try:
+                identity, payload = self._replies.get_nowait()
+            except queue.Empty:
+                return
+            self._router.send_multipart([identity, payload])
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        self._worker.start()
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        while not self.stopping.is_set():
+            events = dict(poller.poll(500))
+            if self._wake_r in events:
+                os.read(self._wake_r, 4096)
+            self._flush_replies()
+            while self._router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self._on_frames(self._router.recv_multipart())
+            if os.getppid() != self._parent:
+                self.request_stop(f"parent process {self._parent} is gone")
+        self._close()
+
+    def _close(self) -> None:
+        self._work.put(_STOP)
+        self._worker.join(timeout=120)
+        self._flush_replies()
+        try:
+            self.driver.close()
+        except Exception:
+            log.exception("cleanup failed")
+        self._router.close()
+        self._ctx.term()
+        log.info("shim stopped")
+
+
+def _watch_stdin(server: ShimServer) -> None:
+    # The parent holds our stdin open; EOF means it is gone, even if we were reparented to a
+    # subreaper whose pid we cannot tell apart from a live parent.
+    while sys.stdin.buffer.read(4096):
+        pass
+    server.request_stop("stdin closed (parent gone)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reef_shim.server", description=__doc__.splitlines()[0])
+    parser.add_argument("--endpoint", default="tcp://127.0.0.1:*", help="ROUTER bind address (port * = any free)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--watch-stdin", action="store_true", help="exit when stdin reaches EOF (the parent died)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        server = ShimServer(args.endpoint)
+    except zmq.ZMQError as e:
+        log.error("cannot bind %s: %s", args.endpoint, e)
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: server.request_stop("SIGTERM"))
+    signal.signal(signal.SIGINT, lambda *_: server.request_stop("SIGINT"))
+    sys.stdout.write(json.dumps({"event": "ready", "endpoint": server.endpoint, "pid": os.getpid()}) + "\n")
+    sys.stdout.flush()
+    # From here on stdout is stderr: Ray's child processes inherit fd 1, and nothing else may
+    # ever appear on the channel the parent reads the ready line from.
+    os.dup2(2, 1)
+    if args.watch_stdin:
+        threading.Thread(target=_watch_stdin, args=(server,), name="stdin-watch", daemon=True).start()
+    log.info("reef shim %s listening on %s (pid %d)", __version__, server.endpoint, os.getpid())
+    server.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The engine subprocess wrapper the Ray actor uses, driven directly against the fake engine."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from reef_shim.engine_process import EngineProcess, engine_command, engine_module, pick_free_port, wait_healthy
+from reef_shim.errors import ShimError
+
+TESTS_DIR = str(Path(__file__).resolve().parent)
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator:
+    made: list[EngineProcess] = []
+
+    def _make(*extra: str) -> EngineProcess:
+        port = pick_free_port("127.0.0.1")
+        argv = engine_command("fake_engine_server", "/models/tiny", "127.0.0.1", port, list(extra))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS_DIR, os.environ.get("PYTHONPATH", "")])}
+        proc = EngineProcess("e0", argv, "127.0.0.1", port, str(tmp_path / f"e0-{port}.log"), env)
+        made.append(proc)
+        return proc
+
+    yield _make
+    for p in made:
+        p.stop(grace_s=2)
+
+
+def test_command_line_and_module_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REEF_ENGINE_MODULE_HF", raising=False)
+    assert engine_module("hf") == "reef_shim.engines.hf_server"
+    assert engine_module("sglang") == "sglang.launch_server"
+    monkeypatch.setenv("REEF_ENGINE_MODULE_HF", "fake_engine_server")
+    assert engine_module("hf") == "fake_engine_server"
+    assert engine_command("m", "/p", "h", 5, ["--x", "y"]) == [
+        sys.executable, "-m", "m", "--model-path", "/p", "--host", "h", "--port", "5", "--x", "y"]
+    with pytest.raises(ShimError):
+        engine_module("vllm")
+
+
+def test_starts_reports_health_and_weight_version(make) -> None:
+    engine = make("--startup-delay", "0.5", "--weight-version", "w-3")
+    pid = engine.start()
+    wait_healthy("e0", engine.probe, timeout_s=20, interval_s=0.1)
+    assert engine.pid == pid
+    assert engine.weight_version() == "w-3"
+    assert engine.stop(grace_s=5) is True
+    assert engine.probe()["alive"] is False
+    assert engine.stop() is False
+
+
+def test_dead_child_fails_fast_with_its_output(make) -> None:
+    engine = make("--exit-code", "3")
+    engine.start()
+    with pytest.raises(ShimError) as err:
+        wait_healthy("e0", engine.probe, timeout_s=30, interval_s=0.1)
+    assert err.value.code == "REEF_ERR_ENGINE_START"
+    assert "exited with code 3" in err.value.message
+    assert "fake engine: refusing to start (model /models/tiny)" in err.value.message
+
+
+def test_health_timeout(make) -> None:
+    engine = make("--startup-delay", "60")
+    engine.start()
+    with pytest.raises(ShimError) as err:
+        wait_healthy("e0", engine.probe, timeout_s=0.5, interval_s=0.1)
+    assert err.value.code == "REEF_ERR_ENGINE_START"
+    assert "/health not ready after" in err.value.message
