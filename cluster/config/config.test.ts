@@ -1,0 +1,202 @@
+import { describe, expect, it } from 'vitest';
+import { ConfigError, formatIssue, resolveConfig, type ReefConfig } from './index.js';
+
+const BASE = '/srv/reef';
+/** The smallest valid config: only the model paths have no default. */
+const minimal = () => ({ cluster: { rollout: { model_path: '/models/policy' }, prm: { model_path: '/models/prm' } } });
+
+async function errorsOf(raw: unknown, overrides: string[] = []): Promise<string[]> {
+  try {
+    await resolveConfig(raw, { baseDir: BASE, overrides });
+  } catch (err) {
+    expect(err).toBeInstanceOf(ConfigError);
+    expect((err as ConfigError).code).toBe('REEF_ERR_CONFIG_INVALID');
+    return (err as ConfigError).issues.map(formatIssue);
+  }
+  throw new Error('expected the config to be rejected');
+}
+
+const ok = (raw: unknown, overrides: string[] = []): Promise<ReefConfig> => resolveConfig(raw, { baseDir: BASE, overrides });
+
+const withStage = (stage: string, config: Record<string, unknown>) => ({ ...minimal(), pipeline: { [stage]: { config } } });
+
+describe('errors name the full path', () => {
+  const cases: { name: string; raw: unknown; overrides?: string[]; line: string }[] = [
+    { name: 'stage key in recipe.config', raw: { ...minimal(), recipe: { config: { prm_url: 'http://127.0.0.1:23001' } } }, line: 'recipe.config.prm_url belongs at pipeline.record2record.config.prm_url' },
+    { name: 'unknown stage key', raw: withStage('record2record', { prm_urll: 'http://x:1' }), line: 'pipeline.record2record.config.prm_urll: unknown key; did you mean prm_url?' },
+    { name: 'invalid stage value', raw: withStage('record2record', { prm_timeout_s: -3 }), line: 'pipeline.record2record.config.prm_timeout_s: expected a positive number, got -3' },
+    { name: 'key in record2task', raw: withStage('record2task', { window: 3 }), line: 'pipeline.record2task.config.window: unknown key (pipeline.record2task.config takes no keys)' },
+    { name: 'stage key in another stage', raw: withStage('record2task', { batch_size: 3 }), line: 'pipeline.record2task.config.batch_size belongs at pipeline.task2batch.config.batch_size' },
+    { name: 'stage key without config:', raw: { ...minimal(), pipeline: { task2batch: { batch_size: 8 } } }, line: 'pipeline.task2batch.batch_size belongs at pipeline.task2batch.config.batch_size' },
+    { name: 'unknown top-level key', raw: { ...minimal(), clusterr: {} }, line: 'clusterr: unknown key; did you mean cluster?' },
+    { name: 'unknown key far from any', raw: { ...minimal(), reef: { colour: 'red' } }, line: 'reef.colour: unknown key' },
+    { name: 'wrong type', raw: { ...minimal(), reef: { port: 'http' } }, line: 'reef.port: expected a port number (0-65535), got "http"' },
+    { name: 'enum', raw: { ...minimal(), training: { backend: 'ddp' } }, line: 'training.backend: expected one of fsdp2, tp, got "ddp"' },
+    { name: 'required', raw: { cluster: { prm: { replicas: 0 } } }, line: 'cluster.rollout.model_path: required (expected a non-empty string)' },
+    { name: 'prm model needed with replicas', raw: { cluster: { rollout: { model_path: '/m' } } }, line: 'cluster.prm.model_path: required when cluster.prm.replicas > 0 (use replicas: 0 for an external PRM)' },
+    { name: 'api key item', raw: { ...minimal(), reef: { api_keys: [{ key: 'k', key_env: 'K' }] } }, line: 'reef.api_keys[0]: set exactly one of key and key_env' },
+    { name: 'num_gpus too small', raw: { ...minimal(), cluster: { ...minimal().cluster, num_gpus: 3 } }, line: 'cluster.num_gpus: the layout needs 6 GPUs, got 3' },
+    { name: 'unknown recipe module', raw: { ...minimal(), recipe: { implementation: 'recipes.nope.recipe:X' } }, line: 'recipe.implementation: no module recipes.nope.recipe' },
+    { name: 'unknown recipe export', raw: { ...minimal(), recipe: { implementation: 'recipes.openclawrl.recipe:Nope' } }, line: 'recipe.implementation: module recipes.openclawrl.recipe has no export Nope' },
+    { name: 'malformed recipe name', raw: { ...minimal(), recipe: { implementation: '../../etc' } }, line: 'recipe.implementation: expected module.path:ExportName, got "../../etc"' },
+    { name: 'tokenizer needed for sglang PRM', raw: withStage('record2record', { prm_url: 'http://127.0.0.1:23001' }), line: 'pipeline.record2record.config.prm_tokenizer_path: required when prm_url is set and prm_api is sglang' },
+    { name: 'computed key set by hand', raw: { ...minimal(), training: { resolved: {} } }, line: 'training.resolved: unknown key' },
+  ];
+  it.each(cases)('$name', async ({ raw, overrides, line }) => {
+    const lines = await errorsOf(raw, overrides);
+    expect(lines.some((l) => l.startsWith(line))).toBe(true);
+  });
+});
+
+describe('non-loopback host needs an api key', () => {
+  it.each(['0.0.0.0', '10.1.2.3', '::', 'reef.example.com'])('%s without keys is an error naming reef.api_keys', async (host) => {
+    const lines = await errorsOf({ ...minimal(), reef: { host } });
+    expect(lines).toEqual([`reef.api_keys: at least one key is required when reef.host (${host}) is not a loopback address`]);
+  });
+  it.each(['127.0.0.1', '127.9.9.9', '::1', '[::1]', 'localhost'])('%s is loopback', async (host) => {
+    expect((await ok({ ...minimal(), reef: { host } })).reef.host).toBe(host);
+  });
+  it('a key_env key is enough', async () => {
+    const cfg = await ok({ ...minimal(), reef: { host: '0.0.0.0', api_keys: [{ key_env: 'REEF_KEY' }] } });
+    expect(cfg.reef.api_keys).toEqual([{ key: null, key_env: 'REEF_KEY', scenarios: null, max_concurrency: 64 }]);
+  });
+});
+
+describe('hyphen and underscore spellings', () => {
+  it.each([
+    ['stage key', { 'prm-timeout-s': 30 }, (c: ReefConfig) => c.pipeline.record2record.config.prm_timeout_s, 30],
+    ['mixed', { 'prm_max-tokens': 64 }, (c: ReefConfig) => c.pipeline.record2record.config.prm_max_tokens, 64],
+  ])('%s', async (_n, config, get, want) => {
+    expect(get(await ok(withStage('record2record', config)))).toBe(want);
+  });
+  it('at every level', async () => {
+    const cfg = await ok({ reef: { 'data-dir': 'state', 'api-keys': [{ 'key-env': 'K', 'max-concurrency': 2 }] }, cluster: { rollout: { 'model-path': '/m' }, prm: { model_path: '/p', 'extra-args': ['--x'] }, 'prm-actors': 5 } });
+    expect(cfg.reef.data_dir).toBe('/srv/reef/state');
+    expect(cfg.reef.api_keys[0]).toMatchObject({ key_env: 'K', max_concurrency: 2 });
+    expect(cfg.cluster.prm.extra_args).toEqual(['--x']);
+    expect(cfg.cluster.prm_actors).toBe(5);
+  });
+  it('both at once is an error naming both spellings', async () => {
+    const lines = await errorsOf(withStage('record2record', { 'prm-url': 'http://a:1', prm_url: 'http://b:1', prm_tokenizer_path: '/t' }));
+    expect(lines).toEqual(['pipeline.record2record.config.prm_url: both "prm-url" and "prm_url" are set; use one spelling']);
+  });
+});
+
+describe('overrides', () => {
+  const cases: { name: string; overrides: string[]; get: (c: ReefConfig) => unknown; want: unknown }[] = [
+    { name: 'number', overrides: ['--reef.port=9000'], get: (c) => c.reef.port, want: 9000 },
+    { name: 'nested stage key', overrides: ['--pipeline.record2record.config.prm_timeout_s=30'], get: (c) => c.pipeline.record2record.config.prm_timeout_s, want: 30 },
+    { name: 'hyphenated path', overrides: ['--pipeline.task2batch.config.batch-size=8'], get: (c) => c.pipeline.task2batch.config.batch_size, want: 8 },
+    { name: 'null', overrides: ['--cluster.prm.model_path=null', '--cluster.prm.replicas=0'], get: (c) => c.cluster.prm.model_path, want: null },
+    { name: 'flow list', overrides: ['--cluster.rollout.extra_args=[--a, b]'], get: (c) => c.cluster.rollout.extra_args, want: ['--a', 'b'] },
+    { name: 'url stays a string', overrides: ['--pipeline.record2record.config.prm_url=http://h:23001', '--pipeline.record2record.config.prm_tokenizer_path=/t'], get: (c) => c.pipeline.record2record.config.prm_url, want: 'http://h:23001' },
+    { name: 'into a null section', overrides: ['--cluster.student.model_path=/s'], get: (c) => c.cluster.student, want: { gpus: 1, engine: 'sglang', model_path: '/s', port: 0, extra_args: [] } },
+    { name: 'list item', overrides: ['--reef.api_keys[0].max_concurrency=3'], get: (c) => c.reef.api_keys[0]?.max_concurrency, want: 3 },
+    { name: 'without dashes', overrides: ['reef.log_level=debug'], get: (c) => c.reef.log_level, want: 'debug' },
+  ];
+  it.each(cases)('$name', async ({ overrides, get, want }) => {
+    const raw = { ...minimal(), reef: { api_keys: [{ key: 'k' }] } };
+    expect(get(await ok(raw, overrides))).toEqual(want);
+  });
+
+  it('override wins over the file', async () => {
+    const cfg = await ok(withStage('task2batch', { batch_size: 32 }), ['--pipeline.task2batch.config.batch_size=4']);
+    expect(cfg.pipeline.task2batch.config.batch_size).toBe(4);
+  });
+
+  const bad: { name: string; overrides: string[]; line: string }[] = [
+    { name: 'unknown path', overrides: ['--pipeline.record2record.config.prm_urll=x'], line: 'pipeline.record2record.config.prm_urll: unknown key; did you mean prm_url?' },
+    { name: 'unknown section', overrides: ['--reef.tls.cert=/c'], line: 'reef.tls: unknown key' },
+    { name: 'through a scalar', overrides: ['--reef.port.x=1'], line: 'reef.port: is 8600, not a mapping, so --reef.port.x cannot be set' },
+    { name: 'invalid value', overrides: ['--pipeline.record2record.config.prm_timeout_s=-3'], line: 'pipeline.record2record.config.prm_timeout_s: expected a positive number, got -3' },
+    { name: 'no value', overrides: ['--reef.port'], line: '--reef.port: expected an override --path.to.key=value' },
+  ];
+  it.each(bad)('rejects $name', async ({ overrides, line }) => {
+    expect(await errorsOf({ ...minimal(), reef: { port: 8600 } }, overrides)).toContain(line);
+  });
+});
+
+describe('resolved config', () => {
+  it('applies defaults', async () => {
+    const cfg = await ok(minimal());
+    expect(cfg.reef).toEqual({ host: '127.0.0.1', port: 8600, api_keys: [], data_dir: '/srv/reef/.reef', default_scenario: 'default', log_level: 'info' });
+    expect(cfg.cluster).toMatchObject({ ray_address: null, num_gpus: 6, num_cpus: null, trainer: { gpus: 4 }, prm_actors: 2, cpus_per_bundle: 1, placement_timeout_s: 120, student: null });
+    expect(cfg.cluster.rollout).toEqual({ gpus: 1, engine: 'sglang', model_path: '/models/policy', port: 0, extra_args: [] });
+    expect(cfg.cluster.prm).toEqual({ gpus: 1, engine: 'sglang', model_path: '/models/prm', port: 0, extra_args: [], replicas: 1 });
+    expect(cfg.recipe).toEqual({ implementation: 'recipes.openclawrl.recipe:OpenClawRLRecipe', config: {} });
+    expect(cfg.pipeline.record2record.config).toMatchObject({ prm_url: '', prm_api: 'sglang', prm_m: 3, prm_temperature: 0.6, prm_max_tokens: 8192, prm_timeout_s: 120, prm_concurrency: 8, prm_max_hint_candidates: 3, session_ttl_s: 900, max_open_sessions: 4096 });
+    expect(cfg.pipeline.record2task.config).toEqual({});
+    expect(cfg.pipeline.task2batch.config).toEqual({ batch_size: 16, prm_record_file: null, max_staleness: 2 });
+    expect(cfg.training).toMatchObject({ backend: 'fsdp2', options: [] });
+  });
+
+  it('null sections mean defaults', async () => {
+    const cfg = await ok({ ...minimal(), reef: null, pipeline: { record2task: null, task2batch: { config: null } } });
+    expect(cfg.reef.port).toBe(8600);
+    expect(cfg.pipeline.task2batch.config.batch_size).toBe(16);
+  });
+
+  it('resolves paths against the config directory', async () => {
+    const cfg = await ok({
+      reef: { data_dir: '../state' },
+      cluster: { rollout: { model_path: './models/policy' }, prm: { model_path: 'Qwen/Qwen3-4B' }, student: { model_path: '/abs/student' } },
+      pipeline: { task2batch: { config: { prm_record_file: 'out/prm.jsonl' } } },
+    });
+    expect(cfg.reef.data_dir).toBe('/srv/state');
+    expect(cfg.cluster.rollout.model_path).toBe('/srv/reef/models/policy');
+    expect(cfg.cluster.prm.model_path).toBe('Qwen/Qwen3-4B');
+    expect(cfg.cluster.student?.model_path).toBe('/abs/student');
+    expect(cfg.pipeline.task2batch.config.prm_record_file).toBe('/srv/reef/out/prm.jsonl');
+  });
+
+  it('is deeply frozen', async () => {
+    const cfg = await ok({ ...minimal(), reef: { api_keys: [{ key: 'k', scenarios: ['a'] }] } });
+    const frozen: unknown[] = [cfg, cfg.reef, cfg.reef.api_keys, cfg.reef.api_keys[0], cfg.reef.api_keys[0]?.scenarios, cfg.cluster.rollout.extra_args, cfg.pipeline.record2record.config, cfg.training.resolved, cfg.training.resolved.betas];
+    for (const part of frozen) expect(Object.isFrozen(part)).toBe(true);
+    expect(() => {
+      (cfg.reef as { port: number }).port = 1;
+    }).toThrow(TypeError);
+  });
+
+  it('num_gpus counts the layout, and is null with a remote cluster', async () => {
+    const local = await ok({ cluster: { ...minimal().cluster, trainer: { gpus: 2 }, prm: { model_path: '/p', replicas: 2, gpus: 2 }, student: { model_path: '/s' } } });
+    expect(local.cluster.num_gpus).toBe(2 + 1 + 4 + 1);
+    const remote = await ok({ cluster: { ...minimal().cluster, ray_address: 'ray://head:10001' } });
+    expect(remote.cluster.num_gpus).toBeNull();
+    expect(await errorsOf({ cluster: { ...minimal().cluster, ray_address: 'auto', num_gpus: 7 } })).toEqual([
+      'cluster.num_gpus: only applies to a local head; remove it or set cluster.ray_address to null',
+    ]);
+  });
+
+  it('collects every error, across sections and stages', async () => {
+    const lines = await errorsOf(
+      {
+        reef: { host: '0.0.0.0', port: -1, log_level: 'loud' },
+        cluster: { rollout: { model_path: '/m', gpus: 0 }, prm: { model_path: '/p' } },
+        recipe: { config: { batch_size: 4 } },
+        pipeline: { record2record: { config: { prm_m: 0, prm_timeout_s: -3 } }, record2task: { config: { x: 1 } } },
+        training: { options: ['--lr=fast'] },
+      },
+      ['--cluster.trainer.gpu=2'],
+    );
+    expect(lines).toEqual(
+      expect.arrayContaining([
+        'reef.port: expected a port number (0-65535), got -1',
+        'reef.log_level: expected one of debug, info, warn, error, got "loud"',
+        'reef.api_keys: at least one key is required when reef.host (0.0.0.0) is not a loopback address',
+        'cluster.rollout.gpus: expected a positive integer, got 0',
+        'cluster.trainer.gpu: unknown key; did you mean gpus?',
+        'recipe.config.batch_size belongs at pipeline.task2batch.config.batch_size',
+        'pipeline.record2record.config.prm_m: expected a positive integer, got 0',
+        'pipeline.record2record.config.prm_timeout_s: expected a positive number, got -3',
+        'pipeline.record2task.config.x: unknown key (pipeline.record2task.config takes no keys)',
+        'training.options[0]: --lr: expected a positive number, got "fast"',
+      ]),
+    );
+    expect(lines).toHaveLength(10);
+  });
+
+  it('rejects a top level that is not a mapping', async () => {
+    expect(await errorsOf(['a'])).toEqual(['expected a mapping at the top level, got a list']);
+  });
+});

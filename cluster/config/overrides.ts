@@ -1,0 +1,111 @@
+/**
+ * Command-line overrides: `--path.to.key=value`, applied to the YAML tree before validation, so an
+ * override is checked exactly like the file (an unknown path is an unknown key).
+ */
+import YAML from 'yaml';
+import type { ConfigIssue } from './errors.js';
+import { canonicalKey, foldKeys, isPlainObject, type PathSegment, renderPath, setOwn } from './keys.js';
+
+const OVERRIDE = /^--([A-Za-z_][\w-]*(?:\[\d+\])*(?:\.[\w-]+(?:\[\d+\])*)+)(?:=([\s\S]*))?$/;
+
+/**
+ * Splits argv into overrides (any `--a.b...` flag; `--a.b=v` or `--a.b v`) and everything else.
+ * Overrides come back as `--a.b=v`.
+ */
+export function parseOverrides(argv: readonly string[]): { overrides: string[]; rest: string[] } {
+  const overrides: string[] = [];
+  const rest: string[] = [];
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!;
+    const m = OVERRIDE.exec(arg);
+    if (m === null) {
+      rest.push(arg);
+    } else if (m[2] !== undefined) {
+      overrides.push(arg);
+    } else {
+      const next = argv[i + 1];
+      if (next !== undefined && !next.startsWith('--')) {
+        overrides.push(`${arg}=${next}`);
+        i++;
+      } else {
+        // Left for applyOverrides to report, with the override named.
+        overrides.push(arg);
+      }
+    }
+  }
+  return { overrides, rest };
+}
+
+/** `a.b[0].c` / `a.b.0.c` → ['a', 'b', 0, 'c'] with keys in underscore spelling. */
+function splitPath(text: string): PathSegment[] {
+  const out: PathSegment[] = [];
+  for (const part of text.split('.')) {
+    const m = /^([^[\]]*)((?:\[\d+\])*)$/.exec(part)!;
+    if (m[1] !== '') out.push(/^\d+$/.test(m[1]!) ? Number(m[1]) : canonicalKey(m[1]!));
+    for (const idx of m[2]!.matchAll(/\[(\d+)\]/g)) out.push(Number(idx[1]));
+  }
+  return out;
+}
+
+/** A YAML scalar or flow value (`3`, `true`, `null`, `[a, b]`); text YAML cannot read stays text. */
+export function parseOverrideValue(text: string): unknown {
+  if (text === '') return '';
+  try {
+    return YAML.parse(text);
+  } catch {
+    return text;
+  }
+}
+
+const FORBIDDEN = new Set(['__proto__', 'constructor', 'prototype']);
+
+/** Applies overrides to `tree` in place; returns the issues of overrides that cannot be applied. */
+export function applyOverrides(tree: Record<string, unknown>, overrides: readonly string[]): ConfigIssue[] {
+  const issues: ConfigIssue[] = [];
+  for (const raw of overrides) {
+    const arg = raw.startsWith('--') ? raw : `--${raw}`;
+    const m = OVERRIDE.exec(arg);
+    if (m === null || m[2] === undefined) {
+      issues.push({ path: raw, message: 'expected an override --path.to.key=value' });
+      continue;
+    }
+    const path = splitPath(m[1]!);
+    const bad = path.find((s) => typeof s === 'string' && (FORBIDDEN.has(s) || s === ''));
+    if (bad !== undefined) {
+      issues.push({ path: renderPath(path), message: 'unknown key' });
+      continue;
+    }
+    const value = foldKeys(parseOverrideValue(m[2]), path, issues);
+    const problem = setPath(tree, path, value);
+    if (problem !== null) issues.push({ path: renderPath(path.slice(0, problem.depth)), message: problem.message.replace('{flag}', arg.split('=')[0]!) });
+  }
+  return issues;
+}
+
+/** Sets `value` at `path`, creating mappings on the way; reports where that is impossible. */
+function setPath(tree: Record<string, unknown>, path: readonly PathSegment[], value: unknown): { depth: number; message: string } | null {
+  let cur: Record<string, unknown> | unknown[] = tree;
+  for (let i = 0; i < path.length; i++) {
+    const seg = path[i]!;
+    const isLast = i === path.length - 1;
+    if (typeof seg === 'number') {
+      if (!Array.isArray(cur)) return { depth: i + 1, message: 'unknown key' };
+      if (seg > cur.length || (!isLast && seg === cur.length)) return { depth: i + 1, message: `no such list item (the list has ${cur.length})` };
+    } else if (Array.isArray(cur)) {
+      return { depth: i + 1, message: 'expected a list index' };
+    }
+    const container = cur as Record<string, unknown>;
+    if (isLast) {
+      setOwn(container, String(seg), value);
+      return null;
+    }
+    let next: unknown = container[seg];
+    if (next === undefined || next === null) {
+      next = typeof path[i + 1] === 'number' ? [] : {};
+      setOwn(container, String(seg), next);
+    }
+    if (!isPlainObject(next) && !Array.isArray(next)) return { depth: i + 1, message: `is ${JSON.stringify(next)}, not a mapping, so {flag} cannot be set` };
+    cur = next;
+  }
+  return null;
+}

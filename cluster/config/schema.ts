@@ -1,0 +1,145 @@
+/**
+ * The core sections of serve.yaml. Stage configs (`pipeline.*.config`) and `recipe.config` are
+ * left open here: the recipe named by `recipe.implementation` declares their keys.
+ */
+import { isIPv4, isIPv6 } from 'node:net';
+import { z } from 'zod';
+import { envName, nonEmptyString, nonNegativeInt, oneOf, port, positiveInt, positiveNumber, section, stringList } from './kit.js';
+
+/** Runs an object-level check even when some of its fields failed, so all errors are collected. */
+const always = { when: () => true };
+type Ctx = z.core.$RefinementCtx<Record<string, unknown>>;
+const check = (fn: (o: Record<string, unknown>, ctx: Ctx) => void) => z.superRefine(fn, always);
+
+/** 127.0.0.0/8, ::1 (also IPv4-mapped) and localhost. */
+export function isLoopback(host: string): boolean {
+  const h = host.replace(/^\[(.*)\]$/, '$1').toLowerCase();
+  if (h === 'localhost') return true;
+  if (isIPv4(h)) return h.startsWith('127.');
+  if (isIPv6(h)) {
+    if (h === '::1' || /^(0{1,4}:){7}0{0,3}1$/.test(h)) return true;
+    const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/.exec(h);
+    return mapped !== null && mapped[1]!.startsWith('127.');
+  }
+  return false;
+}
+
+const apiKey = z
+  .strictObject(
+    {
+      key: nonEmptyString().nullable().default(null),
+      key_env: envName().nullable().default(null),
+      scenarios: stringList().nullable().default(null),
+      max_concurrency: positiveInt().default(64),
+    },
+    { error: 'expected a mapping' },
+  )
+  .check(
+    check((o, ctx) => {
+      if ((o.key == null) === (o.key_env == null)) ctx.addIssue({ code: 'custom', path: [], message: 'set exactly one of key and key_env' });
+    }),
+  );
+
+export const reefSchema = section({
+  host: nonEmptyString().default('127.0.0.1'),
+  port: port().default(8600),
+  api_keys: z.array(apiKey, { error: 'expected a list' }).default([]),
+  data_dir: nonEmptyString().default('.reef'),
+  default_scenario: z
+    .string({ error: 'expected a scenario name (letters, digits, . _ -)' })
+    .regex(/^[A-Za-z0-9._-]{1,64}$/, { error: 'expected a scenario name (letters, digits, . _ -)' })
+    .default('default'),
+  log_level: oneOf(['debug', 'info', 'warn', 'error']).default('info'),
+}).check(
+  check((o, ctx) => {
+    const host = typeof o.host === 'string' ? o.host : '127.0.0.1';
+    const keys = Array.isArray(o.api_keys) ? o.api_keys : [];
+    if (!isLoopback(host) && keys.length === 0) {
+      ctx.addIssue({ code: 'custom', path: ['api_keys'], message: `at least one key is required when reef.host (${host}) is not a loopback address` });
+    }
+  }),
+);
+
+const engineKind = oneOf(['hf', 'sglang']);
+
+const engineShape = {
+  gpus: positiveInt().default(1),
+  engine: engineKind.default('sglang'),
+  model_path: nonEmptyString(),
+  port: port().default(0),
+  extra_args: stringList().default([]),
+};
+
+const engine = section(engineShape);
+
+const prm = section({ ...engineShape, replicas: nonNegativeInt().default(1), model_path: nonEmptyString().nullable().default(null) }).check(
+  check((o, ctx) => {
+    const replicas = typeof o.replicas === 'number' ? o.replicas : 1;
+    if (replicas > 0 && o.model_path == null) ctx.addIssue({ code: 'custom', path: ['model_path'], message: 'required when cluster.prm.replicas > 0 (use replicas: 0 for an external PRM)' });
+    if (replicas > 1 && typeof o.port === 'number' && o.port !== 0) ctx.addIssue({ code: 'custom', path: ['port'], message: 'must be 0 when replicas > 1 (each replica needs its own port)' });
+  }),
+);
+
+/** GPUs the layout asks for; null when a part of it is not (yet) a valid count. */
+export function layoutGpus(c: Record<string, unknown>): number | null {
+  const n = (v: unknown): number | null => (typeof v === 'number' && Number.isInteger(v) ? v : null);
+  const part = (v: unknown, key: string): unknown => (v !== null && typeof v === 'object' ? (v as Record<string, unknown>)[key] : undefined);
+  const trainer = n(part(c.trainer, 'gpus'));
+  const rollout = n(part(c.rollout, 'gpus'));
+  const prmGpus = n(part(c.prm, 'gpus'));
+  const replicas = n(part(c.prm, 'replicas'));
+  const student = c.student == null ? 0 : n(part(c.student, 'gpus'));
+  if (trainer === null || rollout === null || prmGpus === null || replicas === null || student === null) return null;
+  return trainer + rollout + prmGpus * replicas + student;
+}
+
+export const clusterSchema = section({
+  ray_address: nonEmptyString().nullable().default(null),
+  num_gpus: nonNegativeInt().nullable().default(null),
+  num_cpus: positiveInt().nullable().default(null),
+  trainer: section({ gpus: positiveInt().default(4) }),
+  rollout: engine,
+  prm,
+  student: engine.nullable().default(null),
+  prm_actors: nonNegativeInt().default(2),
+  cpus_per_bundle: positiveNumber().default(1),
+  placement_timeout_s: positiveNumber().default(120),
+}).check(
+  check((o, ctx) => {
+    if (o.ray_address != null && o.num_gpus != null) {
+      ctx.addIssue({ code: 'custom', path: ['num_gpus'], message: 'only applies to a local head; remove it or set cluster.ray_address to null' });
+      return;
+    }
+    const need = layoutGpus(o);
+    if (o.ray_address == null && typeof o.num_gpus === 'number' && need !== null && o.num_gpus < need) {
+      ctx.addIssue({ code: 'custom', path: ['num_gpus'], message: `the layout needs ${need} GPUs, got ${o.num_gpus}` });
+    }
+  }),
+);
+
+export const DEFAULT_RECIPE = 'recipes.openclawrl.recipe:OpenClawRLRecipe';
+
+export const recipeSchema = section({
+  implementation: z
+    .string({ error: 'expected module.path:ExportName' })
+    .regex(/^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_$][\w$]*$/, { error: 'expected module.path:ExportName' })
+    .default(DEFAULT_RECIPE),
+  config: z.unknown().optional(),
+});
+
+const stageSection = section({ config: z.unknown().optional() });
+
+export const pipelineSchema = section({ record2record: stageSection, record2task: stageSection, task2batch: stageSection });
+
+export const trainingSchema = section({
+  backend: oneOf(['fsdp2', 'tp']).default('fsdp2'),
+  options: stringList().default([]),
+});
+
+/** Each top-level section, validated on its own so that one bad section hides nothing in another. */
+export const SECTIONS = { reef: reefSchema, cluster: clusterSchema, recipe: recipeSchema, pipeline: pipelineSchema, training: trainingSchema } as const;
+
+export const rootSchema = z.strictObject(
+  { reef: z.unknown().optional(), cluster: z.unknown().optional(), recipe: z.unknown().optional(), pipeline: z.unknown().optional(), training: z.unknown().optional() },
+  { error: 'expected a mapping' },
+);

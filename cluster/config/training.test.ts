@@ -1,0 +1,50 @@
+import { describe, expect, it } from 'vitest';
+import { OPENCLAWRL_TRAINING_OPTIONS } from '../../recipes/openclawrl/options.js';
+import { formatIssue } from './errors.js';
+import { parseTrainingOptions } from './training.js';
+
+const parse = (options: string[]) => parseTrainingOptions(options, OPENCLAWRL_TRAINING_OPTIONS);
+
+describe('training.options', () => {
+  it('defaults come from ARCHITECTURE.md §4', () => {
+    expect(parse([]).resolved).toEqual({ wRl: 1, wOpd: 1, clipC: 1, hintSelection: 'sequence_optimal', lr: 1e-5, epsLow: 0.2, epsHigh: 0.28, weightDecay: 0.1, betas: [0.9, 0.98], topK: 4 });
+  });
+
+  const good: { options: string[]; want: Record<string, unknown> }[] = [
+    { options: ['--openclawrl-w-rl=0.5', '--openclawrl-w-opd', '2'], want: { wRl: 0.5, wOpd: 2 } },
+    { options: ['--openclawrl-adv-diff-clip=0.5'], want: { clipC: 0.5 } },
+    { options: ['--openclawrl-hint-selection', 'token_optimal'], want: { hintSelection: 'token_optimal' } },
+    { options: ['--lr=3e-6', '--weight-decay=0'], want: { lr: 3e-6, weightDecay: 0 } },
+    { options: ['--eps-clip=0.1', '--eps-clip-high', '0.3'], want: { epsLow: 0.1, epsHigh: 0.3 } },
+    { options: ['--adam-beta1=0.8', '--adam-beta2=0.95'], want: { betas: [0.8, 0.95] } },
+    { options: ['--topk', '8'], want: { topK: 8 } },
+    { options: ['--openclawrl-w-opd=0'], want: { wOpd: 0 } },
+  ];
+  it.each(good)('accepts $options', ({ options, want }) => {
+    const r = parse(options);
+    expect(r.issues).toEqual([]);
+    expect(r.resolved).toMatchObject(want);
+  });
+
+  const bad: { options: string[]; lines: string[] }[] = [
+    { options: ['--lr=0.1', '--learning-rate=1'], lines: ['training.options[1]: unknown option --learning-rate'] },
+    { options: ['--topkk=3'], lines: ['training.options[0]: unknown option --topkk; did you mean --topk?'] },
+    { options: ['--lr=fast'], lines: ['training.options[0]: --lr: expected a positive number, got "fast"'] },
+    { options: ['--lr='], lines: ['training.options[0]: --lr: expected a positive number, got ""'] },
+    { options: ['--lr=0x10'], lines: ['training.options[0]: --lr: expected a positive number, got "0x10"'] },
+    { options: ['--topk=2.5'], lines: ['training.options[0]: --topk: expected a positive integer, got "2.5"'] },
+    { options: ['--adam-beta2=1'], lines: ['training.options[0]: --adam-beta2: expected a number in [0, 1), got "1"'] },
+    { options: ['--openclawrl-hint-selection=best'], lines: ['training.options[0]: --openclawrl-hint-selection: expected one of sequence_optimal, token_optimal, got "best"'] },
+    { options: ['--openclawrl-w-rl=-1'], lines: ['training.options[0]: --openclawrl-w-rl: expected a number >= 0, got "-1"'] },
+    { options: ['--lr'], lines: ['training.options[0]: --lr needs a value'] },
+    { options: ['--lr', '--topk=2'], lines: ['training.options[0]: --lr needs a value'] },
+    { options: ['lr=1'], lines: ['training.options[0]: expected --option=value, got "lr=1"'] },
+    { options: ['--lr=1e-5', '--lr=2e-5'], lines: ['training.options[1]: --lr is already given at training.options[0]'] },
+    { options: ['--topk', '3', '--bogus', '--eps-clip=2'], lines: ['training.options[2]: unknown option --bogus', 'training.options[3]: --eps-clip: expected a number in [0, 1), got "2"'] },
+  ];
+  it.each(bad)('rejects $options', ({ options, lines }) => {
+    const r = parse(options);
+    expect(r.issues.map(formatIssue)).toEqual(lines);
+    expect(r.resolved).toBeNull();
+  });
+});

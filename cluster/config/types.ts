@@ -1,0 +1,137 @@
+/**
+ * The resolved, frozen shape of `serve.yaml`. Keys are snake_case as written in YAML, except
+ * `training.resolved`, which is computed. The full reference with every default is docs/config.md.
+ */
+import type { z } from 'zod';
+
+export type EngineKind = 'hf' | 'sglang';
+export type LogLevel = 'debug' | 'info' | 'warn' | 'error';
+export type StageName = 'record2record' | 'record2task' | 'task2batch';
+export const STAGE_NAMES: readonly StageName[] = ['record2record', 'record2task', 'task2batch'];
+
+export interface ApiKeyConfig {
+  /** The key itself; exactly one of `key` and `key_env` is set. */
+  readonly key: string | null;
+  /** Name of an environment variable holding the key (read by the gateway at start). */
+  readonly key_env: string | null;
+  /** Scenarios this key may use; null = all. */
+  readonly scenarios: readonly string[] | null;
+  /** @default 64 */
+  readonly max_concurrency: number;
+}
+
+export interface ReefSection {
+  /** @default '127.0.0.1' */
+  readonly host: string;
+  /** @default 8600 */
+  readonly port: number;
+  /** @default [] (required when host is not loopback) */
+  readonly api_keys: readonly ApiKeyConfig[];
+  /** Absolute; written relative to the config file. @default '.reef' */
+  readonly data_dir: string;
+  /** @default 'default' */
+  readonly default_scenario: string;
+  /** @default 'info' */
+  readonly log_level: LogLevel;
+}
+
+export interface EngineConfig {
+  /** @default 1 */
+  readonly gpus: number;
+  /** @default 'sglang' */
+  readonly engine: EngineKind;
+  /** Absolute path (or a hub id such as `Qwen/Qwen3-4B`). */
+  readonly model_path: string;
+  /** 0 = pick a free port. @default 0 */
+  readonly port: number;
+  /** @default [] */
+  readonly extra_args: readonly string[];
+}
+
+export interface PrmEngineConfig extends Omit<EngineConfig, 'model_path'> {
+  /** PRM engines started by Reef; 0 = an external PRM at the record2record stage's URL. @default 1 */
+  readonly replicas: number;
+  /** Required when replicas > 0. */
+  readonly model_path: string | null;
+}
+
+export interface ClusterSection {
+  /** null = start a local Ray head. @default null */
+  readonly ray_address: string | null;
+  /** Logical GPUs declared on a local head; null with a remote cluster. @default the layout's sum */
+  readonly num_gpus: number | null;
+  /** @default null */
+  readonly num_cpus: number | null;
+  /** @default {gpus: 4} */
+  readonly trainer: { readonly gpus: number };
+  readonly rollout: EngineConfig;
+  readonly prm: PrmEngineConfig;
+  /** @default null */
+  readonly student: EngineConfig | null;
+  /** PRM actor processes. @default 2 */
+  readonly prm_actors: number;
+  /** @default 1 */
+  readonly cpus_per_bundle: number;
+  /** @default 120 */
+  readonly placement_timeout_s: number;
+}
+
+export type StageConfig = Readonly<Record<string, unknown>>;
+
+export interface ReefConfig {
+  readonly reef: ReefSection;
+  readonly cluster: ClusterSection;
+  readonly recipe: {
+    /** `module.path:Export`. @default 'recipes.openclawrl.recipe:OpenClawRLRecipe' */
+    readonly implementation: string;
+    readonly config: StageConfig;
+  };
+  /** Keys and defaults are declared by the recipe's stage classes. */
+  readonly pipeline: { readonly [S in StageName]: { readonly config: StageConfig } };
+  readonly training: {
+    /** @default 'fsdp2' */
+    readonly backend: 'fsdp2' | 'tp';
+    /** @default [] */
+    readonly options: readonly string[];
+    /** `options` parsed by the recipe's training-options spec (camelCase). */
+    readonly resolved: Readonly<Record<string, unknown>>;
+  };
+}
+
+/** Whether a stage's config value is a plain file path or a model path (which may be a hub id). */
+export type PathKind = 'file' | 'model';
+
+/** The static side of a stage class, as the loader sees it. */
+export interface StageClass {
+  /** Strict zod object: unknown keys are errors. */
+  readonly configSchema: z.ZodObject;
+  readonly defaults: StageConfig;
+  /** Keys holding paths, resolved against the config file's directory. */
+  readonly pathKeys?: Readonly<Record<string, PathKind>>;
+}
+
+/** One `--flag` of `training.options`. */
+export interface TrainingOptionSpec {
+  readonly flag: string;
+  /** Name in the parsed values handed to `resolve`. */
+  readonly key: string;
+  readonly kind: 'number' | 'string';
+  /** Validates the converted value; its error text is the expectation ("expected ..."). */
+  readonly schema: z.ZodType;
+  readonly default: number | string;
+  readonly help: string;
+}
+
+export interface TrainingOptionsSpec {
+  readonly options: readonly TrainingOptionSpec[];
+  /** Builds `training.resolved` from every option's value (defaults filled in). */
+  resolve(values: Readonly<Record<string, number | string>>): object;
+}
+
+/** The static side of a recipe class, as named by `recipe.implementation`. */
+export interface RecipeClass {
+  readonly stages: { readonly [S in StageName]: StageClass };
+  /** Schema of `recipe.config` (strict). */
+  readonly configSchema: z.ZodObject;
+  readonly trainingOptions: TrainingOptionsSpec;
+}
