@@ -166,6 +166,7 @@ export class ChatTokenizer {
   }
 
   decode(ids: ArrayLike<number>, opts: { skipSpecialTokens?: boolean } = {}): string {
+    if (ids.length === 0) return '';
     return this.full.decode(Array.from(ids), { skip_special_tokens: opts.skipSpecialTokens ?? false, clean_up_tokenization_spaces: this.cleanUpSpaces });
   }
 

@@ -1,0 +1,124 @@
+import { existsSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import { Piscina } from 'piscina';
+import { distEntry } from '../../../cluster/paths.js';
+import { isErrorCode, ReefError } from '../../runtime/errors.js';
+import type { RenderOptions, RenderResult, ChatTokenizerStats } from './chat-tokenizer.js';
+import { loadModelFiles } from './model-files.js';
+import type { TemplateMessage } from './normalize.js';
+import type { WorkerFailure, WorkerTask } from './worker.js';
+
+export interface TokenizerPoolOptions {
+  /** Worker threads, each with its own tokenizer and piece cache. @default 2 */
+  threads?: number;
+  /** Piece-cache bound per worker, in token ids. @default 4_000_000 */
+  cacheMaxIds?: number;
+}
+
+export interface PoolRenderOptions extends RenderOptions {
+  /** Requests with the same key go to the same worker, so that worker's piece cache hits. */
+  sessionKey?: string | null;
+}
+
+/**
+ * The compiled worker sits next to this module in dist/; when this module runs from source (tests),
+ * the dist/ copy is used, since worker threads cannot load TypeScript.
+ */
+function workerFile(): string {
+  const sibling = fileURLToPath(new URL('./worker.js', import.meta.url));
+  if (existsSync(sibling)) return sibling;
+  const built = distEntry('actors/gateway/tokenize/worker');
+  if (existsSync(built)) return built;
+  throw new ReefError('REEF_ERR_TOKENIZER', { modelDir: '-', reason: `no compiled tokenizer worker at ${built} (run npm run build)` });
+}
+
+/** FNV-1a: a stable, cheap spread of session keys over the workers. */
+function hashKey(key: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < key.length; i++) h = Math.imul(h ^ key.charCodeAt(i), 0x01000193);
+  return h >>> 0;
+}
+
+/**
+ * Chat-template rendering and tokenization on worker threads. One single-thread piscina pool per
+ * worker, because piscina cannot pin a task to a thread and session affinity is what makes the
+ * piece cache hit: a session's next turn re-renders the whole transcript, and only its new pieces
+ * cost BPE work on the worker that saw the earlier turns.
+ */
+export class TokenizerPool {
+  readonly contextLength: number | null;
+  private readonly workers: Piscina[];
+  private closed = false;
+
+  private constructor(workers: Piscina[], contextLength: number | null) {
+    this.workers = workers;
+    this.contextLength = contextLength;
+  }
+
+  static async create(modelDir: string, opts: TokenizerPoolOptions = {}): Promise<TokenizerPool> {
+    // Read the files here first, so a bad model directory fails with its own error, not a worker crash.
+    const files = loadModelFiles(modelDir);
+    const threads = Math.max(1, opts.threads ?? 2);
+    const filename = workerFile();
+    const workers = Array.from({ length: threads }, () => new Piscina({
+      filename,
+      minThreads: 1,
+      maxThreads: 1,
+      idleTimeout: Number.POSITIVE_INFINITY,
+      workerData: { modelDir, cacheMaxIds: opts.cacheMaxIds ?? 4_000_000 },
+    }));
+    const pool = new TokenizerPool(workers, files.contextLength);
+    // Load every worker's tokenizer now rather than on the first request.
+    try {
+      await Promise.all(workers.map((w) => w.run({ op: 'stats' } satisfies WorkerTask)));
+    } catch (err) {
+      await pool.close();
+      throw err instanceof ReefError ? err : new ReefError('REEF_ERR_TOKENIZER', { modelDir, reason: (err as Error).message }, { cause: err });
+    }
+    return pool;
+  }
+
+  async render(messages: TemplateMessage[], tools: unknown[] | null, opts: PoolRenderOptions = {}): Promise<RenderResult> {
+    const { sessionKey = null, ...renderOpts } = opts;
+    const task: WorkerTask = { op: 'render', messages, tools, opts: renderOpts };
+    return (await this.run(task, sessionKey)) as RenderResult;
+  }
+
+  async decode(ids: ArrayLike<number>, opts: { skipSpecialTokens?: boolean } = {}): Promise<string> {
+    const task: WorkerTask = { op: 'decode', ids: Int32Array.from(ids), skipSpecialTokens: opts.skipSpecialTokens ?? false };
+    return (await this.run(task, null)) as string;
+  }
+
+  /** Per-worker render counts and piece-cache hits/misses. */
+  async stats(): Promise<ChatTokenizerStats[]> {
+    this.assertOpen();
+    return (await Promise.all(this.workers.map((w) => w.run({ op: 'stats' } satisfies WorkerTask)))) as ChatTokenizerStats[];
+  }
+
+  /** Idempotent; waits for tasks in flight. */
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await Promise.all(this.workers.map((w) => w.close()));
+  }
+
+  private async run(task: WorkerTask, sessionKey: string | null): Promise<unknown> {
+    this.assertOpen();
+    const worker = sessionKey !== null ? this.workers[hashKey(sessionKey) % this.workers.length]! : this.leastBusy();
+    const out = (await worker.run(task)) as unknown;
+    const failure = (out as Partial<WorkerFailure> | null)?.reefError;
+    if (failure) throw isErrorCode(failure.code) ? new ReefError(failure.code, {}, { message: failure.message }) : new Error(failure.message);
+    return out;
+  }
+
+  private leastBusy(): Piscina {
+    let best = this.workers[0]!;
+    for (const w of this.workers) if (w.queueSize + w.utilization < best.queueSize + best.utilization) best = w;
+    return best;
+  }
+
+  private assertOpen(): void {
+    if (this.closed) throw new ReefError('REEF_ERR_ACTOR_CLOSED', { actor: 'tokenizer pool', state: 'closed' });
+  }
+}
+
