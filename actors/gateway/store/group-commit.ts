@@ -41,6 +41,8 @@ export interface GroupCommitOptions {
    * enqueue), so batching happens without adding a timer's latency. @default 0
    */
   maxDelayMs: number;
+  /** Called after each committed transaction (benchmarks, tracing). @default null */
+  onCommit?: ((ms: number, records: number) => void) | null;
 }
 
 interface Waiter<R> {
@@ -104,10 +106,12 @@ export class GroupCommitter<R> {
       }
       return false;
     }
-    this.commitMs.observe(performance.now() - started);
+    const ms = performance.now() - started;
+    this.commitMs.observe(ms);
     this.batchSize.observe(batch.length);
     this.commits += 1;
     this.records += batch.length;
+    this.options.onCommit?.(ms, batch.length);
     batch.forEach((w, i) => w.resolve(offsets[i]!));
     return true;
   }

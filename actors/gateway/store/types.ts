@@ -129,6 +129,9 @@ export interface StoreStats {
   batchSize: Histogram;
   /** Wall time of each group-commit transaction, BEGIN to COMMIT returning, in ms. */
   commitMs: Histogram;
+  /** Background WAL checkpoints that moved frames, and those that failed. */
+  checkpoints: number;
+  checkpointErrors: number;
 }
 
 export interface RecordStore {
