@@ -200,3 +200,12 @@ describe('resolved config', () => {
     expect(await errorsOf(['a'])).toEqual(['expected a mapping at the top level, got a list']);
   });
 });
+
+describe('recipe-declared schemas without kit messages', () => {
+  it.each([
+    [{ ...minimal(), recipe: { config: 3 } }, 'recipe.config: expected a mapping, got 3'],
+    [{ ...minimal(), pipeline: { record2task: { config: ['x'] } } }, 'pipeline.record2task.config: expected a mapping, got a list'],
+  ])('%j', async (raw, line) => {
+    expect(await errorsOf(raw)).toEqual([line]);
+  });
+});

@@ -45,6 +45,8 @@ export function show(v: unknown): string {
   return String(v);
 }
 
+const TYPE_NAMES: Record<string, string> = { object: 'a mapping', array: 'a list', string: 'a string', number: 'a number', int: 'an integer', boolean: 'true or false' };
+
 /** Where each stage key belongs (`prm_url` → `pipeline.record2record.config.prm_url`). */
 export type KeyHomes = ReadonlyMap<string, string>;
 
@@ -81,10 +83,28 @@ export function convertIssues(issues: readonly z.core.$ZodIssue[], ctx: IssueCon
     if (message.startsWith('expected ')) {
       const got = valueAt(ctx.data, rel);
       message = got === undefined ? `required (${message})` : `${message}, got ${show(got)}`;
+    } else if (issue.code === 'invalid_type') {
+      // Schemas built without the kit (e.g. a recipe's bare strictObject) keep zod's wording otherwise.
+      const got = valueAt(ctx.data, rel);
+      const what = TYPE_NAMES[issue.expected] ?? issue.expected;
+      message = got === undefined ? `required (expected ${what})` : `expected ${what}, got ${show(got)}`;
     } else if (issue.code !== 'custom') {
       message = message.charAt(0).toLowerCase() + message.slice(1);
     }
     out.push({ path: renderPath(full), message });
+  }
+  return out;
+}
+
+/** Every key path a schema declares (`reef.api_keys[].key`), for docs and tooling. */
+export function keyPaths(schema: z.ZodType, prefix: string): string[] {
+  const d = defOf(unwrap(schema));
+  if (d.type === 'array' && d.element) return keyPaths(d.element, `${prefix}[]`);
+  if (d.type !== 'object' || !d.shape) return [];
+  const out: string[] = [];
+  for (const [key, child] of Object.entries(d.shape)) {
+    const path = prefix === '' ? key : `${prefix}.${key}`;
+    out.push(path, ...keyPaths(child, path));
   }
   return out;
 }

@@ -1,0 +1,48 @@
+import { describe, expect, it } from 'vitest';
+import { OpenClawRLRecipe, Record2RecordStage, Record2TaskStage, Task2BatchStage } from './recipe.js';
+
+describe('OpenClaw-RL stage schemas', () => {
+  it('defaults follow ARCHITECTURE.md §3', () => {
+    expect(Record2RecordStage.defaults).toEqual({
+      prm_url: '',
+      prm_tokenizer_path: '',
+      prm_api: 'sglang',
+      prm_model: null,
+      prm_api_key_env: null,
+      prm_m: 3,
+      prm_temperature: 0.6,
+      prm_max_tokens: 8192,
+      prm_timeout_s: 120,
+      prm_concurrency: 8,
+      prm_max_hint_candidates: 3,
+      session_ttl_s: 900,
+      max_open_sessions: 4096,
+    });
+    expect(Record2TaskStage.defaults).toEqual({});
+    expect(Task2BatchStage.defaults).toEqual({ batch_size: 16, prm_record_file: null, max_staleness: 2 });
+    expect(OpenClawRLRecipe.stages).toEqual({ record2record: Record2RecordStage, record2task: Record2TaskStage, task2batch: Task2BatchStage });
+  });
+
+  const issuesOf = (config: unknown) => {
+    const r = Record2RecordStage.configSchema.safeParse(config);
+    return r.success ? [] : r.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`);
+  };
+
+  it.each([
+    [{}, []],
+    [{ prm_url: 'http://127.0.0.1:23001', prm_tokenizer_path: '/t' }, []],
+    [{ prm_url: 'http://127.0.0.1:23001' }, ['prm_tokenizer_path: required when prm_url is set and prm_api is sglang']],
+    [{ prm_url: 'https://api.example.com', prm_api: 'openai' }, ['prm_model: required when prm_api is openai', 'prm_api_key_env: required when prm_api is openai']],
+    [{ prm_url: 'https://api.example.com', prm_api: 'openai', prm_model: 'judge', prm_api_key_env: 'JUDGE_KEY' }, []],
+    [{ prm_url: 'localhost:23001', prm_tokenizer_path: '/t' }, ['prm_url: expected an http(s) URL or \'\', got "localhost:23001"']],
+    [{ prm_api: 'openai' }, []],
+    [{ prm_temperature: 3, prm_m: 0 }, ['prm_m: expected a positive integer', 'prm_temperature: expected a number in [0, 2]']],
+  ])('record2record %j', (config, want) => {
+    expect(issuesOf(config)).toEqual(want);
+  });
+
+  it('record2task is strict and empty', () => {
+    expect(Record2TaskStage.configSchema.safeParse({ x: 1 }).success).toBe(false);
+    expect(Record2TaskStage.configSchema.safeParse({}).success).toBe(true);
+  });
+});
