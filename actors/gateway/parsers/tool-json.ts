@@ -1,0 +1,29 @@
+/**
+ * The body of a `<tool_call>` block: `{"name": ..., "arguments": {...}}`. Returns null when it is
+ * not a valid call, so the caller leaves the block in the content instead of failing the request.
+ * `arguments` given as a string is kept verbatim (it is already JSON text); an object is serialised.
+ */
+export function parseToolCallBody(body: string): { name: string; arguments: string } | null {
+  let value: unknown;
+  try {
+    value = JSON.parse(body);
+  } catch {
+    return null;
+  }
+  if (!value || typeof value !== 'object' || Array.isArray(value)) return null;
+  const { name, arguments: args, parameters } = value as { name?: unknown; arguments?: unknown; parameters?: unknown };
+  if (typeof name !== 'string' || name.length === 0) return null;
+  // Some fine-tunes write `parameters` instead of `arguments`.
+  const a = args !== undefined ? args : parameters;
+  if (a === undefined || a === null) return { name, arguments: '{}' };
+  if (typeof a === 'string') return { name, arguments: a };
+  if (typeof a !== 'object') return null;
+  return { name, arguments: JSON.stringify(a) };
+}
+
+/** The longest suffix of `text` that is a proper prefix of `tag`: text that may still become the tag. */
+export function partialTagSuffix(text: string, tag: string): number {
+  const max = Math.min(text.length, tag.length - 1);
+  for (let n = max; n > 0; n--) if (tag.startsWith(text.slice(text.length - n))) return n;
+  return 0;
+}
