@@ -99,6 +99,11 @@ describe('overrides', () => {
     expect(get(await ok(raw, overrides))).toEqual(want);
   });
 
+  it('accepts the REEF_ACTOR map form', async () => {
+    const cfg = await resolveConfig(minimal(), { baseDir: BASE, overrides: { 'reef.port': '9001', 'cluster.prm.gpus': 2, 'reef.default_scenario': 'blue', 'cluster.rollout.extra_args': ['--a'] } });
+    expect([cfg.reef.port, cfg.cluster.prm.gpus, cfg.reef.default_scenario, cfg.cluster.rollout.extra_args]).toEqual([9001, 2, 'blue', ['--a']]);
+  });
+
   it('override wins over the file', async () => {
     const cfg = await ok(withStage('task2batch', { batch_size: 32 }), ['--pipeline.task2batch.config.batch_size=4']);
     expect(cfg.pipeline.task2batch.config.batch_size).toBe(4);

@@ -2,7 +2,7 @@
 export { configCheck, redact, type Output } from './check.js';
 export { ConfigError, formatIssue, type ConfigIssue } from './errors.js';
 export { layoutFromConfig, type Layout } from './layout.js';
-export { parseOverrides } from './overrides.js';
+export { overrideStrings, parseOverrides, type Overrides } from './overrides.js';
 export { deepFreeze, loadConfig, resolveConfig, type ResolveOptions } from './resolve.js';
 export { isLoopback } from './schema.js';
 export type {

@@ -36,6 +36,19 @@ export function parseOverrides(argv: readonly string[]): { overrides: string[]; 
   return { overrides, rest };
 }
 
+/** Overrides as `--a.b=v` strings, or a map of dotted path → value (the `REEF_ACTOR` shape). */
+export type Overrides = readonly string[] | Readonly<Record<string, unknown>>;
+
+/**
+ * The map form as strings. A string value is the command-line text (`'9000'` is read as YAML,
+ * exactly as `--reef.port=9000` would be); any other value is written as JSON, which YAML reads
+ * back unchanged.
+ */
+export function overrideStrings(overrides: Overrides): readonly string[] {
+  if (Array.isArray(overrides)) return overrides as readonly string[];
+  return Object.entries(overrides).map(([path, value]) => `--${path}=${typeof value === 'string' ? value : JSON.stringify(value ?? null)}`);
+}
+
 /** `a.b[0].c` / `a.b.0.c` → ['a', 'b', 0, 'c'] with keys in underscore spelling. */
 function splitPath(text: string): PathSegment[] {
   const out: PathSegment[] = [];
@@ -60,9 +73,9 @@ export function parseOverrideValue(text: string): unknown {
 const FORBIDDEN = new Set(['__proto__', 'constructor', 'prototype']);
 
 /** Applies overrides to `tree` in place; returns the issues of overrides that cannot be applied. */
-export function applyOverrides(tree: Record<string, unknown>, overrides: readonly string[]): ConfigIssue[] {
+export function applyOverrides(tree: Record<string, unknown>, overrides: Overrides): ConfigIssue[] {
   const issues: ConfigIssue[] = [];
-  for (const raw of overrides) {
+  for (const raw of overrideStrings(overrides)) {
     const arg = raw.startsWith('--') ? raw : `--${raw}`;
     const m = OVERRIDE.exec(arg);
     if (m === null || m[2] === undefined) {

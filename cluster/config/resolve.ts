@@ -11,7 +11,7 @@ import type { z } from 'zod';
 import { ConfigError, type ConfigIssue } from './errors.js';
 import { convertIssues, type KeyHomes, show } from './issues.js';
 import { foldKeys, isPlainObject, type PathSegment, renderPath, valueAt } from './keys.js';
-import { applyOverrides } from './overrides.js';
+import { applyOverrides, type Overrides } from './overrides.js';
 import { loadRecipe } from './recipe-loader.js';
 import { DEFAULT_RECIPE, layoutGpus, recipeSchema, rootSchema, SECTIONS } from './schema.js';
 import { parseTrainingOptions } from './training.js';
@@ -20,12 +20,12 @@ import { STAGE_NAMES, type PathKind, type RecipeClass, type ReefConfig, type Sta
 export interface ResolveOptions {
   /** Directory relative paths are resolved against: the config file's directory. */
   baseDir: string;
-  /** `--path.to.key=value` strings (see parseOverrides). */
-  overrides?: readonly string[];
+  /** `--path.to.key=value` strings (see parseOverrides), or a map of dotted path → value. */
+  overrides?: Overrides;
 }
 
 /** Reads, validates and freezes a config file. Throws ConfigError with every issue found. */
-export async function loadConfig(path: string, overrides: readonly string[] = []): Promise<ReefConfig> {
+export async function loadConfig(path: string, overrides: Overrides = []): Promise<ReefConfig> {
   const file = resolve(path);
   let text: string;
   try {
