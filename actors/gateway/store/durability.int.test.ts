@@ -18,7 +18,8 @@ const distDir = join(root, 'dist', 'actors', 'gateway', 'store');
 
 /** The child runs from dist/ (as production does): rebuild when any store source is newer. */
 function ensureBuilt(): void {
-  const newestSrc = Math.max(...readdirSync(srcDir).filter((f) => f.endsWith('.ts')).map((f) => statSync(join(srcDir, f)).mtimeMs));
+  const sources = [...readdirSync(srcDir).filter((f) => f.endsWith('.ts')).map((f) => join(srcDir, f)), join(root, 'actors', 'runtime', 'errors.ts')];
+  const newestSrc = Math.max(...sources.map((f) => statSync(f).mtimeMs));
   const built = join(distDir, 'sqlite-store.js');
   if (existsSync(built) && statSync(built).mtimeMs >= newestSrc) return;
   // tsc still emits when other parts of the tree have type errors; what matters here is our output.
