@@ -55,7 +55,9 @@ class HFEngine:
     def __init__(self, model_path: str, weight_version: str = "default", seed: int | None = None) -> None:
         from tokenizers import Tokenizer
         from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # a progress bar per load is noise in an engine log
         self.model_path = str(Path(model_path).resolve())
         self.tokenizer_path = self.model_path
         self.weight_version = weight_version

@@ -154,6 +154,15 @@ class EngineHandler(BaseHTTPRequestHandler):
                 self._error(404, "REEF_ERR_NOT_FOUND", f"{path} not found")
         except RequestError as e:
             self._error(e.status, e.code, e.message)
+        except ClientGone:
+            self.close_connection = True
+        except Exception as e:  # a bug must answer 500, not drop the connection without a reply
+            log.exception("%s failed", path)
+            self.close_connection = True
+            try:
+                self._error(500, "REEF_ERR_HANDLER", f"handler for {path} failed: {e}")
+            except OSError:
+                pass
 
     def _update_weights(self, engine: HFEngine, body: Any) -> None:
         path = body.get("model_path") if isinstance(body, dict) else None
@@ -191,10 +200,7 @@ class EngineHandler(BaseHTTPRequestHandler):
 
     def _stream(self, engine: HFEngine, req: GenRequest) -> None:
         states = engine.generate(req, lambda: self.st.stopping.is_set())
-        try:
-            first = next(states)  # prompt errors surface here, before any header is sent
-        except RequestError:
-            raise
+        first = next(states)  # a RequestError about the prompt surfaces here, before any header
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
