@@ -31,7 +31,8 @@ def unpack(data: bytes) -> Any:
 
 
 class Schema:
-    def check(self, value: Any, path: str) -> None:  # raises ShimError(REEF_ERR_BAD_MESSAGE)
+    def check(self, value: Any, path: str) -> Any:
+        """Return the value (normalised, see Int) or raise ShimError(REEF_ERR_BAD_MESSAGE)."""
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -44,39 +45,49 @@ def _bad(path: str, expected: str, value: Any) -> ShimError:
 
 
 class Str(Schema):
-    def check(self, value: Any, path: str) -> None:
+    def check(self, value: Any, path: str) -> Any:
         if not isinstance(value, str):
             raise _bad(path, "a string", value)
+        return value
 
     def describe(self) -> str:
         return "a string"
 
 
+MAX_SAFE_INTEGER = 2**53 - 1
+
+
 class Int(Schema):
-    def check(self, value: Any, path: str) -> None:
-        # TypeScript sends integral floats as msgpack ints, so a float here is a real error.
+    def check(self, value: Any, path: str) -> Any:
+        # msgpackr writes a JS integer beyond 32 bits as a float64 (8 GiB arrives as 8589934592.0),
+        # so an integral float within JavaScript's safe range is an integer; 1.5 is not.
+        if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_SAFE_INTEGER:
+            return int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise _bad(path, "an integer", value)
+        return value
 
     def describe(self) -> str:
         return "an integer"
 
 
 class Num(Schema):
-    def check(self, value: Any, path: str) -> None:
+    def check(self, value: Any, path: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (
             isinstance(value, float) and not math.isfinite(value)
         ):
             raise _bad(path, "a finite number", value)
+        return value
 
     def describe(self) -> str:
         return "a finite number"
 
 
 class Bool(Schema):
-    def check(self, value: Any, path: str) -> None:
+    def check(self, value: Any, path: str) -> Any:
         if not isinstance(value, bool):
             raise _bad(path, "a boolean", value)
+        return value
 
     def describe(self) -> str:
         return "a boolean"
@@ -86,11 +97,12 @@ class Lit(Schema):
     def __init__(self, *values: str) -> None:
         self.values = values
 
-    def check(self, value: Any, path: str) -> None:
+    def check(self, value: Any, path: str) -> Any:
         if not isinstance(value, str):
             raise _bad(path, self.describe(), value)
         if value not in self.values:
             raise ShimError("REEF_ERR_BAD_MESSAGE", f"malformed message: {path}: expected {self.describe()}, got {value!r}")
+        return value
 
     def describe(self) -> str:
         return " | ".join(repr(v) for v in self.values)
@@ -100,9 +112,8 @@ class Nullable(Schema):
     def __init__(self, inner: Schema) -> None:
         self.inner = inner
 
-    def check(self, value: Any, path: str) -> None:
-        if value is not None:
-            self.inner.check(value, path)
+    def check(self, value: Any, path: str) -> Any:
+        return None if value is None else self.inner.check(value, path)
 
     def describe(self) -> str:
         return f"{self.inner.describe()} or null"
@@ -112,11 +123,12 @@ class ListOf(Schema):
     def __init__(self, item: Schema) -> None:
         self.item = item
 
-    def check(self, value: Any, path: str) -> None:
+    def check(self, value: Any, path: str) -> Any:
         if not isinstance(value, list):
             raise _bad(path, "an array", value)
         for i, v in enumerate(value):
-            self.item.check(v, f"{path}[{i}]")
+            value[i] = self.item.check(v, f"{path}[{i}]")
+        return value
 
     def describe(self) -> str:
         return "an array"
@@ -128,34 +140,39 @@ class MapOf(Schema):
     def __init__(self, value: Schema) -> None:
         self.value = value
 
-    def check(self, value: Any, path: str) -> None:
+    def check(self, value: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise _bad(path, "a map", value)
         for k, v in value.items():
             if not isinstance(k, str):
                 raise _bad(f"{path} key", "a string", k)
-            self.value.check(v, f"{path}.{k}")
+            value[k] = self.value.check(v, f"{path}.{k}")
+        return value
 
     def describe(self) -> str:
         return "a map"
 
 
 class Obj(Schema):
-    """A map with exactly these keys: each one present (None where absent), no others."""
+    """A map with exactly these keys: each one present (None where absent), no others.
+
+    Checking normalises in place (see Int), so handlers read plain Python ints.
+    """
 
     def __init__(self, fields: Mapping[str, Schema]) -> None:
         self.fields = dict(fields)
 
-    def check(self, value: Any, path: str) -> None:
+    def check(self, value: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise _bad(path, "a map", value)
         for key, schema in self.fields.items():
             if key not in value:
                 raise ShimError("REEF_ERR_BAD_MESSAGE", f"malformed message: {path}.{key}: missing")
-            schema.check(value[key], f"{path}.{key}")
+            value[key] = schema.check(value[key], f"{path}.{key}")
         extra = sorted(str(k) for k in value if k not in self.fields)
         if extra:
             raise ShimError("REEF_ERR_BAD_MESSAGE", f"malformed message: {path}: unknown key(s) {', '.join(extra)}")
+        return value
 
     def describe(self) -> str:
         return "a map"

@@ -417,7 +417,7 @@ def _reap(procs: dict[int, str], grace_s: float = 2.0) -> None:
             break
         time.sleep(0.2)
     for pid in alive:
-        log.warning("ray left process %d running after shutdown; killing it", pid)
+        log.info("ending process %d that Ray left running after shutdown", pid)
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

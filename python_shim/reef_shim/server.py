@@ -50,6 +50,7 @@ class ShimServer:
         self._replies: queue.Queue[tuple[bytes, bytes]] = queue.Queue()
         self._wake_r, self._wake_w = os.pipe()
         self._parent = os.getppid()
+        self._signals_after_ray = False
         self._worker = threading.Thread(target=self._work_loop, name="shim-worker", daemon=True)
         self._handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "ping": lambda m: {"pid": os.getpid(), "version": __version__, "rayConnected": self.driver.connected},
@@ -149,6 +150,10 @@ class ShimServer:
 
     # --- lifecycle ----------------------------------------------------------------------------
 
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM"))
+        signal.signal(signal.SIGINT, lambda *_: self.request_stop("SIGINT"))
+
     def serve(self) -> None:
         self._worker.start()
         poller = zmq.Poller()
@@ -163,6 +168,11 @@ class ShimServer:
                 self._on_frames(self._router.recv_multipart())
             if os.getppid() != self._parent:
                 self.request_stop(f"parent process {self._parent} is gone")
+            if self.driver.connected and not self._signals_after_ray:
+                # Ray's core installs a crash handler for SIGTERM that dumps a stack and aborts;
+                # take SIGTERM back (only the main thread may) so it still means a clean stop.
+                self.install_signal_handlers()
+                self._signals_after_ray = True
         self._close()
 
     def _close(self) -> None:
@@ -181,7 +191,12 @@ class ShimServer:
 def _watch_stdin(server: ShimServer) -> None:
     # The parent holds our stdin open; EOF means it is gone, even if we were reparented to a
     # subreaper whose pid we cannot tell apart from a live parent.
-    while sys.stdin.buffer.read(4096):
+    # os.read, not sys.stdin: a daemon thread blocked inside a buffered reader holds its lock and
+    # aborts the interpreter at exit.
+    try:
+        while os.read(0, 4096):
+            pass
+    except OSError:
         pass
     server.request_stop("stdin closed (parent gone)")
 
@@ -199,8 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     except zmq.ZMQError as e:
         log.error("cannot bind %s: %s", args.endpoint, e)
         return 1
-    signal.signal(signal.SIGTERM, lambda *_: server.request_stop("SIGTERM"))
-    signal.signal(signal.SIGINT, lambda *_: server.request_stop("SIGINT"))
+    server.install_signal_handlers()
     sys.stdout.write(json.dumps({"event": "ready", "endpoint": server.endpoint, "pid": os.getpid()}) + "\n")
     sys.stdout.flush()
     # From here on stdout is stderr: Ray's child processes inherit fd 1, and nothing else may

@@ -91,3 +91,14 @@ def test_ok_reply_refuses_a_shape_typescript_would_reject() -> None:
         ok_reply("ping", "r", pid=1, version="x")
     assert "ping reply.rayConnected: missing" in err.value.message
     assert validate_request(ping()) == ping()
+
+
+def test_integral_floats_from_msgpackr_become_ints() -> None:
+    # msgpackr encodes JavaScript integers beyond 32 bits as float64.
+    msg = {"type": "init-ray", "requestId": "r", "address": None, "numCpus": 8.0, "numGpus": None,
+           "objectStoreBytes": 8589934592.0}
+    checked = validate_request(msg)
+    assert checked["objectStoreBytes"] == 8589934592 and isinstance(checked["objectStoreBytes"], int)
+    assert isinstance(checked["numCpus"], int)
+    too_big = {**msg, "objectStoreBytes": float(2**60)}
+    assert "init-ray.objectStoreBytes: expected an integer, got float" in reject(too_big).message

@@ -1,0 +1,214 @@
+import type { z } from 'zod';
+import { ReefError } from '../actors/runtime/errors.js';
+import type { LogFn } from '../actors/runtime/log.js';
+import { RpcClient } from '../actors/runtime/rpc.js';
+import {
+  BridgeRequest,
+  type BridgeRequestType,
+  type EngineInfo,
+  type EngineSpec,
+  type GroupStatus,
+  type InitRayReply,
+  type Layout,
+  type PingReply,
+  type Plan,
+  REPLY_SCHEMAS,
+  type ReplyOf,
+  type RequestFields,
+  type StatusReply,
+} from './messages.js';
+
+export interface BridgeClientOptions {
+  /** Timeout of the ping `connect` sends to prove the shim is there. @default 5000 */
+  timeoutMs?: number;
+  /** Where the client reports dropped replies and socket trouble. @default stderr */
+  log?: LogFn;
+}
+
+export interface CallOptions {
+  /** Per-call timeout; see `defaultTimeoutMs` for each request's default. */
+  timeoutMs?: number;
+}
+
+/** What the client needs to know of the shim's process to notice its death (see `spawnShim`). */
+export interface ShimProcessHandle {
+  readonly pid: number;
+  readonly exited: Promise<number | null>;
+  readonly child?: { readonly signalCode: NodeJS.Signals | null };
+}
+
+/**
+ * Default per-call timeouts. Long calls run one at a time on the shim's worker thread, so a call
+ * queued behind a slow one waits for it; `ping` and `status` are answered alongside.
+ */
+export function defaultTimeoutMs<T extends BridgeRequestType>(type: T, fields: RequestFields<T>): number {
+  switch (type) {
+    case 'ping':
+      return 5_000;
+    case 'init-ray':
+      return 120_000; // a local head takes 10-20 s on a small machine; a remote one may be slower
+    case 'create-placement':
+      return (fields as unknown as RequestFields<'create-placement'>).timeoutS * 1000 + 10_000;
+    case 'start-engine':
+      return 300_000;
+    case 'plan-placement':
+      return 10_000;
+    default:
+      return 60_000;
+  }
+}
+
+/**
+ * The TypeScript end of the bridge: a DEALER to the shim's ROUTER. Replies are validated with the
+ * schemas of `messages.ts`; an error reply rejects with `ReefError.fromReply`. Once the shim is
+ * known to be dead (its process exited, or a ping went unanswered) every pending and later call
+ * rejects with REEF_ERR_BRIDGE_DOWN.
+ */
+export class BridgeClient {
+  private readonly rpc: RpcClient;
+  private readonly waiters = new Set<(err: ReefError) => void>();
+  private downError: ReefError | null = null;
+
+  private constructor(readonly endpoint: string, options: BridgeClientOptions) {
+    this.rpc = new RpcClient(endpoint, {
+      name: `bridge ${endpoint}`,
+      defaultTimeoutMs: 60_000,
+      ...(options.log === undefined ? {} : { log: options.log }),
+    });
+  }
+
+  /** Connect and ping; a shim that does not answer rejects with REEF_ERR_BRIDGE_DOWN. */
+  static async connect(endpoint: string, opts: BridgeClientOptions = {}): Promise<BridgeClient> {
+    const client = new BridgeClient(endpoint, opts);
+    try {
+      await client.ping({ timeoutMs: opts.timeoutMs ?? 5_000 });
+    } catch (err) {
+      await client.close();
+      throw err;
+    }
+    return client;
+  }
+
+  /** Connect to a shim started with `spawnShim` and follow its process. */
+  static async forProcess(proc: ShimProcessHandle & { endpoint: string }, opts: BridgeClientOptions = {}): Promise<BridgeClient> {
+    const client = await BridgeClient.connect(proc.endpoint, opts);
+    client.attachProcess(proc);
+    return client;
+  }
+
+  /** True once the shim is known to be gone (or the client closed). */
+  get isDown(): boolean {
+    return this.downError !== null;
+  }
+
+  /** When the shim's process exits, reject every pending call with REEF_ERR_BRIDGE_DOWN. */
+  attachProcess(proc: ShimProcessHandle): void {
+    void proc.exited.then((code) => {
+      const how = proc.child?.signalCode ? `was killed by ${proc.child.signalCode}` : `exited with code ${code}`;
+      this.markDown(`shim process ${proc.pid} ${how}`);
+    });
+  }
+
+  ping(opts: CallOptions = {}): Promise<PingReply> {
+    return this.call('ping', {}, opts);
+  }
+
+  initRay(
+    args: { address?: string | null; numCpus?: number | null; numGpus?: number | null; objectStoreBytes?: number | null } = {},
+    opts: CallOptions = {},
+  ): Promise<InitRayReply> {
+    const fields = {
+      address: args.address ?? null,
+      numCpus: args.numCpus ?? null,
+      numGpus: args.numGpus ?? null,
+      objectStoreBytes: args.objectStoreBytes ?? null,
+    };
+    return this.call('init-ray', fields, opts);
+  }
+
+  async planPlacement(layout: Layout, opts: CallOptions = {}): Promise<Plan> {
+    return (await this.call('plan-placement', { layout }, opts)).plan;
+  }
+
+  /** Create the layout's placement groups; fails naming the bundle that cannot be placed. */
+  async createPlacement(layout: Layout, timeoutS: number, opts: CallOptions = {}): Promise<GroupStatus[]> {
+    return (await this.call('create-placement', { layout, timeoutS }, opts)).groups;
+  }
+
+  /** Remove groups by name (`null`: all of this shim's), stopping their engines first. */
+  async removePlacement(names: string[] | null, opts: CallOptions = {}): Promise<string[]> {
+    return (await this.call('remove-placement', { names }, opts)).removed;
+  }
+
+  async startEngine(spec: EngineSpec, opts: CallOptions = {}): Promise<EngineInfo> {
+    return (await this.call('start-engine', { spec }, opts)).engine;
+  }
+
+  async stopEngine(name: string, opts: CallOptions = {}): Promise<boolean> {
+    return (await this.call('stop-engine', { name }, opts)).stopped;
+  }
+
+  status(opts: CallOptions = {}): Promise<StatusReply> {
+    return this.call('status', {}, opts);
+  }
+
+  /** Ask the shim to remove its groups and engines and exit; it replies before it cleans up. */
+  async shutdown(opts: CallOptions = {}): Promise<void> {
+    await this.call('shutdown', {}, opts);
+  }
+
+  /** One typed request; the request is checked before it leaves, the reply when it comes back. */
+  call<T extends BridgeRequestType>(type: T, fields: RequestFields<T>, opts: CallOptions = {}): Promise<ReplyOf<T>> {
+    const checked = BridgeRequest.safeParse({ type, requestId: '-', ...fields });
+    if (!checked.success) {
+      return Promise.reject(new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `bridge ${type}: ${checked.error.message}` }));
+    }
+    const timeoutMs = opts.timeoutMs ?? defaultTimeoutMs(type, fields);
+    const schema = REPLY_SCHEMAS[type] as unknown as z.ZodType<ReplyOf<T>>;
+    return this.guard(type, timeoutMs, () => this.rpc.call<ReplyOf<T>>({ type, ...fields }, { timeoutMs, schema }));
+  }
+
+  /**
+   * Send any map as a request, unchecked, and resolve with the raw ok reply. For diagnostics and
+   * for tests that must send what `call` would refuse.
+   */
+  callUnchecked(msg: { type: string } & Record<string, unknown>, opts: CallOptions = {}): Promise<Record<string, unknown>> {
+    const timeoutMs = opts.timeoutMs ?? 60_000;
+    return this.guard(msg.type, timeoutMs, () => this.rpc.call(msg, { timeoutMs }));
+  }
+
+  /** Close the socket; pending calls reject with REEF_ERR_BRIDGE_DOWN. Idempotent. */
+  async close(): Promise<void> {
+    this.markDown('bridge client closed');
+    await this.rpc.close();
+  }
+
+  private guard<R>(type: string, timeoutMs: number, start: () => Promise<R>): Promise<R> {
+    if (this.downError !== null) return Promise.reject(this.downError);
+    return new Promise<R>((resolve, reject) => {
+      const onDown = (err: ReefError): void => reject(err);
+      this.waiters.add(onDown);
+      start().then(resolve, (err: unknown) => reject(this.translate(err, type, timeoutMs))).finally(() => this.waiters.delete(onDown));
+    });
+  }
+
+  private translate(err: unknown, type: string, timeoutMs: number): unknown {
+    if (this.downError !== null) return this.downError;
+    if (err instanceof ReefError && err.code === 'REEF_ERR_TIMEOUT' && type === 'ping') {
+      // The shim answers ping on its socket thread whatever else it is doing: silence is death.
+      return new ReefError('REEF_ERR_BRIDGE_DOWN', { reason: `no reply to ping within ${timeoutMs} ms from ${this.endpoint}` }, { cause: err });
+    }
+    if (err instanceof ReefError && err.code === 'REEF_ERR_ACTOR_CLOSED') {
+      return new ReefError('REEF_ERR_BRIDGE_DOWN', { reason: 'bridge client closed' }, { cause: err });
+    }
+    return err;
+  }
+
+  private markDown(reason: string): void {
+    if (this.downError !== null) return;
+    this.downError = new ReefError('REEF_ERR_BRIDGE_DOWN', { reason });
+    for (const reject of [...this.waiters]) reject(this.downError);
+    this.waiters.clear();
+    void this.rpc.close();
+  }
+}
