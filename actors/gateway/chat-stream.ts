@@ -1,6 +1,6 @@
 import type { GenerateResponse } from '../../cluster/engine-client.js';
 import { ReefError } from '../runtime/errors.js';
-import { buildRecord, commit, finishReason, type ChatDeps, type Prepared } from './chat.js';
+import { assistantMessage, buildRecord, commit, finishReason, type ChatDeps, type Prepared } from './chat.js';
 import { errorBody } from './http-errors.js';
 import type { StreamDelta } from './ports.js';
 
@@ -21,8 +21,8 @@ export interface SseSink {
  */
 export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSink): Promise<{ recordId: string; status: 'ok' | 'aborted' | 'failed' }> {
   const base = { id: `chatcmpl-${p.id}`, object: 'chat.completion.chunk', created: Math.floor(p.ctx.startedAt / 1000), model: p.req.model ?? deps.modelName };
-  const chunk = (delta: StreamDelta & { role?: string }, finish: string | null = null) => ({ ...base, choices: [{ index: 0, delta, finish_reason: finish, logprobs: null }] });
-  const parser = deps.parser.stream({ parseTools: p.parseTools });
+  const chunk = (delta: StreamDelta | { role: string; content: string } | Record<string, never>, finish: string | null = null) => ({ ...base, choices: [{ index: 0, delta, finish_reason: finish, logprobs: null }] });
+  const parser = deps.parser.stream({ startsInThinking: p.startsInThinking });
   const abort = new AbortController();
   const onClientGone = () => abort.abort(new Error('client disconnected'));
   sink.signal.addEventListener('abort', onClientGone, { once: true });
@@ -32,7 +32,7 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
   let sawToolCall = false;
   const emit = async (deltas: StreamDelta[]) => {
     for (const d of deltas) {
-      if (d.tool_calls) sawToolCall = true;
+      if ('tool_calls' in d) sawToolCall = true;
       if (!sink.signal.aborted) await sink.send(chunk(d));
     }
   };
@@ -69,8 +69,7 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
   }
   deps.gate.leave();
 
-  const full = deps.parser.parse(last?.text ?? '', { parseTools: p.parseTools });
-  const message = { role: 'assistant' as const, content: full.content, ...(full.reasoning_content !== null ? { reasoning_content: full.reasoning_content } : {}), ...(full.tool_calls ? { tool_calls: full.tool_calls } : {}) };
+  const message = assistantMessage(deps.parser.parse(last?.text ?? '', { startsInThinking: p.startsInThinking }));
   const completionTokens = last?.output_ids.length ?? 0;
   if (sink.signal.aborted) {
     await commit(deps, buildRecord(deps, p, last, 'aborted', 'client disconnected', message));

@@ -3,7 +3,7 @@ import { ReefError } from '../runtime/errors.js';
 import type { GenerationGate } from './generation-gate.js';
 import type { GatewayMetrics } from './metrics.js';
 import type { ChatCompletionRequest } from './openai-schema.js';
-import type { NewRecord, OutputParser, PromptTokenizer, RecordSink } from './ports.js';
+import type { NewRecord, OutputParser, ParsedOutput, PromptTokenizer, RecordSink } from './ports.js';
 
 /**
  * The chat-completion pipeline, transport-free: render + tokenize → engine `/generate` with
@@ -38,15 +38,16 @@ export interface Prepared {
   ctx: ChatContext;
   promptIds: Int32Array;
   engineReq: GenerateRequest;
-  parseTools: boolean;
+  startsInThinking: boolean;
 }
 
 /** Tokenizes and checks the context; throws ReefError (4xx) on a request the model cannot take. */
 export async function prepare(deps: ChatDeps, req: ChatCompletionRequest, ctx: ChatContext): Promise<Prepared> {
   const tools = req.tools && req.tools.length > 0 ? req.tools : null;
   let promptIds: Int32Array;
+  let startsInThinking: boolean;
   try {
-    promptIds = await deps.tokenizer.render(req.messages, tools, ctx.sessionKey);
+    ({ ids: promptIds, startsInThinking } = await deps.tokenizer.render(req.messages, tools, ctx.sessionKey));
   } catch (err) {
     if (err instanceof ReefError) throw err;
     throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `cannot render the chat template: ${(err as Error).message}` });
@@ -74,7 +75,17 @@ export async function prepare(deps: ChatDeps, req: ChatCompletionRequest, ctx: C
   };
   const id = deps.records.newId();
   engineReq.rid = id;
-  return { id, req, ctx, promptIds, engineReq, parseTools: tools !== null && req.tool_choice !== 'none' };
+  return { id, req, ctx, promptIds, engineReq, startsInThinking };
+}
+
+/** The OpenAI assistant message of a parsed output: absent fields are left out, as OpenAI does. */
+export function assistantMessage(parsed: ParsedOutput): { role: 'assistant'; content: string | null; reasoning_content?: string; tool_calls?: ParsedOutput['tool_calls'] } {
+  return {
+    role: 'assistant',
+    content: parsed.content,
+    ...(parsed.reasoning_content !== null ? { reasoning_content: parsed.reasoning_content } : {}),
+    ...(parsed.tool_calls.length > 0 ? { tool_calls: parsed.tool_calls } : {}),
+  };
 }
 
 /** OpenAI finish_reason from the engine's, given what the parser found. */
@@ -149,9 +160,8 @@ export async function completeOnce(deps: ChatDeps, p: Prepared): Promise<{ recor
   } finally {
     deps.gate.leave();
   }
-  const parsed = deps.parser.parse(res.text, { parseTools: p.parseTools });
-  const message = { role: 'assistant' as const, content: parsed.content, ...(parsed.reasoning_content !== null ? { reasoning_content: parsed.reasoning_content } : {}), ...(parsed.tool_calls ? { tool_calls: parsed.tool_calls } : {}) };
-  const fr = finishReason(res, parsed.tool_calls !== null && parsed.tool_calls.length > 0);
+  const message = assistantMessage(deps.parser.parse(res.text, { startsInThinking: p.startsInThinking }));
+  const fr = finishReason(res, message.tool_calls !== undefined);
   const usage = { prompt_tokens: p.promptIds.length, completion_tokens: res.output_ids.length, total_tokens: p.promptIds.length + res.output_ids.length };
   const body = {
     id: `chatcmpl-${p.id}`,

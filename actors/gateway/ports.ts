@@ -6,27 +6,15 @@ import type { ChatMessage, Tool } from './openai-schema.js';
  */
 
 export interface PromptTokenizer {
-  /** Renders the chat template (add_generation_prompt) and tokenizes, off the event loop. */
-  render(messages: readonly ChatMessage[], tools: readonly Tool[] | null, sessionKey: string | null): Promise<Int32Array>;
+  /**
+   * Renders the chat template (add_generation_prompt) and tokenizes, off the event loop.
+   * `startsInThinking`: the prompt ends inside an open thinking block, so output starts as reasoning.
+   */
+  render(messages: readonly ChatMessage[], tools: readonly Tool[] | null, sessionKey: string | null): Promise<{ ids: Int32Array; startsInThinking: boolean }>;
   readonly contextLength: number;
 }
 
-export interface ParsedOutput {
-  content: string | null;
-  reasoning_content: string | null;
-  tool_calls: Array<{ id: string; type: 'function'; function: { name: string; arguments: string } }> | null;
-}
-
-export interface StreamDelta {
-  content?: string;
-  reasoning_content?: string;
-  tool_calls?: Array<{ index: number; id?: string; type?: 'function'; function: { name?: string; arguments?: string } }>;
-}
-
-export interface OutputParser {
-  parse(text: string, opts: { parseTools: boolean }): ParsedOutput;
-  stream(opts: { parseTools: boolean }): { push(text: string): StreamDelta[]; finish(): StreamDelta[] };
-}
+export type { OutputParser, ParsedOutput, StreamDelta } from './parsers/index.js';
 
 export type { NewRecord } from './store/types.js';
 import type { NewRecord } from './store/types.js';

@@ -1,0 +1,145 @@
+import { existsSync } from 'node:fs';
+import { basename, join } from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import { EngineClient } from '../../cluster/engine-client.js';
+import type { ReefConfig } from '../../cluster/config/index.js';
+import { ReefError } from '../runtime/errors.js';
+import type { Handlers } from '../runtime/mailbox.js';
+import { Authenticator, type ApiKeySpec } from './auth.js';
+import type { ChatDeps } from './chat.js';
+import { GenerationGate } from './generation-gate.js';
+import type { GatewayMessage } from './messages.js';
+import { GatewayMetrics } from './metrics.js';
+import { parserFor } from './parsers/index.js';
+import type { PromptTokenizer } from './ports.js';
+import { registerReefRoutes } from './routes/reef.js';
+import { buildGatewayServer } from './server.js';
+import { SqliteStore } from './store/sqlite-store.js';
+import { newId } from './store/ids.js';
+import { normalizeMessages, TokenizerPool } from './tokenize/index.js';
+
+/**
+ * The gateway, wired: store + tokenizer pool + engine client + HTTP server + generation gate.
+ * Used by the actor process (main.ts) and, in-process, by integration tests and benchmarks.
+ */
+
+export interface GatewayOptions {
+  config: ReefConfig;
+  /** The rollout engine's URL. */
+  engineUrl: string;
+  /** Listen here instead of `reef.host:reef.port` (tests use port 0). */
+  listen?: { host: string; port: number };
+  /** Tokenizer worker threads. @default 2 */
+  tokenizerThreads?: number;
+  /** Extra fields for `/reef/status` (correlation, training). */
+  status?: () => Record<string, unknown> | Promise<Record<string, unknown>>;
+  log?: (line: string) => void;
+}
+
+export interface Gateway {
+  app: FastifyInstance;
+  url: string;
+  store: SqliteStore;
+  gate: GenerationGate;
+  metrics: GatewayMetrics;
+  handlers: Handlers<GatewayMessage>;
+  close(): Promise<void>;
+}
+
+export function resolveApiKeys(cfg: ReefConfig, env: NodeJS.ProcessEnv = process.env): ApiKeySpec[] {
+  return cfg.reef.api_keys.map((k, i) => {
+    const key = k.key ?? (k.key_env ? env[k.key_env] : undefined);
+    if (!key) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}].key_env: environment variable ${k.key_env} is not set` });
+    return { key, scenarios: k.scenarios, maxConcurrency: k.max_concurrency };
+  });
+}
+
+/** Starts tokenization in a pool bound to one model directory; reports when a prompt ends in an open think block. */
+async function promptTokenizer(modelDir: string, threads: number): Promise<{ tok: PromptTokenizer; pool: TokenizerPool }> {
+  const pool = await TokenizerPool.create(modelDir, { threads });
+  const contextLength = pool.contextLength ?? 32_768;
+  const tok: PromptTokenizer = {
+    contextLength,
+    async render(messages, tools, sessionKey) {
+      const { ids, text } = await pool.render(normalizeMessages(messages), (tools as unknown[] | null) ?? null, { sessionKey });
+      return { ids, startsInThinking: text.lastIndexOf('<think>') > text.lastIndexOf('</think>') };
+    },
+  };
+  return { tok, pool };
+}
+
+export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
+  const cfg = opts.config;
+  const modelDir = cfg.cluster.rollout.model_path;
+  if (!existsSync(join(modelDir, 'tokenizer.json'))) {
+    throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `cluster.rollout.model_path: ${modelDir} has no tokenizer.json (the gateway tokenizes with the model's own tokenizer)` });
+  }
+  const store = SqliteStore.open(join(cfg.reef.data_dir, 'records.sqlite'));
+  const engine = new EngineClient(opts.engineUrl, { name: 'rollout' });
+  let pool: TokenizerPool | null = null;
+  try {
+    const t = await promptTokenizer(modelDir, opts.tokenizerThreads ?? 2);
+    pool = t.pool;
+    const info = await engine.modelInfo().catch(() => null);
+    const gate = new GenerationGate(info?.weight_version ?? null);
+    const metrics = new GatewayMetrics();
+    const topK = Number((cfg.training.resolved as { topK?: number }).topK ?? 4);
+    const chat: ChatDeps = {
+      tokenizer: t.tok,
+      parser: parserFor(modelDir),
+      engine,
+      engineName: `${cfg.cluster.rollout.engine}:${opts.engineUrl}`,
+      records: { newId, append: (r) => store.append(r) },
+      gate,
+      metrics,
+      modelName: basename(modelDir),
+      topK,
+      defaultMaxTokens: 1024,
+    };
+    const auth = new Authenticator(resolveApiKeys(cfg));
+    const app = buildGatewayServer({
+      chat,
+      auth,
+      defaultScenario: cfg.reef.default_scenario,
+      registerReefRoutes: (a, principalOf) =>
+        registerReefRoutes(a, {
+          store,
+          defaultScenario: cfg.reef.default_scenario,
+          status: async () => ({ gateway: { weightVersion: gate.weightVersion, paused: gate.isPaused, inflight: gate.inflight }, ...(await opts.status?.()) }),
+        }, principalOf),
+    });
+    const listen = opts.listen ?? { host: cfg.reef.host, port: cfg.reef.port };
+    const address = await app.listen(listen);
+    opts.log?.(`gateway listening on ${address}`);
+    const handlers: Handlers<GatewayMessage> = {
+      'pause-generation': async (msg) => gate.pause(msg.drainTimeoutMs),
+      'resume-generation': (msg) => {
+        gate.resume(msg.weightVersion);
+        return { weightVersion: gate.weightVersion };
+      },
+      'gateway-status': () => ({ weightVersion: gate.weightVersion, paused: gate.isPaused, inflight: gate.inflight, url: address }),
+    };
+    let closing: Promise<void> | null = null;
+    return {
+      app,
+      url: address,
+      store,
+      gate,
+      metrics,
+      handlers,
+      close: () =>
+        (closing ??= (async () => {
+          // Stop taking requests, let the ones in flight finish and commit, then close the store.
+          await app.close();
+          await pool?.close();
+          await engine.close();
+          await store.close();
+        })()),
+    };
+  } catch (err) {
+    await pool?.close();
+    await engine.close();
+    await store.close();
+    throw err;
+  }
+}

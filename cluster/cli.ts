@@ -1,0 +1,74 @@
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { ReefError } from '../actors/runtime/errors.js';
+import { parseArgs, type ParsedArgs } from './args.js';
+import { configCheck } from './config/index.js';
+import { downCommand, scaleCommand, statusCommand } from './commands/control.js';
+import { upCommand } from './commands/up.js';
+import { repoRoot } from './paths.js';
+
+export interface Io {
+  stdout: (s: string) => void;
+  stderr: (s: string) => void;
+}
+
+const HELP = `reef — learn from a deployed agent's own conversations
+
+usage:
+  reef up -c FILE [--detach] [--a.b=value ...]   bring the stack up (foreground; --detach: background)
+  reef status [--json] [-c FILE | --data-dir DIR] actors, placement groups, engines
+  reef scale prm N [-c FILE | --data-dir DIR]     change the number of PRM actors live
+  reef down [-c FILE | --data-dir DIR]            drain and stop everything reef up started
+  reef config check FILE [--a.b=value ...]        print the resolved config, or every error (exit 2)
+  reef --version | --help
+
+--a.b.c=value overrides that key of the config file.`;
+
+const defaultIo: Io = { stdout: (s) => process.stdout.write(s.endsWith('\n') ? s : `${s}\n`), stderr: (s) => process.stderr.write(s.endsWith('\n') ? s : `${s}\n`) };
+
+export async function main(argv: readonly string[], io: Io = defaultIo): Promise<number> {
+  let args: ParsedArgs;
+  try {
+    args = parseArgs(argv);
+  } catch (err) {
+    io.stderr(`reef: ${(err as Error).message}`);
+    return 2;
+  }
+  const [cmd, ...rest] = args.positionals;
+  if (args.flags.has('version')) {
+    io.stdout((JSON.parse(readFileSync(join(repoRoot(), 'package.json'), 'utf8')) as { version: string }).version);
+    return 0;
+  }
+  if (cmd === undefined || cmd === 'help' || args.flags.has('help')) {
+    io.stdout(HELP);
+    return cmd === undefined && !args.flags.has('help') ? 2 : 0;
+  }
+  try {
+    switch (cmd) {
+      case 'up':
+        return await upCommand(args, io);
+      case 'status':
+        return await statusCommand(args, io);
+      case 'scale':
+        return await scaleCommand(args, rest, io);
+      case 'down':
+        return await downCommand(args, io);
+      case 'config':
+        if (rest[0] !== 'check' || rest.length !== 2) {
+          io.stderr('usage: reef config check FILE [--a.b=value ...]');
+          return 2;
+        }
+        return await configCheck([rest[1]!, ...args.overrides], { stdout: { write: io.stdout }, stderr: { write: io.stderr } });
+      default:
+        io.stderr(`reef: unknown command ${JSON.stringify(cmd)}\n\n${HELP}`);
+        return 2;
+    }
+  } catch (err) {
+    if (err instanceof ReefError) {
+      io.stderr(`reef: ${err.code}: ${err.message}`);
+      return err.code === 'REEF_ERR_CONFIG_INVALID' || err.code === 'REEF_ERR_CONFIG_FILE' ? 2 : 1;
+    }
+    io.stderr(`reef: ${(err as Error).stack ?? String(err)}`);
+    return 1;
+  }
+}

@@ -1,0 +1,83 @@
+import { spawn } from 'node:child_process';
+import { mkdirSync, openSync, closeSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { flagBool, flagString, type ParsedArgs } from '../args.js';
+import type { Io } from '../cli.js';
+import { loadConfig, type ReefConfig } from '../config/index.js';
+import { repoRoot } from '../paths.js';
+import { readRunFile } from '../run-file.js';
+import { Stack } from '../stack.js';
+
+/** The line printed once everything is up: where to point an agent. */
+function endpoints(cfg: ReefConfig, stack: Stack): string {
+  const lines = [
+    'reef is up',
+    `  gateway     http://${cfg.reef.host}:${cfg.reef.port}/v1  (OpenAI API; Reef API under /reef)`,
+    ...stack.engines.map((e) => `  engine      ${e.spec.name.padEnd(10)} ${e.info?.url ?? '-'}  (${e.spec.kind}, weights ${e.info?.weightVersion ?? 'base'})`),
+    `  control     ${stack.supervisor.endpoint}`,
+    '  stop with Ctrl-C or `reef down`',
+  ];
+  return lines.join('\n');
+}
+
+export async function upCommand(args: ParsedArgs, io: Io): Promise<number> {
+  const configPath = flagString(args, 'config');
+  if (!configPath) {
+    io.stderr('usage: reef up -c FILE [--detach] [--a.b=value ...]');
+    return 2;
+  }
+  const cfg = await loadConfig(configPath, args.overrides);
+  if (flagBool(args, 'detach')) return detach(cfg, configPath, args, io);
+
+  const stack = await Stack.up({ config: cfg, configPath: resolve(configPath), overrides: args.overrides, log: (line) => io.stderr(`[reef] ${line}`) });
+  io.stdout(endpoints(cfg, stack));
+  let signals = 0;
+  const onSignal = (sig: NodeJS.Signals) => {
+    signals++;
+    if (signals > 1) {
+      io.stderr(`[reef] ${sig} again: still draining, please wait (a third one exits at once)`);
+      if (signals > 2) process.exit(130);
+      return;
+    }
+    io.stderr(`[reef] ${sig}: draining`);
+    void stack.down();
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+  await stack.stopped;
+  process.off('SIGINT', onSignal);
+  process.off('SIGTERM', onSignal);
+  return 0;
+}
+
+/** Starts `reef up` in the background and returns once it is up (or has failed). */
+async function detach(cfg: ReefConfig, configPath: string, args: ParsedArgs, io: Io): Promise<number> {
+  const runDir = join(cfg.reef.data_dir, 'run');
+  mkdirSync(runDir, { recursive: true });
+  const logPath = join(runDir, 'reef.log');
+  const fd = openSync(logPath, 'a');
+  const child = spawn(process.execPath, [join(repoRoot(), 'bin', 'reef.js'), 'up', '-c', resolve(configPath), ...args.overrides], {
+    detached: true,
+    stdio: ['ignore', fd, fd],
+  });
+  closeSync(fd);
+  child.unref();
+  io.stdout(`reef starting in the background (pid ${child.pid}); log: ${logPath}`);
+  let exited: number | null = null;
+  child.on('exit', (code) => (exited = code ?? 1));
+  const deadline = Date.now() + 600_000;
+  while (Date.now() < deadline) {
+    const rf = readRunFile(runDir);
+    if (rf && rf.pid === child.pid) {
+      io.stdout(`reef is up: gateway ${rf.gateway}/v1, control ${rf.control}\nstop with \`reef down -c ${configPath}\``);
+      return 0;
+    }
+    if (exited !== null) {
+      io.stderr(`reef: start-up failed (exit ${exited}); see ${logPath}`);
+      return 1;
+    }
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  io.stderr(`reef: not up after 600 s; see ${logPath}`);
+  return 1;
+}

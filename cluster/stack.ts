@@ -1,0 +1,208 @@
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { BridgeClient } from '../bridge/client.js';
+import type { EngineInfo, EngineSpec, GroupStatus, RayStatus } from '../bridge/messages.js';
+import { ReefError } from '../actors/runtime/errors.js';
+import { type LogFn, stderrLog } from '../actors/runtime/log.js';
+import { layoutFromConfig } from './config/index.js';
+import type { ReefConfig } from './config/index.js';
+import { freePort } from './net.js';
+import type { StackEngines } from './stack-env.js';
+import { pythonBin, pythonEnv } from './paths.js';
+import { clearRunFile, readRunFile, writeRunFile, type RunFile } from './run-file.js';
+import { ManagedProcess, readyOnJsonLine, Supervisor } from './supervisor.js';
+
+/**
+ * One running Reef stack, as `reef up` composes it: the supervisor (control socket and actor
+ * processes), the Python shim (Ray driver) under the same restart policy, the placement groups, the
+ * engines in their bundles, and the actors. A restarted shim gets the whole GPU layout replayed;
+ * engines keep the ports chosen here, so the actors' engine URLs stay valid.
+ */
+
+export interface StackOptions {
+  config: ReefConfig;
+  configPath: string;
+  /** The `--a.b=c` overrides given on the command line, passed on to every actor. */
+  overrides: readonly string[];
+  log?: LogFn;
+}
+
+export interface EngineSlot {
+  spec: EngineSpec;
+  info: EngineInfo | null;
+}
+
+export const ACTORS = ['gateway', 'judge', 'trainer-controller'] as const;
+
+export class Stack {
+  readonly supervisor: Supervisor;
+  readonly shim: ManagedProcess;
+  private bridge: BridgeClient | null = null;
+  private groups: GroupStatus[] = [];
+  private ray: RayStatus | null = null;
+  readonly engines: EngineSlot[];
+  private readonly log: LogFn;
+  private replaying: Promise<void> | null = null;
+  private closed: Promise<void> | null = null;
+  private resolveStopped!: () => void;
+  /** Resolves once `down()` has finished, whoever asked for it. */
+  readonly stopped: Promise<void> = new Promise((resolve) => (this.resolveStopped = resolve));
+
+  private constructor(private readonly opts: StackOptions, readonly runDir: string, readonly shimEndpoint: string, engines: EngineSlot[], actorOverrides: Record<string, unknown>) {
+    this.log = opts.log ?? stderrLog;
+    this.engines = engines;
+    const urls: StackEngines = {
+      rollout: engineUrl(engines.find((e) => e.spec.role === 'rollout')!.spec),
+      prm: engines.filter((e) => e.spec.role === 'prm').map((e) => engineUrl(e.spec)),
+      student: ((s) => (s ? engineUrl(s.spec) : null))(engines.find((e) => e.spec.role === 'student')),
+    };
+    this.supervisor = new Supervisor({
+      configPath: opts.configPath,
+      overrides: actorOverrides,
+      env: { REEF_ENGINES: JSON.stringify(urls) },
+      log: this.log,
+      control: {
+        status: async () => ({ ...(await this.status()) }),
+        down: () => {
+          // Reply first: the stop closes the control socket this reply goes out on.
+          setImmediate(() => void this.down());
+          return {};
+        },
+      },
+    });
+    this.shim = this.supervisor.manage({
+      id: 'shim',
+      command: pythonBin(),
+      args: ['-m', 'reef_shim.server', '--endpoint', shimEndpoint, '--log-level', 'info'],
+      env: pythonEnv(),
+      ready: readyOnJsonLine('ready'),
+      readyTimeoutMs: 60_000,
+    });
+  }
+
+  /** Brings the whole stack up, logging each step; on failure tears down what it started. */
+  static async up(opts: StackOptions): Promise<Stack> {
+    const cfg = opts.config;
+    const log = opts.log ?? stderrLog;
+    const runDir = join(cfg.reef.data_dir, 'run');
+    mkdirSync(runDir, { recursive: true });
+    const existing = readRunFile(runDir);
+    if (existing) throw new ReefError('REEF_ERR_ALREADY_RUNNING', { pid: existing.pid, endpoint: existing.control });
+
+    // Engines get their ports now so that actor configs and a replayed layout agree on URLs.
+    const engines: EngineSlot[] = [];
+    const overrides: Record<string, unknown> = {};
+    const addEngine = async (role: EngineSpec['role'], name: string, group: string, e: { engine: 'hf' | 'sglang'; model_path: string | null; port: number; extra_args: readonly string[] }) => {
+      if (!e.model_path) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `cluster.${role}.model_path: required to start the ${role} engine` });
+      const port = e.port > 0 ? e.port : await freePort();
+      engines.push({ spec: { name, role, kind: e.engine, modelPath: e.model_path, group, bundleIndex: 0, host: '127.0.0.1', port, extraArgs: [...e.extra_args] }, info: null });
+    };
+    await addEngine('rollout', 'rollout', 'reef-rollout', cfg.cluster.rollout);
+    for (let i = 0; i < cfg.cluster.prm.replicas; i++) {
+      // A configured port is replica 0's; the others listen on the ports that follow it.
+      const port = cfg.cluster.prm.port > 0 ? cfg.cluster.prm.port + i : 0;
+      await addEngine('prm', `prm-${i}`, `reef-prm-${i}`, { ...cfg.cluster.prm, port });
+    }
+    if (cfg.cluster.student) await addEngine('student', 'student', 'reef-student', cfg.cluster.student);
+    for (const o of opts.overrides) {
+      const [k, ...v] = o.replace(/^--/, '').split('=');
+      overrides[k!] = v.join('=');
+    }
+
+    const stack = new Stack(opts, runDir, `tcp://127.0.0.1:${await freePort()}`, engines, overrides);
+    try {
+      await stack.start();
+      return stack;
+    } catch (err) {
+      await stack.down().catch(() => {});
+      throw err;
+    }
+  }
+
+  private async start(): Promise<void> {
+    const cfg = this.opts.config;
+    this.log('step 1/4: supervisor');
+    await this.supervisor.start();
+    this.log('step 2/4: python shim');
+    this.shim.on('restart', () => {
+      this.log('shim restarted: replaying Ray, placement and engines');
+      this.replaying = this.bringUp().catch((err: Error) => this.log(`replay after shim restart failed: ${err.message}`));
+    });
+    await this.shim.start();
+    this.log('step 3/4: Ray, placement groups, engines');
+    await this.bringUp();
+    this.log('step 4/4: actors');
+    for (const name of ACTORS) await this.supervisor.scale(name, 1);
+    await this.supervisor.scale('prm', cfg.cluster.prm_actors);
+    writeRunFile(this.runDir, { pid: process.pid, control: this.supervisor.endpoint, startedAt: Date.now(), configPath: this.opts.configPath, gateway: `http://${cfg.reef.host}:${cfg.reef.port}` });
+  }
+
+  /** Ray → placement → engines, through the bridge. Run at start and after each shim restart. */
+  private async bringUp(): Promise<void> {
+    const cfg = this.opts.config;
+    await this.shim.waitReady(120_000);
+    await this.bridge?.close();
+    this.bridge = await BridgeClient.connect(this.shimEndpoint, { timeoutMs: 10_000, log: this.log });
+    const layout = layoutFromConfig(cfg);
+    const ray = await this.bridge.initRay({ address: cfg.cluster.ray_address, numCpus: cfg.cluster.num_cpus, numGpus: cfg.cluster.num_gpus, objectStoreBytes: null });
+    this.log(`ray ${ray.startedHead ? 'head started' : 'connected'} at ${ray.address} (${JSON.stringify(ray.resources)})`);
+    this.groups = await this.bridge.createPlacement(layout, cfg.cluster.placement_timeout_s);
+    this.log(`placement groups: ${this.groups.map((g) => `${g.name}[${g.bundles.length}] ${g.state}`).join(', ')}`);
+    for (const slot of this.engines) {
+      this.log(`starting engine ${slot.spec.name} (${slot.spec.kind}, ${slot.spec.modelPath}) on port ${slot.spec.port}`);
+      slot.info = await this.bridge.startEngine(slot.spec);
+      this.log(`engine ${slot.spec.name} healthy at ${slot.info.url} (weights ${slot.info.weightVersion ?? 'base'})`);
+    }
+  }
+
+  async status(): Promise<{ actors: ReturnType<Supervisor['status']>; groups: GroupStatus[]; engines: Array<EngineInfo | EngineSpec>; ray: RayStatus | null; shim: { pid: number | null; state: string; restarts: number } }> {
+    let groups = this.groups;
+    let engines: Array<EngineInfo | EngineSpec> = this.engines.map((s) => s.info ?? s.spec);
+    let ray = this.ray;
+    if (this.bridge && !this.bridge.isDown && this.shim.state === 'running') {
+      try {
+        const st = await this.bridge.status({ timeoutMs: 5_000 });
+        groups = st.groups;
+        engines = st.engines;
+        ray = st.ray;
+        this.ray = ray;
+      } catch (err) {
+        this.log(`status: shim did not answer (${(err as Error).message}); showing the last known layout`);
+      }
+    }
+    return { actors: this.supervisor.status(), groups, engines, ray, shim: { pid: this.shim.pid, state: this.shim.state, restarts: this.shim.restarts } };
+  }
+
+  /** Drains the actors, stops engines and placement through the shim, stops the shim. Idempotent. */
+  down(): Promise<void> {
+    this.closed ??= (async () => {
+      this.log('stopping: draining actors');
+      await this.replaying;
+      const bridge = this.bridge;
+      // Actors first, so nothing calls an engine that is going away.
+      const stopSupervisor = async () => {
+        if (bridge && !bridge.isDown && this.shim.state === 'running') {
+          try {
+            await bridge.shutdown({ timeoutMs: 60_000 });
+          } catch (err) {
+            this.log(`shim shutdown: ${(err as Error).message}`);
+          }
+        }
+        await bridge?.close();
+        await this.supervisor.stop();
+      };
+      for (const name of ['prm', ...ACTORS]) await this.supervisor.scale(name, 0).catch(() => {});
+      await stopSupervisor();
+      clearRunFile(this.runDir);
+      this.log('stopped');
+      this.resolveStopped();
+    })();
+    return this.closed;
+  }
+}
+
+export type { RunFile };
+
+function engineUrl(spec: EngineSpec): string {
+  return `http://${spec.host}:${spec.port}`;
+}
