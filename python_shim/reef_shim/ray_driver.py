@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from .engine_process import (ENGINE_START_TIMEOUT_S, EngineProcess, engine_comma
                              pick_free_port, wait_healthy)
 from .errors import ShimError
 from .placement import bundle_label, fmt_number, plan_placement
+from .proc_tree import descendants, reap
 
 log = logging.getLogger("reef_shim.ray")
 
@@ -368,60 +368,16 @@ class RayDriver:
         # Ray's agents (started by the raylet we started) can outlive ray.shutdown(), stuck
         # reporting the raylet's death to a GCS that is already gone: remember our descendants
         # now and end the ones still there afterwards, by pid.
-        leftovers = _descendants(os.getpid()) if self._started_head else {}
+        leftovers = descendants(os.getpid()) if self._started_head else {}
         _ray().shutdown()
         self._connected = False
-        _reap(leftovers)
+        reap(leftovers)
         log.info("ray disconnected")
 
 
 def _plain(resources: dict[str, Any]) -> dict[str, float]:
     """Cluster resources without the per-placement-group entries Ray adds (`GPU_group_0_<id>`...)."""
     return {k: float(v) for k, v in resources.items() if "_group_" not in k}
-
-
-def _proc_stat(pid: int) -> tuple[int, str] | None:
-    """(parent pid, start time) of a live process, from /proc."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[1]), fields[19].decode()
-
-
-def _descendants(root: int) -> dict[int, str]:
-    """pid -> start time of every process below `root` (Linux; empty elsewhere)."""
-    children: dict[int, list[int]] = {}
-    starts: dict[int, str] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if entry.isdigit() and (stat := _proc_stat(int(entry))) is not None:
-            children.setdefault(stat[0], []).append(int(entry))
-            starts[int(entry)] = stat[1]
-    found: dict[int, str] = {}
-    todo = list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        found[pid] = starts[pid]
-        todo.extend(children.get(pid, []))
-    return found
-
-
-def _reap(procs: dict[int, str], grace_s: float = 2.0) -> None:
-    deadline = time.monotonic() + grace_s
-    alive = dict(procs)
-    while alive:
-        # Same pid and same start time: still the process we saw, not a reused pid.
-        alive = {p: t for p, t in alive.items() if (st := _proc_stat(p)) is not None and st[1] == t}
-        if not alive or time.monotonic() >= deadline:
-            break
-        time.sleep(0.2)
-    for pid in alive:
-        log.info("ending process %d that Ray left running after shutdown", pid)
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _engine_log_dir() -> str:

@@ -131,6 +131,10 @@ class ShimServer:
         while True:
             item = self._work.get()
             if item is _STOP:
+                # Cleanup runs here, not on the socket thread: Ray starts its head processes with
+                # PR_SET_PDEATHSIG, which fires when the *thread* that ran ray.init exits, so this
+                # thread must outlive ray.shutdown() or the raylet dies first and orphans its agents.
+                self._cleanup()
                 return
             identity, msg = item
             if self.stopping.is_set():
@@ -175,14 +179,16 @@ class ShimServer:
                 self._signals_after_ray = True
         self._close()
 
-    def _close(self) -> None:
-        self._work.put(_STOP)
-        self._worker.join(timeout=120)
-        self._flush_replies()
+    def _cleanup(self) -> None:
         try:
             self.driver.close()
         except Exception:
             log.exception("cleanup failed")
+
+    def _close(self) -> None:
+        self._work.put(_STOP)
+        self._worker.join(timeout=120)
+        self._flush_replies()
         self._router.close()
         self._ctx.term()
         log.info("shim stopped")
