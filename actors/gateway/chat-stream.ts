@@ -2,6 +2,7 @@ import type { GenerateResponse } from '../../cluster/engine-client.js';
 import { ReefError } from '../runtime/errors.js';
 import { assistantMessage, buildRecord, commit, finishReason, type ChatDeps, type Prepared } from './chat.js';
 import { errorBody } from './http-errors.js';
+import { callId } from './parsers/index.js';
 import type { StreamDelta } from './ports.js';
 
 /** Where SSE events go; the route adapts a Node response to it. */
@@ -29,10 +30,12 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
 
   let last: GenerateResponse | null = null;
   let text = '';
-  let sawToolCall = false;
+  // The ids the client saw; the recorded message must carry the same ones, since the client sends
+  // them back with the tool results next turn.
+  const streamedCallIds: string[] = [];
   const emit = async (deltas: StreamDelta[]) => {
     for (const d of deltas) {
-      if ('tool_calls' in d) sawToolCall = true;
+      if ('tool_calls' in d) streamedCallIds.push(d.tool_calls[0].id);
       if (!sink.signal.aborted) await sink.send(chunk(d));
     }
   };
@@ -69,13 +72,14 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
   }
   deps.gate.leave();
 
-  const message = assistantMessage(deps.parser.parse(last?.text ?? '', { startsInThinking: p.startsInThinking }));
+  const ids = [...streamedCallIds];
+  const message = assistantMessage(deps.parser.parse(last?.text ?? '', { startsInThinking: p.startsInThinking, newId: () => ids.shift() ?? callId() }));
   const completionTokens = last?.output_ids.length ?? 0;
   if (sink.signal.aborted) {
     await commit(deps, buildRecord(deps, p, last, 'aborted', 'client disconnected', message));
     return { recordId: p.id, status: 'aborted' };
   }
-  await sink.send(chunk({}, finishReason(last, sawToolCall)));
+  await sink.send(chunk({}, finishReason(last, streamedCallIds.length > 0)));
   if (p.req.stream_options?.include_usage) {
     await sink.send({ ...base, choices: [], usage: { prompt_tokens: p.promptIds.length, completion_tokens: completionTokens, total_tokens: p.promptIds.length + completionTokens } });
   }
