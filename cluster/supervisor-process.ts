@@ -224,6 +224,9 @@ export class ManagedProcess extends EventEmitter {
     const expected = this.stopping !== null;
     const reason = this.killReason ?? (signal !== null ? `exit signal ${signal}` : `exit code ${code}`);
     this.killReason = null;
+    // The leader's death does not end its process group: grandchildren (Ray's agents, engine
+    // servers) would be orphaned and keep their ports. End what is left of the group.
+    if (child.pid !== undefined) killGroup(child.pid);
     this.emit('exit', { pid: child.pid ?? null, code, signal, expected });
     if (expected) return;
     const healthyFor = this.readySince === null ? 0 : Date.now() - this.readySince;
@@ -283,6 +286,14 @@ export class ManagedProcess extends EventEmitter {
     }
     this.state = 'stopped';
     this.emit('stopped');
+  }
+}
+
+function killGroup(pgid: number): void {
+  try {
+    process.kill(-pgid, 'SIGKILL');
+  } catch {
+    // ESRCH: nothing left in the group.
   }
 }
 

@@ -1,0 +1,77 @@
+import { execFileSync, spawn } from 'node:child_process';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { parse, stringify } from 'yaml';
+import { repoRoot, tinyModelDir } from '../../cluster/paths.js';
+
+/**
+ * Helpers for end-to-end tests that drive the real `reef` CLI: a temporary serve.yaml based on
+ * the CPU example, CLI runs with captured output, and the process tree of a running stack.
+ */
+
+export interface CliResult {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+export function runReef(args: string[], opts: { timeoutMs?: number; env?: NodeJS.ProcessEnv } = {}): Promise<CliResult> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [join(repoRoot(), 'bin', 'reef.js'), ...args], { cwd: repoRoot(), env: { ...process.env, ...opts.env }, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+    const timer = setTimeout(() => {
+      child.kill('SIGKILL');
+      reject(new Error(`reef ${args.join(' ')} did not finish in ${opts.timeoutMs ?? 300_000} ms\nstdout: ${stdout}\nstderr: ${stderr}`));
+    }, opts.timeoutMs ?? 300_000);
+    child.on('exit', (code) => {
+      clearTimeout(timer);
+      resolve({ code: code ?? 1, stdout, stderr });
+    });
+  });
+}
+
+/** Writes a serve.yaml for a test: the CPU example with a temp data dir and the given changes. */
+export function testConfig(patch: (cfg: Record<string, any>) => void = () => {}): { path: string; dir: string } {
+  const dir = mkdtempSync(join(tmpdir(), 'reef-e2e-'));
+  const cfg = parse(readFileSync(join(repoRoot(), 'recipes/openclawrl/examples/cpu/serve.yaml'), 'utf8')) as Record<string, any>;
+  cfg.reef.data_dir = join(dir, 'data');
+  cfg.cluster.rollout.model_path = tinyModelDir();
+  cfg.cluster.prm.model_path = tinyModelDir();
+  cfg.pipeline.record2record.config.prm_tokenizer_path = tinyModelDir();
+  patch(cfg);
+  const path = join(dir, 'serve.yaml');
+  writeFileSync(path, stringify(cfg));
+  return { path, dir };
+}
+
+/** Every live descendant of `pid` (children, grandchildren, …), from one `ps` snapshot. */
+export function descendants(pid: number): number[] {
+  const out = execFileSync('ps', ['-eo', 'pid=,ppid='], { encoding: 'utf8' });
+  const children = new Map<number, number[]>();
+  for (const line of out.trim().split('\n')) {
+    const [p, pp] = line.trim().split(/\s+/).map(Number) as [number, number];
+    if (!children.has(pp)) children.set(pp, []);
+    children.get(pp)!.push(p);
+  }
+  const found: number[] = [];
+  const stack = [pid];
+  while (stack.length) {
+    for (const c of children.get(stack.pop()!) ?? []) {
+      found.push(c);
+      stack.push(c);
+    }
+  }
+  return found;
+}
+
+export function commandOf(pid: number): string | null {
+  try {
+    return readFileSync(`/proc/${pid}/cmdline`, 'utf8').replace(/\0/g, ' ').trim();
+  } catch {
+    return null;
+  }
+}
