@@ -1,4 +1,4 @@
-import type { GenerateResponse } from '../../cluster/engine-client.js';
+import { EngineRequestError, type GenerateResponse } from '../../cluster/engine-client.js';
 import { ReefError } from '../runtime/errors.js';
 import { assistantMessage, buildRecord, commit, finishReason, type ChatDeps, type Prepared } from './chat.js';
 import { errorBody } from './http-errors.js';
@@ -42,8 +42,10 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
 
   await deps.gate.enter(abort.signal);
   try {
-    await sink.send(chunk({ role: 'assistant', content: '' }));
     for await (const res of deps.engine.generateStream(p.engineReq, abort.signal)) {
+      // Nothing goes out before the engine's first event, so an engine that is down or refuses
+      // the request still gets the client a real status (503 with Retry-After, or 400).
+      if (last === null) await sink.send(chunk({ role: 'assistant', content: '' }));
       last = res;
       // Chunks are cumulative; only the new suffix is news. A detokenizer may revise a trailing
       // partial character, in which case we wait for the text to grow past it.
@@ -57,6 +59,13 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
     await emit(parser.finish());
   } catch (err) {
     deps.gate.leave();
+    if (last === null && !sink.signal.aborted) {
+      // Before the first event the client has seen nothing: answer with a status, record nothing
+      // (as a non-streamed request would).
+      deps.metrics.engineErrors.inc({ kind: 'generate' });
+      if (err instanceof ReefError || err instanceof EngineRequestError) throw err;
+      throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: deps.engineName, reason: err instanceof Error ? err.message : String(err) }, { cause: err });
+    }
     if (sink.signal.aborted) {
       await commit(deps, buildRecord(deps, p, last, 'aborted', 'client disconnected', null));
       return { recordId: p.id, status: 'aborted' };
@@ -79,6 +88,7 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
     await commit(deps, buildRecord(deps, p, last, 'aborted', 'client disconnected', message));
     return { recordId: p.id, status: 'aborted' };
   }
+  if (last === null) await sink.send(chunk({ role: 'assistant', content: '' }));
   await sink.send(chunk({}, finishReason(last, streamedCallIds.length > 0)));
   if (p.req.stream_options?.include_usage) {
     await sink.send({ ...base, choices: [], usage: { prompt_tokens: p.promptIds.length, completion_tokens: completionTokens, total_tokens: p.promptIds.length + completionTokens } });

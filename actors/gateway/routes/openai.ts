@@ -84,16 +84,24 @@ async function stream(deps: ChatDeps, p: Parameters<typeof streamCompletion>[1],
     if (!res.writableFinished) gone.abort();
   };
   res.on('close', onClose);
-  reply.hijack();
-  res.writeHead(200, {
-    'content-type': 'text/event-stream; charset=utf-8',
-    'cache-control': 'no-cache',
-    connection: 'keep-alive',
-    'x-accel-buffering': 'no',
-  });
+  // Headers go out with the first event, so that a failure before it (engine down, engine refusal,
+  // weight-swap wait timed out) can still answer with its own status.
+  let started = false;
+  const start = () => {
+    if (started) return;
+    started = true;
+    reply.hijack();
+    res.writeHead(200, {
+      'content-type': 'text/event-stream; charset=utf-8',
+      'cache-control': 'no-cache',
+      connection: 'keep-alive',
+      'x-accel-buffering': 'no',
+    });
+  };
   const write = (s: string) =>
     new Promise<void>((resolve) => {
       if (gone.signal.aborted || res.destroyed) return resolve();
+      start();
       if (res.write(s)) return resolve();
       // Backpressure: wait for the socket to drain, or for the client to leave.
       const done = () => {
@@ -111,9 +119,16 @@ async function stream(deps: ChatDeps, p: Parameters<typeof streamCompletion>[1],
   };
   try {
     await streamCompletion(deps, p, sink);
+  } catch (err) {
+    // A client that left before the first event needs no answer.
+    if (!started && gone.signal.aborted) {
+      reply.hijack();
+      return reply;
+    }
+    throw err;
   } finally {
     res.off('close', onClose);
-    if (!res.destroyed) res.end();
+    if (started && !res.destroyed) res.end();
   }
   void request;
   return reply;
