@@ -32,7 +32,8 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
 
   app.addHook('onRequest', async (request, reply) => {
     (request as FastifyRequest & { startedNs?: bigint }).startedNs = process.hrtime.bigint();
-    if (request.url === '/healthz') return;
+    // The matched route, not the raw URL: probes may add a query string.
+    if (request.routeOptions.url === '/healthz') return;
     const principal = opts.auth.authenticate(request.headers);
     if (!principal) return sendError(reply, 'REEF_ERR_UNAUTHORIZED', 'missing or invalid API key: send Authorization: Bearer KEY or x-api-key: KEY');
     (request as WithPrincipal)[PRINCIPAL] = principal;
