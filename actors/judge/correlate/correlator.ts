@@ -1,0 +1,368 @@
+import type { LogFn } from '../../runtime/log.js';
+import { canonicalJson, contentText, HashMemo, messageHash, mix, roleOf, scenarioSeed } from './hash.js';
+import { type Session, SessionTable } from './sessions.js';
+import {
+  type CorrelationCounters,
+  type CorrelationEvent,
+  type CorrelationRecord,
+  type CorrelatorConfig,
+  type CorrelatorOptions,
+  DEFAULT_CORRELATOR_CONFIG,
+  type NextState,
+  type WarningCode,
+} from './types.js';
+import { type CorrelatorState, restoreSession, saveSession, STATE_VERSION } from './state.js';
+
+/**
+ * Rebuilds sessions from recorded requests, fed in offset order. Rules (issue 4 §1):
+ *
+ * Tag mode (`tags.session` set): requests of one tag and scenario form one session in arrival
+ * order, without text matching. Each main request finishes the previous one's turn: the next
+ * state is its newest user/tool message. Hashes are only compared for three cheap checks:
+ * - an exact repeat of the last request (same messages) is a retry: the repeat becomes the pending
+ *   turn (its reply is the one the client saw), the replaced one is kept as an alternative in case
+ *   the next request extends its reply instead;
+ * - inferred side request: a request whose first message differs from that of the session's last
+ *   main request cannot extend it, nor be extended by it (transcripts that differ at their first
+ *   message are not prefixes of one another). It is held as a candidate: if the session's next
+ *   request extends it after all, the session moved to a new first message (the previous pending
+ *   turn is dropped as a rewrite) and the candidate is its main line; otherwise it is counted
+ *   `side` and never trained. `inferSide: false` turns this off.
+ * - a request that neither extends nor repeats, with the same first message, is a history
+ *   rewrite (compaction, sliding window): tag mode keeps the chain.
+ *
+ * Fallback (no tag): a request binds to the session whose last request its messages extend —
+ * the same earlier messages, then that request's assistant reply, then at least one more
+ * message. Candidates come from a hash lookup of the request's prefix at each of its assistant
+ * messages (longest first); ties go to the most recently active session. An exact repeat of a
+ * session's last request is a retry (counted) and opens a sibling session, so the conversation
+ * binds whichever reply the client went on from; a sibling never extended expires silently (it
+ * was a retry, already counted) — and two conversations that began identically both bind. A
+ * request that extends nothing opens a session; a rewritten history therefore opens a new one and
+ * leaves the pre-rewrite turn unmatched until it expires. Untagged requests never bind to tagged
+ * sessions, and fallback has no inferred side requests: with no session to compare against, an
+ * unmatched request is indistinguishable from a new conversation.
+ *
+ * `turn-type: side` (tagged or not) is counted `side`, keeps its session alive, and is otherwise
+ * ignored. Records that are not `ok` are skipped (an aborted or failed reply is never a turn; the
+ * client's retry carries the same messages).
+ *
+ * The next state of a turn is the newest user or tool message after the turn's reply, up to the
+ * next assistant message (if the client resends turns we never saw, the message that answered
+ * our reply is the one that judges it); system/developer messages in between are skipped. With
+ * none, the turn is dropped (`no-next-state`).
+ *
+ * Cost per request: one hash per message (long text memoised by value, see hash.ts), one Map
+ * lookup per assistant message; nothing scans the sessions.
+ */
+export class Correlator {
+  readonly config: Readonly<CorrelatorConfig>;
+  private readonly table = new SessionTable();
+  private readonly memo: HashMemo;
+  private readonly nowOf: (r: CorrelationRecord) => number;
+  private readonly log: LogFn | null;
+  private readonly counts: CorrelationCounters = { tagged: 0, untagged: 0, bound: 0, dropped_unbound: 0, evicted: 0, retries: 0, side: 0 };
+  private clock = 0;
+  private seq = 0;
+  private warnedUntagged = false;
+  private warnedEvictions = false;
+  private lastUnboundWarnAt: number | null = null;
+  private hs = new Float64Array(64);
+  private ps = new Float64Array(64);
+
+  constructor(options: CorrelatorOptions = {}) {
+    this.config = Object.freeze({
+      sessionTtlS: options.sessionTtlS ?? DEFAULT_CORRELATOR_CONFIG.sessionTtlS,
+      maxOpenSessions: options.maxOpenSessions ?? DEFAULT_CORRELATOR_CONFIG.maxOpenSessions,
+      inferSide: options.inferSide ?? DEFAULT_CORRELATOR_CONFIG.inferSide,
+    });
+    if (!(this.config.sessionTtlS > 0)) throw new RangeError(`sessionTtlS must be > 0, got ${this.config.sessionTtlS}`);
+    if (!Number.isInteger(this.config.maxOpenSessions) || this.config.maxOpenSessions < 1) {
+      throw new RangeError(`maxOpenSessions must be an integer ≥ 1, got ${this.config.maxOpenSessions}`);
+    }
+    this.memo = new HashMemo(options.hashMemoChars);
+    this.nowOf = options.now ?? ((r) => r.finishedAt);
+    this.log = options.log ?? null;
+  }
+
+  /** Feeds one record (in offset order); returns what it caused. */
+  observe(record: CorrelationRecord): CorrelationEvent[] {
+    const out: CorrelationEvent[] = [];
+    this.advance(this.nowOf(record), out);
+    const messages = record.request?.messages;
+    if (record.status !== 'ok') out.push({ kind: 'skipped', recordId: record.id, scenario: record.scenario, reason: 'status' });
+    else if (!Array.isArray(messages) || messages.length === 0) out.push({ kind: 'skipped', recordId: record.id, scenario: record.scenario, reason: 'no-messages' });
+    else this.route(record, messages, out);
+    this.checkUnbound(out);
+    return out;
+  }
+
+  /** Advances the clock without a record (an idle judge), expiring what is due. */
+  tick(nowMs: number): CorrelationEvent[] {
+    const out: CorrelationEvent[] = [];
+    this.advance(nowMs, out);
+    this.checkUnbound(out);
+    return out;
+  }
+
+  counters(): CorrelationCounters {
+    return { ...this.counts };
+  }
+
+  get openSessions(): number {
+    return this.table.size;
+  }
+
+  /** Open sessions, least recently active first. */
+  sessions(): { key: string; scenario: string; tagged: boolean; pendingTurnId: string; lastAt: number }[] {
+    return [...this.table.values()].map((s) => ({ key: s.key, scenario: s.scenario, tagged: s.tagged, pendingTurnId: s.turnId, lastAt: s.lastAt }));
+  }
+
+  toJSON(): CorrelatorState {
+    return {
+      version: STATE_VERSION,
+      clock: this.clock,
+      seq: this.seq,
+      counters: this.counters(),
+      warned: { untagged: this.warnedUntagged, evictions: this.warnedEvictions, unboundAt: this.lastUnboundWarnAt },
+      sessions: [...this.table.values()].map(saveSession),
+    };
+  }
+
+  /** A correlator that resumes from `toJSON()` output; `options` may differ from the saved run's. */
+  static fromJSON(state: CorrelatorState, options: CorrelatorOptions = {}): Correlator {
+    if (state?.version !== STATE_VERSION) throw new Error(`correlator state version ${String(state?.version)} is not ${STATE_VERSION}`);
+    const c = new Correlator(options);
+    c.clock = state.clock;
+    c.seq = state.seq;
+    Object.assign(c.counts, state.counters);
+    c.warnedUntagged = state.warned.untagged;
+    c.warnedEvictions = state.warned.evictions;
+    c.lastUnboundWarnAt = state.warned.unboundAt;
+    for (const saved of state.sessions) c.table.add(restoreSession(saved));
+    return c;
+  }
+
+  private route(record: CorrelationRecord, messages: unknown[], out: CorrelationEvent[]): void {
+    const tag = record.tags?.session;
+    const tagged = typeof tag === 'string' && tag.length > 0;
+    if (tagged) this.counts.tagged++;
+    else {
+      this.counts.untagged++;
+      if (!this.warnedUntagged) {
+        this.warnedUntagged = true;
+        this.warn('untagged-traffic', `scenario ${record.scenario} sends requests without x-reef-tag-session (first: ${record.id}); they are correlated by transcript, which history rewrites and identical conversations break — send one x-reef-tag-session value per conversation`, out);
+      }
+    }
+    const mapKey = tagged ? `${record.scenario}\u0000tag:${tag}` : null;
+    if (record.tags?.['turn-type'] === 'side') {
+      this.counts.side++;
+      const s = mapKey === null ? undefined : this.table.get(mapKey);
+      if (s !== undefined) this.table.touch(s, this.clock, ++this.seq);
+      out.push({ kind: 'side', sessionKey: s?.key ?? null, scenario: record.scenario, recordId: record.id, reason: 'tagged' });
+      return;
+    }
+    const n = messages.length;
+    this.hashMessages(record.scenario, messages);
+    const full = this.ps[n - 1]!;
+    const ext = mix(full, messageHash(record.response ?? { role: 'assistant', content: null }, this.memo));
+    if (mapKey !== null) this.tagMode(record, mapKey, `tag:${tag}`, messages, full, ext, out);
+    else this.fallback(record, messages, full, ext, out);
+    this.enforceCapacity(out);
+  }
+
+  private hashMessages(scenario: string, messages: unknown[]): void {
+    const n = messages.length;
+    if (this.hs.length < n) {
+      this.hs = new Float64Array(n * 2);
+      this.ps = new Float64Array(n * 2);
+    }
+    let p = scenarioSeed(scenario);
+    for (let i = 0; i < n; i++) {
+      const h = messageHash(messages[i], this.memo);
+      this.hs[i] = h;
+      p = mix(p, h);
+      this.ps[i] = p;
+    }
+  }
+
+  private tagMode(record: CorrelationRecord, mapKey: string, key: string, messages: unknown[], full: number, ext: number, out: CorrelationEvent[]): void {
+    const n = messages.length;
+    const s = this.table.get(mapKey);
+    if (s === undefined) {
+      this.open(record, mapKey, key, true, n, full, ext, false, out);
+      return;
+    }
+    this.table.touch(s, this.clock, ++this.seq);
+    const sc = record.scenario;
+    if (n === s.n && full === s.full) {
+      this.counts.retries++;
+      out.push({ kind: 'retry', sessionKey: s.key, scenario: sc, recordId: record.id, ofRecordId: s.turnId });
+      s.altId = s.turnId;
+      s.altExt = s.ext;
+      s.turnId = record.id;
+      s.ext = ext;
+      return;
+    }
+    const extendsAt = (len: number, h: number): boolean => n >= len + 2 && this.ps[len] === h;
+    let turnId = s.turnId;
+    let from = -1;
+    let how: 'extends' | 'rewrite' = 'rewrite';
+    if (extendsAt(s.n, s.ext)) {
+      from = s.n;
+      how = 'extends';
+    } else if (s.altId !== null && extendsAt(s.n, s.altExt)) {
+      turnId = s.altId;
+      from = s.n;
+      how = 'extends';
+    } else if (s.candId !== null && extendsAt(s.candN, s.candExt)) {
+      // The candidate was extended: not a side request but the session's new main line.
+      this.dropTurn(s, s.turnId, 'rewrite', out);
+      turnId = s.candId;
+      from = s.candN;
+      how = 'extends';
+      s.candId = null;
+    } else if (this.config.inferSide && this.hs[0] !== s.root) {
+      this.confirmSide(s, out);
+      s.candId = record.id;
+      s.candN = n;
+      s.candExt = ext;
+      return;
+    }
+    this.confirmSide(s, out);
+    this.finishTurn(s, turnId, record, messages, from, out);
+    this.setLast(s, record.id, n, full, ext);
+    out.push({ kind: 'continued', sessionKey: s.key, scenario: sc, recordId: record.id, how });
+  }
+
+  private fallback(record: CorrelationRecord, messages: unknown[], full: number, ext: number, out: CorrelationEvent[]): void {
+    const n = messages.length;
+    const sc = record.scenario;
+    const original = this.table.findByFull(full);
+    if (original !== null && original.n === n) {
+      this.counts.retries++;
+      original.repeat = true;
+      const sib = this.open(record, `${sc}\u0000chain:${record.id}`, `chain:${record.id}`, false, n, full, ext, true, null);
+      out.push({ kind: 'retry', sessionKey: sib.key, scenario: sc, recordId: record.id, ofRecordId: original.turnId });
+      return;
+    }
+    for (let k = n - 2; k >= 0; k--) {
+      if (roleOf(messages[k]) !== 'assistant') continue;
+      const s = this.table.findByExt(this.ps[k]!);
+      if (s === null || s.n !== k) continue;
+      this.table.touch(s, this.clock, ++this.seq);
+      this.finishTurn(s, s.turnId, record, messages, k, out);
+      this.table.unindex(s);
+      this.setLast(s, record.id, n, full, ext);
+      this.table.index(s);
+      out.push({ kind: 'continued', sessionKey: s.key, scenario: sc, recordId: record.id, how: 'extends' });
+      return;
+    }
+    this.open(record, `${sc}\u0000chain:${record.id}`, `chain:${record.id}`, false, n, full, ext, false, out);
+  }
+
+  private open(record: CorrelationRecord, mapKey: string, key: string, tagged: boolean, n: number, full: number, ext: number, repeat: boolean, out: CorrelationEvent[] | null): Session {
+    const s: Session = {
+      mapKey, key, scenario: record.scenario, tagged,
+      turnId: record.id, n, full, ext, root: this.hs[0]!,
+      altId: null, altExt: 0, candId: null, candN: 0, candExt: 0,
+      repeat, lastAt: this.clock, seq: ++this.seq,
+    };
+    this.table.add(s);
+    out?.push({ kind: 'opened', sessionKey: key, scenario: record.scenario, recordId: record.id });
+    return s;
+  }
+
+  private setLast(s: Session, id: string, n: number, full: number, ext: number): void {
+    s.turnId = id;
+    s.n = n;
+    s.full = full;
+    s.ext = ext;
+    s.root = this.hs[0]!;
+    s.altId = null;
+    s.repeat = false;
+  }
+
+  /** Emits `turnId`'s turn with its next state from `messages` (after index `from`; -1: rewrite). */
+  private finishTurn(s: Session, turnId: string, record: CorrelationRecord, messages: unknown[], from: number, out: CorrelationEvent[]): void {
+    const next = nextStateOf(messages, from);
+    if (next === null) {
+      this.dropTurn(s, turnId, 'no-next-state', out);
+      return;
+    }
+    this.counts.bound++;
+    out.push({ kind: 'turn-finished', sessionKey: s.key, scenario: s.scenario, turnRecordId: turnId, nextStateRecordId: record.id, nextState: next });
+  }
+
+  private dropTurn(s: Session, turnId: string, reason: 'expired' | 'evicted' | 'no-next-state' | 'rewrite', out: CorrelationEvent[]): void {
+    this.counts.dropped_unbound++;
+    out.push({ kind: 'turn-dropped', sessionKey: s.key, scenario: s.scenario, turnRecordId: turnId, reason });
+  }
+
+  private confirmSide(s: Session, out: CorrelationEvent[]): void {
+    if (s.candId === null) return;
+    this.counts.side++;
+    out.push({ kind: 'side', sessionKey: s.key, scenario: s.scenario, recordId: s.candId, reason: 'inferred' });
+    s.candId = null;
+  }
+
+  private close(s: Session, reason: 'expired' | 'evicted', out: CorrelationEvent[]): void {
+    this.table.remove(s);
+    this.confirmSide(s, out);
+    if (!s.repeat) this.dropTurn(s, s.turnId, reason, out);
+    out.push({ kind: 'session-closed', sessionKey: s.key, scenario: s.scenario, reason });
+  }
+
+  private advance(nowMs: number, out: CorrelationEvent[]): void {
+    if (Number.isFinite(nowMs) && nowMs > this.clock) this.clock = nowMs;
+    const ttlMs = this.config.sessionTtlS * 1000;
+    for (let s = this.table.oldest(); s !== undefined && this.clock - s.lastAt > ttlMs; s = this.table.oldest()) this.close(s, 'expired', out);
+  }
+
+  private enforceCapacity(out: CorrelationEvent[]): void {
+    while (this.table.size > this.config.maxOpenSessions) {
+      const s = this.table.oldest()!;
+      this.counts.evicted++;
+      if (!this.warnedEvictions) {
+        this.warnedEvictions = true;
+        this.warn('evictions', `more than ${this.config.maxOpenSessions} open sessions: evicting the least recently active (first: ${s.key} in ${s.scenario}) and dropping their pending turns — raise max_open_sessions or tag sessions so requests bind`, out);
+      }
+      this.close(s, 'evicted', out);
+    }
+  }
+
+  private checkUnbound(out: CorrelationEvent[]): void {
+    const { dropped_unbound: dropped, bound } = this.counts;
+    if (dropped < 8 || dropped <= bound) return;
+    if (this.lastUnboundWarnAt !== null && this.clock - this.lastUnboundWarnAt < 300_000) return;
+    this.lastUnboundWarnAt = this.clock;
+    this.warn('unbound-turns', `${dropped} turns were dropped without a next state and only ${bound} bound: sessions expire before any request extends them; check with \`reef correlate\` and send x-reef-tag-session`, out);
+  }
+
+  private warn(code: WarningCode, message: string, out: CorrelationEvent[]): void {
+    out.push({ kind: 'warning', code, message, counters: this.counters() });
+    this.log?.(`correlation warning ${code}: ${message}`);
+  }
+}
+
+/** The next state after index `from` (-1: anywhere after the request's last assistant message). */
+export function nextStateOf(messages: unknown[], from: number): NextState | null {
+  let end = messages.length - 1;
+  if (from >= 0) {
+    for (let j = from + 1; j < messages.length; j++) {
+      if (roleOf(messages[j]) === 'assistant') {
+        end = j - 1;
+        break;
+      }
+    }
+  }
+  for (let i = end; i > from; i--) {
+    const role = roleOf(messages[i]);
+    if (role === 'user' || role === 'tool') {
+      const content = (messages[i] as { content?: unknown }).content;
+      return { role, content: contentText(content) ?? canonicalJson(content) };
+    }
+    if (role !== 'system' && role !== 'developer') return null;
+  }
+  return null;
+}

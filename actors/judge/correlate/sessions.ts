@@ -1,0 +1,130 @@
+/**
+ * The open-session table: sessions in least-recently-active order (a Map re-inserted on every
+ * touch, so the oldest is always first and expiry and eviction are O(1) each), plus two hash
+ * indexes over untagged sessions so that a request finds its candidates by lookup, never by scan:
+ * `byExt` (prefix hash of the last request's messages + the assistant reply: what a continuation
+ * carries at that position) and `byFull` (prefix hash of the last request's messages: what an exact
+ * repeat carries). A session holds hashes and ids, never transcripts.
+ */
+export interface Session {
+  /** `scenario \0 key`: unique across scenarios. */
+  mapKey: string;
+  /** `tag:<session tag>` or `chain:<id of the record that opened it>`. */
+  key: string;
+  scenario: string;
+  tagged: boolean;
+  /** The last main request: its record id (the pending turn), message count and hashes. */
+  turnId: string;
+  n: number;
+  full: number;
+  ext: number;
+  /** Hash of its first message. */
+  root: number;
+  /** Tag mode: the request an exact repeat replaced, in case the client went on from its reply. */
+  altId: string | null;
+  altExt: number;
+  /** Tag mode: a request with another first message, side unless the next request extends it. */
+  candId: string | null;
+  candN: number;
+  candExt: number;
+  /** One of a group of identical requests: if left unextended it was a retry, not a lost turn. */
+  repeat: boolean;
+  lastAt: number;
+  /** Global activity sequence: the larger, the more recently active (breaks ties within a ms). */
+  seq: number;
+}
+
+type Bucket = Session | Session[];
+
+function bucketAdd(index: Map<number, Bucket>, h: number, s: Session): void {
+  const b = index.get(h);
+  if (b === undefined) index.set(h, s);
+  else if (Array.isArray(b)) b.push(s);
+  else index.set(h, [b, s]);
+}
+
+function bucketRemove(index: Map<number, Bucket>, h: number, s: Session): void {
+  const b = index.get(h);
+  if (b === undefined) return;
+  if (!Array.isArray(b)) {
+    if (b === s) index.delete(h);
+    return;
+  }
+  const i = b.indexOf(s);
+  if (i >= 0) b.splice(i, 1);
+  if (b.length === 1) index.set(h, b[0]!);
+  else if (b.length === 0) index.delete(h);
+}
+
+function newest(b: Bucket | undefined): Session | null {
+  if (b === undefined) return null;
+  if (!Array.isArray(b)) return b;
+  let best: Session | null = null;
+  for (const s of b) if (best === null || s.seq > best.seq) best = s;
+  return best;
+}
+
+export class SessionTable {
+  private readonly byKey = new Map<string, Session>();
+  private readonly byExt = new Map<number, Bucket>();
+  private readonly byFull = new Map<number, Bucket>();
+
+  get size(): number {
+    return this.byKey.size;
+  }
+
+  get(mapKey: string): Session | undefined {
+    return this.byKey.get(mapKey);
+  }
+
+  /** The least recently active session. */
+  oldest(): Session | undefined {
+    return this.byKey.values().next().value;
+  }
+
+  /** Sessions, least recently active first. */
+  values(): IterableIterator<Session> {
+    return this.byKey.values();
+  }
+
+  /** Most recently active untagged session whose last request + reply hashes to `ext`. */
+  findByExt(ext: number): Session | null {
+    return newest(this.byExt.get(ext));
+  }
+
+  /** Most recently active untagged session whose last request hashes to `full`. */
+  findByFull(full: number): Session | null {
+    return newest(this.byFull.get(full));
+  }
+
+  add(s: Session): void {
+    this.byKey.set(s.mapKey, s);
+    this.index(s);
+  }
+
+  /** Moves `s` to the most recently active end. */
+  touch(s: Session, now: number, seq: number): void {
+    s.lastAt = now;
+    s.seq = seq;
+    this.byKey.delete(s.mapKey);
+    this.byKey.set(s.mapKey, s);
+  }
+
+  /** Call before changing `s.full` / `s.ext`, then `index(s)` after. */
+  unindex(s: Session): void {
+    if (s.tagged) return;
+    bucketRemove(this.byExt, s.ext, s);
+    bucketRemove(this.byFull, s.full, s);
+  }
+
+  index(s: Session): void {
+    if (s.tagged) return;
+    bucketAdd(this.byExt, s.ext, s);
+    bucketAdd(this.byFull, s.full, s);
+  }
+
+  remove(s: Session): void {
+    this.unindex(s);
+    this.byKey.delete(s.mapKey);
+  }
+}

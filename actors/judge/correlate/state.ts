@@ -1,0 +1,52 @@
+import type { Session } from './sessions.js';
+import type { CorrelationCounters } from './types.js';
+
+/**
+ * The correlator's resumable state, as plain JSON: the judge saves it with its record offset in
+ * one transaction (`commitConsumer`) and resumes from both after a crash. Hashes are 53-bit
+ * integers, exact in JSON. The hash memo is a cache and is not saved.
+ */
+export const STATE_VERSION = 1;
+
+/** One session as a tuple, to keep a 4096-session state near half a megabyte. */
+export type SavedSession = [
+  key: string,
+  scenario: string,
+  tagged: 0 | 1,
+  turnId: string,
+  n: number,
+  full: number,
+  ext: number,
+  root: number,
+  altId: string | null,
+  altExt: number,
+  candId: string | null,
+  candN: number,
+  candExt: number,
+  repeat: 0 | 1,
+  lastAt: number,
+  seq: number,
+];
+
+export interface CorrelatorState {
+  version: typeof STATE_VERSION;
+  clock: number;
+  seq: number;
+  counters: CorrelationCounters;
+  warned: { untagged: boolean; evictions: boolean; unboundAt: number | null };
+  /** Least recently active first (the order is the eviction order). */
+  sessions: SavedSession[];
+}
+
+export function saveSession(s: Session): SavedSession {
+  return [s.key, s.scenario, s.tagged ? 1 : 0, s.turnId, s.n, s.full, s.ext, s.root, s.altId, s.altExt, s.candId, s.candN, s.candExt, s.repeat ? 1 : 0, s.lastAt, s.seq];
+}
+
+export function restoreSession(t: SavedSession): Session {
+  const [key, scenario, tagged, turnId, n, full, ext, root, altId, altExt, candId, candN, candExt, repeat, lastAt, seq] = t;
+  return {
+    mapKey: `${scenario}\u0000${key}`,
+    key, scenario, tagged: tagged === 1, turnId, n, full, ext, root, altId, altExt, candId, candN, candExt,
+    repeat: repeat === 1, lastAt, seq,
+  };
+}
