@@ -19,7 +19,16 @@ export const downRequest = z.object({ type: z.literal('down'), requestId: z.stri
 export const controlMessages = z.discriminatedUnion('type', [statusRequest, scaleRequest, downRequest]);
 export type ControlMessage = z.output<typeof controlMessages>;
 
-export const supervisorMessages = z.discriminatedUnion('type', [registerRequest, heartbeatReport, controlMessages]);
+/** Where an actor's mailbox is: actors find each other through the supervisor. */
+export const lookupRequest = z.object({ type: z.literal('lookup'), requestId: z.string(), actor: z.string().min(1) });
+export const lookupReply = z.object({
+  type: z.literal('ok'),
+  requestId: z.string(),
+  instances: z.array(z.object({ id: z.string(), mailbox: z.string().nullable(), state: z.string() })),
+});
+export type LookupReply = z.output<typeof lookupReply>;
+
+export const supervisorMessages = z.discriminatedUnion('type', [registerRequest, heartbeatReport, lookupRequest, controlMessages]);
 export type SupervisorMessage = z.output<typeof supervisorMessages>;
 
 /** One actor instance as `status` reports it. */

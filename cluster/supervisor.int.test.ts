@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RpcClient } from '../actors/runtime/rpc.js';
 import { pidAlive, waitFor } from '../test/helpers/wait.js';
 import { repoRoot } from './paths.js';
-import { scaleReply, statusReply } from './supervisor-messages.js';
+import { scaleReply, statusReply, lookupReply } from './supervisor-messages.js';
 import { Supervisor, readyOnJsonLine } from './supervisor.js';
 
 const root = repoRoot();
@@ -121,6 +121,15 @@ describe('Supervisor with real actor processes', () => {
     for (const id of ['echo-1', 'echo-2', 'echo-3']) expect(lines).toContain(`supervisor: [${id}] actor ${id}: stopped`);
     expect(lines.some((l) => l.includes('sending SIGTERM'))).toBe(false);
     await expect(control.call({ type: 'scale', actor: 'echo', count: -1 })).rejects.toMatchObject({ code: 'REEF_ERR_BAD_MESSAGE' });
+  });
+
+  it("tells an actor where another actor's mailboxes are (lookup)", async () => {
+    const control = client(sup.endpoint);
+    const reply = lookupReply.parse(await control.call({ type: 'lookup', actor: 'echo' }));
+    const live = sup.status().filter((a) => a.name === 'echo');
+    expect(reply.instances.map((i) => [i.id, i.mailbox])).toEqual(live.map((a) => [a.id, a.mailbox]));
+    expect(reply.instances.every((i) => i.mailbox?.startsWith('tcp://127.0.0.1:'))).toBe(true);
+    expect(lookupReply.parse(await control.call({ type: 'lookup', actor: 'nobody' })).instances).toEqual([]);
   });
 
   it('refuses a register from an unknown actor', async () => {

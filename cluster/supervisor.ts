@@ -97,6 +97,7 @@ export class Supervisor extends EventEmitter {
   async start(): Promise<void> {
     const own: Handlers<SupervisorMessage> = {
       register: (msg) => this.onRegister(msg),
+      lookup: (msg) => ({ instances: this.status().filter((a) => a.name === msg.actor).map((a) => ({ id: a.id, mailbox: a.mailbox, state: a.state })) }),
       heartbeat: (msg) => this.onHeartbeat(msg),
       status: (msg, ctx) => (this.options.control?.status ?? defaultStatus)(msg, ctx, this),
       scale: (msg, ctx) => (this.options.control?.scale ?? defaultScale)(msg, ctx, this),
