@@ -76,6 +76,21 @@ const MIGRATIONS: readonly string[] = [
     updated_at INTEGER NOT NULL
   ) STRICT;
   `,
+  // 2: the judge's output log. One row per finished turn, judged exactly once (the UNIQUE turn id
+  // makes a second completion of the same turn a no-op); the trainer reads it by offset (seq).
+  `
+  CREATE TABLE judged_turns (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    turn_record_id TEXT NOT NULL UNIQUE REFERENCES records(id),
+    next_state_record_id TEXT NOT NULL,
+    scenario TEXT NOT NULL,
+    session_key TEXT NOT NULL,
+    decision TEXT NOT NULL CHECK (decision IN ('hint', 'anchor', 'dropped')),
+    reward REAL NOT NULL,
+    teacher_candidates TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+  ) STRICT;
+  `,
 ];
 
 export const SCHEMA_VERSION = MIGRATIONS.length;

@@ -3,6 +3,7 @@ import { ReefError } from '../../runtime/errors.js';
 import { Checkpointer } from './checkpointer.js';
 import { GroupCommitter, type GroupCommitOptions } from './group-commit.js';
 import { newId } from './ids.js';
+import { JudgedTurnTable } from './judged-turns.js';
 import { ReportTable } from './reports.js';
 import {
   FULL_COLUMNS, INSERT_RECORD_SQL, SUMMARY_COLUMNS, checkScenarioName, invalid, toRecord, toRow, toSummary,
@@ -10,7 +11,7 @@ import {
 } from './rows.js';
 import { migrate } from './schema.js';
 import type {
-  AgentRecord, ListOptions, NewRecord, NewReport, Page, Receipt, RecordStore, RecordSummary, Report, Scenario, StoreStats,
+  AgentRecord, JudgedTurn, ListOptions, NewJudgedTurn, NewRecord, NewReport, Page, Receipt, RecordStore, RecordSummary, Report, Scenario, StoreStats,
 } from './types.js';
 
 export interface SqliteStoreOptions extends Partial<GroupCommitOptions> {
@@ -83,6 +84,7 @@ export class SqliteStore implements RecordStore {
   private checkpointer: Checkpointer | null = null;
   private readonly committer: GroupCommitter<RecordRow>;
   private readonly reports: ReportTable;
+  private readonly judged: JudgedTurnTable;
   private readonly sql;
   private readonly commitConsumerTx: (consumer: string, offset: number, key: string, value: string) => void;
   private readonly putJudgmentTx: (recordId: string, judgment: string) => void;
@@ -133,6 +135,7 @@ export class SqliteStore implements RecordStore {
     // several writing processes: a consumer that has read offset N never later meets a smaller one.
     this.committer = new GroupCommitter((rows) => writeBatch.immediate(rows), commitOptions);
     this.reports = new ReportTable(db);
+    this.judged = new JudgedTurnTable(db);
     this.sql = {
       ensureScenario,
       recordById: db.prepare<[string], FullRowShape>(`SELECT ${FULL_COLUMNS} FROM records WHERE id = ?`),
@@ -277,6 +280,26 @@ export class SqliteStore implements RecordStore {
     this.live();
     const row = this.sql.getJudgment.get(recordId);
     return row === undefined ? null : (JSON.parse(row.judgment) as unknown);
+  }
+
+  async appendJudgedTurn(turn: NewJudgedTurn): Promise<{ offset: number; created: boolean }> {
+    this.live();
+    return this.judged.append(turn);
+  }
+
+  async readJudgedTurns(offset: number, limit: number): Promise<JudgedTurn[]> {
+    this.live();
+    return this.judged.read(checkOffset(offset), pageLimit(limit));
+  }
+
+  async judgedHeadOffset(): Promise<number> {
+    this.live();
+    return this.judged.head();
+  }
+
+  async judgedTurnIds(turnRecordIds: readonly string[]): Promise<Set<string>> {
+    this.live();
+    return this.judged.judgedIds(turnRecordIds);
   }
 
   /** Creates a scenario; REEF_ERR_CONFLICT when it exists (use ensureScenario to accept that). */

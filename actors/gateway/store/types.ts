@@ -134,6 +134,36 @@ export interface StoreStats {
   checkpointErrors: number;
 }
 
+/** How a judged turn trains (ARCHITECTURE §2 step 5). */
+export type JudgeDecision = 'hint' | 'anchor' | 'dropped';
+
+/** What the judge appends once per finished turn; the trainer reads these back by offset. */
+export interface NewJudgedTurn {
+  /** The record holding the judged assistant reply (its prompt and output ids are the training sample). */
+  turnRecordId: string;
+  /** The record whose newest message is the turn's next state. */
+  nextStateRecordId: string;
+  scenario: string;
+  sessionKey: string;
+  /** `dropped` turns are logged too (so every bound turn has exactly one row) but never trained. */
+  decision: JudgeDecision;
+  /** The majority score (1, -1; 0 only when dropped). */
+  reward: number;
+  /**
+   * Teacher conditions for the distillation term: a hint appended to the last user message, or
+   * null for the plain prompt. `hint` → the hints (shortest first); `anchor` → [null]; `dropped` → [].
+   */
+  teacherCandidates: (string | null)[];
+  /** The full judgment (votes, raw PRM outputs, hints, decision); stored as the record's judgment. */
+  judgment: unknown;
+}
+
+export interface JudgedTurn extends Omit<NewJudgedTurn, 'judgment'> {
+  /** Position in the judged-turn log: starts at 1, strictly increasing in commit order. */
+  offset: number;
+  createdAt: number;
+}
+
 export interface RecordStore {
   /** Queue a record; resolves once the transaction holding it has committed (the receipt). */
   append(record: NewRecord): Promise<Receipt>;
@@ -161,6 +191,19 @@ export interface RecordStore {
 
   putJudgment(recordId: string, judgment: unknown): Promise<void>;
   getJudgment(recordId: string): Promise<unknown>;
+
+  /**
+   * Stores the turn's judgment and appends it to the judged-turn log in one transaction. A turn
+   * that is already in the log is left as it was (`created: false`, its first offset): a late or
+   * repeated completion never judges a turn twice.
+   */
+  appendJudgedTurn(turn: NewJudgedTurn): Promise<{ offset: number; created: boolean }>;
+  /** Judged turns with offset ≥ `offset`, in offset order (a consumer commits `last.offset + 1`). */
+  readJudgedTurns(offset: number, limit: number): Promise<JudgedTurn[]>;
+  /** The highest judged-turn offset (0 when none). */
+  judgedHeadOffset(): Promise<number>;
+  /** Which of these turn record ids are already in the judged-turn log. */
+  judgedTurnIds(turnRecordIds: readonly string[]): Promise<Set<string>>;
 
   createScenario(name: string, description?: string | null): Promise<Scenario>;
   ensureScenario(name: string, description?: string | null): Promise<Scenario>;

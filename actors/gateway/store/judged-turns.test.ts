@@ -1,0 +1,100 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import Database from 'better-sqlite3';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { sampleRecord } from './fixtures.js';
+import { SqliteStore } from './sqlite-store.js';
+import type { NewJudgedTurn } from './types.js';
+
+let dir: string;
+let store: SqliteStore;
+beforeEach(() => {
+  dir = mkdtempSync(join(tmpdir(), 'reef-judged-'));
+  store = SqliteStore.open(join(dir, 'r.db'));
+});
+afterEach(async () => {
+  await store.close();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+function turn(turnRecordId: string, over: Partial<NewJudgedTurn> = {}): NewJudgedTurn {
+  return {
+    turnRecordId,
+    nextStateRecordId: 'next',
+    scenario: 'default',
+    sessionKey: 'tag:a',
+    decision: 'hint',
+    reward: 1,
+    teacherCandidates: ['say less'],
+    judgment: { votes: [1, 1, -1], decision: 'hint' },
+    ...over,
+  };
+}
+
+describe('judged-turn log', () => {
+  it('appends with increasing offsets, stores the judgment, and reads back by offset', async () => {
+    const a = await store.append(sampleRecord(1));
+    const b = await store.append(sampleRecord(2));
+    expect(await store.judgedHeadOffset()).toBe(0);
+    expect(await store.appendJudgedTurn(turn(a.id))).toEqual({ offset: 1, created: true });
+    expect(await store.appendJudgedTurn(turn(b.id, { decision: 'anchor', reward: -1, teacherCandidates: [null] }))).toEqual({ offset: 2, created: true });
+    expect(await store.getJudgment(a.id)).toEqual({ votes: [1, 1, -1], decision: 'hint' });
+    const all = await store.readJudgedTurns(1, 10);
+    expect(all.map((t) => [t.offset, t.turnRecordId, t.decision, t.reward, t.teacherCandidates])).toEqual([
+      [1, a.id, 'hint', 1, ['say less']],
+      [2, b.id, 'anchor', -1, [null]],
+    ]);
+    expect((await store.readJudgedTurns(2, 10)).map((t) => t.offset)).toEqual([2]);
+    expect(await store.readJudgedTurns(3, 10)).toEqual([]);
+    expect(await store.judgedHeadOffset()).toBe(2);
+  });
+
+  it('a second append of the same turn changes nothing and returns the first offset', async () => {
+    const a = await store.append(sampleRecord(1));
+    await store.appendJudgedTurn(turn(a.id));
+    expect(await store.appendJudgedTurn(turn(a.id, { decision: 'dropped', reward: 0, teacherCandidates: [], judgment: { other: true } }))).toEqual({ offset: 1, created: false });
+    expect(await store.getJudgment(a.id)).toEqual({ votes: [1, 1, -1], decision: 'hint' });
+    expect((await store.readJudgedTurns(0, 10)).map((t) => t.decision)).toEqual(['hint']);
+  });
+
+  it('refuses an unknown record and a bad decision, writing nothing', async () => {
+    await expect(store.appendJudgedTurn(turn('NOPE'))).rejects.toMatchObject({ code: 'REEF_ERR_NOT_FOUND' });
+    const a = await store.append(sampleRecord(1));
+    await expect(store.appendJudgedTurn(turn(a.id, { decision: 'maybe' as never }))).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
+    expect(await store.judgedHeadOffset()).toBe(0);
+    expect(await store.getJudgment(a.id)).toBeNull();
+  });
+
+  it('judgedTurnIds answers which turns are logged, also past one query chunk', async () => {
+    const ids: string[] = [];
+    for (let i = 0; i < 3; i++) ids.push((await store.append(sampleRecord(i))).id);
+    await store.appendJudgedTurn(turn(ids[1]!));
+    const asked = [...ids, ...Array.from({ length: 1200 }, (_, i) => `x${i}`)];
+    expect(await store.judgedTurnIds(asked)).toEqual(new Set([ids[1]]));
+    expect(await store.judgedTurnIds([])).toEqual(new Set());
+  });
+
+  it('is visible to a second connection (the trainer reads what the judge wrote)', async () => {
+    const a = await store.append(sampleRecord(1));
+    await store.appendJudgedTurn(turn(a.id));
+    const reader = SqliteStore.open(join(dir, 'r.db'));
+    try {
+      expect((await reader.readJudgedTurns(1, 5)).map((t) => t.turnRecordId)).toEqual([a.id]);
+    } finally {
+      await reader.close();
+    }
+  });
+
+  it('migration 2 adds the table to a version-1 file that already holds records', async () => {
+    const a = await store.append(sampleRecord(1));
+    await store.close();
+    const db = new Database(join(dir, 'r.db'));
+    db.exec('DROP TABLE judged_turns');
+    db.pragma('user_version = 1');
+    db.close();
+    store = SqliteStore.open(join(dir, 'r.db'));
+    expect((await store.get(a.id))?.id).toBe(a.id);
+    expect(await store.appendJudgedTurn(turn(a.id))).toEqual({ offset: 1, created: true });
+  });
+});

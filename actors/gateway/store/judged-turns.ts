@@ -1,0 +1,118 @@
+import type Database from 'better-sqlite3';
+import { ReefError } from '../../runtime/errors.js';
+import { invalid } from './rows.js';
+import type { JudgedTurn, NewJudgedTurn } from './types.js';
+
+/**
+ * The judged-turn log: the judge's output and the trainer's input. A row and the record's judgment
+ * are written in one transaction, and a turn is in the log at most once, so neither a repeated PRM
+ * completion nor a judge restart can train a turn twice.
+ */
+
+interface JudgedRow {
+  seq: number;
+  turn_record_id: string;
+  next_state_record_id: string;
+  scenario: string;
+  session_key: string;
+  decision: JudgedTurn['decision'];
+  reward: number;
+  teacher_candidates: string;
+  created_at: number;
+}
+
+const DECISIONS = new Set(['hint', 'anchor', 'dropped']);
+/** SQLite's limit on bound parameters is 32766; stay well under it per query. */
+const IDS_PER_QUERY = 500;
+
+function fromRow(row: JudgedRow): JudgedTurn {
+  return {
+    offset: row.seq,
+    turnRecordId: row.turn_record_id,
+    nextStateRecordId: row.next_state_record_id,
+    scenario: row.scenario,
+    sessionKey: row.session_key,
+    decision: row.decision,
+    reward: row.reward,
+    teacherCandidates: JSON.parse(row.teacher_candidates) as (string | null)[],
+    createdAt: row.created_at,
+  };
+}
+
+function validate(t: NewJudgedTurn): void {
+  for (const key of ['turnRecordId', 'nextStateRecordId', 'scenario', 'sessionKey'] as const) {
+    if (typeof t[key] !== 'string' || t[key].length === 0) throw invalid(`judged turn ${key} must be a non-empty string`);
+  }
+  if (!DECISIONS.has(t.decision)) throw invalid(`judged turn decision must be hint, anchor or dropped, got ${JSON.stringify(t.decision)}`);
+  if (typeof t.reward !== 'number' || !Number.isFinite(t.reward)) throw invalid('judged turn reward must be a finite number');
+  if (!Array.isArray(t.teacherCandidates) || !t.teacherCandidates.every((c) => c === null || typeof c === 'string')) {
+    throw invalid('judged turn teacherCandidates must be an array of strings or nulls');
+  }
+  if (JSON.stringify(t.judgment) === undefined) throw invalid('judged turn judgment must be JSON-serialisable');
+}
+
+export class JudgedTurnTable {
+  private readonly sql;
+  private readonly appendTx: (t: NewJudgedTurn) => { offset: number; created: boolean };
+
+  private readonly inQueries = new Map<number, Database.Statement>();
+
+  constructor(private readonly db: Database.Database) {
+    this.sql = {
+      bySeq: db.prepare<[number, number], JudgedRow>('SELECT * FROM judged_turns WHERE seq >= ? ORDER BY seq LIMIT ?'),
+      byTurn: db.prepare<[string], { seq: number }>('SELECT seq FROM judged_turns WHERE turn_record_id = ?'),
+      head: db.prepare<[], { head: number | null }>('SELECT MAX(seq) AS head FROM judged_turns'),
+      recordExists: db.prepare<[string], { one: number }>('SELECT 1 AS one FROM records WHERE id = ?'),
+      insert: db.prepare(
+        `INSERT INTO judged_turns (turn_record_id, next_state_record_id, scenario, session_key, decision, reward, teacher_candidates, created_at)
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
+      putJudgment: db.prepare<[string, string, number]>(
+        `INSERT INTO judgments (record_id, judgment, updated_at) VALUES (?, ?, ?)
+         ON CONFLICT (record_id) DO UPDATE SET judgment = excluded.judgment, updated_at = excluded.updated_at`),
+    };
+    const sql = this.sql;
+    const tx = db.transaction((t: NewJudgedTurn) => {
+      const existing = sql.byTurn.get(t.turnRecordId);
+      if (existing !== undefined) return { offset: existing.seq, created: false };
+      if (sql.recordExists.get(t.turnRecordId) === undefined) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `record ${t.turnRecordId}` });
+      const now = Date.now();
+      sql.putJudgment.run(t.turnRecordId, JSON.stringify(t.judgment), now);
+      const info = sql.insert.run(t.turnRecordId, t.nextStateRecordId, t.scenario, t.sessionKey, t.decision, t.reward, JSON.stringify(t.teacherCandidates), now);
+      return { offset: Number(info.lastInsertRowid), created: true };
+    });
+    // IMMEDIATE: the existence check and the insert happen under one write lock, across processes.
+    this.appendTx = (t) => tx.immediate(t);
+  }
+
+  append(turn: NewJudgedTurn): { offset: number; created: boolean } {
+    validate(turn);
+    return this.appendTx(turn);
+  }
+
+  read(offset: number, limit: number): JudgedTurn[] {
+    return this.sql.bySeq.all(offset, limit).map(fromRow);
+  }
+
+  head(): number {
+    return this.sql.head.get()?.head ?? 0;
+  }
+
+  judgedIds(ids: readonly string[]): Set<string> {
+    const found = new Set<string>();
+    for (let i = 0; i < ids.length; i += IDS_PER_QUERY) {
+      const chunk = ids.slice(i, i + IDS_PER_QUERY);
+      const rows = this.inQuery(chunk.length).all(...chunk) as { turn_record_id: string }[];
+      for (const r of rows) found.add(r.turn_record_id);
+    }
+    return found;
+  }
+
+  private inQuery(n: number): Database.Statement {
+    let stmt = this.inQueries.get(n);
+    if (stmt === undefined) {
+      stmt = this.db.prepare(`SELECT turn_record_id FROM judged_turns WHERE turn_record_id IN (${Array(n).fill('?').join(',')})`);
+      this.inQueries.set(n, stmt);
+    }
+    return stmt;
+  }
+}
