@@ -1,0 +1,72 @@
+import { describe, expect, it } from 'vitest';
+import type { AgentRecord } from '../../actors/gateway/store/types.js';
+import { HINT_MARKER, isStale, lastUserIndex, recordToTask, releaseIndex, teacherPrompts, withHint } from './record2task.js';
+
+function record(messages: unknown[], params: Record<string, unknown> = {}): AgentRecord {
+  return {
+    id: 'R1', offset: 1, scenario: 's', tags: {}, status: 'ok', startedAt: 0, finishedAt: 1,
+    request: { messages, tools: null, params }, topK: 2, finishReason: 'stop',
+    usage: { promptTokens: 3, completionTokens: 2 }, weightVersion: 'v3', engine: 'hf', latencyMs: 1, error: null, response: null,
+    promptIds: Int32Array.from([1, 2, 3]), outputIds: Int32Array.from([7, 8]), logprobs: Float32Array.from([-0.5, -0.25]),
+    topkIds: Int32Array.from([7, 9, 8, 10]), topkLogprobs: Float32Array.from([-0.5, -1, -0.25, -2]),
+  };
+}
+
+/** A renderer that records what it was asked to render and returns the text's char codes. */
+function recorder() {
+  const seen: unknown[][] = [];
+  const render = async (messages: unknown[]) => {
+    seen.push(messages);
+    const last = messages[lastUserIndex(messages)] as { content: string };
+    return Int32Array.from([...last.content].map((c) => c.codePointAt(0)!));
+  };
+  return { seen, render };
+}
+
+describe('record2task', () => {
+  const msgs = [
+    { role: 'system', content: 'helper' },
+    { role: 'user', content: 'solve 2+2' },
+    { role: 'assistant', content: '**4**' },
+    { role: 'user', content: [{ type: 'text', text: 'no bold ' }, { type: 'text', text: 'please' }] },
+  ];
+
+  it('appends each hint to the last user message after a blank line and the marker line', async () => {
+    const { seen, render } = recorder();
+    const prompts = await teacherPrompts(record(msgs), ['Use plain text.', 'Show steps.'], render);
+    expect(prompts).toHaveLength(2);
+    expect((seen[0]![3] as { content: string }).content).toBe(`no bold please\n\n${HINT_MARKER}\nUse plain text.`);
+    expect((seen[1]![3] as { content: string }).content).toBe(withHint('no bold please', 'Show steps.'));
+    // Earlier messages are untouched.
+    expect(seen[0]!.slice(0, 3)).toEqual(msgs.slice(0, 3));
+  });
+
+  it('uses the plain prompt as the only teacher candidate of an anchor-only turn', async () => {
+    const { seen, render } = recorder();
+    const r = record(msgs);
+    expect(await teacherPrompts(r, [], render)).toEqual([r.promptIds]);
+    expect(seen).toEqual([]);
+  });
+
+  it('carries the recorded tokens, logprobs, top-K, reward, sampling and version', async () => {
+    const task = await recordToTask({ record: record(msgs, { temperature: 0.7 }), reward: -1, hints: [] }, recorder().render);
+    expect(Array.from(task.responseIds)).toEqual([7, 8]);
+    expect(Array.from(task.topkIds)).toEqual([7, 9, 8, 10]);
+    expect(task).toMatchObject({ taskId: 'R1', reward: -1, topK: 2, weightVersion: 'v3', sampling: { temperature: 0.7, topP: 1, topK: -1 } });
+  });
+
+  it.each([
+    [null, 'v2', 2, false],
+    [null, 'v3', 2, true],
+    ['v1', 'v3', 2, false],
+    ['v1', 'v4', 2, true],
+    ['v5', 'v5', 0, false],
+    ['default', 'v1', 0, true],
+  ] as const)('turn from %s with current %s, max_staleness %i: stale=%s', (made, now, max, stale) => {
+    expect(isStale(made, now, max)).toBe(stale);
+  });
+
+  it('reads release numbers from versions', () => {
+    expect([releaseIndex(null), releaseIndex('v12'), releaseIndex('base')]).toEqual([0, 12, 0]);
+  });
+});

@@ -1,0 +1,99 @@
+import type { AgentRecord } from '../../actors/gateway/store/types.js';
+
+/**
+ * record2task: a judged turn becomes a training task. The response is exactly the tokens the
+ * engine generated for that turn (so the loss mask covers only that turn's assistant tokens),
+ * with the logprobs and top-K the engine recorded; teacher candidates are the turn's prompt with
+ * each hint appended to the last user message, or the plain prompt for an anchor-only turn.
+ */
+
+/** The line that separates the user's words from an appended hint in a teacher prompt. */
+export const HINT_MARKER = '[Hint for a better reply]';
+
+/** The last user message with the hint appended after a blank line and the marker line. */
+export function withHint(content: string, hint: string): string {
+  return `${content}\n\n${HINT_MARKER}\n${hint}`;
+}
+
+export interface JudgedTurnInput {
+  /** The turn's record (the request whose reply was judged). */
+  record: AgentRecord;
+  /** The turn's reward: +1, -1 or 0 (a non-dropped turn). */
+  reward: number;
+  /** Accepted hints, shortest first; empty for an anchor-only turn. */
+  hints: readonly string[];
+}
+
+export interface Task {
+  taskId: string;
+  scenario: string;
+  promptIds: Int32Array;
+  responseIds: Int32Array;
+  logprobs: Float32Array;
+  topK: number;
+  topkIds: Int32Array;
+  topkLogprobs: Float32Array;
+  reward: number;
+  teacherPromptIds: Int32Array[];
+  sampling: { temperature: number; topP: number; topK: number };
+  weightVersion: string | null;
+}
+
+export type TeacherRenderer = (messages: unknown[], tools: unknown[] | null) => Promise<Int32Array>;
+
+/** The position of the last user message, or -1. */
+export function lastUserIndex(messages: readonly unknown[]): number {
+  for (let i = messages.length - 1; i >= 0; i--) if ((messages[i] as { role?: unknown })?.role === 'user') return i;
+  return -1;
+}
+
+function textOf(content: unknown): string {
+  if (typeof content === 'string') return content;
+  if (Array.isArray(content)) return content.map((p) => (p && typeof p === 'object' && 'text' in p ? String((p as { text: unknown }).text) : '')).join('');
+  return '';
+}
+
+/** Teacher prompt ids for every hint (or the plain prompt when there is none). */
+export async function teacherPrompts(record: AgentRecord, hints: readonly string[], render: TeacherRenderer): Promise<Int32Array[]> {
+  const messages = record.request.messages;
+  const at = lastUserIndex(messages);
+  if (hints.length === 0 || at < 0) return [record.promptIds];
+  const out: Int32Array[] = [];
+  for (const hint of hints) {
+    const copy = messages.map((m, i) => (i === at ? { ...(m as object), content: withHint(textOf((m as { content: unknown }).content), hint) } : m));
+    out.push(await render(copy, record.request.tools));
+  }
+  return out;
+}
+
+/** Builds the task of one judged turn. */
+export async function recordToTask(turn: JudgedTurnInput, render: TeacherRenderer): Promise<Task> {
+  const r = turn.record;
+  const params = r.request.params as { temperature?: number | null; top_p?: number | null; top_k?: number | null };
+  return {
+    taskId: r.id,
+    scenario: r.scenario,
+    promptIds: r.promptIds,
+    responseIds: r.outputIds,
+    logprobs: r.logprobs,
+    topK: r.topK,
+    topkIds: r.topkIds,
+    topkLogprobs: r.topkLogprobs,
+    reward: turn.reward,
+    teacherPromptIds: await teacherPrompts(r, turn.hints, render),
+    // The gateway sends the engine these defaults when the client sets none (chat.ts).
+    sampling: { temperature: params.temperature ?? 1.0, topP: params.top_p ?? 1.0, topK: params.top_k ?? -1 },
+    weightVersion: r.weightVersion,
+  };
+}
+
+/** `v<n>` → n; the base weights (null or any other name) are release 0. */
+export function releaseIndex(weightVersion: string | null): number {
+  const m = weightVersion ? /^v(\d+)$/.exec(weightVersion) : null;
+  return m ? Number(m[1]) : 0;
+}
+
+/** A turn generated more than `maxStaleness` releases before the current one is not trained. */
+export function isStale(weightVersion: string | null, currentVersion: string | null, maxStaleness: number): boolean {
+  return releaseIndex(currentVersion) - releaseIndex(weightVersion) > maxStaleness;
+}
