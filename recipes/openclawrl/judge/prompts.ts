@@ -1,0 +1,56 @@
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { repoRoot } from '../../../cluster/paths.js';
+
+/**
+ * The judge prompts: templates kept as text in `recipes/openclawrl/prompts/` (our own wording),
+ * filled with one turn. `{{name}}` placeholders are replaced in one pass, so a turn whose text
+ * itself contains `{{…}}` is never expanded a second time.
+ */
+
+export type PromptKind = 'score' | 'hint';
+
+/** A finished turn as the PRM sees it. */
+export interface TurnText {
+  /** The newest message of the request the assistant answered (the user's ask, or a tool result). */
+  context: string;
+  /** The assistant's reply: its text, plus its tool calls as JSON. */
+  reply: string;
+  nextState: { role: 'user' | 'tool'; content: string };
+}
+
+/** Long fields keep their head and tail: the ending of a reply is where acceptance is decided. */
+export const MAX_FIELD_CHARS = 12_000;
+
+export function clip(text: string, max = MAX_FIELD_CHARS): string {
+  if (text.length <= max) return text;
+  const head = Math.floor(max * 0.4);
+  const tail = max - head;
+  return `${text.slice(0, head)}\n[… ${text.length - max} characters left out …]\n${text.slice(text.length - tail)}`;
+}
+
+const cache = new Map<string, string>();
+
+export function loadTemplate(kind: PromptKind, dir = join(repoRoot(), 'recipes', 'openclawrl', 'prompts')): string {
+  const path = join(dir, `${kind}.md`);
+  let text = cache.get(path);
+  if (text === undefined) {
+    text = readFileSync(path, 'utf8');
+    cache.set(path, text);
+  }
+  return text;
+}
+
+export function fillTemplate(template: string, values: Record<string, string>): string {
+  return template.replace(/\{\{(\w+)\}\}/g, (whole, key: string) => (Object.hasOwn(values, key) ? values[key]! : whole));
+}
+
+/** The PRM prompt for one vote, as the content of a single user message. */
+export function renderPrompt(kind: PromptKind, turn: TurnText, template = loadTemplate(kind)): string {
+  return fillTemplate(template, {
+    context: clip(turn.context),
+    reply: clip(turn.reply),
+    next_role: turn.nextState.role,
+    next_state: clip(turn.nextState.content),
+  });
+}
