@@ -1,0 +1,85 @@
+import { closeSync, existsSync, openSync, writeSync } from 'node:fs';
+import { resolve } from 'node:path';
+import { SqliteStore } from '../../actors/gateway/store/sqlite-store.js';
+import type { AgentRecord } from '../../actors/gateway/store/types.js';
+import { ReefError } from '../../actors/runtime/errors.js';
+import { flagString, type ParsedArgs } from '../args.js';
+import type { Io } from '../cli.js';
+import { loadConfig } from '../config/index.js';
+
+/**
+ * `reef export records --scenario S [--out FILE] [-c FILE | --data-dir DIR]`: one JSON record per
+ * line, oldest first, every field of the stored record. Token payloads (`promptIds`, `outputIds`,
+ * `logprobs`, `topkIds`, `topkLogprobs`) are JSON arrays; a masked candidate's logprob
+ * (-Infinity, which JSON cannot write) is `null` — `recordFromJson` reads it back.
+ */
+const PAYLOADS = ['promptIds', 'outputIds', 'logprobs', 'topkIds', 'topkLogprobs'] as const;
+const PAGE = 500;
+
+/** Where the record store lives: `--data-dir`, the config's `reef.data_dir`, or `.reef`. */
+export async function dataDirOf(args: ParsedArgs): Promise<string> {
+  const dataDir = flagString(args, 'data-dir');
+  if (dataDir) return resolve(dataDir);
+  const config = flagString(args, 'config');
+  if (config) return resolve((await loadConfig(config, args.overrides)).reef.data_dir);
+  return resolve('.reef');
+}
+
+/** One exported line (without its newline). */
+export function recordToJson(r: AgentRecord): string {
+  const out: Record<string, unknown> = { ...r };
+  for (const k of PAYLOADS) out[k] = Array.from(r[k], (x) => (Number.isFinite(x) ? x : null));
+  return JSON.stringify(out);
+}
+
+/** The record of an exported line, payloads as typed arrays again. */
+export function recordFromJson(line: string): AgentRecord {
+  const raw = JSON.parse(line) as Record<string, unknown>;
+  const nums = (k: string): number[] => (Array.isArray(raw[k]) ? (raw[k] as (number | null)[]).map((x) => x ?? -Infinity) : []);
+  return {
+    ...(raw as unknown as AgentRecord),
+    promptIds: Int32Array.from(nums('promptIds')),
+    outputIds: Int32Array.from(nums('outputIds')),
+    logprobs: Float32Array.from(nums('logprobs')),
+    topkIds: Int32Array.from(nums('topkIds')),
+    topkLogprobs: Float32Array.from(nums('topkLogprobs')),
+  };
+}
+
+export async function exportCommand(args: ParsedArgs, io: Io): Promise<number> {
+  const [what] = args.positionals.slice(1);
+  const scenario = flagString(args, 'scenario');
+  if (what !== 'records' || scenario === null) {
+    io.stderr('usage: reef export records --scenario S [--out FILE] [-c FILE | --data-dir DIR]');
+    return 2;
+  }
+  const path = resolve(await dataDirOf(args), 'records.sqlite');
+  // Opening would create an empty store; a wrong path should say so instead.
+  if (!existsSync(path)) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `record store ${path}` });
+  const store = SqliteStore.open(path);
+  const outPath = flagString(args, 'out');
+  const fd = outPath === null ? null : openSync(outPath, 'w');
+  let count = 0;
+  try {
+    if ((await store.getScenario(scenario)) === null) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `scenario ${scenario} in ${path}` });
+    let after: string | null = null;
+    do {
+      const page = await store.list({ scenario, after, limit: PAGE });
+      const lines: string[] = [];
+      for (const summary of page.items) {
+        const record = await store.get(summary.id);
+        if (record !== null) lines.push(recordToJson(record));
+      }
+      if (fd !== null) {
+        if (lines.length > 0) writeSync(fd, `${lines.join('\n')}\n`);
+      } else for (const line of lines) io.stdout(line);
+      count += lines.length;
+      after = page.next;
+    } while (after !== null);
+  } finally {
+    if (fd !== null) closeSync(fd);
+    await store.close();
+  }
+  if (outPath !== null) io.stderr(`exported ${count} records of scenario ${scenario} to ${outPath}`);
+  return 0;
+}
