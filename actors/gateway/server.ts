@@ -16,6 +16,22 @@ export interface GatewayServerOptions {
   logger?: boolean;
 }
 
+/** Deeper than any real request (tool schemas nest a few levels); well below the stack's limit. */
+export const MAX_JSON_DEPTH = 128;
+
+/** Iterative, so that measuring a hostile body cannot itself overflow the stack. */
+export function nestedDeeperThan(value: object, limit: number): boolean {
+  const stack: Array<[unknown, number]> = [[value, 1]];
+  while (stack.length > 0) {
+    const [v, depth] = stack.pop()!;
+    if (depth > limit) return true;
+    for (const child of Object.values(v as object)) {
+      if (child !== null && typeof child === 'object') stack.push([child, depth + 1]);
+    }
+  }
+  return false;
+}
+
 const PRINCIPAL = Symbol('reef.principal');
 type WithPrincipal = FastifyRequest & { [PRINCIPAL]?: Principal };
 
@@ -26,7 +42,12 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
     // Keep-alive clients (the SDKs) reuse sockets across turns.
     keepAliveTimeout: 75_000,
     return503OnClosing: true,
-    disableRequestLogging: true,
+    // Errors fastify raises before routing (a URL that is not valid percent-encoding) get the
+    // OpenAI body too.
+    frameworkErrors: (err, _request, reply) => {
+      const status = (err as { statusCode?: number }).statusCode ?? 400;
+      return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', err.message, { status: status >= 400 && status < 500 ? status : 400 });
+    },
   });
   const { metrics } = opts.chat;
 
@@ -37,6 +58,14 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
     const principal = opts.auth.authenticate(request.headers);
     if (!principal) return sendError(reply, 'REEF_ERR_UNAUTHORIZED', 'missing or invalid API key: send Authorization: Bearer KEY or x-api-key: KEY');
     (request as WithPrincipal)[PRINCIPAL] = principal;
+  });
+
+  // JSON.parse takes any depth, but JSON.stringify (storing the request) and structured clone
+  // (handing it to a worker) recurse: refuse absurd nesting up front instead of failing with 5xx.
+  app.addHook('preHandler', async (request, reply) => {
+    if (request.body !== null && typeof request.body === 'object' && nestedDeeperThan(request.body, MAX_JSON_DEPTH)) {
+      return sendError(reply, 'REEF_ERR_BODY', `request body is nested more than ${MAX_JSON_DEPTH} levels deep`);
+    }
   });
 
   app.addHook('onResponse', async (request, reply) => {
