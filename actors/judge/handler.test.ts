@@ -1,0 +1,205 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { conversation, interleave, reaction, replyText } from '../../test/judge/conversations.js';
+import { SqliteStore } from '../gateway/store/sqlite-store.js';
+import { JudgeCore, type JudgeOptions } from './handler.js';
+
+let dir: string;
+let store: SqliteStore;
+let clock: number;
+const logs: string[] = [];
+
+beforeEach(() => {
+  dir = mkdtempSync(join(tmpdir(), 'reef-judge-'));
+  store = SqliteStore.open(join(dir, 'records.sqlite'));
+  clock = 1_000_000;
+  logs.length = 0;
+});
+afterEach(async () => {
+  await store.close();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+async function core(over: Partial<JudgeOptions> = {}): Promise<JudgeCore> {
+  const c = new JudgeCore({
+    store,
+    mode: 'judge',
+    correlator: { sessionTtlS: 3600, maxOpenSessions: 100 },
+    maxHintCandidates: 2,
+    leaseMs: 1000,
+    now: () => clock,
+    log: (l) => logs.push(l),
+    ...over,
+  });
+  await c.start();
+  return c;
+}
+
+async function write(records: ReturnType<typeof conversation>): Promise<void> {
+  for (const r of records) await store.append(r);
+}
+
+const accept = { output: '[HINT_START]Answer without any bullet lists.[HINT_END] \\boxed{1}', error: null };
+const yes = { output: 'The user moved on. \\boxed{1}', error: null };
+const failed = { output: null, error: 'REEF_ERR_TIMEOUT: prm timed out' };
+const done = (actorId: string, leaseId: string, turnRecordId: string, score = [yes, yes, failed], hint = [accept, failed, yes]) => ({
+  actorId,
+  leaseId,
+  turnRecordId,
+  scoreCalls: score,
+  hintCalls: hint,
+  prm: { api: 'sglang' as const, url: 'http://prm', model: null },
+  startedAt: 1,
+  finishedAt: 2,
+});
+
+describe('JudgeCore', () => {
+  it('turns bound turns into leases, and the first completion into a judgment and a log row', async () => {
+    await write(interleave([conversation(1, 3), conversation(2, 3)]));
+    const judge = await core();
+    expect(await judge.pump()).toBe(6);
+    expect(judge.stats()).toMatchObject({ bound: 4, pending: 4, tagged: 6, next_offset: 7 });
+
+    const a = await judge.lease('prm-0', 0);
+    expect(a.turn).toMatchObject({ context: 'Question 1.0?', reply: replyText(1, 0), nextState: { role: 'user', content: reaction(1, 0) }, sessionKey: 'tag:conv-1' });
+    const r = await judge.complete(done('prm-0', a.leaseId!, a.turn!.turnRecordId));
+    expect(r).toEqual({ accepted: true, offset: 1 });
+    const judgment = (await store.getJudgment(a.turn!.turnRecordId)) as Record<string, unknown>;
+    expect(judgment).toMatchObject({ decision: 'hint', reward: 1, teacherCandidates: ['Answer without any bullet lists.'], votesOk: 4, votesFailed: 2, actorId: 'prm-0' });
+    expect((judgment.score as { outputs: unknown[] }).outputs).toEqual([yes.output, yes.output, null]);
+    const [row] = await store.readJudgedTurns(1, 10);
+    expect(row).toMatchObject({ turnRecordId: a.turn!.turnRecordId, decision: 'hint', reward: 1, scenario: 'default' });
+
+    // A repeat (same or other actor) changes nothing.
+    expect(await judge.complete(done('prm-1', a.leaseId!, a.turn!.turnRecordId, [failed], [failed]))).toEqual({ accepted: false, offset: null });
+    expect(await store.judgedHeadOffset()).toBe(1);
+    expect(judge.stats()).toMatchObject({ judged: 1, pending: 3, votes_ok: 4, votes_failed: 2, duplicate_completions: 1 });
+  });
+
+  it('concurrent completions of one turn: exactly one is accepted', async () => {
+    await write(conversation(1, 2));
+    const judge = await core();
+    await judge.pump();
+    const a = await judge.lease('prm-0', 0);
+    const results = await Promise.all([judge.complete(done('prm-0', a.leaseId!, a.turn!.turnRecordId)), judge.complete(done('prm-1', 'other', a.turn!.turnRecordId))]);
+    expect(results.map((x) => x.accepted).sort()).toEqual([false, true]);
+    expect(await store.judgedHeadOffset()).toBe(1);
+  });
+
+  it('a lease not renewed runs out and the turn goes to another actor; renewal keeps it', async () => {
+    await write(conversation(1, 3));
+    const judge = await core();
+    await judge.pump();
+    const a = await judge.lease('prm-0', 0);
+    const b = await judge.lease('prm-1', 0);
+    expect(b.turn!.turnRecordId).not.toBe(a.turn!.turnRecordId);
+    expect((await judge.lease('prm-2', 0)).turn).toBeNull();
+
+    clock += 800;
+    expect(judge.renew('prm-0', [a.leaseId!])).toEqual({ renewed: [a.leaseId], lost: [] });
+    expect(judge.renew('prm-2', [b.leaseId!])).toEqual({ renewed: [], lost: [b.leaseId] });
+    clock += 800; // prm-1's lease is over, prm-0's renewed one is not
+    const c = await judge.lease('prm-2', 0);
+    expect(c.turn!.turnRecordId).toBe(b.turn!.turnRecordId);
+    expect(judge.renew('prm-1', [b.leaseId!])).toEqual({ renewed: [], lost: [b.leaseId] });
+    expect(judge.stats()).toMatchObject({ redispatched: 1, leased: 2 });
+
+    // The slow first holder finishes first: its work counts; the new holder's is ignored.
+    expect((await judge.complete(done('prm-1', b.leaseId!, b.turn!.turnRecordId))).accepted).toBe(true);
+    expect((await judge.complete(done('prm-2', c.leaseId!, c.turn!.turnRecordId))).accepted).toBe(false);
+    expect(judge.stats()).toMatchObject({ judged: 1, late_completions: 1 });
+  });
+
+  it('a released lease is dispatched again at once, and a waiting long-poll gets it', async () => {
+    await write(conversation(1, 2));
+    const judge = await core();
+    await judge.pump();
+    const a = await judge.lease('prm-0', 0);
+    const waiting = judge.lease('prm-1', 5000);
+    expect(judge.release('prm-1', [a.leaseId!])).toEqual([]); // not prm-1's to release
+    expect(judge.release('prm-0', [a.leaseId!])).toEqual([a.leaseId]);
+    expect((await waiting).turn!.turnRecordId).toBe(a.turn!.turnRecordId);
+  });
+
+  it('resumes after a crash: same offset, unjudged turns pending again, judged ones not, old leases still valid', async () => {
+    await write(interleave([conversation(1, 3), conversation(2, 2)]));
+    const first = await core();
+    await first.pump();
+    const a = await first.lease('prm-0', 0);
+    const b = await first.lease('prm-1', 0);
+    await first.flush(); // the leases are saved
+    await first.complete(done('prm-0', a.leaseId!, a.turn!.turnRecordId));
+    // Crash: nothing more is saved. The completion above is in the log but not in the saved state.
+    const second = await core();
+    expect(second.stats()).toMatchObject({ next_offset: 6, pending: 2, bound: 3 });
+    expect(await second.pump()).toBe(0);
+    expect(second.renew('prm-1', [b.leaseId!])).toEqual({ renewed: [b.leaseId], lost: [] });
+    expect(second.stats()).toMatchObject({ leased: 1 });
+    expect((await second.complete(done('prm-1', b.leaseId!, b.turn!.turnRecordId))).accepted).toBe(true);
+    const c = await second.lease('prm-2', 0);
+    expect([a.turn!.turnRecordId, b.turn!.turnRecordId]).not.toContain(c.turn!.turnRecordId);
+    await second.complete(done('prm-2', c.leaseId!, c.turn!.turnRecordId));
+    expect((await second.lease('prm-2', 0)).turn).toBeNull();
+
+    await write(conversation(1, 4).slice(3)); // conversation 1 goes on: one more turn
+    expect(await second.pump()).toBe(1);
+    const d = await second.lease('prm-0', 0);
+    expect(d.turn!.nextState.content).toBe(reaction(1, 2));
+    await second.complete(done('prm-0', d.leaseId!, d.turn!.turnRecordId));
+    const rows = await store.readJudgedTurns(0, 100);
+    expect(rows.length).toBe(4);
+    expect(new Set(rows.map((r) => r.turnRecordId)).size).toBe(4);
+  });
+
+  it('a crash between reading and committing re-reads the same records into the same turns', async () => {
+    await write(conversation(1, 3));
+    const failing: JudgeOptions['store'] = {
+      readFrom: (o, n) => store.readFrom(o, n),
+      get: (id) => store.get(id),
+      getOffset: (c) => store.getOffset(c),
+      getState: (k) => store.getState(k),
+      appendJudgedTurn: (t) => store.appendJudgedTurn(t),
+      judgedTurnIds: (ids) => store.judgedTurnIds(ids),
+      commitConsumer: async () => {
+        throw new Error('disk full');
+      },
+    };
+    const broken = await core({ store: failing });
+    await expect(broken.pump()).rejects.toThrow('disk full');
+    expect((await broken.lease('prm-0', 0)).turn).toBeNull(); // nothing unsaved is handed out
+    const judge = await core();
+    expect(await judge.pump()).toBe(3);
+    expect(judge.stats()).toMatchObject({ bound: 2, pending: 2 });
+  });
+
+  it('correlate-only: sessions bind, nothing is pending or leased', async () => {
+    await write(conversation(1, 3));
+    const judge = await core({ mode: 'correlate-only' });
+    await judge.pump();
+    expect(judge.stats()).toMatchObject({ bound: 2, pending: 0 });
+    expect((await judge.lease('prm-0', 0)).turn).toBeNull();
+  });
+
+  it('stops reading while maxPending turns wait', async () => {
+    await write(conversation(1, 3));
+    await write(conversation(2, 3));
+    const judge = await core({ maxPending: 2, batch: 3 });
+    expect(await judge.pump()).toBe(3);
+    expect(await judge.pump()).toBe(0);
+    const a = await judge.lease('prm-0', 0);
+    await judge.complete(done('prm-0', a.leaseId!, a.turn!.turnRecordId));
+    expect(await judge.pump()).toBe(3);
+  });
+
+  it('a turn whose votes say nothing is logged as dropped and counted', async () => {
+    await write(conversation(1, 2));
+    const judge = await core();
+    await judge.pump();
+    const a = await judge.lease('prm-0', 0);
+    await judge.complete(done('prm-0', a.leaseId!, a.turn!.turnRecordId, [failed, failed, failed], [failed, failed, failed]));
+    expect((await store.readJudgedTurns(0, 5))[0]).toMatchObject({ decision: 'dropped', reward: 0, teacherCandidates: [] });
+    expect(judge.stats()).toMatchObject({ judged: 1, dropped: 1, votes_failed: 6 });
+  });
+});

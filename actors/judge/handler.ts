@@ -1,0 +1,336 @@
+import { randomBytes } from 'node:crypto';
+import { verdict } from '../../recipes/openclawrl/judge/votes.js';
+import type { JudgeDecision, RecordStore } from '../gateway/store/types.js';
+import { ReefError } from '../runtime/errors.js';
+import type { LogFn } from '../runtime/log.js';
+import { Correlator, type CorrelationCounters, type CorrelatorOptions, type CorrelatorState, type TurnFinished } from './correlate/index.js';
+import type { CompleteTurn, JudgeTurn } from './messages.js';
+import { contextOf, replyOf } from './turn-text.js';
+
+/**
+ * The judge without sockets: reads records by offset into the Correlator, keeps the finished
+ * turns until a PRM actor completes them, and hands them out under leases. Offset, correlator
+ * state and pending turns (with their leases) are saved in ONE transaction, so after a crash the
+ * judge resumes exactly where its last commit left it; a turn is judged once because the
+ * judged-turn log refuses a second row for it (see store `appendJudgedTurn`).
+ */
+
+export type JudgeStore = Pick<RecordStore, 'readFrom' | 'get' | 'getOffset' | 'getState' | 'commitConsumer' | 'appendJudgedTurn' | 'judgedTurnIds'>;
+
+export const CONSUMER = 'judge';
+export const STATE_KEY = 'judge/state';
+
+export interface JudgeOptions {
+  store: JudgeStore;
+  /** `correlate-only` binds sessions and judges nothing (no PRM configured). */
+  mode: 'judge' | 'correlate-only';
+  correlator: Omit<CorrelatorOptions, 'log'>;
+  maxHintCandidates: number;
+  /** How long a lease lasts without renewal. @default 15000 */
+  leaseMs?: number;
+  /** Records read per pump. @default 256 */
+  batch?: number;
+  /** Reading stops while this many turns wait for a PRM (keeps the saved state bounded). @default 2048 */
+  maxPending?: number;
+  /** @default Date.now */
+  now?: () => number;
+  log: LogFn;
+}
+
+interface Pending {
+  ev: TurnFinished;
+  leaseId: string | null;
+  actorId: string | null;
+  expiresAt: number;
+}
+
+type SavedPending = [ev: TurnFinished, leaseId: string | null, actorId: string | null];
+
+interface SavedState {
+  version: 1;
+  correlator: CorrelatorState;
+  pending: SavedPending[];
+  counters: JudgeCounters;
+}
+
+interface JudgeCounters {
+  votes_ok: number;
+  votes_failed: number;
+  votes_invalid: number;
+  judged: number;
+  dropped: number;
+  redispatched: number;
+  late_completions: number;
+  duplicate_completions: number;
+}
+
+const zeroCounters = (): JudgeCounters => ({ votes_ok: 0, votes_failed: 0, votes_invalid: 0, judged: 0, dropped: 0, redispatched: 0, late_completions: 0, duplicate_completions: 0 });
+
+export class JudgeCore {
+  readonly leaseMs: number;
+  private correlator!: Correlator;
+  private nextOffset = 0;
+  private readonly pending = new Map<string, Pending>();
+  private readonly completing = new Map<string, Promise<{ accepted: boolean; offset: number | null }>>();
+  private counters = zeroCounters();
+  private dirty = false;
+  private serial: Promise<unknown> = Promise.resolve();
+  private waiters = new Set<() => void>();
+  private closed = false;
+  private readonly now: () => number;
+
+  constructor(private readonly opts: JudgeOptions) {
+    this.leaseMs = opts.leaseMs ?? 15_000;
+    this.now = opts.now ?? Date.now;
+  }
+
+  /** Resume from the last commit: offset, correlator, pending turns not judged meanwhile. */
+  async start(): Promise<void> {
+    const { store } = this.opts;
+    this.nextOffset = await store.getOffset(CONSUMER);
+    const saved = (await store.getState(STATE_KEY)) as SavedState | null;
+    const log = this.opts.log;
+    const corr = { ...this.opts.correlator, log };
+    this.correlator = saved === null ? new Correlator(corr) : Correlator.fromJSON(saved.correlator, corr);
+    if (saved === null) return;
+    this.counters = { ...zeroCounters(), ...saved.counters };
+    const judged = await store.judgedTurnIds(saved.pending.map(([ev]) => ev.turnRecordId));
+    const expiresAt = this.now() + this.leaseMs;
+    for (const [ev, leaseId, actorId] of saved.pending) {
+      if (judged.has(ev.turnRecordId)) continue;
+      // A lease held before the restart stays valid for one more period, so its actor can finish.
+      this.pending.set(ev.turnRecordId, { ev, leaseId, actorId, expiresAt: leaseId === null ? 0 : expiresAt });
+    }
+    log(`resumed at offset ${this.nextOffset} with ${this.pending.size} pending turns (${judged.size} judged since the last commit)`);
+  }
+
+  /** Read one batch of records into the correlator and commit; returns how many were read. */
+  pump(): Promise<number> {
+    return this.exclusive(async () => {
+      if (this.closed || this.pending.size >= (this.opts.maxPending ?? 2048)) return 0;
+      const records = await this.opts.store.readFrom(this.nextOffset, this.opts.batch ?? 256);
+      if (records.length === 0) return 0;
+      const fresh: Pending[] = [];
+      for (const record of records) {
+        for (const ev of this.correlator.observe(record)) {
+          if (ev.kind === 'turn-finished' && this.opts.mode === 'judge') fresh.push({ ev, leaseId: null, actorId: null, expiresAt: 0 });
+        }
+      }
+      this.nextOffset = records[records.length - 1]!.offset + 1;
+      // Saved before they are handed out: a turn is never judged that a restart would not know.
+      await this.commit(fresh);
+      for (const p of fresh) if (!this.pending.has(p.ev.turnRecordId)) this.pending.set(p.ev.turnRecordId, p);
+      if (fresh.length > 0) this.wake();
+      return records.length;
+    });
+  }
+
+  /** Advance the correlator's clock while no record arrives (sessions expire) and save leases. */
+  flush(idleNow: number | null = null): Promise<void> {
+    return this.exclusive(async () => {
+      if (idleNow !== null && this.correlator.tick(idleNow).length > 0) this.dirty = true;
+      if (this.dirty) await this.commit([]);
+    });
+  }
+
+  async lease(actorId: string, waitMs: number): Promise<{ turn: JudgeTurn | null; leaseId: string | null; leaseMs: number }> {
+    const deadline = this.now() + waitMs;
+    for (;;) {
+      const p = this.takeFree(actorId);
+      if (p !== null) return { turn: await this.turnOf(p.ev), leaseId: p.leaseId, leaseMs: this.leaseMs };
+      const left = deadline - this.now();
+      if (left <= 0 || this.closed) return { turn: null, leaseId: null, leaseMs: this.leaseMs };
+      // Woken by a new turn or a release; the short cap notices leases that ran out.
+      await new Promise<void>((resolve) => {
+        const done = (): void => {
+          clearTimeout(timer);
+          this.waiters.delete(done);
+          resolve();
+        };
+        const timer = setTimeout(done, Math.min(left, 200));
+        this.waiters.add(done);
+      });
+    }
+  }
+
+  renew(actorId: string, leaseIds: readonly string[]): { renewed: string[]; lost: string[] } {
+    const held = this.leasesOf(actorId);
+    const expiresAt = this.now() + this.leaseMs;
+    const renewed: string[] = [];
+    const lost: string[] = [];
+    for (const id of leaseIds) {
+      const p = held.get(id);
+      if (p === undefined || p.expiresAt <= this.now()) lost.push(id);
+      else {
+        p.expiresAt = expiresAt;
+        renewed.push(id);
+      }
+    }
+    return { renewed, lost };
+  }
+
+  release(actorId: string, leaseIds: readonly string[]): string[] {
+    const held = this.leasesOf(actorId);
+    const released: string[] = [];
+    for (const id of leaseIds) {
+      const p = held.get(id);
+      if (p === undefined) continue;
+      p.leaseId = null;
+      p.actorId = null;
+      p.expiresAt = 0;
+      released.push(id);
+    }
+    if (released.length > 0) {
+      this.dirty = true;
+      this.wake();
+    }
+    return released;
+  }
+
+  /**
+   * Record a PRM actor's votes for a turn. The first completion of a pending turn counts, even
+   * from an actor whose lease ran out (its work is as good); any later one is ignored.
+   */
+  complete(msg: Omit<CompleteTurn, 'type' | 'requestId'>): Promise<{ accepted: boolean; offset: number | null }> {
+    const running = this.completing.get(msg.turnRecordId);
+    if (running !== undefined) {
+      this.counters.duplicate_completions++;
+      return running.then((r) => ({ accepted: false, offset: r.offset }));
+    }
+    const work = this.record(msg).finally(() => this.completing.delete(msg.turnRecordId));
+    this.completing.set(msg.turnRecordId, work);
+    return work;
+  }
+
+  /** Wake long-polls with no turn; later pumps read nothing. */
+  close(): void {
+    this.closed = true;
+    this.wake();
+  }
+
+  stats(): Record<string, number> {
+    const c: CorrelationCounters = this.correlator?.counters() ?? { tagged: 0, untagged: 0, bound: 0, dropped_unbound: 0, evicted: 0, retries: 0, side: 0 };
+    let leased = 0;
+    for (const p of this.pending.values()) if (p.leaseId !== null && p.expiresAt > this.now()) leased++;
+    return { ...c, ...this.counters, pending: this.pending.size, leased, next_offset: this.nextOffset, open_sessions: this.correlator?.openSessions ?? 0 };
+  }
+
+  get mode(): JudgeOptions['mode'] {
+    return this.opts.mode;
+  }
+
+  get offset(): number {
+    return this.nextOffset;
+  }
+
+  private async record(msg: Omit<CompleteTurn, 'type' | 'requestId'>): Promise<{ accepted: boolean; offset: number | null }> {
+    const p = this.pending.get(msg.turnRecordId);
+    if (p === undefined) {
+      this.counters.duplicate_completions++;
+      const judged = await this.opts.store.judgedTurnIds([msg.turnRecordId]);
+      if (!judged.has(msg.turnRecordId)) this.opts.log(`completion from ${msg.actorId} for unknown turn ${msg.turnRecordId} ignored`);
+      return { accepted: false, offset: null };
+    }
+    const v = verdict(msg.scoreCalls, msg.hintCalls, this.opts.maxHintCandidates);
+    const { ev } = p;
+    const judgment = {
+      turnRecordId: ev.turnRecordId,
+      nextStateRecordId: ev.nextStateRecordId,
+      scenario: ev.scenario,
+      sessionKey: ev.sessionKey,
+      nextState: ev.nextState,
+      ...v,
+      prm: msg.prm,
+      actorId: msg.actorId,
+      startedAt: msg.startedAt,
+      finishedAt: msg.finishedAt,
+      judgedAt: this.now(),
+    };
+    const decision: JudgeDecision = v.decision;
+    const { offset, created } = await this.opts.store.appendJudgedTurn({
+      turnRecordId: ev.turnRecordId,
+      nextStateRecordId: ev.nextStateRecordId,
+      scenario: ev.scenario,
+      sessionKey: ev.sessionKey,
+      decision,
+      reward: v.reward,
+      teacherCandidates: v.teacherCandidates,
+      judgment,
+    });
+    this.pending.delete(ev.turnRecordId);
+    this.dirty = true;
+    if (!created) {
+      this.counters.duplicate_completions++;
+      return { accepted: false, offset };
+    }
+    if (p.leaseId !== msg.leaseId) this.counters.late_completions++;
+    this.counters.votes_ok += v.votesOk;
+    this.counters.votes_failed += v.votesFailed;
+    this.counters.votes_invalid += v.votesInvalid;
+    this.counters.judged++;
+    if (decision === 'dropped') this.counters.dropped++;
+    return { accepted: true, offset };
+  }
+
+  private takeFree(actorId: string): Pending | null {
+    const now = this.now();
+    for (const p of this.pending.values()) {
+      if (this.completing.has(p.ev.turnRecordId)) continue;
+      if (p.leaseId !== null && p.expiresAt > now) continue;
+      if (p.leaseId !== null) {
+        this.counters.redispatched++;
+        this.opts.log(`lease ${p.leaseId} of ${p.actorId} on turn ${p.ev.turnRecordId} ran out; dispatching it again`);
+      }
+      p.leaseId = randomBytes(8).toString('hex');
+      p.actorId = actorId;
+      p.expiresAt = now + this.leaseMs;
+      this.dirty = true;
+      return p;
+    }
+    return null;
+  }
+
+  private leasesOf(actorId: string): Map<string, Pending> {
+    const held = new Map<string, Pending>();
+    for (const p of this.pending.values()) if (p.actorId === actorId && p.leaseId !== null) held.set(p.leaseId, p);
+    return held;
+  }
+
+  private async turnOf(ev: TurnFinished): Promise<JudgeTurn> {
+    const record = await this.opts.store.get(ev.turnRecordId);
+    if (record === null) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `turn record ${ev.turnRecordId}` });
+    return {
+      turnRecordId: ev.turnRecordId,
+      nextStateRecordId: ev.nextStateRecordId,
+      scenario: ev.scenario,
+      sessionKey: ev.sessionKey,
+      context: contextOf(record.request.messages),
+      reply: replyOf(record.response),
+      nextState: ev.nextState,
+    };
+  }
+
+  private async commit(fresh: readonly Pending[]): Promise<void> {
+    const pending: SavedPending[] = [];
+    for (const p of this.pending.values()) pending.push([p.ev, p.leaseId, p.actorId]);
+    for (const p of fresh) pending.push([p.ev, null, null]);
+    const state: SavedState = { version: 1, correlator: this.correlator.toJSON(), pending, counters: this.counters };
+    this.dirty = false;
+    try {
+      await this.opts.store.commitConsumer(CONSUMER, this.nextOffset, STATE_KEY, state);
+    } catch (err) {
+      this.dirty = true;
+      throw err;
+    }
+  }
+
+  private exclusive<T>(fn: () => Promise<T>): Promise<T> {
+    const run = this.serial.then(fn);
+    this.serial = run.catch(() => {});
+    return run;
+  }
+
+  private wake(): void {
+    for (const w of [...this.waiters]) w();
+  }
+}

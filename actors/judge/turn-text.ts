@@ -1,0 +1,37 @@
+import { canonicalJson, contentText } from './correlate/index.js';
+
+/**
+ * What the PRM reads of a turn, taken from the records: the message the reply answered, and the
+ * reply with its tool calls. Non-text content is shown as canonical JSON rather than dropped, so
+ * the PRM sees that something was there.
+ */
+
+function asText(content: unknown): string {
+  const text = contentText(content);
+  return text ?? canonicalJson(content);
+}
+
+/** The newest message of a request: what the assistant was answering. */
+export function contextOf(messages: readonly unknown[]): string {
+  const last = messages[messages.length - 1] as { role?: unknown; content?: unknown } | undefined;
+  if (last === undefined || last === null || typeof last !== 'object') return '';
+  return asText(last.content);
+}
+
+/** The assistant's reply: its text, then one line per tool call (`tool call: name(args)`). */
+export function replyOf(response: unknown): string {
+  if (response === null || typeof response !== 'object') return '';
+  const r = response as { content?: unknown; tool_calls?: unknown };
+  const parts: string[] = [];
+  const text = asText(r.content ?? '');
+  if (text !== '') parts.push(text);
+  if (Array.isArray(r.tool_calls)) {
+    for (const call of r.tool_calls) {
+      const fn = (call as { function?: { name?: unknown; arguments?: unknown } } | null)?.function;
+      if (fn === undefined || fn === null) continue;
+      const args = typeof fn.arguments === 'string' ? fn.arguments : canonicalJson(fn.arguments ?? null);
+      parts.push(`tool call: ${String(fn.name)}(${args})`);
+    }
+  }
+  return parts.join('\n');
+}
