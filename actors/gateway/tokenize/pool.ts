@@ -48,10 +48,13 @@ function hashKey(key: string): number {
 export class TokenizerPool {
   readonly contextLength: number | null;
   private readonly workers: Piscina[];
+  /** Tasks sent to each worker and not yet answered. */
+  private readonly inflight: number[];
   private closed = false;
 
   private constructor(workers: Piscina[], contextLength: number | null) {
     this.workers = workers;
+    this.inflight = workers.map(() => 0);
     this.contextLength = contextLength;
   }
 
@@ -104,16 +107,26 @@ export class TokenizerPool {
 
   private async run(task: WorkerTask, sessionKey: string | null): Promise<unknown> {
     this.assertOpen();
-    const worker = sessionKey !== null ? this.workers[hashKey(sessionKey) % this.workers.length]! : this.leastBusy();
-    const out = (await worker.run(task)) as unknown;
+    const i = sessionKey !== null ? hashKey(sessionKey) % this.workers.length : this.leastBusy();
+    this.inflight[i]!++;
+    let out: unknown;
+    try {
+      out = await this.workers[i]!.run(task);
+    } finally {
+      this.inflight[i]!--;
+    }
     const failure = (out as Partial<WorkerFailure> | null)?.reefError;
     if (failure) throw isErrorCode(failure.code) ? new ReefError(failure.code, {}, { message: failure.message }) : new Error(failure.message);
     return out;
   }
 
-  private leastBusy(): Piscina {
-    let best = this.workers[0]!;
-    for (const w of this.workers) if (w.queueSize + w.utilization < best.queueSize + best.utilization) best = w;
+  /**
+   * Our own count of tasks in flight, not piscina's `utilization`/`queueSize`: `utilization` builds a
+   * full histogram summary (stddev and 20 percentiles) on every read, which cost ~1.5 ms per request.
+   */
+  private leastBusy(): number {
+    let best = 0;
+    for (let i = 1; i < this.workers.length; i++) if (this.inflight[i]! < this.inflight[best]!) best = i;
     return best;
   }
 
