@@ -1,0 +1,176 @@
+import { appendFileSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { ReefError } from '../../../actors/runtime/errors.js';
+import { HomeworkAgent, type AgentOptions, type AgentTurn } from './agent.js';
+import type { Problem } from './problems.js';
+import { writeReport, type RunSummary, type SessionResult } from './report.js';
+import { rollingRates, scoreSession, type RollingPoint } from './scoring.js';
+import type { Student } from './student.js';
+
+/**
+ * Runs the example's sessions in order: one problem per session, the student and the agent take
+ * turns until the student says HOMEWORK_DONE or the turn limit, each session is scored by the
+ * agent's first solution reply, and the results are written as they come.
+ */
+
+export interface RunOptions {
+  /** Gateway base URL, e.g. `http://127.0.0.1:8600`. */
+  gateway: string;
+  apiKey?: string | null;
+  /** @default 'homework' */
+  scenario?: string;
+  problems: readonly Problem[];
+  /** Sessions to run; problems are reused in order when there are more sessions. @default problems.length */
+  sessions?: number;
+  student: Student;
+  /** Results go to `<outputDir>/results/`, saved homework to `<outputDir>/homework/`. */
+  outputDir: string;
+  /** The recipe's prm_record_file, read for each batch's reward split. @default null */
+  prmRecordFile?: string | null;
+  /** Agent knobs (model, temperature, maxTokens, systemPrompt, maxToolRounds, timeoutMs). */
+  agent?: Partial<Omit<AgentOptions, 'baseURL' | 'apiKey' | 'scenario' | 'outputDir'>>;
+  /** Student messages per session at most. @default 8 */
+  maxTurns?: number;
+  /** Send the closing HOMEWORK_DONE to the agent too, so the save turn gets its next state. @default true */
+  sendDone?: boolean;
+  /** Stop the run after this many sessions in a row fail on the agent side. @default 3 */
+  maxAgentErrors?: number;
+  onProgress?: (p: Progress) => void;
+  signal?: AbortSignal;
+}
+
+export interface Progress {
+  session: SessionResult;
+  done: number;
+  total: number;
+  rolling: RollingPoint;
+  elapsedS: number;
+  /** A one-line rendering for a terminal. */
+  line: string;
+}
+
+export interface TurnLog {
+  student: string;
+  reply: string;
+  texts: string[];
+  tool_calls: AgentTurn['toolCalls'];
+  record_ids: string[];
+}
+
+const errText = (err: unknown) => (err instanceof ReefError ? `${err.code}: ${err.message}` : (err as Error)?.message ?? String(err));
+
+/** One session: opening, then reply/response until done or the turn limit. Never throws. */
+export async function runSession(agent: HomeworkAgent, student: Student, problem: Problem, index: number, opts: { maxTurns: number; sendDone: boolean }): Promise<{ result: SessionResult; transcript: TurnLog[] }> {
+  const t0 = performance.now();
+  const conv = agent.session(index);
+  const transcript: TurnLog[] = [];
+  let ended: SessionResult['ended'] = 'turn-limit';
+  let error: string | null = null;
+  let saved = false;
+  const ss = student.begin(problem, index);
+  let message: string | null = null;
+  try {
+    message = await ss.opening();
+  } catch (err) {
+    ended = 'student-error';
+    error = errText(err);
+  }
+  let closing = false;
+  while (message !== null) {
+    let turn: AgentTurn;
+    try {
+      turn = await conv.send(message);
+    } catch (err) {
+      ended = 'agent-error';
+      error = errText(err);
+      break;
+    }
+    transcript.push({ student: message, reply: turn.reply, texts: turn.texts, tool_calls: turn.toolCalls, record_ids: turn.recordIds });
+    const savedNow = turn.saved !== null && existsSync(turn.saved);
+    saved ||= savedNow;
+    if (closing) {
+      ended = 'done';
+      break;
+    }
+    if (transcript.length >= opts.maxTurns) break;
+    try {
+      const move = await ss.respond({ reply: turn.reply, saved: savedNow });
+      message = move.text;
+      closing = move.done;
+    } catch (err) {
+      ended = 'student-error';
+      error = errText(err);
+      break;
+    }
+    if (closing && !opts.sendDone) {
+      ended = 'done';
+      break;
+    }
+  }
+  const firstReply = transcript.flatMap((t) => t.texts).find((t) => t.trim() !== '') ?? '';
+  const score = scoreSession(firstReply, problem.answer);
+  const result: SessionResult = {
+    index,
+    problem_id: problem.id,
+    family: problem.family,
+    gold: problem.answer,
+    passed: score.accept,
+    bold: score.bold,
+    list: score.list,
+    violations: score.violations,
+    steps: score.steps,
+    has_answer: score.hasAnswer,
+    turns: transcript.length,
+    ended,
+    saved,
+    first_reply: firstReply,
+    tag: conv.tag,
+    record_ids: transcript.flatMap((t) => t.record_ids),
+    error,
+    wall_s: Math.round((performance.now() - t0) / 100) / 10,
+  };
+  return { result, transcript };
+}
+
+export function progressLine(r: SessionResult, total: number, rolling: RollingPoint, elapsedS: number): string {
+  const mark = (b: boolean) => (b ? 'yes' : ' no');
+  const pct = (v: number) => `${Math.round(v * 100)}%`.padStart(4);
+  const w = String(total).length;
+  return `session ${String(r.index).padStart(w)}/${total}  pass ${mark(r.passed)}  bold ${mark(r.bold)}  list ${mark(r.list)}  turns ${r.turns}  ${r.ended.padEnd(13)}` +
+    `  last-10: pass ${pct(rolling.pass)} bold ${pct(rolling.bold)} list ${pct(rolling.list)}  ${r.wall_s.toFixed(1)} s  (${Math.round(elapsedS)} s in all)`;
+}
+
+/** Runs the sessions in order; writes results/sessions.jsonl, transcripts.jsonl, summary.json and plots. */
+export async function runSessions(opts: RunOptions): Promise<RunSummary> {
+  if (opts.problems.length === 0) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: 'no problems to run' });
+  const total = opts.sessions ?? opts.problems.length;
+  const dir = join(opts.outputDir, 'results');
+  mkdirSync(dir, { recursive: true });
+  const sessionsFile = join(dir, 'sessions.jsonl');
+  const transcriptsFile = join(dir, 'transcripts.jsonl');
+  writeFileSync(sessionsFile, '');
+  writeFileSync(transcriptsFile, '');
+  const agent = new HomeworkAgent({ ...opts.agent, baseURL: opts.gateway, apiKey: opts.apiKey ?? null, scenario: opts.scenario ?? 'homework', outputDir: opts.outputDir });
+  const prm = opts.prmRecordFile ?? null;
+  const results: SessionResult[] = [];
+  const t0 = performance.now();
+  let agentErrors = 0;
+  for (let i = 1; i <= total; i++) {
+    if (opts.signal?.aborted) break;
+    const problem = opts.problems[(i - 1) % opts.problems.length]!;
+    const { result, transcript } = await runSession(agent, opts.student, problem, i, { maxTurns: opts.maxTurns ?? 8, sendDone: opts.sendDone ?? true });
+    results.push(result);
+    appendFileSync(sessionsFile, `${JSON.stringify(result)}\n`);
+    appendFileSync(transcriptsFile, `${JSON.stringify({ index: i, tag: result.tag, problem, turns: transcript })}\n`);
+    const elapsedS = (performance.now() - t0) / 1000;
+    // Summary and plots are refreshed every session so a live run can be watched (and survives a stop).
+    writeReport(dir, results, { wallTimeS: elapsedS, prmRecordFile: prm });
+    const rolling = rollingRates(results.map((r) => ({ accept: r.passed, bold: r.bold, list: r.list }))).at(-1)!;
+    opts.onProgress?.({ session: result, done: i, total, rolling, elapsedS, line: progressLine(result, total, rolling, elapsedS) });
+    agentErrors = result.ended === 'agent-error' ? agentErrors + 1 : 0;
+    if (agentErrors >= (opts.maxAgentErrors ?? 3)) {
+      throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: `gateway ${opts.gateway}`, reason: `${agentErrors} sessions in a row failed, last: ${result.error}` });
+    }
+  }
+  return writeReport(dir, results, { wallTimeS: (performance.now() - t0) / 1000, prmRecordFile: prm });
+}
