@@ -3,6 +3,8 @@ export interface StackEngines {
   rollout: string;
   prm: string[];
   student: string | null;
+  /** The Python shim's bridge endpoint (the trainer-controller drives training through it). */
+  shim: string | null;
 }
 
 /** Reads `REEF_ENGINES` in an actor process; null when the actor runs outside a stack. */

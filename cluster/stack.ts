@@ -55,6 +55,7 @@ export class Stack {
       rollout: engineUrl(engines.find((e) => e.spec.role === 'rollout')!.spec),
       prm: engines.filter((e) => e.spec.role === 'prm').map((e) => engineUrl(e.spec)),
       student: ((s) => (s ? engineUrl(s.spec) : null))(engines.find((e) => e.spec.role === 'student')),
+      shim: shimEndpoint,
     };
     this.supervisor = new Supervisor({
       configPath: opts.configPath,

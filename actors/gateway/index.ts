@@ -33,6 +33,8 @@ export interface GatewayOptions {
   tokenizerThreads?: number;
   /** Extra fields for `/reef/status` (correlation, training). */
   status?: () => Record<string, unknown> | Promise<Record<string, unknown>>;
+  /** Puts an earlier release back (asks the trainer-controller); absent when no training runs. */
+  rollback?: (scenario: string, releaseId: string | null) => Promise<unknown>;
   log?: (line: string) => void;
 }
 
@@ -44,6 +46,15 @@ export interface Gateway {
   metrics: GatewayMetrics;
   handlers: Handlers<GatewayMessage>;
   close(): Promise<void>;
+}
+
+/** The trainer-controller's persisted state (actors/trainer-controller/messages.ts STATE_KEY). */
+const TRAINER_STATE_KEY = 'trainer-controller:state';
+
+/** Releases that trained on the scenario's batches, plus rollbacks (they affect every scenario), newest first. */
+export function releasesOf(state: unknown, scenario: string): unknown[] {
+  const rels = ((state as { releases?: Array<{ batchIds: string[]; rollbackOf: string | null }> } | null)?.releases ?? []);
+  return rels.filter((r) => r.rollbackOf !== null || r.batchIds.some((b) => b.startsWith(`${scenario}:`))).reverse();
 }
 
 export function resolveApiKeys(cfg: ReefConfig, env: NodeJS.ProcessEnv = process.env): ApiKeySpec[] {
@@ -106,6 +117,16 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           store,
           defaultScenario: cfg.reef.default_scenario,
           status: async () => ({ gateway: { weightVersion: gate.weightVersion, paused: gate.isPaused, inflight: gate.inflight }, ...(await opts.status?.()) }),
+          releases: async (scenario) => releasesOf(await store.getState(TRAINER_STATE_KEY), scenario),
+          ...(opts.rollback
+            ? {
+                rollback: (scenario: string, body: unknown) => {
+                  const id = body && typeof body === 'object' && 'release_id' in body ? (body as { release_id: unknown }).release_id : null;
+                  if (id !== null && typeof id !== 'string') throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: 'release_id must be a string or null' });
+                  return opts.rollback!(scenario, id);
+                },
+              }
+            : {}),
         }, principalOf),
     });
     const listen = opts.listen ?? { host: cfg.reef.host, port: cfg.reef.port };

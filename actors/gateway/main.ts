@@ -2,10 +2,23 @@ import { loadConfig } from '../../cluster/config/index.js';
 import { stackEngines } from '../../cluster/stack-env.js';
 import { ReefError } from '../runtime/errors.js';
 import { runActor } from '../runtime/actor-host.js';
+import { RpcClient } from '../runtime/rpc.js';
 import { startGateway, type Gateway } from './index.js';
 import { gatewayMessages } from './messages.js';
 
 let gateway: Gateway | null = null;
+
+async function lookup(supervisor: string, actor: string): Promise<string> {
+  const rpc = new RpcClient(supervisor, { name: 'gateway→supervisor', defaultTimeoutMs: 5_000 });
+  try {
+    const reply = (await rpc.call({ type: 'lookup', actor })) as { instances: Array<{ mailbox: string | null }> };
+    const mailbox = reply.instances.find((i) => i.mailbox)?.mailbox;
+    if (!mailbox) throw new ReefError('REEF_ERR_ACTOR_CLOSED', { actor, state: 'not running' });
+    return mailbox;
+  } finally {
+    await rpc.close();
+  }
+}
 
 await runActor({
   name: 'gateway',
@@ -15,7 +28,26 @@ await runActor({
     const config = await loadConfig(ctx.configPath, ctx.overrides);
     const engines = stackEngines();
     if (!engines) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: 'REEF_ENGINES is not set: start the gateway with `reef up`' });
-    gateway = await startGateway({ config, engineUrl: engines.rollout, log: ctx.log });
+    const supervisor = ctx.env.supervisor;
+    gateway = await startGateway({
+      config,
+      engineUrl: engines.rollout,
+      log: ctx.log,
+      ...(supervisor
+        ? {
+            rollback: async (scenario: string, releaseId: string | null) => {
+              const mailbox = await lookup(supervisor, 'trainer-controller');
+              const rpc = new RpcClient(mailbox, { name: 'gateway→trainer-controller', defaultTimeoutMs: 300_000 });
+              try {
+                const { type: _t, requestId: _r, ...reply } = (await rpc.call({ type: 'rollback', scenario, releaseId })) as Record<string, unknown>;
+                return reply;
+              } finally {
+                await rpc.close();
+              }
+            },
+          }
+        : {}),
+    });
     return gateway.handlers;
   },
   onDrain: async () => {

@@ -1,18 +1,58 @@
-import { EngineClient } from '../../cluster/engine-client.js';
+import { join } from 'node:path';
+import { loadConfig } from '../../cluster/config/index.js';
 import { stackEngines } from '../../cluster/stack-env.js';
+import { SqliteStore } from '../gateway/store/sqlite-store.js';
 import { runActor } from '../runtime/actor-host.js';
+import { ReefError } from '../runtime/errors.js';
+import type { TrainerController } from './controller.js';
+import { createController } from './index.js';
 import { trainerControllerMessages } from './messages.js';
 
-const url = stackEngines()?.rollout ?? null;
-const rollout = url ? new EngineClient(url, { name: 'rollout' }) : null;
+/** How often the controller looks for new judged turns when idle. */
+const POLL_MS = 500;
+
+let store: SqliteStore | null = null;
+let wiring: { controller: TrainerController; close(): Promise<void> } | null = null;
+let stopping = false;
+let loop: Promise<void> | null = null;
+let failures = 0;
 
 await runActor({
   name: 'trainer-controller',
   messages: trainerControllerMessages,
-  createHandler: () => ({
-    'trainer-status': async () => ({ rollout: url, weightVersion: rollout ? ((await rollout.modelInfo().catch(() => null))?.weight_version ?? null) : null }),
-  }),
-  onDrain: async () => {
-    await rollout?.close();
+  async createHandler(ctx) {
+    if (!ctx.configPath) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: 'the trainer-controller needs a config file' });
+    const config = await loadConfig(ctx.configPath, ctx.overrides);
+    const engines = stackEngines();
+    if (!engines?.shim) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: 'REEF_ENGINES has no shim endpoint: start the trainer-controller with `reef up`' });
+    store = SqliteStore.open(join(config.reef.data_dir, 'records.sqlite'));
+    wiring = await createController({ config, store, shimEndpoint: engines.shim, rolloutUrl: engines.rollout, supervisor: ctx.env.supervisor, log: ctx.log });
+    const c = wiring.controller;
+    // One tick at a time; a failing tick backs off instead of spinning.
+    loop = (async () => {
+      while (!stopping) {
+        let read = 0;
+        try {
+          read = await c.tick();
+          failures = 0;
+        } catch (err) {
+          failures++;
+          ctx.log(`training loop: ${(err as Error).message}; retrying in ${Math.min(30, 2 ** failures)} s`);
+          await new Promise((r) => setTimeout(r, Math.min(30_000, 1000 * 2 ** failures)));
+        }
+        if (read === 0) await new Promise((r) => setTimeout(r, POLL_MS));
+      }
+    })();
+    return {
+      'trainer-status': () => ({ weightVersion: c.currentVersion, releases: c.releases.length, counters: { ...c.counters }, failures }),
+      rollback: async (msg) => ({ release: await c.rollback(msg.releaseId) }),
+    };
   },
+  onDrain: async () => {
+    stopping = true;
+    await loop;
+    await wiring?.close();
+    await store?.close();
+  },
+  stats: (): Record<string, number> => (wiring ? { releases: wiring.controller.releases.length, failures } : {}),
 });

@@ -1,7 +1,19 @@
 import { z } from 'zod';
 
-/** The trainer-controller's mailbox. Batches, training steps and releases build on this. */
+/** The trainer-controller's mailbox: status, releases, rollback. */
 export const trainerStatus = z.object({ type: z.literal('trainer-status'), requestId: z.string() });
 
-export const trainerControllerMessages = z.discriminatedUnion('type', [trainerStatus]);
+/** Puts an earlier release back (`releaseId` null = the one before the current; 'base' = the base model). */
+export const rollbackRequest = z.object({
+  type: z.literal('rollback'),
+  requestId: z.string(),
+  scenario: z.string(),
+  releaseId: z.string().nullable(),
+});
+
+export const trainerControllerMessages = z.discriminatedUnion('type', [trainerStatus, rollbackRequest]);
 export type TrainerControllerMessage = z.output<typeof trainerControllerMessages>;
+
+/** Where the controller keeps its state in the store's kv table (with its judged-turn offset). */
+export const STATE_KEY = 'trainer-controller:state';
+export const CONSUMER = 'trainer-controller';

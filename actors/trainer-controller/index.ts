@@ -1,0 +1,167 @@
+import { join } from 'node:path';
+import { BridgeClient } from '../../bridge/client.js';
+import type { TrainingOptions, TrainTask } from '../../bridge/messages.js';
+import { EngineClient } from '../../cluster/engine-client.js';
+import type { ReefConfig } from '../../cluster/config/index.js';
+import { f32ToBytes, i32ToBytes } from '../runtime/codec.js';
+import { ReefError } from '../runtime/errors.js';
+import { RpcClient } from '../runtime/rpc.js';
+import type { SqliteStore } from '../gateway/store/sqlite-store.js';
+import { ChatTokenizer, normalizeMessages } from '../gateway/tokenize/index.js';
+import type { Task } from '../../recipes/openclawrl/record2task.js';
+import { TrainerController, type ControllerState, type JudgedTurnRow } from './controller.js';
+import { CONSUMER, STATE_KEY } from './messages.js';
+
+/** Wires the controller to the store, the bridge (trainer group), the gateway and the engine. */
+
+export interface WiringOptions {
+  config: ReefConfig;
+  store: SqliteStore;
+  shimEndpoint: string;
+  rolloutUrl: string;
+  supervisor: string | null;
+  log: (line: string) => void;
+}
+
+type WireBytes = TrainTask['promptIds'];
+const i32 = (a: ArrayLike<number>) => i32ToBytes(a) as unknown as WireBytes;
+const f32 = (a: ArrayLike<number>) => f32ToBytes(a) as unknown as WireBytes;
+
+export function toWire(t: Task): TrainTask {
+  return {
+    taskId: t.taskId,
+    promptIds: i32(t.promptIds),
+    responseIds: i32(t.responseIds),
+    logprobs: f32(t.logprobs),
+    topK: t.topK,
+    topkIds: i32(t.topkIds),
+    topkLogprobs: f32(t.topkLogprobs),
+    reward: t.reward,
+    teacherPromptIds: t.teacherPromptIds.map((p) => i32(p)),
+    sampling: t.sampling,
+    weightVersion: t.weightVersion,
+  };
+}
+
+/** Counter names a judged turn adds to its batch's record line. */
+export function turnCounters(judgment: unknown, decision: string, candidates: number): string[] {
+  const j = (judgment ?? {}) as { nextState?: { role?: string }; score?: number };
+  const out: string[] = [];
+  if (j.nextState?.role) out.push(`next_state:${j.nextState.role}`);
+  if (typeof j.score === 'number') out.push(`eval:${j.score}`);
+  if (decision === 'hint') out.push('hint_accepted');
+  else out.push('hint_declined');
+  if (decision === 'anchor') out.push('anchor_only');
+  if (decision === 'dropped') out.push('declined');
+  for (let i = 0; i < candidates; i++) out.push('teacher_cands');
+  return out;
+}
+
+export async function createController(w: WiringOptions): Promise<{ controller: TrainerController; close(): Promise<void> }> {
+  const cfg = w.config;
+  const t2b = cfg.pipeline.task2batch.config as { batch_size: number; prm_record_file: string | null; max_staleness: number };
+  const opts = cfg.training.resolved as unknown as TrainingOptions;
+  const checkpointDir = join(cfg.reef.data_dir, 'checkpoints');
+  const tokenizer = ChatTokenizer.load(cfg.cluster.rollout.model_path);
+  const engine = new EngineClient(w.rolloutUrl, { name: 'rollout' });
+  let bridge: BridgeClient | null = null;
+  const getBridge = async () => {
+    if (!bridge || bridge.isDown) {
+      await bridge?.close();
+      bridge = await BridgeClient.connect(w.shimEndpoint, { timeoutMs: 10_000, log: w.log });
+    }
+    return bridge;
+  };
+  let started = false;
+  const startTrainer = async (checkpointPath: string | null) => {
+    const b = await getBridge();
+    const spec = { modelPath: cfg.cluster.rollout.model_path, ranks: cfg.cluster.trainer.gpus, backend: cfg.training.backend, options: opts, checkpointDir, seed: 0, group: 'reef-trainer' as const };
+    const reply = await b.trainerStart(spec);
+    w.log(`trainer group up: ${reply.worldSize} ranks on ${reply.device} (pids ${reply.pids.join(', ')})`);
+    if (checkpointPath) await b.trainerLoad(checkpointPath);
+    started = true;
+  };
+  const gatewayRpc = async (): Promise<RpcClient | null> => {
+    if (!w.supervisor) return null;
+    const sup = new RpcClient(w.supervisor, { name: 'tc→supervisor', defaultTimeoutMs: 5_000 });
+    try {
+      const reply = (await sup.call({ type: 'lookup', actor: 'gateway' })) as { instances: Array<{ mailbox: string | null }> };
+      const mailbox = reply.instances.find((i) => i.mailbox)?.mailbox;
+      return mailbox ? new RpcClient(mailbox, { name: 'tc→gateway', defaultTimeoutMs: 60_000 }) : null;
+    } finally {
+      await sup.close();
+    }
+  };
+
+  const [offset, state] = await Promise.all([w.store.getOffset(CONSUMER), w.store.getState(STATE_KEY)]);
+  const controller = new TrainerController(
+    {
+      readJudged: async (from, limit): Promise<JudgedTurnRow[]> => {
+        const rows: JudgedTurnRow[] = [];
+        for (const t of await w.store.readJudgedTurns(from, limit)) {
+          rows.push({
+            offset: t.offset,
+            scenario: t.scenario,
+            turnRecordId: t.turnRecordId,
+            decision: t.decision,
+            reward: t.reward,
+            hints: t.teacherCandidates.filter((c): c is string => c !== null),
+            counters: turnCounters(await w.store.getJudgment(t.turnRecordId), t.decision, t.teacherCandidates.length),
+          });
+        }
+        return rows;
+      },
+      getRecord: (id) => w.store.get(id),
+      commit: (next, s) => w.store.commitConsumer(CONSUMER, next, STATE_KEY, s),
+      renderTeacher: async (messages, tools) => tokenizer.render(normalizeMessages(messages), tools, { addGenerationPrompt: true }).ids,
+      trainer: {
+        restart: async (checkpointPath) => {
+          started = false;
+          await startTrainer(checkpointPath);
+        },
+        step: async (batchId, tasks) => {
+          if (!started) await startTrainer(null);
+          return (await getBridge()).trainerStep(batchId, tasks.map(toWire));
+        },
+        load: async (path) => {
+          if (!started) await startTrainer(null);
+          await (await getBridge()).trainerLoad(path);
+        },
+      },
+      publish: async (path, version) => {
+        // Bracket the swap with the gateway's pause/resume: requests in flight finish, new ones wait.
+        const gw = await gatewayRpc();
+        try {
+          if (gw) await gw.call({ type: 'pause-generation', drainTimeoutMs: 30_000 });
+          const r = await engine.updateWeightsFromDisk(path, version);
+          if (!r.success) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: 'rollout', reason: `weight update refused: ${r.message}` });
+          if (gw) await gw.call({ type: 'resume-generation', weightVersion: version });
+        } catch (err) {
+          if (gw) await gw.call({ type: 'resume-generation', weightVersion: null }).catch(() => {});
+          throw err;
+        } finally {
+          await gw?.close();
+        }
+      },
+      correlation: async () => ((await w.store.getState('judge:correlation')) as Record<string, number> | null) ?? {},
+      log: w.log,
+    },
+    {
+      batchSize: t2b.batch_size,
+      maxStaleness: t2b.max_staleness,
+      recordFile: t2b.prm_record_file,
+      keepCheckpoints: 5,
+      baseModelPath: cfg.cluster.rollout.model_path,
+      maxAttempts: 3,
+    },
+    offset,
+    (state as ControllerState | null) ?? null,
+  );
+  return {
+    controller,
+    close: async () => {
+      await bridge?.close();
+      await engine.close();
+    },
+  };
+}
