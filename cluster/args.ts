@@ -11,7 +11,7 @@ export interface ParsedArgs {
 
 const ALIASES: Record<string, string> = { c: 'config', h: 'help', d: 'detach' };
 /** Flags that take a value when written as `--flag value`. */
-const VALUED = new Set(['config', 'data-dir', 'scenario', 'out', 'timeout']);
+const VALUED = new Set(['config', 'data-dir', 'scenario', 'out', 'timeout', 'session-ttl-s', 'max-open-sessions']);
 
 export function parseArgs(argv: readonly string[]): ParsedArgs {
   const positionals: string[] = [];

@@ -5,6 +5,8 @@ import { parseArgs, type ParsedArgs } from './args.js';
 import { configCheck } from './config/index.js';
 import { downCommand, scaleCommand, statusCommand } from './commands/control.js';
 import { upCommand } from './commands/up.js';
+import { exportCommand } from './commands/export.js';
+import { correlateCommand } from './commands/correlate.js';
 import { repoRoot } from './paths.js';
 
 export interface Io {
@@ -20,6 +22,9 @@ usage:
   reef scale prm N [-c FILE | --data-dir DIR]     change the number of PRM actors live
   reef down [-c FILE | --data-dir DIR]            drain and stop everything reef up started
   reef config check FILE [--a.b=value ...]        print the resolved config, or every error (exit 2)
+  reef export records --scenario S [--out FILE] [-c FILE | --data-dir DIR]
+                                                  write a scenario's records as JSON lines
+  reef correlate FILE.jsonl [--json]              correlate exported traffic offline: sessions, turns, counters
   reef --version | --help
 
 --a.b.c=value overrides that key of the config file.`;
@@ -53,6 +58,10 @@ export async function main(argv: readonly string[], io: Io = defaultIo): Promise
         return await scaleCommand(args, rest, io);
       case 'down':
         return await downCommand(args, io);
+      case 'export':
+        return await exportCommand(args, io);
+      case 'correlate':
+        return await correlateCommand(args, io);
       case 'config':
         if (rest[0] !== 'check' || rest.length !== 2) {
           io.stderr('usage: reef config check FILE [--a.b=value ...]');
