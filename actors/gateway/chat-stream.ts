@@ -93,7 +93,15 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
   if (p.req.stream_options?.include_usage) {
     await sink.send({ ...base, choices: [], usage: { prompt_tokens: p.promptIds.length, completion_tokens: completionTokens, total_tokens: p.promptIds.length + completionTokens } });
   }
-  const recordId = await commit(deps, buildRecord(deps, p, last, 'ok', null, message));
+  let recordId: string;
+  try {
+    recordId = await commit(deps, buildRecord(deps, p, last, 'ok', null, message));
+  } catch (err) {
+    // No receipt without a commit; the client learns why instead of seeing the stream just stop.
+    const e = err instanceof ReefError ? err : new ReefError('REEF_ERR_STORE', { reason: err instanceof Error ? err.message : String(err) });
+    await sink.send(errorBody(e.code, e.message));
+    return { recordId: p.id, status: 'failed' };
+  }
   await sink.send({ ...base, choices: [], reef: { agent_record_id: recordId } });
   await sink.sendDone();
   return { recordId, status: 'ok' };
