@@ -1,0 +1,119 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { waitFor } from '../helpers/wait.js';
+import { CHAT, openAIError, postChat, readSse, startStack, type Stack } from './harness.js';
+
+/**
+ * API keys: every route but /healthz needs one; keys may be limited to scenarios (others are
+ * invisible to them) and to a number of concurrent requests. That a non-loopback bind without keys
+ * is refused is checked by the config tests (cluster/config/config.test.ts).
+ */
+
+const ADMIN = 'admin-key-0123456789';
+const ALPHA = 'alpha-only-key-0123';
+const ONE = 'one-at-a-time-key-01';
+const FROM_ENV = 'key-from-environment-1';
+
+describe('gateway auth', () => {
+  let s: Stack;
+  let betaRecord = '';
+
+  beforeAll(async () => {
+    process.env.REEF_TEST_GATEWAY_KEY = FROM_ENV;
+    s = await startStack({
+      engine: { respond: () => ({ pieces: Array.from({ length: 30 }, (_, i) => ` p${i}`) }) },
+      apiKeys: [
+        { key: ADMIN },
+        { key: ALPHA, scenarios: ['alpha'] },
+        { key: ONE, max_concurrency: 1 },
+        { key_env: 'REEF_TEST_GATEWAY_KEY', scenarios: ['beta'] },
+      ],
+    });
+    const res = await postChat(s.url, CHAT, { authorization: `Bearer ${ADMIN}`, 'x-reef-scenario': 'beta' });
+    expect(res.status).toBe(200);
+    betaRecord = res.headers.get('x-reef-agent-record-id')!;
+  });
+  afterAll(async () => {
+    delete process.env.REEF_TEST_GATEWAY_KEY;
+    await s?.close();
+  });
+
+  const routes: Array<[string, string]> = [
+    ['GET', '/v1/models'],
+    ['POST', '/v1/chat/completions'],
+    ['GET', '/metrics'],
+    ['GET', '/reef/status'],
+    ['GET', '/reef/scenarios'],
+    ['POST', '/reef/scenarios'],
+    ['POST', '/reef/report'],
+    ['GET', '/reef/scenarios/beta/records'],
+    ['GET', '/reef/scenarios/beta/records/x'],
+    ['GET', '/no/such/route'],
+  ];
+
+  it('a missing or wrong key is 401 on every route but /healthz', async () => {
+    for (const [method, path] of routes) {
+      for (const headers of [{}, { authorization: 'Bearer wrong' }, { 'x-api-key': 'wrong' }, { authorization: `Basic ${ADMIN}` }] as Array<Record<string, string>>) {
+        const res = await fetch(`${s.url}${path}`, { method, headers: { 'content-type': 'application/json', ...headers }, ...(method === 'POST' ? { body: JSON.stringify(CHAT) } : {}) });
+        expect(res.status, `${method} ${path} ${JSON.stringify(headers)}`).toBe(401);
+        expect(openAIError(await res.json()).type).toBe('authentication_error');
+      }
+    }
+    expect((await fetch(`${s.url}/healthz`)).status).toBe(200);
+  });
+
+  it('/healthz with a query string still needs no key (regression: auth compared the raw URL)', async () => {
+    const res = await fetch(`${s.url}/healthz?probe=1`);
+    expect(res.status).toBe(200);
+    expect(await res.json()).toEqual({ ok: true });
+  });
+
+  it('Bearer and x-api-key both work, and so does a key from the environment', async () => {
+    expect((await postChat(s.url, CHAT, { authorization: `Bearer ${ADMIN}` })).status).toBe(200);
+    expect((await postChat(s.url, CHAT, { 'x-api-key': ADMIN })).status).toBe(200);
+    expect((await postChat(s.url, CHAT, { authorization: `bearer  ${ADMIN} ` })).status).toBe(200);
+    expect((await postChat(s.url, CHAT, { 'x-api-key': FROM_ENV, 'x-reef-scenario': 'beta' })).status).toBe(200);
+  });
+
+  it('a key limited to scenario alpha gets 403 on beta and cannot see beta or its records', async () => {
+    const h = { 'x-api-key': ALPHA };
+    const ok = await postChat(s.url, CHAT, { ...h, 'x-reef-scenario': 'alpha' });
+    expect(ok.status).toBe(200);
+    const alphaRecord = ok.headers.get('x-reef-agent-record-id')!;
+    const forbidden = await postChat(s.url, CHAT, { ...h, 'x-reef-scenario': 'beta' });
+    expect(forbidden.status).toBe(403);
+    expect(openAIError(await forbidden.json()).type).toBe('permission_error');
+    // Without a scenario header the request goes to `default`, which this key may not use either.
+    expect((await postChat(s.url, CHAT, h)).status).toBe(403);
+
+    expect((await fetch(`${s.url}/reef/scenarios/beta/records`, { headers: h })).status).toBe(404);
+    expect((await fetch(`${s.url}/reef/scenarios/beta/records/${betaRecord}`, { headers: h })).status).toBe(404);
+    // A beta record asked for under alpha is not there either.
+    expect((await fetch(`${s.url}/reef/scenarios/alpha/records/${betaRecord}`, { headers: h })).status).toBe(404);
+    expect((await fetch(`${s.url}/reef/scenarios/alpha/records/${alphaRecord}`, { headers: h })).status).toBe(200);
+    const listed = (await (await fetch(`${s.url}/reef/scenarios`, { headers: h })).json()) as { data: Array<{ name: string }> };
+    expect(listed.data.map((x) => x.name)).toEqual(['alpha']);
+    const report = await fetch(`${s.url}/reef/report`, { method: 'POST', headers: { ...h, 'content-type': 'application/json', 'x-reef-scenario': 'beta' }, body: JSON.stringify({ score: 1, references: [betaRecord] }) });
+    expect(report.status).toBe(403);
+    // The admin key sees both.
+    const all = (await (await fetch(`${s.url}/reef/scenarios`, { headers: { 'x-api-key': ADMIN } })).json()) as { data: Array<{ name: string }> };
+    expect(all.data.map((x) => x.name)).toEqual(expect.arrayContaining(['alpha', 'beta']));
+  });
+
+  it('a key over its concurrency limit gets 429 with Retry-After, and its slot comes back', async () => {
+    s.engine.options.tokenDelayMs = 20;
+    const h = { 'x-api-key': ONE };
+    let firstChunk!: () => void;
+    const sawFirst = new Promise<void>((r) => (firstChunk = r));
+    const held = postChat(s.url, { ...CHAT, stream: true }, h).then((res) => readSse(res, () => firstChunk()));
+    await sawFirst;
+    const refused = await postChat(s.url, CHAT, h);
+    expect(refused.status).toBe(429);
+    expect(Number(refused.headers.get('retry-after'))).toBeGreaterThan(0);
+    expect(openAIError(await refused.json()).type).toBe('rate_limit_error');
+    // Another key is not affected.
+    expect((await postChat(s.url, CHAT, { 'x-api-key': ADMIN })).status).toBe(200);
+    expect((await held).at(-1)).toBe('[DONE]');
+    s.engine.options.tokenDelayMs = 0;
+    await waitFor(async () => (await postChat(s.url, CHAT, h)).status === 200, { what: 'the key to get its slot back' });
+  });
+});
