@@ -17,7 +17,8 @@ export interface SamplingParams {
 }
 
 export interface GenerateRequest {
-  input_ids?: number[] | null;
+  /** A typed array is sent as it is (no copy): the gateway's prompt ids are an Int32Array. */
+  input_ids?: number[] | Int32Array | null;
   text?: string | null;
   sampling_params: SamplingParams;
   return_logprob?: boolean;
@@ -59,6 +60,25 @@ export interface EngineClientOptions {
   name?: string;
 }
 
+/**
+ * The `/generate` body as JSON. `input_ids` is written by a loop: an OpenClaw-sized prompt is 20k+
+ * ids, and `JSON.stringify(Array.from(ids))` cost ~1 ms of the gateway's event loop per request
+ * against ~0.3 ms for the loop. The ids are integers, so their JSON is their decimal text.
+ */
+export function generateBody(req: GenerateRequest, stream: boolean): string {
+  const { input_ids: ids, ...rest } = req;
+  const head = JSON.stringify({ ...rest, stream });
+  if (ids == null) return head;
+  let list = '[';
+  for (let i = 0; i < ids.length; i++) {
+    const id = ids[i]!;
+    if (!Number.isInteger(id)) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `input_ids[${i}] is not an integer: ${id}` });
+    list += i === 0 ? `${id}` : `,${id}`;
+  }
+  // `head` is a non-empty object, so it ends with `}` and has at least one key before it.
+  return `${head.slice(0, -1)},"input_ids":${list}]}`;
+}
+
 export class EngineClient {
   readonly baseUrl: string;
   readonly name: string;
@@ -72,13 +92,14 @@ export class EngineClient {
     this.agent = new Agent({ connections: opts.connections ?? 64, keepAliveTimeout: 30_000, pipelining: 1 });
   }
 
+  /** `body` is sent as JSON; a string is taken as JSON already serialised. */
   private async call(method: 'GET' | 'POST', path: string, body?: unknown, signal?: AbortSignal) {
     try {
       return await request(this.baseUrl + path, {
         method,
         dispatcher: this.agent,
         headers: body === undefined ? {} : { 'content-type': 'application/json' },
-        body: body === undefined ? null : JSON.stringify(body),
+        body: body === undefined ? null : typeof body === 'string' ? body : JSON.stringify(body),
         headersTimeout: this.timeoutMs,
         bodyTimeout: this.timeoutMs,
         signal: signal ?? null,
@@ -116,7 +137,7 @@ export class EngineClient {
   }
 
   generate(req: GenerateRequest): Promise<GenerateResponse> {
-    return this.json('POST', '/generate', { ...req, stream: false });
+    return this.json('POST', '/generate', generateBody(req, false));
   }
 
   /**
@@ -125,7 +146,7 @@ export class EngineClient {
    * which makes the engine stop generating.
    */
   async *generateStream(req: GenerateRequest, signal?: AbortSignal): AsyncGenerator<GenerateResponse> {
-    const res = await this.call('POST', '/generate', { ...req, stream: true }, signal);
+    const res = await this.call('POST', '/generate', generateBody(req, true), signal);
     if (res.statusCode >= 400) {
       const text = await res.body.text();
       if (res.statusCode >= 500) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.name, reason: `/generate answered ${res.statusCode}: ${text.slice(0, 300)}` });

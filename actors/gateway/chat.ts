@@ -61,7 +61,8 @@ export async function prepare(deps: ChatDeps, req: ChatCompletionRequest, ctx: C
   const maxNew = Math.min(asked ?? deps.defaultMaxTokens, room);
   const stop = req.stop == null ? null : Array.isArray(req.stop) ? req.stop : [req.stop];
   const engineReq: GenerateRequest = {
-    input_ids: Array.from(promptIds),
+    // The recorded ids themselves, serialised without a copy (engine-client's generateBody).
+    input_ids: promptIds,
     sampling_params: {
       max_new_tokens: maxNew,
       temperature: req.temperature ?? 1.0,

@@ -1,4 +1,4 @@
-import { existsSync } from 'node:fs';
+import { existsSync, mkdirSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { EngineClient } from '../../cluster/engine-client.js';
@@ -85,6 +85,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   if (!existsSync(join(modelDir, 'tokenizer.json'))) {
     throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `cluster.rollout.model_path: ${modelDir} has no tokenizer.json (the gateway tokenizes with the model's own tokenizer)` });
   }
+  // A first start, or a gateway run on its own: reef.data_dir need not exist yet.
+  mkdirSync(cfg.reef.data_dir, { recursive: true });
   const store = SqliteStore.open(join(cfg.reef.data_dir, 'records.sqlite'));
   const engine = new EngineClient(opts.engineUrl, { name: 'rollout' });
   let pool: TokenizerPool | null = null;
