@@ -16,6 +16,10 @@ import {
   type ReplyOf,
   type RequestFields,
   type StatusReply,
+  type TrainerSpec,
+  type TrainerStartReply,
+  type TrainerStepReply,
+  type TrainTask,
 } from './messages.js';
 
 export interface BridgeClientOptions {
@@ -53,6 +57,12 @@ export function defaultTimeoutMs<T extends BridgeRequestType>(type: T, fields: R
       return 300_000;
     case 'plan-placement':
       return 10_000;
+    case 'trainer-start':
+      return 300_000; // N rank processes import torch and load two models each
+    case 'trainer-step':
+      return 600_000; // a batch of 16 long turns on a real model takes minutes
+    case 'trainer-load':
+      return 120_000;
     default:
       return 60_000;
   }
@@ -150,6 +160,29 @@ export class BridgeClient {
 
   status(opts: CallOptions = {}): Promise<StatusReply> {
     return this.call('status', {}, opts);
+  }
+
+  /** Start the trainer group's rank actors in `spec.group` (an existing group replaces the old one). */
+  trainerStart(spec: TrainerSpec, opts: CallOptions = {}): Promise<TrainerStartReply> {
+    return this.call('trainer-start', { spec }, opts);
+  }
+
+  /**
+   * Train one batch and save a checkpoint `v<n>`. Idempotent by `batchId`. A rank that dies fails
+   * the call with a retryable REEF_ERR_TRAINER_RANK: `trainerStart` + `trainerLoad` and retry.
+   */
+  trainerStep(batchId: string, tasks: TrainTask[], opts: CallOptions = {}): Promise<TrainerStepReply> {
+    return this.call('trainer-step', { batchId, tasks }, opts);
+  }
+
+  /** Load policy weights from a checkpoint directory (the optimizer starts afresh); its weight version. */
+  async trainerLoad(checkpointPath: string, opts: CallOptions = {}): Promise<string> {
+    return (await this.call('trainer-load', { checkpointPath }, opts)).weightVersion;
+  }
+
+  /** Stop the rank actors; a no-op when none run. */
+  async trainerStop(opts: CallOptions = {}): Promise<void> {
+    await this.call('trainer-stop', {}, opts);
   }
 
   /** Ask the shim to remove its groups and engines and exit; it replies before it cleans up. */

@@ -75,6 +75,62 @@ export const EngineInfo = z.strictObject({
 
 export const RayStatus = z.strictObject({ address: z.string(), resources: Resources, available: Resources });
 
+// --- training (docs/training.md) ------------------------------------------------------------------
+
+/** Raw little-endian bytes (`i32ToBytes`/`f32ToBytes`); msgpack decodes bin to a Buffer. */
+const Bytes = z.instanceof(Uint8Array);
+
+/** `training.resolved` of the openclawrl recipe (`recipes/openclawrl/options.ts`). */
+export const TrainingOptions = z.strictObject({
+  wRl: z.number(),
+  wOpd: z.number(),
+  clipC: z.number(),
+  hintSelection: z.enum(['sequence_optimal', 'token_optimal']),
+  lr: z.number(),
+  epsLow: z.number(),
+  epsHigh: z.number(),
+  weightDecay: z.number(),
+  betas: z.tuple([z.number(), z.number()]),
+  topK: int(),
+});
+
+export const TrainerSpec = z.strictObject({
+  /** The base model: the trainable policy and the frozen teacher both start from it. */
+  modelPath: z.string(),
+  /** Rank actors, one per bundle of `group` (≤ its bundle count). */
+  ranks: int(),
+  backend: z.enum(['fsdp2', 'tp']),
+  options: TrainingOptions,
+  /** Holds `v<n>/` checkpoints and the completed-batch ledger. */
+  checkpointDir: z.string(),
+  seed: int(),
+  group: z.literal('reef-trainer'),
+});
+
+export const TrainTask = z.strictObject({
+  taskId: z.string(),
+  promptIds: Bytes,
+  /** The turn's assistant tokens; every one is in the loss. */
+  responseIds: Bytes,
+  /** f32 per response token, as the engine recorded it. */
+  logprobs: Bytes,
+  topK: int(),
+  /** i32 [T*K], row-major by position. */
+  topkIds: Bytes,
+  /** f32 [T*K]. */
+  topkLogprobs: Bytes,
+  reward: z.number(),
+  /** One i32 prompt per teacher candidate (hint appended to the last user message); [] = no OPD. */
+  teacherPromptIds: z.array(Bytes),
+  /** The engine's sampling parameters of this turn (ℓθ uses the same transform). */
+  sampling: z.strictObject({ temperature: z.number(), topP: z.number(), topK: int() }),
+  weightVersion: z.string().nullable(),
+});
+
+export type TrainingOptions = z.infer<typeof TrainingOptions>;
+export type TrainerSpec = z.infer<typeof TrainerSpec>;
+export type TrainTask = z.infer<typeof TrainTask>;
+
 export type Layout = z.infer<typeof Layout>;
 export type Plan = z.infer<typeof Plan>;
 export type PlannedGroup = z.infer<typeof PlannedGroup>;
@@ -106,6 +162,11 @@ export const StartEngineRequest = request('start-engine', { spec: EngineSpec });
 export const StopEngineRequest = request('stop-engine', { name: z.string() });
 export const StatusRequest = request('status', {});
 export const ShutdownRequest = request('shutdown', {});
+export const TrainerStartRequest = request('trainer-start', { spec: TrainerSpec });
+/** Idempotent by `batchId`: a batch already trained answers its stored result, `trained: false`. */
+export const TrainerStepRequest = request('trainer-step', { batchId: z.string(), tasks: z.array(TrainTask) });
+export const TrainerLoadRequest = request('trainer-load', { checkpointPath: z.string() });
+export const TrainerStopRequest = request('trainer-stop', {});
 
 export const BridgeRequest = z.discriminatedUnion('type', [
   PingRequest,
@@ -117,6 +178,10 @@ export const BridgeRequest = z.discriminatedUnion('type', [
   StopEngineRequest,
   StatusRequest,
   ShutdownRequest,
+  TrainerStartRequest,
+  TrainerStepRequest,
+  TrainerLoadRequest,
+  TrainerStopRequest,
 ]);
 export type BridgeRequest = z.infer<typeof BridgeRequest>;
 export type BridgeRequestType = BridgeRequest['type'];
@@ -138,6 +203,17 @@ export const StartEngineReply = ok({ engine: EngineInfo });
 export const StopEngineReply = ok({ stopped: z.boolean() });
 export const StatusReply = ok({ ray: RayStatus.nullable(), groups: z.array(GroupStatus), engines: z.array(EngineInfo) });
 export const ShutdownReply = ok({});
+export const TrainerStartReply = ok({ worldSize: int(), device: z.string(), pids: z.array(int()), weightVersion: z.string() });
+export const TrainerStepReply = ok({
+  batchId: z.string(),
+  weightVersion: z.string(),
+  checkpointPath: z.string(),
+  metrics: z.record(z.string(), z.number()),
+  stepMs: z.number(),
+  trained: z.boolean(),
+});
+export const TrainerLoadReply = ok({ weightVersion: z.string() });
+export const TrainerStopReply = ok({});
 
 /** The ok reply schema of each request type. */
 export const REPLY_SCHEMAS = {
@@ -150,12 +226,18 @@ export const REPLY_SCHEMAS = {
   'stop-engine': StopEngineReply,
   status: StatusReply,
   shutdown: ShutdownReply,
+  'trainer-start': TrainerStartReply,
+  'trainer-step': TrainerStepReply,
+  'trainer-load': TrainerLoadReply,
+  'trainer-stop': TrainerStopReply,
 } as const satisfies Record<BridgeRequestType, z.ZodType>;
 
 export type ReplyOf<T extends BridgeRequestType> = z.infer<(typeof REPLY_SCHEMAS)[T]>;
 export type PingReply = ReplyOf<'ping'>;
 export type InitRayReply = ReplyOf<'init-ray'>;
 export type StatusReply = ReplyOf<'status'>;
+export type TrainerStartReply = ReplyOf<'trainer-start'>;
+export type TrainerStepReply = ReplyOf<'trainer-step'>;
 
 export const ErrorReply = z.strictObject({
   type: z.literal('error'),

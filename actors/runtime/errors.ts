@@ -50,6 +50,8 @@ export const ERRORS = {
   REEF_ERR_TOKENIZER: { message: 'cannot load the tokenizer of {modelDir}: {reason}', status: 500, retryable: false, type: 'server_error' },
   REEF_ERR_CONTEXT_LENGTH: { message: 'prompt of {promptTokens} tokens plus {maxTokens} new tokens exceeds the context length {contextLength}', status: 400, retryable: false, type: 'invalid_request_error' },
   REEF_ERR_CHAT_TEMPLATE: { message: 'chat template failed: {reason}', status: 400, retryable: false, type: 'invalid_request_error' },
+  REEF_ERR_TRAINER: { message: 'trainer: {reason}', status: null, retryable: false, type: 'server_error' },
+  REEF_ERR_TRAINER_RANK: { message: 'trainer rank {rank} failed: {reason}', status: null, retryable: true, type: 'server_error' },
 } as const satisfies Record<string, ErrorSpec>;
 
 export type ErrorCode = keyof typeof ERRORS;

@@ -21,6 +21,8 @@ RETRYABLE: dict[str, bool] = {
     "REEF_ERR_ENGINE_DOWN": True,
     "REEF_ERR_NOT_FOUND": False,
     "REEF_ERR_INVALID_ARGUMENT": False,
+    "REEF_ERR_TRAINER": False,
+    "REEF_ERR_TRAINER_RANK": True,
 }
 
 

@@ -119,13 +119,29 @@ class Nullable(Schema):
         return f"{self.inner.describe()} or null"
 
 
+class Bytes(Schema):
+    """Raw bytes (msgpack bin): large numeric arrays travel this way, little-endian."""
+
+    def check(self, value: Any, path: str) -> Any:
+        if not isinstance(value, (bytes, bytearray)):
+            raise _bad(path, "bytes", value)
+        return bytes(value)
+
+    def describe(self) -> str:
+        return "bytes"
+
+
 class ListOf(Schema):
-    def __init__(self, item: Schema) -> None:
+    def __init__(self, item: Schema, length: int | None = None) -> None:
         self.item = item
+        self.length = length  # a fixed-size tuple, e.g. AdamW betas
 
     def check(self, value: Any, path: str) -> Any:
         if not isinstance(value, list):
             raise _bad(path, "an array", value)
+        if self.length is not None and len(value) != self.length:
+            raise ShimError("REEF_ERR_BAD_MESSAGE",
+                            f"malformed message: {path}: expected {self.length} items, got {len(value)}")
         for i, v in enumerate(value):
             value[i] = self.item.check(v, f"{path}[{i}]")
         return value
@@ -231,6 +247,37 @@ ENGINE_INFO = Obj({
 })
 RAY_STATUS = Obj({"address": Str(), "resources": MapOf(Num()), "available": MapOf(Num())})
 
+# --- training (docs/training.md) -------------------------------------------------------------------
+
+# `training.resolved` of the openclawrl recipe (recipes/openclawrl/options.ts), camelCase.
+TRAINING_OPTIONS = Obj({
+    "wRl": Num(), "wOpd": Num(), "clipC": Num(), "hintSelection": Lit("sequence_optimal", "token_optimal"),
+    "lr": Num(), "epsLow": Num(), "epsHigh": Num(), "weightDecay": Num(), "betas": ListOf(Num(), length=2),
+    "topK": Int(),
+})
+TRAINER_SPEC = Obj({
+    "modelPath": Str(),
+    "ranks": Int(),
+    "backend": Lit("fsdp2", "tp"),
+    "options": TRAINING_OPTIONS,
+    "checkpointDir": Str(),
+    "seed": Int(),
+    "group": Str(),
+})
+TRAIN_TASK = Obj({
+    "taskId": Str(),
+    "promptIds": Bytes(),  # i32
+    "responseIds": Bytes(),  # i32, the turn's assistant tokens: every one is in the loss
+    "logprobs": Bytes(),  # f32 per response token, as the engine recorded it
+    "topK": Int(),
+    "topkIds": Bytes(),  # i32 [T*K]
+    "topkLogprobs": Bytes(),  # f32 [T*K]
+    "reward": Num(),
+    "teacherPromptIds": ListOf(Bytes()),  # i32 per teacher candidate
+    "sampling": Obj({"temperature": Num(), "topP": Num(), "topK": Int()}),
+    "weightVersion": Nullable(Str()),
+})
+
 # request type -> fields besides `type` and `requestId`
 REQUEST_FIELDS: dict[str, dict[str, Schema]] = {
     "ping": {},
@@ -247,6 +294,10 @@ REQUEST_FIELDS: dict[str, dict[str, Schema]] = {
     "stop-engine": {"name": Str()},
     "status": {},
     "shutdown": {},
+    "trainer-start": {"spec": TRAINER_SPEC},
+    "trainer-step": {"batchId": Str(), "tasks": ListOf(TRAIN_TASK)},
+    "trainer-load": {"checkpointPath": Str()},
+    "trainer-stop": {},
 }
 
 # request type -> fields of its ok reply besides `type: 'ok'` and `requestId`
@@ -260,6 +311,11 @@ REPLY_FIELDS: dict[str, dict[str, Schema]] = {
     "stop-engine": {"stopped": Bool()},
     "status": {"ray": Nullable(RAY_STATUS), "groups": ListOf(GROUP_STATUS), "engines": ListOf(ENGINE_INFO)},
     "shutdown": {},
+    "trainer-start": {"worldSize": Int(), "device": Str(), "pids": ListOf(Int()), "weightVersion": Str()},
+    "trainer-step": {"batchId": Str(), "weightVersion": Str(), "checkpointPath": Str(), "metrics": MapOf(Num()),
+                     "stepMs": Num(), "trained": Bool()},
+    "trainer-load": {"weightVersion": Str()},
+    "trainer-stop": {},
 }
 
 _REQUESTS = {t: Obj({"type": Lit(t), "requestId": Str(), **f}) for t, f in REQUEST_FIELDS.items()}

@@ -245,6 +245,15 @@ class RayDriver:
             log.info("placement group %s removed", name)
         return removed
 
+    def placement_group(self, name: str) -> tuple[Any, dict[str, Any]]:
+        """The Ray placement group `name` and its PlannedGroup (the trainer places its ranks in it)."""
+        self._require_ray()
+        with self._lock:
+            group = self._groups.get(name)
+        if group is None:
+            raise ShimError("REEF_ERR_NOT_FOUND", f"placement group {name} not found; create-placement first")
+        return group.pg, group.planned
+
     def _group_status(self, group: _Group) -> dict[str, Any]:
         from ray.util.placement_group import placement_group_table
 

@@ -28,6 +28,7 @@ from .errors import ShimError
 from .messages import ok_reply, pack, request_id_of, unpack, validate_request
 from .placement import plan_placement
 from .ray_driver import RayDriver
+from .trainer import TrainerGroup
 
 log = logging.getLogger("reef_shim.server")
 
@@ -38,6 +39,7 @@ _STOP = object()
 class ShimServer:
     def __init__(self, endpoint: str) -> None:
         self.driver = RayDriver()
+        self.trainer = TrainerGroup(self.driver)
         self.stopping = threading.Event()
         self._ctx = zmq.Context()
         self._router = self._ctx.socket(zmq.ROUTER)
@@ -62,6 +64,10 @@ class ShimServer:
             "stop-engine": lambda m: {"stopped": self.driver.stop_engine(m["name"])},
             "status": lambda m: self.driver.status(),
             "shutdown": lambda m: {},
+            "trainer-start": lambda m: self.trainer.start(m["spec"]),
+            "trainer-step": lambda m: self.trainer.step(m["batchId"], m["tasks"]),
+            "trainer-load": lambda m: self.trainer.load(m["checkpointPath"]),
+            "trainer-stop": lambda m: self.trainer.stop(),
         }
 
     def wake(self) -> None:
@@ -180,6 +186,11 @@ class ShimServer:
         self._close()
 
     def _cleanup(self) -> None:
+        try:
+            if self.driver.connected:
+                self.trainer.stop()
+        except Exception:
+            log.exception("stopping the trainer failed")
         try:
             self.driver.close()
         except Exception:

@@ -1,0 +1,104 @@
+"""Checkpoint directories and the completed-batch ledger (docs/training.md "Checkpoints").
+
+    <checkpointDir>/v<n>/model.safetensors      full weights (a tied lm_head is saved once, as the embedding)
+    <checkpointDir>/v<n>/config.json            + the base model's tokenizer / generation files
+    <checkpointDir>/v<n>/reef_checkpoint.json   {weightVersion, parent, batchId, createdAt, metrics}
+    <checkpointDir>/reef_trainer_ledger.json    {batches: {batchId: step result}}
+
+A checkpoint is written into a hidden temporary directory and renamed into place, so a directory
+named `v<n>` is always complete; the ledger is replaced the same way (write, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import ShimError
+
+LEDGER = "reef_trainer_ledger.json"
+META = "reef_checkpoint.json"
+# Small files that make a checkpoint a complete HF directory (the engine needs config.json).
+COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+          "special_tokens_map.json", "chat_template.jinja")
+_VERSION = re.compile(r"^v(\d+)$")
+
+
+def _write_json_atomic(path: Path, value: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Ledger:
+    """Batch ids already trained, with the result each one answered."""
+
+    def __init__(self, checkpoint_dir: Path) -> None:
+        self.path = checkpoint_dir / LEDGER
+        self.batches: dict[str, dict[str, Any]] = {}
+        if self.path.exists():
+            try:
+                self.batches = dict(json.loads(self.path.read_text())["batches"])
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise ShimError("REEF_ERR_TRAINER", f"trainer: cannot read the batch ledger {self.path}: {e}") from e
+
+    def get(self, batch_id: str) -> dict[str, Any] | None:
+        return self.batches.get(batch_id)
+
+    def record(self, batch_id: str, result: dict[str, Any]) -> None:
+        self.batches[batch_id] = result
+        _write_json_atomic(self.path, {"batches": self.batches})
+
+
+def next_version(checkpoint_dir: Path, ledger: Ledger) -> str:
+    """`v<n>` one past every version on disk or in the ledger: monotonic across restarts, and never
+    the name of a directory a crashed step may have left behind."""
+    seen = [0]
+    if checkpoint_dir.is_dir():
+        seen += [int(m.group(1)) for p in checkpoint_dir.iterdir() if (m := _VERSION.match(p.name))]
+    seen += [int(m.group(1)) for r in ledger.batches.values() if (m := _VERSION.match(str(r.get("weightVersion"))))]
+    return f"v{max(seen) + 1}"
+
+
+def save_checkpoint(state: dict[str, Any], base_model: Path, out: Path, meta: dict[str, Any],
+                    tied: bool) -> float:
+    """Write `state` (full tensors, CPU) as an HF directory at `out`; returns the seconds it took."""
+    from safetensors.torch import save_file
+
+    started = time.monotonic()
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    if tied:
+        tensors.pop("lm_head.weight", None)  # the same storage as the embedding; safetensors refuses shared tensors
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    for name in COPIED:
+        if (base_model / name).is_file():
+            shutil.copyfile(base_model / name, tmp / name)
+    (tmp / META).write_text(json.dumps({**meta, "createdAt": int(time.time() * 1000)}, indent=1, sort_keys=True))
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if out.exists():
+        shutil.rmtree(out)  # a leftover of a step that crashed after its rename but before the ledger
+    os.rename(tmp, out)
+    return time.monotonic() - started
+
+
+def checkpoint_version(path: Path) -> str:
+    """The weight version a checkpoint directory holds: from its meta file, else its name."""
+    try:
+        return str(json.loads((path / META).read_text())["weightVersion"])
+    except (OSError, ValueError, KeyError):
+        return path.name

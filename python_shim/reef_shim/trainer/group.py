@@ -1,0 +1,235 @@
+"""The trainer group as the shim's worker thread sees it: start, step, load, stop.
+
+The driver side holds no model. It checks requests, splits the batch, runs one call per rank and
+waits for all of them while watching for a dead rank: the first failure kills every rank (the
+survivors would block in a collective for minutes) and fails the call with the retryable
+REEF_ERR_TRAINER_RANK; the caller then sends trainer-start, trainer-load and the same batch again.
+Steps are idempotent by batch id through the ledger in the checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import ShimError
+from .checkpoint import Ledger, checkpoint_version, next_version
+from .tasks import decode_tasks, shard
+
+log = logging.getLogger("reef_shim.trainer")
+
+BASE_VERSION = "v0"  # the base model's weights, before any step
+SETUP_TIMEOUT_S = 600.0
+CRASH_HOOK_ENV = "REEF_TRAINER_TEST_CRASH"
+
+
+def _objective_config(options: dict[str, Any]) -> Any:
+    from .rank import objective_from_options
+
+    return objective_from_options(options)
+
+
+class TrainerGroup:
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+        self._ranks: list[Any] = []
+        self._spec: dict[str, Any] | None = None
+        self._info: dict[str, Any] = {}
+        self._cfg: Any = None
+        self._ledger: Ledger | None = None
+        self._dir = Path(".")
+        self._version = BASE_VERSION
+        self._broken: str | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self, spec: dict[str, Any]) -> dict[str, Any]:
+        if spec["backend"] != "fsdp2":
+            raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"trainer-start.spec.backend {spec['backend']!r} is not "
+                            "implemented; use 'fsdp2' (docs/training.md says why)")
+        if spec["group"] != "reef-trainer":
+            raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"trainer-start.spec.group: expected 'reef-trainer', got {spec['group']!r}")
+        if not (Path(spec["modelPath"]) / "config.json").is_file():
+            raise ShimError("REEF_ERR_NOT_FOUND", f"model {spec['modelPath']} (its config.json) not found")
+        cfg = _objective_config(spec["options"])  # invalid options fail here, before any process starts
+        pg, planned = self.driver.placement_group(spec["group"])
+        bundles = planned["bundles"]
+        if not 1 <= spec["ranks"] <= len(bundles):
+            raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"trainer-start.spec.ranks: {spec['ranks']} rank(s) do not fit "
+                            f"the {len(bundles)} bundle(s) of {spec['group']}")
+        if self._ranks:
+            log.info("trainer-start: replacing the running group")
+            self.stop()
+        directory = Path(spec["checkpointDir"])
+        directory.mkdir(parents=True, exist_ok=True)
+        ledger = Ledger(directory)
+
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from .rank import TrainerRank
+
+        world = spec["ranks"]
+        actor = ray.remote(TrainerRank)
+        hook = os.environ.get(CRASH_HOOK_ENV) or None
+        started = time.monotonic()
+        self._ranks = [
+            actor.options(
+                num_gpus=bundles[r]["GPU"], num_cpus=bundles[r]["CPU"], max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=r),
+            ).remote(r, world, spec["seed"], int(bundles[r]["CPU"]), hook)
+            for r in range(world)
+        ]
+        master = self._gather([self._ranks[0].rendezvous.remote()], "rendezvous", SETUP_TIMEOUT_S)[0]
+        infos = self._gather([r.setup.remote(master, spec["modelPath"], spec["options"]) for r in self._ranks],
+                             "setup", SETUP_TIMEOUT_S)
+        self._spec, self._info, self._cfg = spec, infos[0], cfg
+        self._ledger, self._dir, self._version, self._broken = ledger, directory, BASE_VERSION, None
+        log.info("trainer: %d rank(s) on %s (%s) ready in %.1f s, pids %s", world, infos[0]["device"],
+                 infos[0]["backend"], time.monotonic() - started, [i["pid"] for i in infos])
+        return {"worldSize": world, "device": infos[0]["device"], "pids": [i["pid"] for i in infos],
+                "weightVersion": self._version}
+
+    def stop(self) -> dict[str, Any]:
+        import ray
+
+        ranks, self._ranks = self._ranks, []
+        if ranks:
+            refs = [r.close.remote() for r in ranks]
+            ray.wait(refs, num_returns=len(refs), timeout=15)  # dead or stuck ranks are killed regardless
+            for r in ranks:
+                ray.kill(r)
+            log.info("trainer: %d rank(s) stopped", len(ranks))
+        self._spec = None
+        return {}
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def _require(self) -> dict[str, Any]:
+        if self._spec is None or self._ledger is None:
+            raise ShimError("REEF_ERR_TRAINER", "trainer: not started; send trainer-start first")
+        if self._broken is not None:
+            raise ShimError("REEF_ERR_TRAINER_RANK", f"trainer rank {self._broken}; send trainer-start again")
+        return self._spec
+
+    def step(self, batch_id: str, raw_tasks: list[dict[str, Any]]) -> dict[str, Any]:
+        if self._ledger is not None and (done := self._ledger.get(batch_id)) is not None:
+            log.info("trainer-step %s: already trained as %s; not training it again", batch_id, done["weightVersion"])
+            return {**done, "trained": False}
+        self._require()
+        assert self._ledger is not None
+        started = time.monotonic()
+        tasks = decode_tasks(raw_tasks, self._info["vocab"], self._info["maxLen"])
+        shards = shard(tasks, len(self._ranks))
+        totals = {"tokens": float(sum(t.T for t in tasks)), "opd_tokens": float(sum(t.T for t in tasks if t.H))}
+        version = next_version(self._dir, self._ledger)
+        out = self._dir / version
+        meta = {"weightVersion": version, "parent": self._version, "batchId": batch_id}
+        refs = [rank.step.remote(batch_id, [tasks[i] for i in shards[r]], totals, str(out) if r == 0 else None, meta)
+                for r, rank in enumerate(self._ranks)]
+        results = self._gather(refs, f"trainer-step {batch_id}", None)
+        failed = next((r["error"] for r in results if r["error"]), None)
+        if failed:
+            raise ShimError("REEF_ERR_TRAINER", f"trainer: batch {batch_id}: {failed}")
+        from .loss import combine
+
+        metrics = combine([r["sums"] for r in results], self._cfg)
+        metrics.update(grad_norm=results[0]["sums"]["grad_norm"], lr=float(self._spec_options()["lr"]),
+                       train_ms=results[0]["train_s"] * 1000, save_ms=results[0]["save_s"] * 1000)
+        result = {"batchId": batch_id, "weightVersion": version, "checkpointPath": str(out), "metrics": metrics,
+                  "stepMs": (time.monotonic() - started) * 1000}
+        self._ledger.record(batch_id, result)
+        self._version = version
+        log.info("trainer-step %s → %s: loss %.4g, |Δℓ| %.2g, %d tokens, %.0f ms (save %.0f ms)", batch_id, version,
+                 metrics["loss"], metrics["train_rollout_logprob_abs_diff"], metrics["tokens"], result["stepMs"],
+                 metrics["save_ms"])
+        return {**result, "trained": True}
+
+    def _spec_options(self) -> dict[str, Any]:
+        return self._spec["options"] if self._spec else {}
+
+    def load(self, checkpoint_path: str) -> dict[str, Any]:
+        spec = self._require()
+        path = Path(checkpoint_path)
+        _check_checkpoint(path, Path(spec["modelPath"]))
+        self._gather([r.load.remote(str(path)) for r in self._ranks], f"trainer-load {path}", SETUP_TIMEOUT_S)
+        self._version = checkpoint_version(path)
+        log.info("trainer: loaded %s (%s); optimizer state reset", path, self._version)
+        return {"weightVersion": self._version}
+
+    # --- waiting on ranks -----------------------------------------------------------------------
+
+    def _gather(self, refs: list[Any], what: str, timeout_s: float | None) -> list[Any]:
+        """All results, or: kill the group at the first failed rank and raise REEF_ERR_TRAINER_RANK."""
+        import ray
+
+        started = time.monotonic()
+        pending, logged = list(refs), started
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+            failures = _failures(ray, refs, ready)
+            if failures:
+                # A dead rank makes its peers' collectives fail too, often first: give Ray a moment
+                # to report the death, so the error names the rank that died, not a bystander.
+                failures += _failures(ray, refs, ray.wait(pending, num_returns=len(pending), timeout=3.0)[0])
+                rank, e = min(failures, key=lambda f: (not isinstance(f[1], ray.exceptions.RayActorError), f[0]))
+                reason = str(e).strip().splitlines()[-1][:500] if str(e).strip() else type(e).__name__
+                self._broken = f"{rank} failed: {type(e).__name__}"
+                log.error("%s: rank %d failed (%s); stopping every rank", what, rank, reason)
+                self._kill_all()
+                raise ShimError("REEF_ERR_TRAINER_RANK", f"trainer rank {rank} failed: {what}: {reason}") from e
+            now = time.monotonic()
+            if self.driver.closing.is_set():
+                self._kill_all()
+                raise ShimError("REEF_ERR_SHIM", f"python shim failed: shutting down during {what}")
+            if timeout_s is not None and now - started > timeout_s:
+                self._kill_all()
+                raise ShimError("REEF_ERR_TRAINER_RANK", f"trainer rank {refs.index(pending[0])} failed: "
+                                f"{what}: no answer within {timeout_s:.0f} s")
+            if pending and now - logged >= 10:
+                log.info("%s: waiting for %d of %d rank(s) (%.0f s)", what, len(pending), len(refs), now - started)
+                logged = now
+        return ray.get(refs)
+
+    def _kill_all(self) -> None:
+        import ray
+
+        for r in self._ranks:
+            ray.kill(r)
+        self._ranks = []
+        if self._broken is None:
+            self._broken = "stopped"
+
+
+def _failures(ray: Any, refs: list[Any], ready: list[Any]) -> list[tuple[int, Exception]]:
+    """(rank, error) of every finished call that raised: RayActorError (the process died) or
+    RayTaskError (it raised)."""
+    out = []
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except Exception as e:
+            out.append((refs.index(ref), e))
+    return out
+
+
+def _check_checkpoint(path: Path, base: Path) -> None:
+    """What can be checked without the model: the directory, its files, its shape against the base."""
+    from ..engines.weights import SHAPE_KEYS, WeightError, safetensors_files  # imports torch: not at shim start
+
+    if not path.is_dir():
+        raise ShimError("REEF_ERR_NOT_FOUND", f"checkpoint {path} not found")
+    try:
+        safetensors_files(path)
+        theirs = json.loads((path / "config.json").read_text())
+        ours = json.loads((base / "config.json").read_text())
+    except (WeightError, OSError, ValueError) as e:
+        raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"checkpoint {path}: {e}") from e
+    diffs = [k for k in SHAPE_KEYS if ours.get(k) != theirs.get(k)]
+    if diffs:
+        raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"checkpoint {path} is another model than {base} "
+                        f"(differs in {', '.join(diffs)})")

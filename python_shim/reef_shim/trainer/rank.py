@@ -1,0 +1,182 @@
+"""One trainer rank: a Ray actor in one bundle of `reef-trainer`, one torch.distributed process.
+
+Each rank holds the policy sharded with FSDP2 (`fully_shard` per decoder layer, then the root) and
+a full, frozen copy of the base model as the teacher (inference only, so it needs no collective and
+ranks may run different numbers of teacher forwards). Every rank runs exactly one policy forward
+and backward per step, also with no task (a one-token dummy whose loss is multiplied by 0), so the
+FSDP all-gathers and reduce-scatters of all ranks pair up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_REPO = str(Path(__file__).resolve().parents[3])
+if _REPO not in sys.path:
+    sys.path.append(_REPO)  # recipes/ imports as a top-level package from the repo root
+
+from recipes.openclawrl.objective import objective_from_options, openclawrl_loss  # noqa: E402
+
+from .checkpoint import save_checkpoint  # noqa: E402
+from .loss import empty_sums, local_loss  # noqa: E402
+from .scoring import objective_batch  # noqa: E402
+from .tasks import TrainTask  # noqa: E402
+
+PG_TIMEOUT = timedelta(minutes=10)  # a collective stuck longer than this raises instead of hanging
+
+
+class TrainerRank:
+    def __init__(self, rank: int, world: int, seed: int, threads: int, crash_hook: str | None) -> None:
+        self.rank, self.world = rank, world
+        self.crash_hook = crash_hook
+        torch.manual_seed(seed)
+        torch.set_num_threads(max(1, threads))
+        self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        self.policy: Any = None
+        self.teacher: Any = None
+        self.optimizer: Any = None
+        self.cfg: Any = None
+        self.options: dict[str, Any] = {}
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0's address and a free port on it for torch.distributed's TCP store."""
+        import ray
+
+        from ..engine_process import pick_free_port
+
+        host = ray.util.get_node_ip_address()
+        return host, pick_free_port(host)
+
+    def setup(self, master: tuple[str, int], model_path: str, options: dict[str, Any]) -> dict[str, Any]:
+        import torch.distributed as dist
+
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=self.rank,
+                                world_size=self.world, timeout=PG_TIMEOUT)
+        self.model_path = Path(model_path)
+        self.teacher = self._load(model_path).eval().requires_grad_(False)
+        self.policy = self._shard(self._load(model_path))
+        self.options = options
+        self.cfg = objective_from_options(options)
+        self._new_optimizer()
+        return {"pid": os.getpid(), "device": str(self.device), "backend": backend,
+                "vocab": int(self.teacher.config.vocab_size),
+                "maxLen": int(getattr(self.teacher.config, "max_position_embeddings", 1 << 30)),
+                "tied": bool(getattr(self.teacher.config, "tie_word_embeddings", False))}
+
+    def _load(self, path: str) -> Any:
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        # fp32 everywhere on CPU: ℓθ must match the engine's fp32 logprobs to 1e-3 (docs/training.md).
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device)
+
+    def _shard(self, model: Any) -> Any:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(self.device.type, (self.world,))
+        layer_types = set(getattr(model, "_no_split_modules", None) or [])
+        for module in model.modules():
+            if type(module).__name__ in layer_types:
+                fully_shard(module, mesh=mesh)
+        fully_shard(model, mesh=mesh)  # the rest: embeddings, norm, lm_head (tied weights stay one parameter)
+        return model.train()
+
+    def _new_optimizer(self) -> None:
+        o = self.options
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=o["lr"], weight_decay=o["weightDecay"],
+                                           betas=(o["betas"][0], o["betas"][1]))
+
+    def _maybe_crash(self, batch_id: str) -> None:
+        # Test hook, REEF_TRAINER_TEST_CRASH='{"rank": 1, "batchId": "...", "marker": "/tmp/x"}':
+        # that rank dies once, mid-step (the marker file makes the retry survive).
+        if not self.crash_hook:
+            return
+        hook = json.loads(self.crash_hook)
+        rank, batch, marker = hook["rank"], hook["batchId"], hook["marker"]
+        if int(rank) == self.rank and batch == batch_id and not os.path.exists(marker):
+            Path(marker).write_text(str(os.getpid()))
+            os._exit(17)
+
+    def step(self, batch_id: str, tasks: list[TrainTask], totals: dict[str, float], out_dir: str | None,
+             meta: dict[str, Any]) -> dict[str, Any]:
+        """Forward, loss, backward, AdamW; then every rank helps gather the full weights and rank 0
+        saves them to `out_dir`. Returns this rank's metric sums (and, on rank 0, save timing)."""
+        import torch.distributed as dist
+
+        started = time.monotonic()
+        self.optimizer.zero_grad(set_to_none=True)
+        if tasks:
+            batch = objective_batch(self.policy, self.teacher, tasks, self.device)
+            loss, sums = local_loss(batch, self.cfg, totals, self.world, openclawrl_loss)
+        else:
+            dummy = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+            loss, sums = self.policy(input_ids=dummy, use_cache=False).logits.sum() * 0.0, empty_sums()
+        self._maybe_crash(batch_id)
+        # All ranks agree on finiteness before anyone steps, so a NaN batch fails cleanly everywhere.
+        bad = torch.tensor([0.0 if torch.isfinite(loss) else 1.0], device=self.device)
+        dist.all_reduce(bad)
+        if bad.item() > 0:
+            return {"error": "non-finite loss: the batch was not applied", "sums": sums}
+        loss.backward()
+        sums["grad_norm"] = self._grad_norm()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        forward_backward_s = time.monotonic() - started
+        state = self._full_state()
+        save_s = 0.0
+        if self.rank == 0 and out_dir is not None:
+            save_s = save_checkpoint(state, self.model_path, Path(out_dir), meta,
+                                     tied=bool(getattr(self.teacher.config, "tie_word_embeddings", False)))
+        return {"error": None, "sums": sums, "train_s": forward_backward_s, "save_s": save_s}
+
+    def _grad_norm(self) -> float:
+        import torch.distributed as dist
+
+        # FSDP2 grads are DTensors sharded on dim 0: the squares of the local shards add up to the total.
+        sq = torch.zeros(1, device=self.device)
+        for p in self.policy.parameters():
+            if p.grad is not None:
+                g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                sq += g.float().pow(2).sum()
+        dist.all_reduce(sq)
+        return float(sq.sqrt())
+
+    def _full_state(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # A collective: every rank takes part, only rank 0 ends up holding the (CPU) tensors.
+        return get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load(self, path: str) -> None:
+        """Policy weights from a checkpoint directory; the optimizer starts afresh (docs/training.md)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        from ..engines.weights import load_checked_state_dict
+
+        # Checked against the unsharded teacher (same architecture) so a wrong checkpoint fails
+        # before any rank has changed a weight.
+        state = load_checked_state_dict(Path(path), self.teacher.config, self.teacher)
+        if getattr(self.teacher.config, "tie_word_embeddings", False):
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        set_model_state_dict(self.policy, state, options=StateDictOptions(full_state_dict=True))
+        self._new_optimizer()
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+__all__ = ["TrainerRank"]

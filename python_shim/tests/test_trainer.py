@@ -1,0 +1,173 @@
+"""The trainer group for real: Ray with logical GPUs, 2 gloo ranks, FSDP2, the tiny model.
+
+Tasks come from real generations of the hf engine (sampled at temperature 0.8 / top_p 0.9, greedy,
+and top_k 2 so that top-K rows hold floor entries). One module-scoped Ray head and placement.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from reef_shim import tiny_model
+from reef_shim.engines.hf_engine import HFEngine
+from reef_shim.errors import ShimError
+from reef_shim.ray_driver import RayDriver
+from reef_shim.trainer import TrainerGroup
+from reef_shim.trainer.checkpoint import LEDGER
+from reef_shim.trainer.loss import local_loss
+from reef_shim.trainer.scoring import objective_batch
+from reef_shim.trainer.tasks import decode_tasks
+from recipes.openclawrl.objective import objective_from_options, openclawrl_loss
+from trainer_fixtures import HINTS, generate, options, spec, task
+
+LAYOUT = {"trainer": {"gpus": 2}, "rollout": {"gpus": 1}, "prm": {"gpus": 1, "replicas": 0}, "student": None,
+          "cpusPerBundle": 1}
+LR = 1e-3  # large enough that one step visibly changes the engine's outputs
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    tiny_model.build(out, seed=0, quiet=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine(model: Path) -> HFEngine:
+    return HFEngine(str(model), weight_version="v0", seed=3)
+
+
+@pytest.fixture(scope="module")
+def tasks(engine: HFEngine) -> list[dict[str, Any]]:
+    return [
+        task(engine, "sampled", temperature=0.8, top_p=0.9, hints=HINTS, reward=1.0, seed=11),
+        task(engine, "greedy", temperature=0.0, hints=HINTS[:1], reward=-1.0, seed=12),
+        task(engine, "top-k-2", temperature=0.8, top_p=0.9, top_k=2, hints=[], reward=1.0, seed=13,
+             user="Name a colour."),
+    ]
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[RayDriver]:
+    d = RayDriver()
+    d.init_ray(None, 4, 3, None)
+    d.create_placement(LAYOUT, 120)
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+def _params_differ(a: Path, b: Path) -> list[str]:
+    x, y = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert set(x) == set(y)
+    return [k for k in x if not torch.equal(x[k], y[k])]
+
+
+def test_one_step_matches_the_engine_then_trains(driver: RayDriver, model: Path, engine: HFEngine,
+                                                 tasks: list[dict[str, Any]], tmp_path: Path) -> None:
+    group = TrainerGroup(driver)
+    ckpt = tmp_path / "ckpt"
+    started = group.start(spec(str(model), str(ckpt), lr=LR))
+    try:
+        assert started["worldSize"] == 2 and started["device"] == "cpu" and started["weightVersion"] == "v0"
+        assert len(set(started["pids"])) == 2
+        out = group.step("s:openclawrl:1", tasks)
+    finally:
+        group.stop()
+    m = out["metrics"]
+    assert out["trained"] is True and out["weightVersion"] == "v1"
+    # ℓθ before the update reproduces the engine's recorded logprobs (same transform, fp32).
+    assert m["train_rollout_logprob_abs_diff"] < 1e-3, m
+    assert m["train_rollout_logprob_abs_diff_max"] < 1e-2, m
+    assert all(torch.isfinite(torch.tensor(v)) for v in m.values())
+    assert m["tokens"] == 72 and m["opd_tokens"] == 48 and m["samples"] == 3 and m["samples_with_teacher"] == 2
+
+    # The 2-rank loss and gradient equal one process on the whole batch: the global means hold.
+    ref_model = _load(model)
+    decoded = decode_tasks(tasks, 2048, 4096)
+    batch = objective_batch(ref_model, _load(model).requires_grad_(False), decoded, torch.device("cpu"))
+    cfg = objective_from_options(options(lr=LR))
+    loss, _ = local_loss(batch, cfg, {"tokens": 72.0, "opd_tokens": 48.0}, 1, openclawrl_loss)
+    loss.backward()
+    ref_norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in ref_model.parameters() if p.grad is not None))
+    assert m["loss"] == pytest.approx(loss.item(), rel=1e-4, abs=1e-6)
+    assert m["grad_norm"] == pytest.approx(ref_norm.item(), rel=1e-3)
+
+    # A complete HF checkpoint with changed weights, which the engine loads and serves.
+    path = Path(out["checkpointPath"])
+    assert path == ckpt / "v1"
+    assert {"model.safetensors", "config.json", "tokenizer.json", "reef_checkpoint.json"} <= {p.name for p in path.iterdir()}
+    assert json.loads((path / "reef_checkpoint.json").read_text())["batchId"] == "s:openclawrl:1"
+    assert len(_params_differ(model, path)) > 10
+    prompt = list(torch.frombuffer(bytearray(tasks[1]["promptIds"]), dtype=torch.int32).tolist())
+    before = generate(engine, prompt, 0.0, 1.0, -1, 4, seed=1)
+    engine.update_weights_from_disk(str(path), "v1")
+    try:
+        after = generate(engine, prompt, 0.0, 1.0, -1, 4, seed=1)
+        assert engine.weight_version == "v1"
+        assert [e[0] for e in after.token_logprobs] != [e[0] for e in before.token_logprobs]
+    finally:
+        engine.update_weights_from_disk(str(model), "v0")
+
+
+def _load(model: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+
+
+def test_a_rank_killed_mid_step_fails_retryably_and_the_retry_trains_once(
+        driver: RayDriver, model: Path, tasks: list[dict[str, Any]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ckpt = tmp_path / "ckpt"
+    hook = {"rank": 1, "batchId": "s:openclawrl:2", "marker": str(tmp_path / "crashed")}
+    monkeypatch.setenv("REEF_TRAINER_TEST_CRASH", json.dumps(hook))
+    group = TrainerGroup(driver)
+    try:
+        group.start(spec(str(model), str(ckpt), lr=LR))
+        first = group.step("s:openclawrl:1", tasks[:2])
+        with pytest.raises(ShimError) as failed:
+            group.step("s:openclawrl:2", tasks[2:])  # one task for two ranks: rank 1 runs the dummy pass
+        assert failed.value.code == "REEF_ERR_TRAINER_RANK" and failed.value.retryable
+        assert "rank 1" in failed.value.message
+        assert (tmp_path / "crashed").exists() and not (ckpt / "v2").exists()
+        with pytest.raises(ShimError) as broken:
+            group.step("s:openclawrl:2", tasks[2:])
+        assert broken.value.code == "REEF_ERR_TRAINER_RANK"
+
+        # What the trainer-controller does: restart from the last release, retry the batch.
+        assert group.start(spec(str(model), str(ckpt), lr=LR))["weightVersion"] == "v0"
+        assert group.load(first["checkpointPath"]) == {"weightVersion": "v1"}
+        retried = group.step("s:openclawrl:2", tasks[2:])
+        again = group.step("s:openclawrl:2", tasks[2:])
+        replayed = group.step("s:openclawrl:1", tasks[:2])
+    finally:
+        group.stop()
+    assert retried["trained"] is True and retried["weightVersion"] == "v2"
+    # Trained from v1, not from the base the tasks were generated with.
+    assert retried["metrics"]["train_rollout_logprob_abs_diff"] > 1e-3
+    assert again["trained"] is False and again["weightVersion"] == "v2" and again["metrics"] == retried["metrics"]
+    assert replayed["trained"] is False and replayed["weightVersion"] == "v1"
+    ledger = json.loads((ckpt / LEDGER).read_text())["batches"]
+    assert sorted(ledger) == ["s:openclawrl:1", "s:openclawrl:2"]
+    assert sorted(p.name for p in ckpt.iterdir() if not p.name.startswith(".")) == [LEDGER, "v1", "v2"]
+
+
+def test_start_and_load_refuse_what_they_cannot_use(driver: RayDriver, model: Path, tmp_path: Path) -> None:
+    group = TrainerGroup(driver)
+    with pytest.raises(ShimError, match="not started"):
+        group.load(str(model))
+    with pytest.raises(ShimError, match="do not fit the 2 bundle"):
+        group.start(spec(str(model), str(tmp_path), ranks=3))
+    with pytest.raises(ShimError, match="'tp' is not implemented"):
+        group.start({**spec(str(model), str(tmp_path)), "backend": "tp"})
+    with pytest.raises(ShimError, match="hint_selection"):
+        group.start(spec(str(model), str(tmp_path), hintSelection="best"))
+    assert group.stop() == {}

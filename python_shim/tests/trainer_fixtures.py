@@ -1,0 +1,73 @@
+"""Training tasks built from real generations of the in-process `hf` engine, as the TS side sends them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from reef_shim.engines.hf_engine import HFEngine
+from reef_shim.engines.request import parse_generate
+
+QUESTION = "What is 12 + 7?"
+HINTS = ["Add the ones first.", "The answer is a number below 20."]
+
+
+def chat(user: str) -> str:
+    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def with_hint(user: str, hint: str) -> str:
+    # The hint goes after a blank line and a short marker line (ARCHITECTURE.md §4).
+    return f"{user}\n\n[hint]\n{hint}"
+
+
+def generate(engine: HFEngine, prompt_ids: list[int], temperature: float, top_p: float, top_k: int, k: int,
+             seed: int, max_new: int = 24) -> Any:
+    req = parse_generate({"input_ids": prompt_ids, "return_logprob": True, "top_logprobs_num": k,
+                          "sampling_params": {"max_new_tokens": max_new, "temperature": temperature, "top_p": top_p,
+                                              "top_k": top_k, "ignore_eos": True, "sampling_seed": seed}})
+    with engine.lock:
+        *_, last = engine.generate(req, lambda: False)
+    return last
+
+
+def i32(values: list[int]) -> bytes:
+    return np.asarray(values, dtype="<i4").tobytes()
+
+
+def f32(values: list[float]) -> bytes:
+    return np.asarray(values, dtype="<f4").tobytes()
+
+
+def task(engine: HFEngine, task_id: str, *, temperature: float, top_p: float = 1.0, top_k: int = -1, k: int = 4,
+         hints: list[str], reward: float, seed: int, user: str = QUESTION) -> dict[str, Any]:
+    """A wire Task from one generation: the recorded logprobs and top-K are the engine's own."""
+    prompt = engine.encode(chat(user))
+    state = generate(engine, prompt, temperature, top_p, top_k, k, seed)
+    top_ids = [[e[1] for e in row] for row in state.top_logprobs]
+    top_lp = [[e[0] for e in row] for row in state.top_logprobs]
+    return {
+        "taskId": task_id,
+        "promptIds": i32(prompt),
+        "responseIds": i32(state.output_ids),
+        "logprobs": f32([e[0] for e in state.token_logprobs]),
+        "topK": k,
+        "topkIds": i32([i for row in top_ids for i in row]),
+        "topkLogprobs": f32([x for row in top_lp for x in row]),
+        "reward": reward,
+        "teacherPromptIds": [i32(engine.encode(chat(with_hint(user, h)))) for h in hints],
+        "sampling": {"temperature": temperature, "topP": top_p, "topK": top_k},
+        "weightVersion": engine.weight_version,
+    }
+
+
+def options(**over: Any) -> dict[str, Any]:
+    base = {"wRl": 1.0, "wOpd": 1.0, "clipC": 1.0, "hintSelection": "sequence_optimal", "lr": 1e-5, "epsLow": 0.2,
+            "epsHigh": 0.28, "weightDecay": 0.1, "betas": [0.9, 0.98], "topK": 4}
+    return {**base, **over}
+
+
+def spec(model: str, checkpoint_dir: str, ranks: int = 2, **opts: Any) -> dict[str, Any]:
+    return {"modelPath": model, "ranks": ranks, "backend": "fsdp2", "options": options(**opts),
+            "checkpointDir": checkpoint_dir, "seed": 0, "group": "reef-trainer"}
