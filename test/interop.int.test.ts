@@ -1,7 +1,7 @@
 import { spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { decode, encode, f32ToBytes } from '../actors/runtime/codec.js';
+import { decode, encode, f32ToBytes, i32ToBytes } from '../actors/runtime/codec.js';
 import { BridgeRequest, type BridgeRequestType, ErrorReply, REPLY_SCHEMAS } from '../bridge/messages.js';
 import { pythonBin, pythonEnv, repoRoot } from '../cluster/paths.js';
 
@@ -52,6 +52,22 @@ const engine = (pid: number | null, weightVersion: string | null) => ({
 });
 const spec = { name: 'rollout-0', role: 'rollout', kind: 'hf', modelPath: '/m/tiny', group: 'reef-rollout', bundleIndex: 0, host: '127.0.0.1', port: 0, extraArgs: ['--dtype', 'float32', '', '—ünï'] };
 
+const trainOptions = { wRl: 1, wOpd: 0.5, clipC: 1, hintSelection: 'token_optimal', lr: 1e-5, epsLow: 0.2, epsHigh: 0.28, weightDecay: 0.1, betas: [0.9, 0.98], topK: 4 };
+const trainerSpec = { modelPath: '/m/tiny', ranks: 2, backend: 'fsdp2', options: trainOptions, checkpointDir: '/data/ckpt-ü', seed: 0, group: 'reef-trainer' };
+const trainTask = {
+  taskId: 'rec-01J×',
+  promptIds: i32ToBytes([2039, 84, 2_147_483_647]),
+  responseIds: i32ToBytes([12, 2041]),
+  logprobs: f32ToBytes([-0.5, -1e-7]),
+  topK: 2,
+  topkIds: i32ToBytes([12, 7, 2041, -1]),
+  topkLogprobs: f32ToBytes([-0.5, -1.25, -1e-7, -10000]),
+  reward: -1,
+  teacherPromptIds: [i32ToBytes([2039, 84, 9]), i32ToBytes([])],
+  sampling: { temperature: 0.8, topP: 0.9, topK: -1 },
+  weightVersion: null,
+};
+
 const req = (type: BridgeRequestType, fields: Record<string, unknown> = {}): Sample => ({ schema: 'request', message: { type, requestId: `ts-${type}-1`, ...fields } });
 const ok = (type: BridgeRequestType, fields: Record<string, unknown> = {}): Sample => ({ schema: `reply:${type}`, message: { type: 'ok', requestId: `ts-${type}-é`, ...fields } });
 
@@ -68,6 +84,11 @@ const TS_SAMPLES: Sample[] = [
   req('stop-engine', { name: 'rollout-0' }),
   req('status'),
   req('shutdown'),
+  req('trainer-start', { spec: trainerSpec }),
+  req('trainer-step', { batchId: 'support:openclawrl:3', tasks: [trainTask, { ...trainTask, teacherPromptIds: [], weightVersion: 'v2', reward: 0.5 }] }),
+  req('trainer-step', { batchId: 'b', tasks: [] }),
+  req('trainer-load', { checkpointPath: '/data/ckpt/v2' }),
+  req('trainer-stop'),
   ok('ping', { pid: 123_456, version: '0.1.0', rayConnected: true }),
   ok('init-ray', { address: '127.0.0.1:6379', startedHead: false, resources }),
   ok('plan-placement', {
@@ -84,6 +105,10 @@ const TS_SAMPLES: Sample[] = [
   }),
   ok('status', { ray: null, groups: [], engines: [] }),
   ok('shutdown'),
+  ok('trainer-start', { worldSize: 2, device: 'cpu', pids: [101, 102], weightVersion: 'v0' }),
+  ok('trainer-step', { batchId: 'support:openclawrl:3', weightVersion: 'v3', checkpointPath: '/data/ckpt/v3', metrics: { loss: -0.25, tokens: 72, train_rollout_logprob_abs_diff: 1.5e-7 }, stepMs: 812.5, trained: true }),
+  ok('trainer-load', { weightVersion: 'v2' }),
+  ok('trainer-stop'),
   { schema: 'error', message: { type: 'error', requestId: null, code: 'REEF_ERR_BAD_MESSAGE', message: 'malformed message: not msgpack', retryable: false } },
   { schema: 'error', message: { type: 'error', requestId: 'r-9', code: 'REEF_ERR_FROM_THE_FUTURE', message: 'ünknown', retryable: true } },
 ];
@@ -97,6 +122,11 @@ const BROKEN: Array<[Sample, string]> = [
   [req('start-engine', { spec: { ...spec, kind: 'vllm' } }), "start-engine.spec.kind: expected 'hf' | 'sglang', got 'vllm'"],
   [ok('start-engine', { engine: { ...engine(1, null), pid: '1' } }), 'start-engine reply.engine.pid: expected an integer'],
   [ok('status', { ray: null, groups: [] }), 'status reply.engines: missing'],
+  [req('trainer-step', { batchId: 'b', tasks: [{ ...trainTask, promptIds: [2039, 84] }] }), 'trainer-step.tasks[0].promptIds: expected bytes'],
+  [req('trainer-step', { batchId: 'b', tasks: [{ ...trainTask, topK: 2.5 }] }), 'trainer-step.tasks[0].topK: expected an integer'],
+  [req('trainer-start', { spec: { ...trainerSpec, options: { ...trainOptions, betas: [0.9, 0.98, 0.5] } } }), 'trainer-start.spec.options.betas: expected 2 items'],
+  [req('trainer-start', { spec: { ...trainerSpec, options: { ...trainOptions, beta1: 0.9 } } }), 'trainer-start.spec.options: unknown key(s) beta1'],
+  [ok('trainer-step', { batchId: 'b', weightVersion: 'v1', checkpointPath: '/c', metrics: { loss: 'nan' }, stepMs: 1, trained: true }), 'trainer-step reply.metrics.loss: expected a finite number'],
 ];
 
 function zodCheck(sample: Sample): { success: boolean; error?: unknown } {

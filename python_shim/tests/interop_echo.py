@@ -11,6 +11,7 @@ what comes back with what it sent.
 
 from __future__ import annotations
 
+import struct
 import sys
 from typing import Any
 
@@ -61,6 +62,22 @@ def _engine(name: str, pid: int | None, version: str | None) -> dict[str, Any]:
             "group": "reef-rollout", "bundleIndex": 0}
 
 
+def _trainer_spec() -> dict[str, Any]:
+    options = {"wRl": 1.0, "wOpd": 1.0, "clipC": 1.0, "hintSelection": "sequence_optimal", "lr": 1e-5, "epsLow": 0.2,
+               "epsHigh": 0.28, "weightDecay": 0.1, "betas": [0.9, 0.98], "topK": 4}
+    return {"modelPath": "/m/tiny", "ranks": 4, "backend": "fsdp2", "options": options, "checkpointDir": "/data/ckpt",
+            "seed": 7, "group": "reef-trainer"}
+
+
+def _task() -> dict[str, Any]:
+    i32 = lambda v: struct.pack(f"<{len(v)}i", *v)  # noqa: E731
+    f32 = lambda v: struct.pack(f"<{len(v)}f", *v)  # noqa: E731
+    return {"taskId": "rec-1", "promptIds": i32([2039, 84]), "responseIds": i32([12]), "logprobs": f32([-0.5]),
+            "topK": 2, "topkIds": i32([12, 7]), "topkLogprobs": f32([-0.5, -1.5]), "reward": 1,
+            "teacherPromptIds": [i32([2039, 84, 5])], "sampling": {"temperature": 1, "topP": 1.0, "topK": -1},
+            "weightVersion": "v0"}
+
+
 def samples() -> list[dict[str, Any]]:
     """Realistic messages as the shim builds them: Python floats, None, unicode, big numbers."""
     resources = {"CPU": 8.0, "GPU": 7.0, "memory": 17179869184.0, "object_store_memory": 134217728.0,
@@ -90,6 +107,10 @@ def samples() -> list[dict[str, Any]]:
         req("stop-engine", name="rollout-0"),
         req("status"),
         req("shutdown"),
+        req("trainer-start", spec=_trainer_spec()),
+        req("trainer-step", batchId="support:openclawrl:1", tasks=[_task(), {**_task(), "teacherPromptIds": []}]),
+        req("trainer-load", checkpointPath="/data/ckpt/v1"),
+        req("trainer-stop"),
         ok("ping", pid=4194304, version="0.1.0", rayConnected=False),
         ok("init-ray", address="127.0.0.1:61234", startedHead=True, resources=resources),
         ok("plan-placement", plan=plan_placement(_layout(), 7, 7)),
@@ -102,6 +123,12 @@ def samples() -> list[dict[str, Any]]:
            groups=groups, engines=[_engine("rollout-0", 77, None), _engine("rollout-1", None, None)]),
         ok("status", ray=None, groups=[], engines=[]),
         ok("shutdown"),
+        ok("trainer-start", worldSize=2, device="cpu", pids=[4242, 4243], weightVersion="v0"),
+        ok("trainer-step", batchId="support:openclawrl:1", weightVersion="v1", checkpointPath="/data/ckpt/v1",
+           metrics={"loss": -0.125, "tokens": 72.0, "train_rollout_logprob_abs_diff": 2.5e-7, "grad_norm": 3}, stepMs=640.25,
+           trained=False),
+        ok("trainer-load", weightVersion="v1"),
+        ok("trainer-stop"),
         {"schema": "error", "message": {"type": "error", "requestId": None, "code": "REEF_ERR_BAD_MESSAGE",
                                         "message": "malformed message: not msgpack", "retryable": False}},
         {"schema": "error", "message": ShimError("REEF_ERR_PLACEMENT", "cannot place reef-student bundle 0 "
