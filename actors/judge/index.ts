@@ -1,3 +1,4 @@
+import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import type { ReefConfig } from '../../cluster/config/types.js';
 import { stackEngines } from '../../cluster/stack-env.js';
@@ -32,6 +33,7 @@ export interface StartJudgeOptions {
 export async function startJudge(opts: StartJudgeOptions): Promise<Judge> {
   const { config, log } = opts;
   const prm = prmSettings(config, stackEngines());
+  mkdirSync(config.reef.data_dir, { recursive: true });
   const store = SqliteStore.open(join(config.reef.data_dir, 'records.sqlite'));
   const envLease = Number(process.env.REEF_JUDGE_LEASE_MS);
   const core = new JudgeCore({

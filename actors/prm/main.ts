@@ -1,18 +1,22 @@
-import { EngineClient } from '../../cluster/engine-client.js';
-import { stackEngines } from '../../cluster/stack-env.js';
+import { loadConfig } from '../../cluster/config/index.js';
 import { runActor } from '../runtime/actor-host.js';
+import { ReefError } from '../runtime/errors.js';
+import { startPrmActor, type PrmActor } from './index.js';
 import { prmMessages } from './messages.js';
 
-const engines = stackEngines()?.prm ?? [];
-const clients = engines.map((url, i) => new EngineClient(url, { name: `prm-engine-${i}` }));
+let actor: PrmActor | null = null;
 
 await runActor({
   name: 'prm',
   messages: prmMessages,
-  createHandler: () => ({
-    'prm-status': async () => ({ engines: await Promise.all(clients.map(async (c) => ({ url: c.baseUrl, healthy: await c.health() }))) }),
-  }),
-  onDrain: async () => {
-    await Promise.all(clients.map((c) => c.close()));
+  async createHandler(ctx) {
+    if (!ctx.configPath) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: 'a PRM actor needs a config file' });
+    const config = await loadConfig(ctx.configPath, ctx.overrides);
+    actor = startPrmActor({ actorId: ctx.id, config, supervisor: ctx.env.supervisor, log: ctx.log });
+    return actor.handlers;
   },
+  onDrain: async () => {
+    await actor?.close();
+  },
+  stats: () => actor?.stats() ?? {},
 });

@@ -17,6 +17,11 @@ export interface FakeGeneration {
 export interface FakeEngineOptions {
   /** Decides the output from the request body (`input_ids`/`text`, or OpenAI `messages`). */
   respond?: (req: { inputIds: number[] | null; text: string | null; messages: unknown[] | null; body: Record<string, unknown> }) => FakeGeneration;
+  /**
+   * Delay before a non-streamed reply (either API), decided per request; the wait ends early when
+   * the client goes away. For tests that need a call in flight (a PRM actor killed mid-vote).
+   */
+  delayMs?: (req: { inputIds: number[] | null; text: string | null; messages: unknown[] | null; body: Record<string, unknown>; headers: Record<string, string | string[] | undefined> }) => number;
   /** Delay before each streamed token, ms. @default 0 */
   tokenDelayMs?: number;
   /** Fail `/generate` with this HTTP status (engine trouble) until cleared. */
@@ -95,6 +100,17 @@ export async function startFakeEngine(options: FakeEngineOptions = {}): Promise<
     if (options.failWith) return json(options.failWith, { error: { message: 'fake engine failure' } });
     const inputIds = Array.isArray(body.input_ids) ? (body.input_ids as number[]) : null;
     const g = (options.respond ?? (() => DEFAULT))({ inputIds, text: typeof body.text === 'string' ? body.text : null, messages: Array.isArray(body.messages) ? (body.messages as unknown[]) : null, body });
+    const wait = options.delayMs?.({ inputIds, text: typeof body.text === 'string' ? body.text : null, messages: Array.isArray(body.messages) ? (body.messages as unknown[]) : null, body, headers: req.headers }) ?? 0;
+    if (wait > 0) {
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, wait);
+        res.once('close', () => {
+          clearTimeout(timer);
+          resolve();
+        });
+      });
+      if (res.destroyed || res.writableEnded) return;
+    }
     const id = `fake-${++rid}`;
     const promptTokens = inputIds?.length ?? 0;
     if (isOpenAI) {

@@ -1,0 +1,98 @@
+import { Agent, request } from 'undici';
+import { ChatTokenizer, normalizeMessages } from '../gateway/tokenize/index.js';
+import { ReefError } from '../runtime/errors.js';
+import type { PrmSettings } from './settings.js';
+
+/**
+ * One judge prompt in, the PRM's reply text out. `sglang`: the prompt is rendered with the PRM's
+ * own chat template and sent as token ids to the engine's `/generate`; `openai`: sent as a chat
+ * message to `/v1/chat/completions`. Each call has its own deadline (`prm_timeout_s`); calls are
+ * spread round-robin over the PRM URLs.
+ */
+export interface PrmCaller {
+  readonly api: 'sglang' | 'openai';
+  readonly model: string | null;
+  /** The URL the next call goes to (for the judgment's record). */
+  call(prompt: string, opts: { rid: string; signal?: AbortSignal }): Promise<{ text: string; url: string }>;
+  close(): Promise<void>;
+}
+
+export class PrmClient implements PrmCaller {
+  readonly api: 'sglang' | 'openai';
+  readonly model: string | null;
+  private readonly agent: Agent;
+  private readonly tokenizer: ChatTokenizer | null;
+  private readonly apiKey: string | null;
+  private next = 0;
+
+  constructor(private readonly s: PrmSettings) {
+    if (s.urls.length === 0) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: 'no PRM URL: set pipeline.record2record.config.prm_url or cluster.prm.replicas' });
+    this.api = s.api;
+    this.model = s.model;
+    this.agent = new Agent({ connections: Math.max(4, s.concurrency * 2), keepAliveTimeout: 30_000 });
+    if (s.api === 'sglang') {
+      if (s.tokenizerPath === null) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: 'prm_api sglang needs prm_tokenizer_path' });
+      this.tokenizer = ChatTokenizer.load(s.tokenizerPath);
+      this.apiKey = null;
+    } else {
+      this.tokenizer = null;
+      const name = s.apiKeyEnv;
+      const key = name === null ? undefined : process.env[name];
+      if (key === undefined || key === '') throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `prm_api openai: environment variable ${String(name)} (prm_api_key_env) is not set` });
+      this.apiKey = key;
+    }
+  }
+
+  async call(prompt: string, opts: { rid: string; signal?: AbortSignal }): Promise<{ text: string; url: string }> {
+    const url = this.s.urls[this.next++ % this.s.urls.length]!;
+    const deadline = AbortSignal.timeout(this.s.timeoutMs);
+    const signal = opts.signal === undefined ? deadline : AbortSignal.any([deadline, opts.signal]);
+    const messages = [{ role: 'user', content: prompt }];
+    const [path, body, headers] =
+      this.api === 'sglang'
+        ? ['/generate', {
+            input_ids: Array.from(this.tokenizer!.render(normalizeMessages(messages), null).ids),
+            sampling_params: { temperature: this.s.temperature, max_new_tokens: this.s.maxTokens },
+            rid: opts.rid,
+            stream: false,
+          }, {}]
+        : ['/v1/chat/completions', { model: this.s.model, messages, temperature: this.s.temperature, max_tokens: this.s.maxTokens, stream: false }, { authorization: `Bearer ${this.apiKey}` }];
+    let status: number;
+    let raw: string;
+    try {
+      const res = await request(url.replace(/\/+$/, '') + path, {
+        method: 'POST',
+        dispatcher: this.agent,
+        headers: { 'content-type': 'application/json', ...headers },
+        body: JSON.stringify(body),
+        signal,
+      });
+      status = res.statusCode;
+      raw = await res.body.text();
+    } catch (err) {
+      if (deadline.aborted) throw new ReefError('REEF_ERR_TIMEOUT', { what: `PRM ${path} at ${url}`, ms: this.s.timeoutMs });
+      throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: url, reason: (err as Error).message }, { cause: err });
+    }
+    if (status >= 400) throw new ReefError('REEF_ERR_ENGINE_FAILED', { engine: url, reason: `${path} answered ${status}: ${raw.slice(0, 300)}` });
+    return { text: extractText(this.api, raw, url), url };
+  }
+
+  async close(): Promise<void> {
+    await this.agent.close();
+  }
+}
+
+function extractText(api: 'sglang' | 'openai', raw: string, url: string): string {
+  let body: unknown;
+  try {
+    body = JSON.parse(raw);
+  } catch {
+    throw new ReefError('REEF_ERR_ENGINE_FAILED', { engine: url, reason: `reply is not JSON: ${raw.slice(0, 200)}` });
+  }
+  const text =
+    api === 'sglang'
+      ? (body as { text?: unknown }).text
+      : (body as { choices?: { message?: { content?: unknown } }[] }).choices?.[0]?.message?.content;
+  if (typeof text !== 'string') throw new ReefError('REEF_ERR_ENGINE_FAILED', { engine: url, reason: `reply has no text: ${raw.slice(0, 200)}` });
+  return text;
+}

@@ -1,0 +1,58 @@
+import { renderPrompt, type PromptKind } from '../../recipes/openclawrl/judge/prompts.js';
+import type { CallResult } from '../../recipes/openclawrl/judge/votes.js';
+import { ReefError } from '../runtime/errors.js';
+import type { JudgeTurn } from '../judge/messages.js';
+import type { PrmCaller } from './prm-client.js';
+
+/** Bounds the PRM calls in flight across all turns of one actor (`prm_concurrency`). */
+export class Semaphore {
+  private free: number;
+  private readonly queue: (() => void)[] = [];
+
+  constructor(readonly size: number) {
+    this.free = size;
+  }
+
+  async run<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.free > 0) this.free--;
+    else await new Promise<void>((resolve) => this.queue.push(resolve));
+    try {
+      return await fn();
+    } finally {
+      const next = this.queue.shift();
+      if (next !== undefined) next();
+      else this.free++;
+    }
+  }
+}
+
+export interface TurnVotes {
+  scoreCalls: CallResult[];
+  hintCalls: CallResult[];
+  url: string;
+}
+
+/**
+ * `m` score calls and `m` hint calls for one turn, all started at once and admitted by the
+ * semaphore. A call that fails or times out is a failed vote (its error is kept), not a failed turn.
+ */
+export async function voteTurn(turn: JudgeTurn, prm: PrmCaller, m: number, limit: Semaphore, signal: AbortSignal): Promise<TurnVotes> {
+  let url = '';
+  const one = async (kind: PromptKind, i: number): Promise<CallResult> => {
+    const prompt = renderPrompt(kind, turn);
+    try {
+      const reply = await limit.run(() => {
+        if (signal.aborted) throw new ReefError('REEF_ERR_ACTOR_DRAINING', { actor: 'prm' });
+        return prm.call(prompt, { rid: `${turn.turnRecordId}-${kind}-${i}`, signal });
+      });
+      url = reply.url;
+      return { output: reply.text, error: null };
+    } catch (err) {
+      const code = err instanceof ReefError ? `${err.code}: ` : '';
+      return { output: null, error: `${code}${err instanceof Error ? err.message : String(err)}` };
+    }
+  };
+  const idx = Array.from({ length: m }, (_, i) => i);
+  const [scoreCalls, hintCalls] = await Promise.all([Promise.all(idx.map((i) => one('score', i))), Promise.all(idx.map((i) => one('hint', i)))]);
+  return { scoreCalls, hintCalls, url };
+}

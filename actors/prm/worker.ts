@@ -1,0 +1,228 @@
+import { lookupReply } from '../../cluster/supervisor-messages.js';
+import { ReefError } from '../runtime/errors.js';
+import type { LogFn } from '../runtime/log.js';
+import { RpcClient } from '../runtime/rpc.js';
+import { completeReply, type JudgeTurn, leaseReply, renewReply } from '../judge/messages.js';
+import type { PrmCaller } from './prm-client.js';
+import { Semaphore, voteTurn } from './voter.js';
+
+/**
+ * Finds the judge's mailbox through the supervisor (`lookup`), or uses a fixed endpoint; forgets
+ * it when calls fail, so that a restarted judge (new port) is found again.
+ */
+export class JudgeLink {
+  private rpc: RpcClient | null = null;
+
+  constructor(private readonly supervisor: string | null, private readonly fixed: string | null, private readonly log: LogFn) {}
+
+  async client(): Promise<RpcClient> {
+    if (this.rpc !== null) return this.rpc;
+    let endpoint = this.fixed;
+    if (endpoint === null) {
+      if (this.supervisor === null) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: 'a PRM actor needs a supervisor or REEF_JUDGE_MAILBOX to find the judge' });
+      const sup = new RpcClient(this.supervisor, { name: 'prm→supervisor', defaultTimeoutMs: 3000, log: this.log });
+      try {
+        const found = await sup.call({ type: 'lookup', actor: 'judge' }, { schema: lookupReply });
+        endpoint = found.instances.find((i) => i.mailbox !== null && i.state === 'running')?.mailbox ?? null;
+      } finally {
+        await sup.close();
+      }
+      if (endpoint === null) throw new ReefError('REEF_ERR_NOT_FOUND', { what: 'a running judge' });
+    }
+    this.rpc = new RpcClient(endpoint, { name: 'prm→judge', defaultTimeoutMs: 10_000, log: this.log });
+    return this.rpc;
+  }
+
+  async reset(): Promise<void> {
+    const rpc = this.rpc;
+    this.rpc = null;
+    await rpc?.close();
+  }
+}
+
+interface Job {
+  turn: JudgeTurn;
+  leaseId: string;
+  abort: AbortController;
+  why: 'lost' | 'drain' | null;
+  done: Promise<void>;
+}
+
+export interface PrmWorkerOptions {
+  actorId: string;
+  link: JudgeLink;
+  prm: PrmCaller;
+  m: number;
+  /** PRM calls in flight at once (`prm_concurrency`). */
+  concurrency: number;
+  /** Long-poll wait of one `lease-turn`. @default 2000 */
+  waitMs?: number;
+  log: LogFn;
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/**
+ * Credit-based pulling: the actor holds at most `credits` turns, one long-poll asks for the next
+ * whenever a credit is free, leases are renewed every third of their length, and each turn's votes
+ * go back in one `complete-turn`. Credits = enough turns to keep `prm_concurrency` calls busy.
+ */
+export class PrmWorker {
+  readonly credits: number;
+  private readonly limit: Semaphore;
+  private readonly jobs = new Map<string, Job>();
+  private readonly counters = { turns_leased: 0, turns_completed: 0, turns_refused: 0, leases_lost: 0, leases_released: 0, prm_calls_ok: 0, prm_calls_failed: 0 };
+  private leaseMs = 15_000;
+  private stopping = false;
+  private loop: Promise<void> | null = null;
+  private renewer: NodeJS.Timeout | null = null;
+  private freed: (() => void) | null = null;
+
+  constructor(private readonly o: PrmWorkerOptions) {
+    this.credits = Math.max(1, Math.ceil(o.concurrency / (2 * o.m)));
+    this.limit = new Semaphore(o.concurrency);
+  }
+
+  start(): void {
+    this.loop = this.pull();
+    this.scheduleRenew();
+  }
+
+  stats(): Record<string, number> {
+    return { ...this.counters, turns_in_flight: this.jobs.size, credits: this.credits };
+  }
+
+  /** Turn record ids held under a lease right now. */
+  held(): string[] {
+    return [...this.jobs.values()].map((j) => j.turn.turnRecordId);
+  }
+
+  /** Take no new turn; finish what is held within `graceMs`, then give the rest back to the judge. */
+  async drain(graceMs: number): Promise<void> {
+    this.stopping = true;
+    this.freed?.();
+    await this.loop;
+    const all = Promise.all([...this.jobs.values()].map((j) => j.done));
+    await Promise.race([all, sleep(graceMs)]);
+    const left = [...this.jobs.values()];
+    for (const j of left) {
+      j.why = 'drain';
+      j.abort.abort();
+    }
+    await all;
+    if (this.renewer !== null) clearTimeout(this.renewer);
+    await this.o.link.reset();
+  }
+
+  private async pull(): Promise<void> {
+    let backoff = 100;
+    while (!this.stopping) {
+      if (this.jobs.size >= this.credits) {
+        await new Promise<void>((resolve) => (this.freed = resolve));
+        continue;
+      }
+      const waitMs = this.o.waitMs ?? 2000;
+      try {
+        const rpc = await this.o.link.client();
+        const reply = await rpc.call({ type: 'lease-turn', actorId: this.o.actorId, waitMs }, { timeoutMs: waitMs + 3000, schema: leaseReply });
+        backoff = 100;
+        this.leaseMs = reply.leaseMs;
+        if (reply.turn === null || reply.leaseId === null) continue;
+        this.counters.turns_leased++;
+        if (this.stopping) await this.giveBack([reply.leaseId]);
+        else this.run(reply.turn, reply.leaseId);
+      } catch (err) {
+        if (this.stopping) break;
+        this.o.log(`leasing from the judge failed (${err instanceof ReefError ? err.code : String(err)}); looking it up again in ${backoff} ms`);
+        await this.o.link.reset();
+        await sleep(backoff);
+        backoff = Math.min(backoff * 2, 2000);
+      }
+    }
+  }
+
+  private run(turn: JudgeTurn, leaseId: string): void {
+    const job = { turn, leaseId, abort: new AbortController(), why: null } as unknown as Job;
+    job.done = (async () => {
+      const startedAt = Date.now();
+      const votes = await voteTurn(turn, this.o.prm, this.o.m, this.limit, job.abort.signal);
+      for (const c of [...votes.scoreCalls, ...votes.hintCalls]) this.counters[c.error === null ? 'prm_calls_ok' : 'prm_calls_failed']++;
+      if (job.why === 'drain') await this.giveBack([leaseId]);
+      // A lost lease was given to another actor; its partial (aborted) votes are not worth sending.
+      else if (job.why === null) await this.complete(job, votes, startedAt);
+    })()
+      .catch((err: unknown) => this.o.log(`turn ${turn.turnRecordId} failed: ${String(err)}`))
+      .finally(() => {
+        this.jobs.delete(leaseId);
+        this.freed?.();
+        this.freed = null;
+      });
+    this.jobs.set(leaseId, job);
+  }
+
+  private async complete(job: Job, votes: Awaited<ReturnType<typeof voteTurn>>, startedAt: number): Promise<void> {
+    const msg = {
+      type: 'complete-turn',
+      actorId: this.o.actorId,
+      leaseId: job.leaseId,
+      turnRecordId: job.turn.turnRecordId,
+      scoreCalls: votes.scoreCalls,
+      hintCalls: votes.hintCalls,
+      prm: { api: this.o.prm.api, url: votes.url, model: this.o.prm.model },
+      startedAt,
+      finishedAt: Date.now(),
+    };
+    // The judge may be restarting; it resumes the turn as pending, so a retry still counts.
+    for (let attempt = 1; ; attempt++) {
+      try {
+        const rpc = await this.o.link.client();
+        const reply = await rpc.call(msg, { timeoutMs: 10_000, schema: completeReply });
+        this.counters[reply.accepted ? 'turns_completed' : 'turns_refused']++;
+        return;
+      } catch (err) {
+        if (attempt >= 5) throw err;
+        await this.o.link.reset();
+        await sleep(200 * attempt);
+      }
+    }
+  }
+
+  private async giveBack(leaseIds: string[]): Promise<void> {
+    try {
+      const rpc = await this.o.link.client();
+      await rpc.call({ type: 'release-lease', actorId: this.o.actorId, leaseIds }, { timeoutMs: 3000 });
+      this.counters.leases_released += leaseIds.length;
+    } catch (err) {
+      // The leases then simply run out and the judge dispatches the turns again.
+      this.o.log(`releasing ${leaseIds.length} leases failed: ${String(err)}`);
+    }
+  }
+
+  private scheduleRenew(): void {
+    this.renewer = setTimeout(() => {
+      void this.renew().finally(() => {
+        if (!this.stopping || this.jobs.size > 0) this.scheduleRenew();
+      });
+    }, Math.max(50, Math.floor(this.leaseMs / 3)));
+  }
+
+  private async renew(): Promise<void> {
+    const held = [...this.jobs.values()].filter((j) => j.why === null);
+    if (held.length === 0) return;
+    try {
+      const rpc = await this.o.link.client();
+      const reply = await rpc.call({ type: 'renew-lease', actorId: this.o.actorId, leaseIds: held.map((j) => j.leaseId) }, { timeoutMs: Math.max(1000, this.leaseMs / 3), schema: renewReply });
+      this.leaseMs = reply.leaseMs;
+      for (const id of reply.lost) {
+        const job = this.jobs.get(id);
+        if (job === undefined || job.why !== null) continue;
+        this.counters.leases_lost++;
+        job.why = 'lost';
+        job.abort.abort();
+      }
+    } catch (err) {
+      this.o.log(`renewing leases failed: ${String(err)}`);
+      if (err instanceof ReefError && err.code === 'REEF_ERR_TIMEOUT') await this.o.link.reset();
+    }
+  }
+}
