@@ -1,0 +1,189 @@
+import { type ChildProcess, spawn } from 'node:child_process';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { Pool } from 'undici';
+import { freePort } from '../../cluster/net.js';
+import { repoRoot } from '../../cluster/paths.js';
+import { ChatTokenizer } from '../../actors/gateway/tokenize/chat-tokenizer.js';
+import { normalizeMessages } from '../../actors/gateway/tokenize/normalize.js';
+import { longContextModel } from '../../test/helpers/long-context-model.js';
+import { testConfig } from '../../test/helpers/stack.js';
+import { longSystemPrompt, TWELVE_TOOLS } from '../../test/parity/corpus.js';
+import { type BenchContext, type BenchRow, type BenchSuite, type Measurement, measureCalls, toRow } from '../lib.js';
+
+/**
+ * What the gateway adds over calling the engine directly. Three processes: this one (the
+ * clients, undici Pools), the zero-latency engine double (`startFakeEngine`) and the gateway actor
+ * (`dist/actors/gateway/main.js`, no supervisor), so that client and server never share an event
+ * loop. "direct" sends the engine the very body the gateway would (the prompt's token ids, the
+ * same sampling and logprob settings); "gateway" sends the OpenAI request, which the gateway
+ * tokenizes, forwards, parses and records (commit before the receipt) before answering.
+ * `REEF_BENCH_GATEWAY_PROF=DIR` runs the gateway under `--cpu-prof` into DIR.
+ */
+
+type Msg = Record<string, unknown>;
+const call = (id: string, name: string, args: string) => ({ id, type: 'function', function: { name, arguments: args } });
+
+/** An OpenClaw-shaped session: 30k-character system prompt, 12 tools, the transcript resent each turn. */
+function openClawTurns(): Msg[][] {
+  const t1: Msg[] = [{ role: 'system', content: longSystemPrompt(30_000) }, { role: 'user', content: 'Check the weather in Berlin and save it to weather.txt.' }];
+  const t2: Msg[] = [...t1, { role: 'assistant', content: null, tool_calls: [call('call_w', 'get_weather', '{"city": "Berlin"}')] }, { role: 'tool', tool_call_id: 'call_w', content: '{"temp_c": 9, "sky": "overcast"}' }];
+  const t3: Msg[] = [...t2,
+    { role: 'assistant', content: null, tool_calls: [call('call_f', 'write_file', '{"path": "weather.txt", "content": "Berlin: 9°C, overcast"}')] },
+    { role: 'tool', tool_call_id: 'call_f', content: 'ok' }, { role: 'assistant', content: 'Saved.' }, { role: 'user', content: [{ type: 'text', text: 'Now do Paris.' }] }];
+  return [t1, t2, t3];
+}
+
+const SHORT: Msg[] = [{ role: 'user', content: 'Say hello.' }];
+const MAX_TOKENS = 16;
+
+function spawnLogged(args: string[], env: NodeJS.ProcessEnv): { child: ChildProcess; tail: () => string; exited: Promise<void> } {
+  const child = spawn(process.execPath, args, { cwd: repoRoot(), env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const lines: string[] = [];
+  createInterface({ input: child.stderr! }).on('line', (l) => void (lines.push(l) > 30 && lines.shift()));
+  return { child, tail: () => lines.join('\n'), exited: new Promise((resolve) => child.once('exit', () => resolve())) };
+}
+
+async function waitHealthy(url: string, what: string, child: ChildProcess, tail: () => string): Promise<void> {
+  const deadline = Date.now() + 60_000;
+  for (;;) {
+    if (child.exitCode !== null) throw new Error(`${what} exited with code ${child.exitCode}:\n${tail()}`);
+    const ok = await fetch(url).then((r) => r.ok, () => false);
+    if (ok) return;
+    if (Date.now() > deadline) throw new Error(`${what} not healthy at ${url} within 60 s:\n${tail()}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+interface Stack {
+  gateway: Pool;
+  engine: Pool;
+  tok: ChatTokenizer;
+  close(): Promise<void>;
+}
+
+async function startStack(ctx: BenchContext): Promise<Stack> {
+  const dir = mkdtempSync(join(tmpdir(), 'reef-bench-gw-'));
+  const model = longContextModel(dir);
+  const port = await freePort();
+  const cfg = testConfig((c) => {
+    c.reef.port = port;
+    c.reef.data_dir = join(dir, 'data');
+    c.cluster.rollout.model_path = model;
+  });
+  mkdirSync(join(dir, 'data'), { recursive: true }); // `reef up` makes it; the bare actor does not
+  const fakeJs = join(repoRoot(), 'dist/test/helpers/fake-engine.js');
+  const engine = spawnLogged(['--input-type=module', '-e', `const { startFakeEngine } = await import(${JSON.stringify(fakeJs)}); const e = await startFakeEngine(); console.log(e.url);`], {});
+  const engineUrl = await new Promise<string>((resolve, reject) => {
+    engine.child.once('exit', (code) => reject(new Error(`fake engine exited with ${code}:\n${engine.tail()}`)));
+    createInterface({ input: engine.child.stdout! }).once('line', resolve);
+  });
+  const prof = process.env.REEF_BENCH_GATEWAY_PROF;
+  const gw = spawnLogged([...(prof ? ['--cpu-prof', `--cpu-prof-dir=${prof}`] : []), join(repoRoot(), 'dist/actors/gateway/main.js')], {
+    REEF_ACTOR: JSON.stringify({ name: 'gateway', id: 'gateway-bench', supervisor: null, configPath: cfg.path, overrides: {}, heartbeatMs: null }),
+    REEF_ENGINES: JSON.stringify({ rollout: engineUrl, prm: [], student: null }),
+  });
+  const gatewayUrl = `http://127.0.0.1:${port}`;
+  const stop = async () => {
+    gw.child.kill('SIGTERM'); // drains, and writes the CPU profile when asked
+    engine.child.kill('SIGKILL');
+    await Promise.all([gw.exited, engine.exited]);
+    rmSync(dir, { recursive: true, force: true });
+    rmSync(cfg.dir, { recursive: true, force: true });
+  };
+  try {
+    await waitHealthy(`${gatewayUrl}/healthz`, 'gateway', gw.child, gw.tail);
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+  ctx.log(`gateway pid ${gw.child.pid} at ${gatewayUrl}, fake engine pid ${engine.child.pid} at ${engineUrl}`);
+  const gateway = new Pool(gatewayUrl, { connections: 64, pipelining: 1 });
+  const direct = new Pool(engineUrl, { connections: 64, pipelining: 1 });
+  return { gateway, engine: direct, tok: ChatTokenizer.load(model), close: async () => (await Promise.all([gateway.close(), direct.close()]), await stop()) };
+}
+
+/** The OpenAI request for the gateway, and the engine body the gateway would send for it. */
+function bodies(s: Stack, messages: Msg[], tools: unknown[] | null, stream: boolean): { viaGateway: string; direct: string } {
+  const ids = s.tok.render(normalizeMessages(messages), tools).ids;
+  return {
+    viaGateway: JSON.stringify({ model: 'tiny', messages, ...(tools ? { tools, tool_choice: 'auto' } : {}), max_tokens: MAX_TOKENS, stream, ...(stream ? { stream_options: { include_usage: true } } : {}) }),
+    direct: JSON.stringify({ input_ids: Array.from(ids), sampling_params: { max_new_tokens: MAX_TOKENS, temperature: 1, top_p: 1, stop: null }, return_logprob: true, top_logprobs_num: 4, rid: 'bench', stream }),
+  };
+}
+
+async function post(pool: Pool, path: string, body: string, headers: Record<string, string> = {}): Promise<void> {
+  const res = await pool.request({ method: 'POST', path, body, headers: { 'content-type': 'application/json', ...headers } });
+  const text = await res.body.text();
+  if (res.statusCode !== 200) throw new Error(`POST ${path} answered ${res.statusCode}: ${text.slice(0, 300)}`);
+  // Recording is on: a gateway answer must carry its receipt (header, or the SSE receipt chunk).
+  if (path === '/v1/chat/completions' && !(res.headers['x-reef-agent-record-id'] || text.includes('"agent_record_id"'))) throw new Error('gateway answer without a receipt');
+}
+
+const gw = (s: Stack, body: string, session?: string) => () => post(s.gateway, '/v1/chat/completions', body, session ? { 'x-reef-tag-session': session } : {});
+const engine = (s: Stack, body: string) => () => post(s.engine, '/generate', body);
+
+/** p50/p99 of gateway minus direct, as a row. */
+function added(caseName: string, g: BenchRow, d: BenchRow): BenchRow {
+  const sub = (a: number | null, b: number | null) => (a === null || b === null ? null : Math.round((a - b) * 10) / 10);
+  return { case: caseName, impl: 'added by gateway', ops: 0, seconds: 0, opsPerSec: 0, p50Us: sub(g.p50Us, d.p50Us), p99Us: sub(g.p99Us, d.p99Us), mbPerSec: null };
+}
+
+/** Sessions of three turns, gateway and direct interleaved so both see the same machine load. */
+async function openClaw(s: Stack, ctx: BenchContext): Promise<BenchRow[]> {
+  const turns = openClawTurns().map((m) => bodies(s, m, TWELVE_TOOLS, true));
+  const lat = { g1: [] as number[], d1: [] as number[], g23: [] as number[], d23: [] as number[] };
+  const timed = async (f: () => Promise<void>, into: number[] | null) => {
+    const t0 = performance.now();
+    await f();
+    into?.push((performance.now() - t0) * 1000);
+  };
+  const warmup = 5;
+  const end = performance.now() + ctx.seconds * 2000;
+  let i = 0;
+  for (; i < warmup || performance.now() < end; i++) {
+    const keep = i >= warmup;
+    const session = `bench-${i}`;
+    for (const [t, b] of turns.entries()) {
+      await timed(gw(s, b.viaGateway, session), keep ? (t === 0 ? lat.g1 : lat.g23) : null);
+      await timed(engine(s, b.direct), keep ? (t === 0 ? lat.d1 : lat.d23) : null);
+    }
+  }
+  const m = (xs: number[]): Measurement => ({ ops: xs.length, seconds: xs.reduce((a, b) => a + b, 0) / 1e6, latenciesUs: xs });
+  const rows = [
+    toRow('openclaw turn 1, streamed', 'gateway → fake engine', m(lat.g1)),
+    toRow('openclaw turn 1, streamed', 'direct → fake engine', m(lat.d1)),
+    toRow('openclaw turns 2-3, streamed', 'gateway → fake engine', m(lat.g23)),
+    toRow('openclaw turns 2-3, streamed', 'direct → fake engine', m(lat.d23)),
+  ];
+  return [rows[0]!, rows[1]!, added('openclaw turn 1, streamed', rows[0]!, rows[1]!), rows[2]!, rows[3]!, added('openclaw turns 2-3, streamed', rows[2]!, rows[3]!)];
+}
+
+export const suite: BenchSuite = {
+  name: 'gateway',
+  description: 'latency the gateway adds over the engine (zero-latency double), and throughput with 64 clients, recording on',
+  run: async (ctx) => {
+    const s = await startStack(ctx);
+    try {
+      const short = bodies(s, SHORT, null, false);
+      const rows: BenchRow[] = [];
+      const g = toRow('short chat, non-streamed', 'gateway → fake engine', await measureCalls(gw(s, short.viaGateway), { seconds: ctx.seconds, warmupS: 1 }));
+      const d = toRow('short chat, non-streamed', 'direct → fake engine', await measureCalls(engine(s, short.direct), { seconds: ctx.seconds }));
+      rows.push(g, d, added('short chat, non-streamed', g, d));
+      const oc = await openClaw(s, ctx);
+      rows.push(...oc);
+      const tg = toRow('throughput, 64 clients, non-streamed', 'gateway → fake engine', await measureCalls(gw(s, short.viaGateway), { seconds: ctx.seconds, concurrency: 64, warmupS: 1 }));
+      const td = toRow('throughput, 64 clients, non-streamed', 'direct → fake engine', await measureCalls(engine(s, short.direct), { seconds: ctx.seconds, concurrency: 64 }));
+      rows.push(tg, td);
+      const addedP50Ms = (oc[5]!.p50Us ?? Number.NaN) / 1000;
+      ctx.log(`target: added p50 on openclaw turns 2-3 ≤ 2 ms: ${addedP50Ms.toFixed(2)} ms — ${addedP50Ms <= 2 ? 'met' : 'MISSED'}`);
+      ctx.log(`target: ≥ 2000 non-streamed req/s, 64 clients, recording on: ${tg.opsPerSec} req/s — ${tg.opsPerSec >= 2000 ? 'met' : 'MISSED'}`);
+      return rows;
+    } finally {
+      await s.close();
+    }
+  },
+};
+
