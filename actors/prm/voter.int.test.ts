@@ -1,0 +1,81 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { tinyModelDir } from '../../cluster/paths.js';
+import { startFakeEngine, type FakeEngine } from '../../test/helpers/fake-engine.js';
+import type { JudgeTurn } from '../judge/messages.js';
+import { PrmClient } from './prm-client.js';
+import type { PrmSettings } from './settings.js';
+import { Semaphore, voteTurn } from './voter.js';
+
+const engines: FakeEngine[] = [];
+afterEach(async () => {
+  for (const e of engines.splice(0)) await e.close();
+  delete process.env.REEF_TEST_VOTER_KEY;
+});
+
+const turn: JudgeTurn = {
+  turnRecordId: 'T1',
+  nextStateRecordId: 'T2',
+  scenario: 'default',
+  sessionKey: 'tag:a',
+  context: 'What is 2+2?',
+  reply: '4',
+  nextState: { role: 'user', content: 'Thanks!' },
+};
+
+function settings(url: string, over: Partial<PrmSettings> = {}): PrmSettings {
+  return {
+    mode: 'judge', urls: [url], api: 'sglang', tokenizerPath: tinyModelDir(), model: null, apiKeyEnv: null,
+    m: 2, temperature: 0.6, maxTokens: 32, timeoutMs: 5000, concurrency: 2, maxHintCandidates: 3, stage: {} as never, ...over,
+  };
+}
+
+describe('voteTurn with PrmClient', () => {
+  it('makes m score and m hint calls, at most `concurrency` at once', async () => {
+    let inFlight = 0;
+    let most = 0;
+    const engine = await startFakeEngine({
+      respond: () => ({ pieces: ['\\boxed{1}'] }),
+      delayMs: () => {
+        most = Math.max(most, ++inFlight);
+        setTimeout(() => inFlight--, 40);
+        return 50;
+      },
+    });
+    engines.push(engine);
+    const prm = new PrmClient(settings(engine.url, { m: 3 }));
+    const votes = await voteTurn(turn, prm, 3, new Semaphore(2), new AbortController().signal);
+    await prm.close();
+    expect(votes.scoreCalls).toEqual(Array(3).fill({ output: '\\boxed{1}', error: null }));
+    expect(votes.hintCalls).toHaveLength(3);
+    expect(engine.requests).toHaveLength(6);
+    expect(most).toBeLessThanOrEqual(2);
+    expect(engine.requests.map((b) => b.rid).sort()).toEqual(['T1-hint-0', 'T1-hint-1', 'T1-hint-2', 'T1-score-0', 'T1-score-1', 'T1-score-2']);
+  });
+
+  it('a call past prm_timeout_s, or answered with an error, is a failed vote with its reason', async () => {
+    const engine = await startFakeEngine({ respond: () => ({ pieces: ['\\boxed{1}'] }), delayMs: (req) => (String(req.body.rid).includes('score') ? 10_000 : 0) });
+    engines.push(engine);
+    const prm = new PrmClient(settings(engine.url, { timeoutMs: 200 }));
+    const votes = await voteTurn(turn, prm, 2, new Semaphore(4), new AbortController().signal);
+    expect(votes.scoreCalls.every((c) => c.output === null && c.error!.startsWith('REEF_ERR_TIMEOUT'))).toBe(true);
+    expect(votes.hintCalls.every((c) => c.output === '\\boxed{1}')).toBe(true);
+    engine.options.failWith = 500;
+    engine.options.delayMs = () => 0;
+    const failed = await voteTurn(turn, prm, 1, new Semaphore(4), new AbortController().signal);
+    expect(failed.scoreCalls[0]!.error).toMatch(/^REEF_ERR_ENGINE_FAILED: .*answered 500/);
+    await prm.close();
+  });
+
+  it('openai: model, key from the named variable; a missing key stops start-up', async () => {
+    const engine = await startFakeEngine({ respond: () => ({ pieces: ['ok \\boxed{-1}'] }) });
+    engines.push(engine);
+    const s = settings(engine.url, { api: 'openai', model: 'judge-model', apiKeyEnv: 'REEF_TEST_VOTER_KEY', tokenizerPath: null });
+    expect(() => new PrmClient(s)).toThrow(/REEF_TEST_VOTER_KEY/);
+    process.env.REEF_TEST_VOTER_KEY = 'k';
+    const prm = new PrmClient(s);
+    const votes = await voteTurn(turn, prm, 1, new Semaphore(1), new AbortController().signal);
+    await prm.close();
+    expect(votes.scoreCalls).toEqual([{ output: 'ok \\boxed{-1}', error: null }]);
+    expect(engine.requests[0]).toMatchObject({ model: 'judge-model', temperature: 0.6, max_tokens: 32, messages: [{ role: 'user' }] });
+  });
+});
