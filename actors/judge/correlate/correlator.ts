@@ -18,10 +18,10 @@ import { type CorrelatorState, restoreSession, saveSession, STATE_VERSION } from
  *
  * Tag mode (`tags.session` set): requests of one tag and scenario form one session in arrival
  * order, without text matching. Each main request finishes the previous one's turn: the next
- * state is its newest user/tool message. Hashes are only compared for three cheap checks:
- * - an exact repeat of the last request (same messages) is a retry: the repeat becomes the pending
- *   turn (its reply is the one the client saw), the replaced one is kept as an alternative in case
- *   the next request extends its reply instead;
+ * state is its newest user/tool message. At most four message hashes are compared (see tagMode):
+ * - an exact repeat of the last request (same length, first and newest message) is a retry: the
+ *   repeat becomes the pending turn (its reply is the one the client saw), the replaced one is
+ *   kept as an alternative in case the next request extends its reply instead;
  * - inferred side request: a request whose first message differs from that of the session's last
  *   main request cannot extend it, nor be extended by it (transcripts that differ at their first
  *   message are not prefixes of one another). It is held as a candidate: if the session's next
@@ -118,6 +118,11 @@ export class Correlator {
     return [...this.table.values()].map((s) => ({ key: s.key, scenario: s.scenario, tagged: s.tagged, pendingTurnId: s.turnId, lastAt: s.lastAt }));
   }
 
+  /** Drops the memo of long message text (a cache: memory back now, rehashing later). */
+  clearHashMemo(): void {
+    this.memo.clear();
+  }
+
   toJSON(): CorrelatorState {
     return {
       version: STATE_VERSION,
@@ -163,11 +168,13 @@ export class Correlator {
       return;
     }
     const n = messages.length;
-    this.hashMessages(record.scenario, messages);
-    const full = this.ps[n - 1]!;
-    const ext = mix(full, messageHash(record.response ?? { role: 'assistant', content: null }, this.memo));
-    if (mapKey !== null) this.tagMode(record, mapKey, `tag:${tag}`, messages, full, ext, out);
-    else this.fallback(record, messages, full, ext, out);
+    const reply = messageHash(record.response ?? { role: 'assistant', content: null }, this.memo);
+    if (mapKey !== null) this.tagMode(record, mapKey, `tag:${tag}`, messages, reply, out);
+    else {
+      this.hashMessages(record.scenario, messages);
+      const full = this.ps[n - 1]!;
+      this.fallback(record, messages, full, mix(full, reply), out);
+    }
     this.enforceCapacity(out);
   }
 
@@ -186,52 +193,63 @@ export class Correlator {
     }
   }
 
-  private tagMode(record: CorrelationRecord, mapKey: string, key: string, messages: unknown[], full: number, ext: number, out: CorrelationEvent[]): void {
+  /**
+   * Tag mode hashes at most four messages, whatever the transcript's length: the first (root), the
+   * newest (retry check) and the one where the last reply would sit (extends check). In a tagged
+   * session "extends" therefore means: same first message, and the session's last reply at its
+   * position; "exact repeat": same length, same first and newest message. The tag already says
+   * which conversation a request belongs to; these checks only sort retries, side requests and
+   * which of two replies the client went on from.
+   */
+  private tagMode(record: CorrelationRecord, mapKey: string, key: string, messages: unknown[], reply: number, out: CorrelationEvent[]): void {
     const n = messages.length;
+    const h0 = messageHash(messages[0], this.memo);
+    const newest = n === 1 ? h0 : messageHash(messages[n - 1], this.memo);
     const s = this.table.get(mapKey);
     if (s === undefined) {
-      this.open(record, mapKey, key, true, n, full, ext, false, out);
+      this.open(record, mapKey, key, true, n, newest, reply, h0, false, out);
       return;
     }
     this.table.touch(s, this.clock, ++this.seq);
     const sc = record.scenario;
-    if (n === s.n && full === s.full) {
+    if (n === s.n && h0 === s.root && newest === s.full) {
       this.counts.retries++;
       out.push({ kind: 'retry', sessionKey: s.key, scenario: sc, recordId: record.id, ofRecordId: s.turnId });
       s.altId = s.turnId;
       s.altExt = s.ext;
       s.turnId = record.id;
-      s.ext = ext;
+      s.ext = reply;
       return;
     }
-    const extendsAt = (len: number, h: number): boolean => n >= len + 2 && this.ps[len] === h;
+    const atLast = n >= s.n + 2 && h0 === s.root ? messageHash(messages[s.n], this.memo) : -1;
     let turnId = s.turnId;
     let from = -1;
     let how: 'extends' | 'rewrite' = 'rewrite';
-    if (extendsAt(s.n, s.ext)) {
+    if (atLast === s.ext) {
       from = s.n;
       how = 'extends';
-    } else if (s.altId !== null && extendsAt(s.n, s.altExt)) {
+    } else if (s.altId !== null && atLast === s.altExt) {
       turnId = s.altId;
       from = s.n;
       how = 'extends';
-    } else if (s.candId !== null && extendsAt(s.candN, s.candExt)) {
+    } else if (s.candId !== null && n >= s.candN + 2 && h0 === s.candRoot && messageHash(messages[s.candN], this.memo) === s.candExt) {
       // The candidate was extended: not a side request but the session's new main line.
       this.dropTurn(s, s.turnId, 'rewrite', out);
       turnId = s.candId;
       from = s.candN;
       how = 'extends';
       s.candId = null;
-    } else if (this.config.inferSide && this.hs[0] !== s.root) {
+    } else if (this.config.inferSide && h0 !== s.root) {
       this.confirmSide(s, out);
       s.candId = record.id;
       s.candN = n;
-      s.candExt = ext;
+      s.candExt = reply;
+      s.candRoot = h0;
       return;
     }
     this.confirmSide(s, out);
     this.finishTurn(s, turnId, record, messages, from, out);
-    this.setLast(s, record.id, n, full, ext);
+    this.setLast(s, record.id, n, newest, reply, h0);
     out.push({ kind: 'continued', sessionKey: s.key, scenario: sc, recordId: record.id, how });
   }
 
@@ -242,7 +260,7 @@ export class Correlator {
     if (original !== null && original.n === n) {
       this.counts.retries++;
       original.repeat = true;
-      const sib = this.open(record, `${sc}\u0000chain:${record.id}`, `chain:${record.id}`, false, n, full, ext, true, null);
+      const sib = this.open(record, `${sc}\u0000chain:${record.id}`, `chain:${record.id}`, false, n, full, ext, this.hs[0]!, true, null);
       out.push({ kind: 'retry', sessionKey: sib.key, scenario: sc, recordId: record.id, ofRecordId: original.turnId });
       return;
     }
@@ -253,19 +271,19 @@ export class Correlator {
       this.table.touch(s, this.clock, ++this.seq);
       this.finishTurn(s, s.turnId, record, messages, k, out);
       this.table.unindex(s);
-      this.setLast(s, record.id, n, full, ext);
+      this.setLast(s, record.id, n, full, ext, this.hs[0]!);
       this.table.index(s);
       out.push({ kind: 'continued', sessionKey: s.key, scenario: sc, recordId: record.id, how: 'extends' });
       return;
     }
-    this.open(record, `${sc}\u0000chain:${record.id}`, `chain:${record.id}`, false, n, full, ext, false, out);
+    this.open(record, `${sc}\u0000chain:${record.id}`, `chain:${record.id}`, false, n, full, ext, this.hs[0]!, false, out);
   }
 
-  private open(record: CorrelationRecord, mapKey: string, key: string, tagged: boolean, n: number, full: number, ext: number, repeat: boolean, out: CorrelationEvent[] | null): Session {
+  private open(record: CorrelationRecord, mapKey: string, key: string, tagged: boolean, n: number, full: number, ext: number, root: number, repeat: boolean, out: CorrelationEvent[] | null): Session {
     const s: Session = {
       mapKey, key, scenario: record.scenario, tagged,
-      turnId: record.id, n, full, ext, root: this.hs[0]!,
-      altId: null, altExt: 0, candId: null, candN: 0, candExt: 0,
+      turnId: record.id, n, full, ext, root,
+      altId: null, altExt: 0, candId: null, candN: 0, candExt: 0, candRoot: 0,
       repeat, lastAt: this.clock, seq: ++this.seq,
     };
     this.table.add(s);
@@ -273,12 +291,12 @@ export class Correlator {
     return s;
   }
 
-  private setLast(s: Session, id: string, n: number, full: number, ext: number): void {
+  private setLast(s: Session, id: string, n: number, full: number, ext: number, root: number): void {
     s.turnId = id;
     s.n = n;
     s.full = full;
     s.ext = ext;
-    s.root = this.hs[0]!;
+    s.root = root;
     s.altId = null;
     s.repeat = false;
   }

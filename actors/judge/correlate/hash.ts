@@ -15,13 +15,16 @@ import { hash as nativeHash } from 'node:crypto';
  *   canonical JSON (sorted keys, no spaces), since some clients re-serialise them.
  * - anything else (`refusal`, `audio`, cache-control hints) is ignored.
  *
- * Long strings are memoised by value so that the same 30k-character system prompt resent on every
- * request is hashed once; a Map lookup of an equal string costs a length check and a memcmp.
+ * Strings of 48 characters and more are memoised by value (a bounded cache), so that the history a
+ * client resends on every request is hashed once: the 30k-character system prompt costs a Map
+ * lookup (a length check and a memcmp) instead of ~20 µs of sha1, and an old message a V8 string
+ * hash instead of a JavaScript loop. This is what keeps fallback matching near O(new messages).
  */
 
-const LONG = 64;
-/** Strings of this length and more are hashed natively (sha1) rather than in JavaScript. */
-const NATIVE = 1024;
+/** Strings of this length and more are memoised: a lookup beats rehashing them. */
+const MEMO = 48;
+/** Strings of this length and more are hashed natively (sha1), not in JavaScript. */
+const LONG = 1024;
 
 /** 53-bit string hash (cyrb53 shape) for short strings. */
 function jsHash(s: string, seed: number): number {
@@ -38,7 +41,7 @@ function jsHash(s: string, seed: number): number {
 }
 
 function rawStringHash(s: string): number {
-  if (s.length < NATIVE) return jsHash(s, 0);
+  if (s.length < LONG) return jsHash(s, 0);
   // 13 hex digits = 52 bits of the digest.
   return Number.parseInt(nativeHash('sha1', s, 'hex').slice(0, 13), 16);
 }
@@ -52,11 +55,11 @@ export class HashMemo {
   private readonly args = new Map<string, number>();
   private chars = 0;
 
-  /** @param maxChars @default 8_000_000 */
-  constructor(private readonly maxChars = 8_000_000) {}
+  /** @param maxChars @default 16_000_000 */
+  constructor(private readonly maxChars = 16_000_000) {}
 
   string(s: string): number {
-    if (s.length < LONG) return jsHash(s, 0);
+    if (s.length < MEMO) return jsHash(s, 0);
     const hit = this.strings.get(s);
     if (hit !== undefined) return hit;
     const h = rawStringHash(s);
@@ -66,29 +69,36 @@ export class HashMemo {
 
   /** Tool-call arguments: canonical JSON when they parse, else the raw text. */
   toolArguments(s: string): number {
+    if (s.length < LONG) return mix(jsHash(canonicalArgs(s), 0), 0x61726773);
     const hit = this.args.get(s);
     if (hit !== undefined) return hit;
-    let canonical = s;
-    try {
-      canonical = canonicalJson(JSON.parse(s));
-    } catch {
-      // Not JSON (a truncated call): compare the text itself.
-    }
-    const h = mix(rawStringHash(canonical), 0x61726773);
+    const h = mix(rawStringHash(canonicalArgs(s)), 0x61726773);
     this.remember(this.args, s, h);
     return h;
   }
 
+  /** Forget every memoised string (they are hashed again on sight). */
+  clear(): void {
+    this.strings.clear();
+    this.args.clear();
+    this.chars = 0;
+  }
+
   private remember(map: Map<string, number>, s: string, h: number): void {
-    if (this.chars + s.length > this.maxChars) {
-      this.strings.clear();
-      this.args.clear();
-      this.chars = 0;
-    }
+    if (this.chars + s.length > this.maxChars) this.clear();
     if (s.length <= this.maxChars) {
       map.set(s, h);
       this.chars += s.length;
     }
+  }
+}
+
+function canonicalArgs(s: string): string {
+  try {
+    return canonicalJson(JSON.parse(s));
+  } catch {
+    // Not JSON (a truncated call): compare the text itself.
+    return s;
   }
 }
 

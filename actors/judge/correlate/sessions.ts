@@ -16,7 +16,9 @@ export interface Session {
   /** The last main request: its record id (the pending turn), message count and hashes. */
   turnId: string;
   n: number;
+  /** Untagged: prefix hash of its messages. Tagged: hash of its newest message. */
   full: number;
+  /** Untagged: `full` + the assistant reply. Tagged: hash of the reply. */
   ext: number;
   /** Hash of its first message. */
   root: number;
@@ -27,6 +29,7 @@ export interface Session {
   candId: string | null;
   candN: number;
   candExt: number;
+  candRoot: number;
   /** One of a group of identical requests: if left unextended it was a retry, not a lost turn. */
   repeat: boolean;
   lastAt: number;

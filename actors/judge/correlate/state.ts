@@ -23,6 +23,7 @@ export type SavedSession = [
   candId: string | null,
   candN: number,
   candExt: number,
+  candRoot: number,
   repeat: 0 | 1,
   lastAt: number,
   seq: number,
@@ -39,14 +40,14 @@ export interface CorrelatorState {
 }
 
 export function saveSession(s: Session): SavedSession {
-  return [s.key, s.scenario, s.tagged ? 1 : 0, s.turnId, s.n, s.full, s.ext, s.root, s.altId, s.altExt, s.candId, s.candN, s.candExt, s.repeat ? 1 : 0, s.lastAt, s.seq];
+  return [s.key, s.scenario, s.tagged ? 1 : 0, s.turnId, s.n, s.full, s.ext, s.root, s.altId, s.altExt, s.candId, s.candN, s.candExt, s.candRoot, s.repeat ? 1 : 0, s.lastAt, s.seq];
 }
 
 export function restoreSession(t: SavedSession): Session {
-  const [key, scenario, tagged, turnId, n, full, ext, root, altId, altExt, candId, candN, candExt, repeat, lastAt, seq] = t;
+  const [key, scenario, tagged, turnId, n, full, ext, root, altId, altExt, candId, candN, candExt, candRoot, repeat, lastAt, seq] = t;
   return {
     mapKey: `${scenario}\u0000${key}`,
-    key, scenario, tagged: tagged === 1, turnId, n, full, ext, root, altId, altExt, candId, candN, candExt,
+    key, scenario, tagged: tagged === 1, turnId, n, full, ext, root, altId, altExt, candId, candN, candExt, candRoot,
     repeat: repeat === 1, lastAt, seq,
   };
 }

@@ -25,7 +25,7 @@ export interface CorrelatorOptions extends Partial<CorrelatorConfig> {
   now?: (record: CorrelationRecord) => number;
   /** Where warnings are logged (they are also returned as events). @default no logging */
   log?: LogFn;
-  /** Characters of long message text kept to avoid rehashing it. @default 8_000_000 */
+  /** Characters of message text kept to avoid rehashing it (a cache, cleared whole when full). @default 16_000_000 */
   hashMemoChars?: number;
 }
 
