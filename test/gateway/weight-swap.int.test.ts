@@ -1,3 +1,4 @@
+import { request as httpRequest } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { HandlerContext } from '../../actors/runtime/mailbox.js';
 import { waitFor } from '../helpers/wait.js';
@@ -83,6 +84,25 @@ describe('gateway weight swap', () => {
     expect(events.at(-1)).toBe('[DONE]');
     await waitFor(() => s.gw.gate.inflight === 0, { what: 'no generation in flight' });
     s.engine.options.tokenDelayMs = 0;
+  });
+
+  it('a streamed client that gives up while paused leaves no waiter, no record and no error behind', async () => {
+    expect(await pause(1000)).toEqual({ drained: true, inflight: 0 });
+    const head = await s.gw.store.headOffset();
+    const requests = s.engine.requests.length;
+    const body = JSON.stringify({ ...CHAT, stream: true });
+    const req = httpRequest(`${s.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } });
+    req.on('error', () => {});
+    req.end(body);
+    await waitFor(() => (s.gw.metrics.inflightCount === 1 ? true : null), { what: 'the request to wait at the gate' });
+    req.destroy();
+    await waitFor(() => s.gw.metrics.inflightCount === 0, { what: 'the request to be let go' });
+    resume(null);
+    expect(s.gw.gate.inflight).toBe(0);
+    expect(await s.gw.store.headOffset()).toBe(head);
+    expect(s.engine.requests.length).toBe(requests);
+    expect(s.gw.metrics.render()).not.toMatch(/code="5\d\d"/);
+    expect((await postChat(s.url, CHAT)).status).toBe(200);
   });
 
   it('a streamed request that waits through a pause starts streaming after resume', async () => {
