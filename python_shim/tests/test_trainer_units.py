@@ -1,0 +1,133 @@
+"""Trainer pieces without Ray: task decoding, sharding, versions and ledger, metric combining, scoring."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from reef_shim import tiny_model
+from reef_shim.engines.sampling import sampling_logprobs
+from reef_shim.errors import ShimError
+from reef_shim.trainer.checkpoint import Ledger, next_version
+from reef_shim.trainer.loss import combine, empty_sums
+from reef_shim.trainer.scoring import policy_logprobs, response_logits, teacher_scores
+from reef_shim.trainer.tasks import TrainTask, decode_tasks, shard
+from recipes.openclawrl.objective import ObjectiveConfig
+from trainer_fixtures import f32, i32
+
+
+def wire(**over: object) -> dict:
+    base = {"taskId": "t", "promptIds": i32([1, 2, 3]), "responseIds": i32([4, 5]), "logprobs": f32([-0.1, -0.2]),
+            "topK": 2, "topkIds": i32([4, 6, 5, -1]), "topkLogprobs": f32([-0.1, -2.0, -0.2, -10000.0]), "reward": 1.0,
+            "teacherPromptIds": [i32([1, 2, 9])], "sampling": {"temperature": 0.8, "topP": 0.9, "topK": -1},
+            "weightVersion": None}
+    return {**base, **over}
+
+
+@pytest.mark.parametrize("over,message", [
+    ({"logprobs": f32([-0.1])}, "tasks[0].logprobs: 1 values for 2 response tokens"),
+    ({"topkIds": i32([4, 6, 5])}, "tasks[0].topkIds: 3 values, expected 2 x 2"),
+    ({"promptIds": i32([1, 5000])}, "tasks[0].promptIds: token id 5000 is outside the vocabulary [0, 2048)"),
+    ({"responseIds": b"\x01\x02\x03"}, "tasks[0].responseIds: 3 bytes is not a whole number"),
+    ({"responseIds": b""}, "tasks[0]: prompt and response must not be empty"),
+    ({"logprobs": f32([float("nan"), 0.0])}, "tasks[0].logprobs: holds NaN"),
+    ({"teacherPromptIds": [i32([])]}, "tasks[0].teacherPromptIds[0]: empty prompt"),
+])
+def test_decode_names_the_broken_field(over: dict, message: str) -> None:
+    with pytest.raises(ShimError) as e:
+        decode_tasks([wire(**over)], 2048, 4096)
+    assert e.value.code == "REEF_ERR_INVALID_ARGUMENT" and message in e.value.message
+
+
+def test_decode_reads_little_endian_arrays_and_context_limit() -> None:
+    [t] = decode_tasks([wire()], 2048, 4096)
+    assert t.response_ids.tolist() == [4, 5] and t.topk_ids.tolist() == [[4, 6], [5, -1]]
+    assert t.topk_logprobs[1, 1] == -10000.0 and t.H == 1 and t.temperature == pytest.approx(0.8)
+    with pytest.raises(ShimError, match="5 tokens exceed the model's context length 4"):
+        decode_tasks([wire()], 2048, 4)
+    with pytest.raises(ShimError, match="at least one task"):
+        decode_tasks([], 2048, 4096)
+
+
+def _task(p: int, t: int, h: int = 0) -> TrainTask:
+    z = np.zeros
+    return TrainTask("x", z(p, np.int64), z(t, np.int64), z(t, np.float32), z((t, 1), np.int64), z((t, 1), np.float32),
+                     0.0, [z(p, np.int64)] * h)
+
+
+def test_shard_balances_by_cost_and_is_deterministic() -> None:
+    tasks = [_task(10, 10), _task(100, 50, 1), _task(10, 5), _task(20, 20), _task(5, 5)]
+    a = shard(tasks, 2)
+    assert a == shard(tasks, 2) and sorted(i for r in a for i in r) == [0, 1, 2, 3, 4]
+    assert a[0] == [1] and a[1] == [0, 2, 3, 4]
+    assert shard(tasks[:1], 3) == [[0], [], []]
+
+
+def test_versions_are_monotonic_across_disk_and_ledger(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path)
+    assert next_version(tmp_path, ledger) == "v1"
+    (tmp_path / "v3").mkdir()
+    (tmp_path / "v10x").mkdir()
+    assert next_version(tmp_path, ledger) == "v4"
+    ledger.record("b:1", {"weightVersion": "v7", "metrics": {}})
+    assert next_version(tmp_path, Ledger(tmp_path)) == "v8"
+    assert Ledger(tmp_path).get("b:1") == {"weightVersion": "v7", "metrics": {}}
+    (tmp_path / "reef_trainer_ledger.json").write_text("{not json")
+    with pytest.raises(ShimError, match="cannot read the batch ledger"):
+        Ledger(tmp_path)
+
+
+def test_combine_weights_each_metric_by_its_own_denominator() -> None:
+    a = {**empty_sums(), "tokens": 3, "opd_tokens": 3, "entries": 6, "rl_loss": 3 * 0.5, "opd_loss": 3 * 2.0,
+         "mean_abs_d": 6 * 0.1, "samples": 1, "abs_diff_sum": 3e-6, "abs_diff_max": 2e-6}
+    b = {**empty_sums(), "tokens": 1, "rl_loss": 1 * -1.0, "samples": 1, "abs_diff_sum": 1e-6, "abs_diff_max": 1e-6}
+    m = combine([a, b, empty_sums()], ObjectiveConfig(w_rl=1.0, w_opd=0.5))
+    assert m["rl_loss"] == pytest.approx(0.125) and m["opd_loss"] == pytest.approx(2.0)
+    assert m["loss"] == pytest.approx(1.125) and m["mean_abs_d"] == pytest.approx(0.1)
+    assert m["train_rollout_logprob_abs_diff"] == pytest.approx(1e-6) and m["train_rollout_logprob_abs_diff_max"] == 2e-6
+    assert m["tokens"] == 4 and m["samples"] == 2
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    tiny_model.build(out, seed=0, quiet=True)
+    return AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+
+
+def test_right_padding_changes_no_logit(model) -> None:
+    rng = np.random.default_rng(0)
+    ctx = [rng.integers(0, 2048, n) for n in (5, 17)]
+    resp = [rng.integers(0, 2048, n) for n in (9, 3)]
+    cpu = torch.device("cpu")
+    with torch.no_grad():
+        together = response_logits(model, ctx, resp, cpu)
+        for i in range(2):
+            alone = response_logits(model, ctx[i:i + 1], resp[i:i + 1], cpu)[0]
+            assert torch.allclose(together[i], alone, atol=1e-5)
+
+
+def test_policy_uses_the_engine_transform_and_the_teacher_plain_softmax(model) -> None:
+    rng = np.random.default_rng(1)
+    t = _task(6, 4, h=1)
+    t.prompt_ids, t.response_ids = rng.integers(0, 2048, 6), rng.integers(0, 2048, 4)
+    t.teacher_prompt_ids = [rng.integers(0, 2048, 8)]
+    t.topk_ids = rng.integers(0, 2048, (4, 3))
+    t.temperature, t.top_k, t.top_p = 0.7, 50, 0.9
+    cpu = torch.device("cpu")
+    with torch.no_grad():
+        logp, topk = policy_logprobs(model, [t], cpu)
+        lg = response_logits(model, [t.prompt_ids], [t.response_ids], cpu)[0]
+        ref = sampling_logprobs(lg, 0.7, 50, 0.9).clamp(min=-1e4)
+        assert torch.allclose(logp[0], ref.gather(-1, torch.from_numpy(t.response_ids)[:, None]).squeeze(-1))
+        assert torch.allclose(topk[0], ref.gather(-1, torch.from_numpy(t.topk_ids)))
+        teach = teacher_scores(model, [t], cpu)
+        tl = torch.log_softmax(response_logits(model, [t.teacher_prompt_ids[0]], [t.response_ids], cpu)[0], -1)
+    assert torch.allclose(teach["teacher_topk_logp"][0, 0], tl.gather(-1, torch.from_numpy(t.topk_ids)), atol=1e-6)
+    assert teach["teacher_top_ids"][0, 0].tolist() == torch.topk(tl, 3, -1).indices.tolist()
+    assert teach["cand_mask"].tolist() == [[True]]
