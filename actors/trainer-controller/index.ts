@@ -11,6 +11,7 @@ import { ChatTokenizer, normalizeMessages } from '../gateway/tokenize/index.js';
 import type { Task } from '../../recipes/openclawrl/record2task.js';
 import { TrainerController, type ControllerState, type JudgedTurnRow } from './controller.js';
 import { CONSUMER, STATE_KEY } from './messages.js';
+import { STATE_KEY as JUDGE_STATE_KEY } from '../judge/handler.js';
 
 /** Wires the controller to the store, the bridge (trainer group), the gateway and the engine. */
 
@@ -45,10 +46,10 @@ export function toWire(t: Task): TrainTask {
 
 /** Counter names a judged turn adds to its batch's record line. */
 export function turnCounters(judgment: unknown, decision: string, candidates: number): string[] {
-  const j = (judgment ?? {}) as { nextState?: { role?: string }; score?: number };
+  const j = (judgment ?? {}) as { nextState?: { role?: string }; score?: { result?: number } };
   const out: string[] = [];
   if (j.nextState?.role) out.push(`next_state:${j.nextState.role}`);
-  if (typeof j.score === 'number') out.push(`eval:${j.score}`);
+  if (typeof j.score?.result === 'number') out.push(`eval:${j.score.result}`);
   if (decision === 'hint') out.push('hint_accepted');
   else out.push('hint_declined');
   if (decision === 'anchor') out.push('anchor_only');
@@ -143,7 +144,8 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
           await gw?.close();
         }
       },
-      correlation: async () => ((await w.store.getState('judge:correlation')) as Record<string, number> | null) ?? {},
+      // The judge saves its correlator (with the cumulative counters) under this key (actors/judge/handler.ts).
+      correlation: async () => ((await w.store.getState(JUDGE_STATE_KEY)) as { correlator?: { counters?: Record<string, number> } } | null)?.correlator?.counters ?? {},
       log: w.log,
     },
     {
