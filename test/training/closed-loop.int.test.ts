@@ -1,0 +1,134 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { freePort } from '../../cluster/net.js';
+import { readRunFile } from '../../cluster/run-file.js';
+import { startFakeEngine, type FakeEngine } from '../helpers/fake-engine.js';
+import { runReef, testConfig } from '../helpers/stack.js';
+import { waitFor } from '../helpers/wait.js';
+
+/**
+ * Training end to end on the tiny model: `reef up` with a judge whose PRM engine is a double
+ * (it rejects every reply and proposes a hint), tagged conversations through the gateway, judged
+ * turns batched by the trainer-controller, trained by 2 gloo ranks, released into the hf engine.
+ * Then a rollback to the base weights reproduces the earlier outputs exactly.
+ */
+
+const HINT = 'Answer in plain words without any formatting at all.';
+
+interface Release {
+  id: string;
+  weightVersion: string;
+  batchIds: string[];
+  metrics: Record<string, number>;
+  checkpointPath: string;
+  rollbackOf: string | null;
+}
+
+describe('judged turns → batches → training → release → rollback', () => {
+  let cfg: { path: string; dir: string };
+  let port: number;
+  let prm: FakeEngine;
+  const base = () => `http://127.0.0.1:${port}`;
+
+  const chat = async (session: string, messages: unknown[], extra: Record<string, unknown> = {}) => {
+    const res = await fetch(`${base()}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-reef-tag-session': session },
+      body: JSON.stringify({ messages, max_tokens: 12, temperature: 1.0, ...extra }),
+    });
+    expect(res.status).toBe(200);
+    const body = (await res.json()) as { choices: Array<{ message: { content: string | null } }> };
+    return { id: res.headers.get('x-reef-agent-record-id')!, content: body.choices[0]!.message.content ?? '' };
+  };
+  const releases = async (): Promise<Release[]> => ((await (await fetch(`${base()}/reef/scenarios/default/releases`)).json()) as { data: Release[] }).data;
+  const outputIds = async (id: string): Promise<number[]> => ((await (await fetch(`${base()}/reef/scenarios/default/records/${id}`)).json()) as { outputIds: number[] }).outputIds;
+  const probe = async () => outputIds((await chat('probe', [{ role: 'user', content: 'Tell me about the sea.' }], { seed: 1234, max_tokens: 16 })).id);
+
+  beforeAll(async () => {
+    prm = await startFakeEngine({
+      respond: ({ messages }) => {
+        const prompt = JSON.stringify(messages);
+        return prompt.includes('Your task: write the short instruction')
+          ? { pieces: [`[HINT_START]${HINT}[HINT_END]`, '\n\\boxed{1}'] }
+          : { pieces: ['The user asked for a redo.', '\n\\boxed{-1}'] };
+      },
+    });
+    port = await freePort();
+    cfg = testConfig((c) => {
+      c.reef.port = port;
+      c.cluster.prm = { replicas: 0, gpus: 1, engine: 'hf', model_path: null };
+      c.cluster.prm_actors = 1;
+      c.pipeline.record2record.config = { prm_url: prm.url, prm_api: 'openai', prm_model: 'fake-prm', prm_api_key_env: 'REEF_TEST_PRM_KEY', prm_m: 1, prm_timeout_s: 30 };
+      c.pipeline.task2batch.config = { batch_size: 2, prm_record_file: 'prm-records.jsonl' };
+      // A large learning rate, so one step visibly changes what the tiny model samples.
+      c.training.options = ['--lr=0.05', '--openclawrl-w-rl=1.0', '--openclawrl-w-opd=1.0'];
+    });
+  });
+
+  afterAll(async () => {
+    if (cfg && readRunFile(join(cfg.dir, 'data', 'run'))) await runReef(['down', '-c', cfg.path], { timeoutMs: 180_000 });
+    await prm?.close();
+  });
+
+  it('trains judged turns into releases served by the engine, and rolls back exactly', async () => {
+    const up = await runReef(['up', '-c', cfg.path, '--detach'], { timeoutMs: 600_000, env: { REEF_TEST_PRM_KEY: 'prm-secret' } });
+    expect(up.code, `${up.stdout}\n${up.stderr}`).toBe(0);
+
+    const before = await probe();
+    expect(await probe()).toEqual(before); // the same seed gives the same tokens
+
+    // Two conversations of three requests: each later user message is the next state of a turn.
+    for (const s of ['s1', 's2']) {
+      const msgs: Array<{ role: string; content: string }> = [{ role: 'system', content: 'You help with homework.' }, { role: 'user', content: `What is 12 + ${s.length}?` }];
+      for (const follow of ['Please redo that without bold.', 'Still not right, try again.', 'Thanks.']) {
+        const r = await chat(s, msgs);
+        msgs.push({ role: 'assistant', content: r.content }, { role: 'user', content: follow });
+        if (msgs.length > 7) break;
+      }
+    }
+
+    const rels = await waitFor(async () => {
+      const r = await releases();
+      return r.filter((x) => x.rollbackOf === null).length >= 2 ? r : null;
+    }, { what: 'two releases from two batches', timeoutMs: 300_000, intervalMs: 1000 });
+    const trained = rels.filter((r) => r.rollbackOf === null).reverse();
+    expect(trained.map((r) => r.batchIds)).toEqual([['default:openclawrl:1'], ['default:openclawrl:2']]);
+    for (const r of trained) {
+      expect(Number.isFinite(r.metrics.loss)).toBe(true);
+      expect(existsSync(join(r.checkpointPath, 'model.safetensors'))).toBe(true);
+    }
+    // Before the first update the trainer reproduces the engine's logprobs; later batches hold
+    // turns sampled by older weights, so there the difference measures staleness instead.
+    expect(trained[0]!.metrics.train_rollout_logprob_abs_diff).toBeLessThan(1e-3);
+    expect(trained[1]!.metrics.train_rollout_logprob_abs_diff).toBeGreaterThanOrEqual(0);
+    // The PRM's key reached it, and the judgment is visible on the turn's record.
+    expect(prm.requests.length).toBeGreaterThan(0);
+
+    // The engine serves the newest release, and every new record carries its version.
+    const latest = trained.at(-1)!.weightVersion;
+    const status = (await (await fetch(`${base()}/reef/status`)).json()) as { gateway: { weightVersion: string } };
+    expect(status.gateway.weightVersion).toBe(latest);
+    const after = await probe();
+    expect(after).not.toEqual(before);
+
+    // Each batch wrote one record line that agrees with the store.
+    const lines = readFileSync(join(cfg.dir, 'prm-records.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, any>);
+    expect(lines.map((l) => [l.batch_id, l.samples, l.rewards])).toEqual([
+      ['default:openclawrl:1', 2, { '1': 0, '-1': 2, '0': 0 }],
+      ['default:openclawrl:2', 2, { '1': 0, '-1': 2, '0': 0 }],
+    ]);
+    expect(lines[0]!.judged['hint_accepted']).toBe(2);
+    expect(lines[1]!.correlation.bound).toBeGreaterThanOrEqual(4);
+
+    // Rollback to the base weights: the same seed gives exactly the tokens of before.
+    const rb = await fetch(`${base()}/reef/scenarios/default/releases/rollback`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ release_id: 'base' }) });
+    expect(rb.status, await rb.clone().text()).toBe(200);
+    expect(await probe()).toEqual(before);
+    const listed = await releases();
+    expect(listed[0]).toMatchObject({ rollbackOf: 'base', weightVersion: 'base' });
+
+    const down = await runReef(['down', '-c', cfg.path], { timeoutMs: 180_000 });
+    expect(down.code, down.stderr).toBe(0);
+  });
+});
