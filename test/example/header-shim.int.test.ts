@@ -1,0 +1,196 @@
+import { spawn } from 'node:child_process';
+import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import OpenAI from 'openai';
+import { Client } from 'undici';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { ensureDist } from './gateway-fixture.js';
+import { parseSessionRule, startHeaderShim, type HeaderShim, type HeaderShimOptions } from '../../recipes/openclawrl/harness/header-shim.js';
+
+/**
+ * The header shim between the `openai` client and a recorder standing in for the gateway: the
+ * recorder keeps every request's headers and body and answers with a fixed completion or SSE stream.
+ */
+
+interface Seen {
+  method: string;
+  url: string;
+  headers: IncomingHttpHeaders;
+  body: string;
+}
+
+const COMPLETION = { id: 'c1', object: 'chat.completion', created: 1, model: 'm', choices: [{ index: 0, message: { role: 'assistant', content: 'Four.' }, finish_reason: 'stop', logprobs: null }], usage: { prompt_tokens: 3, completion_tokens: 1, total_tokens: 4 } };
+const chunk = (content: string, finish: string | null = null) => ({ id: 'c2', object: 'chat.completion.chunk', created: 1, model: 'm', choices: [{ index: 0, delta: { content }, finish_reason: finish }] });
+const EVENTS = [chunk('Two'), chunk(' plus'), chunk(' two.', 'stop')].map((c) => `data: ${JSON.stringify(c)}\n\n`);
+const SSE = `${EVENTS.join('')}data: [DONE]\n\n`;
+
+let recorder: Server;
+let upstream: string;
+const seen: Seen[] = [];
+/** When set, the recorder holds the stream after its first event until this resolves. */
+let hold: Promise<void> | null = null;
+
+beforeAll(async () => {
+  recorder = createServer(async (req, res) => {
+    let body = '';
+    for await (const c of req) body += String(c);
+    seen.push({ method: req.method!, url: req.url!, headers: req.headers, body });
+    if (req.url?.endsWith('/models')) return res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ object: 'list', data: [{ id: 'm', object: 'model', created: 0, owned_by: 'x' }] }));
+    const stream = body !== '' && (JSON.parse(body) as { stream?: boolean }).stream === true;
+    if (!stream) return res.writeHead(200, { 'content-type': 'application/json', 'x-reef-agent-record-id': 'rec-1' }).end(JSON.stringify(COMPLETION));
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' });
+    res.write(EVENTS[0]);
+    if (hold) await hold;
+    for (const e of EVENTS.slice(1)) res.write(e);
+    res.end('data: [DONE]\n\n');
+  });
+  await new Promise<void>((r) => recorder.listen(0, '127.0.0.1', r));
+  upstream = `http://127.0.0.1:${(recorder.address() as AddressInfo).port}`;
+});
+
+afterAll(async () => {
+  recorder.closeAllConnections();
+  await new Promise<void>((r) => recorder.close(() => r()));
+});
+
+const shims: HeaderShim[] = [];
+async function shim(opts: Omit<HeaderShimOptions, 'upstream'>): Promise<HeaderShim> {
+  const s = await startHeaderShim({ upstream, ...opts });
+  shims.push(s);
+  return s;
+}
+afterEach(async () => {
+  await Promise.all(shims.splice(0).map((s) => s.close()));
+  seen.length = 0;
+  hold = null;
+});
+
+const REQUEST = { model: 'm', messages: [{ role: 'user' as const, content: 'What is 2 + 2?' }], temperature: 0.5 };
+
+describe('header shim', () => {
+  it('adds scenario, session and key to a plain completion; passes body and reply through', async () => {
+    const s = await shim({ scenario: 'homework', session: { mode: 'fixed', value: 'homework-s1' }, apiKey: 'reef-key' });
+    const client = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: 'client-key', maxRetries: 0 });
+    const { data, response } = await client.chat.completions.create(REQUEST).withResponse();
+    expect(data).toEqual(COMPLETION);
+    expect(response.headers.get('x-reef-agent-record-id')).toBe('rec-1');
+    expect(seen).toHaveLength(1);
+    expect(seen[0]!.url).toBe('/v1/chat/completions');
+    expect(seen[0]!.headers).toMatchObject({ 'x-reef-scenario': 'homework', 'x-reef-tag-session': 'homework-s1', authorization: 'Bearer client-key' });
+    expect(JSON.parse(seen[0]!.body)).toEqual(REQUEST);
+  });
+
+  it('passes an SSE stream through unchanged and unbuffered', async () => {
+    const s = await shim({ scenario: 'homework', session: { mode: 'fixed', value: 'homework-s2' } });
+    let release!: () => void;
+    hold = new Promise<void>((r) => (release = r));
+    const client = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: 'k', maxRetries: 0 });
+    const stream = await client.chat.completions.create({ ...REQUEST, stream: true });
+    const got: string[] = [];
+    for await (const c of stream) {
+      got.push(c.choices[0]!.delta.content ?? '');
+      // The recorder sends the rest only after the first event reached the client through the shim.
+      if (got.length === 1) release();
+    }
+    expect(got).toEqual(['Two', ' plus', ' two.']);
+    expect(seen[0]!.headers).toMatchObject({ 'x-reef-scenario': 'homework', 'x-reef-tag-session': 'homework-s2' });
+    expect(JSON.parse(seen[0]!.body)).toEqual({ ...REQUEST, stream: true });
+
+    const raw = await fetch(`${s.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ ...REQUEST, stream: true }) });
+    expect(raw.headers.get('content-type')).toBe('text/event-stream');
+    expect(await raw.text()).toBe(SSE);
+  });
+
+  it('replaces the client Authorization only when configured, and adds it when absent', async () => {
+    const keep = await shim({ apiKey: 'reef-key' });
+    const replace = await shim({ apiKey: 'reef-key', replaceAuthorization: true });
+    const none = await shim({});
+    for (const s of [keep, replace, none]) await new OpenAI({ baseURL: `${s.url}/v1`, apiKey: 'client-key', maxRetries: 0 }).chat.completions.create(REQUEST);
+    await fetch(`${keep.url}/v1/models`);
+    expect(seen.map((x) => x.headers.authorization)).toEqual(['Bearer client-key', 'Bearer reef-key', 'Bearer client-key', 'Bearer reef-key']);
+    expect(seen[3]!.method).toBe('GET');
+    expect(seen.every((x) => x.headers['x-reef-tag-session'] === undefined && x.headers['x-reef-scenario'] === undefined)).toBe(true);
+  });
+
+  it('changes the fixed tag at run time and keeps a tag the client set', async () => {
+    const s = await shim({ session: { mode: 'fixed', value: 'hw-s1' } });
+    const client = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: 'k', maxRetries: 0 });
+    await client.chat.completions.create(REQUEST);
+    s.setSession('hw-s2');
+    await client.chat.completions.create(REQUEST);
+    const put = await fetch(`${s.url}/_reef_shim/session`, { method: 'PUT', body: 'hw-s3' });
+    expect(await put.json()).toEqual({ session: 'hw-s3' });
+    await client.chat.completions.create(REQUEST);
+    await client.chat.completions.create(REQUEST, { headers: { 'x-reef-tag-session': 'mine' } });
+    expect(seen.map((x) => x.headers['x-reef-tag-session'])).toEqual(['hw-s1', 'hw-s2', 'hw-s3', 'mine']);
+  });
+
+  it('tags per connection', async () => {
+    const s = await shim({ session: { mode: 'per-connection', prefix: 'hermes' } });
+    const a = new Client(s.url);
+    const b = new Client(s.url);
+    try {
+      for (const c of [a, a, b]) {
+        const r = await c.request({ method: 'POST', path: '/v1/chat/completions', headers: { 'content-type': 'application/json' }, body: JSON.stringify(REQUEST) });
+        await r.body.text();
+      }
+    } finally {
+      await a.close();
+      await b.close();
+    }
+    expect(seen.map((x) => x.headers['x-reef-tag-session'])).toEqual(['hermes-c1', 'hermes-c1', 'hermes-c2']);
+  });
+
+  it('takes the tag from the base URL path and strips it', async () => {
+    const s = await shim({ session: { mode: 'path' }, scenario: 'homework' });
+    const client = new OpenAI({ baseURL: `${s.url}/t/homework-s7/v1`, apiKey: 'k', maxRetries: 0 });
+    await client.chat.completions.create(REQUEST);
+    await fetch(`${s.url}/v1/models`);
+    expect(seen.map((x) => [x.url, x.headers['x-reef-tag-session']])).toEqual([['/v1/chat/completions', 'homework-s7'], ['/v1/models', undefined]]);
+  });
+
+  it('answers 503 with an OpenAI error body when the gateway is down', async () => {
+    const s = await startHeaderShim({ upstream: 'http://127.0.0.1:1' });
+    shims.push(s);
+    const res = await fetch(`${s.url}/v1/models`);
+    expect(res.status).toBe(503);
+    expect(await res.json()).toMatchObject({ error: { code: 'REEF_ERR_ENGINE_DOWN', type: 'server_error' } });
+  });
+
+  it.each([
+    ['none', { mode: 'none' }],
+    ['path', { mode: 'path' }],
+    ['per-connection', { mode: 'per-connection', prefix: 'conn' }],
+    ['per-connection:hermes', { mode: 'per-connection', prefix: 'hermes' }],
+    ['fixed:hw-s1', { mode: 'fixed', value: 'hw-s1' }],
+  ])('parses --session %s', (spec, rule) => {
+    expect(parseSessionRule(spec)).toEqual(rule);
+  });
+
+  it.each(['fixed:', 'sometimes', ''])('rejects --session %j', (spec) => {
+    expect(() => parseSessionRule(spec)).toThrow(/expected none, path/);
+  });
+});
+
+describe('header shim process', () => {
+  it('starts from dist, says where it listens, forwards, and stops on SIGTERM', async () => {
+    const main = ensureDist('recipes/openclawrl/harness/header-shim-main');
+    const child = spawn(process.execPath, [main, '--upstream', upstream, '--port', '0', '--scenario', 'homework', '--session', 'fixed:hw-s9', '--api-key-env', 'SHIM_TEST_KEY'], { env: { ...process.env, SHIM_TEST_KEY: 'from-env' }, stdio: ['ignore', 'pipe', 'pipe'] });
+    try {
+      const ready = await new Promise<{ url: string }>((resolve, reject) => {
+        let out = '';
+        child.stdout.on('data', (d: Buffer) => {
+          out += d.toString();
+          if (out.includes('\n')) resolve(JSON.parse(out.split('\n')[0]!) as { url: string });
+        });
+        child.once('exit', (code) => reject(new Error(`shim exited ${code}`)));
+      });
+      await fetch(`${ready.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(REQUEST) }).then((r) => r.json());
+      expect(seen[0]!.headers).toMatchObject({ 'x-reef-scenario': 'homework', 'x-reef-tag-session': 'hw-s9', authorization: 'Bearer from-env' });
+    } finally {
+      const exited = new Promise<number | null>((r) => child.once('exit', r));
+      child.kill('SIGTERM');
+      expect(await exited).toBe(0);
+    }
+  });
+});
