@@ -195,7 +195,11 @@ export const suite: BenchSuite = {
       const g = toRow('short chat, non-streamed', 'gateway → fake engine', await measureCalls(gw(s, short.viaGateway), { seconds: ctx.seconds, warmupS: 1 }));
       const d = toRow('short chat, non-streamed', 'direct → fake engine', await measureCalls(engine(s, short.direct), { seconds: ctx.seconds }));
       rows.push(g, d, added('short chat, non-streamed', g, d));
+      const oc0 = cpuSeconds(s.gatewayPid);
       const oc = await openClaw(s, ctx);
+      const oc1 = cpuSeconds(s.gatewayPid);
+      const turns = oc[0]!.ops + oc[3]!.ops + 15; // + the 5 warm-up sessions of 3 turns
+      ctx.log(`gateway CPU per openclaw turn (turns 1-3 averaged): ${(((oc1.main - oc0.main) * 1000) / turns).toFixed(3)} ms on its event loop, ${(((oc1.all - oc0.all) * 1000) / turns).toFixed(3)} ms in all threads`);
       rows.push(...oc);
       const cpu0 = cpuSeconds(s.gatewayPid);
       const tm = await measureCalls(gw(s, short.viaGateway), { seconds: ctx.seconds, concurrency: 64, warmupS: 0 });
