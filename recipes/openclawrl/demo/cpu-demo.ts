@@ -1,0 +1,152 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { stringify } from 'yaml';
+import { loadConfig } from '../../../cluster/config/index.js';
+import { EngineClient } from '../../../cluster/engine-client.js';
+import { freePort } from '../../../cluster/net.js';
+import { pythonBin, pythonEnv, repoRoot } from '../../../cluster/paths.js';
+import { Stack } from '../../../cluster/stack.js';
+import { generateProblems } from '../harness/problems.js';
+import { curveTable, type RunSummary } from '../harness/report.js';
+import { runSessions } from '../harness/run.js';
+import { ScriptedStudent } from '../harness/student.js';
+
+/**
+ * The closed-loop CPU demo: the whole real pipeline on this machine. The demo model starts with
+ * a habit the student dislikes (bold text in about half its replies); a scripted student
+ * complains about it; a rule-following PRM double (speaking the SGLang API) judges each turn and
+ * proposes a hint; judged turns are batched and trained by 2 gloo ranks with the hybrid
+ * RL + OPD objective; each release goes live in the hf engine while the sessions continue.
+ */
+
+export interface DemoOptions {
+  /** @default 1 */
+  wRl: number;
+  /** @default 1 */
+  wOpd: number;
+  /** @default 60 */
+  sessions: number;
+  /** @default 4 */
+  batchSize: number;
+  /** @default 1e-4 */
+  lr: number;
+  /** Where results, plots, the config and the data dir go. @default results/cpu-demo */
+  out: string;
+  /** The pre-trained demo model. @default .cache/demo-model */
+  modelDir: string;
+  log: (line: string) => void;
+}
+
+export function demoOptions(argv: readonly string[], log: (line: string) => void): DemoOptions {
+  const o: DemoOptions = { wRl: 1, wOpd: 1, sessions: 60, batchSize: 4, lr: 1e-4, out: resolve('results/cpu-demo'), modelDir: process.env.REEF_DEMO_MODEL ?? join(repoRoot(), '.cache', 'demo-model'), log };
+  for (let i = 0; i < argv.length; i++) {
+    const [flag, inline] = argv[i]!.split('=', 2) as [string, string | undefined];
+    const value = inline ?? argv[++i];
+    if (value === undefined) throw new Error(`${flag} needs a value`);
+    const num = () => {
+      const n = Number(value);
+      if (!Number.isFinite(n) || n < 0) throw new Error(`${flag}: expected a non-negative number, got ${value}`);
+      return n;
+    };
+    switch (flag) {
+      case '--w-rl': o.wRl = num(); break;
+      case '--w-opd': o.wOpd = num(); break;
+      case '--sessions': o.sessions = Math.max(1, Math.round(num())); break;
+      case '--batch-size': o.batchSize = Math.max(1, Math.round(num())); break;
+      case '--lr': o.lr = num(); break;
+      case '--out': o.out = resolve(value); break;
+      case '--model': o.modelDir = resolve(value); break;
+      default: throw new Error(`unknown option ${flag} (known: --w-rl --w-opd --sessions --batch-size --lr --out --model)`);
+    }
+  }
+  return o;
+}
+
+/** Starts the rule-following PRM double and waits until it answers /health. */
+async function startRulePrm(modelDir: string, log: (l: string) => void): Promise<{ url: string; child: ChildProcess }> {
+  const port = await freePort();
+  const child = spawn(pythonBin(), ['-m', 'reef_shim.engines.rule_prm_server', '--host', '127.0.0.1', '--port', String(port), '--tokenizer-path', modelDir], { env: pythonEnv(), stdio: ['ignore', 'ignore', 'inherit'] });
+  const url = `http://127.0.0.1:${port}`;
+  const client = new EngineClient(url, { name: 'rule-prm' });
+  try {
+    for (let i = 0; ; i++) {
+      if (child.exitCode !== null) throw new Error(`the rule PRM exited with code ${child.exitCode}`);
+      if (await client.health()) break;
+      if (i > 600) throw new Error('the rule PRM did not become healthy in 60 s');
+      if (i % 50 === 49) log(`waiting for the rule PRM on ${url} …`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  } finally {
+    await client.close();
+  }
+  return { url, child };
+}
+
+/** Writes the demo's serve.yaml: the CPU layout with the demo model and the rule PRM. */
+function writeConfig(o: DemoOptions, prmUrl: string, port: number): string {
+  const cfg = {
+    reef: { host: '127.0.0.1', port, data_dir: join(o.out, 'data'), default_scenario: 'homework' },
+    cluster: {
+      num_gpus: 3,
+      num_cpus: 8,
+      trainer: { gpus: 2 },
+      rollout: { gpus: 1, engine: 'hf', model_path: o.modelDir },
+      prm: { replicas: 0 },
+      prm_actors: 2,
+    },
+    pipeline: {
+      record2record: { config: { prm_url: prmUrl, prm_api: 'sglang', prm_tokenizer_path: o.modelDir, prm_m: 1, prm_max_tokens: 256, prm_timeout_s: 60 } },
+      record2task: {},
+      task2batch: { config: { batch_size: o.batchSize, prm_record_file: join(o.out, 'prm-records.jsonl'), max_staleness: 4 } },
+    },
+    training: { options: [`--openclawrl-w-rl=${o.wRl}`, `--openclawrl-w-opd=${o.wOpd}`, `--lr=${o.lr}`] },
+  };
+  const path = join(o.out, 'serve.yaml');
+  writeFileSync(path, stringify(cfg));
+  return path;
+}
+
+export async function runDemo(o: DemoOptions): Promise<RunSummary> {
+  mkdirSync(o.out, { recursive: true });
+  const t0 = performance.now();
+  o.log(`closed-loop CPU demo: ${o.sessions} sessions, w_rl=${o.wRl}, w_opd=${o.wOpd}, batch ${o.batchSize}, lr ${o.lr}; output in ${o.out}`);
+  const prm = await startRulePrm(o.modelDir, o.log);
+  let stack: Stack | null = null;
+  try {
+    const port = await freePort();
+    const configPath = writeConfig(o, prm.url, port);
+    const config = await loadConfig(configPath);
+    stack = await Stack.up({ config, configPath, overrides: [], log: (l) => o.log(`  [reef] ${l}`) });
+    o.log(`stack up in ${((performance.now() - t0) / 1000).toFixed(0)} s; running sessions`);
+    const summary = await runSessions({
+      gateway: `http://127.0.0.1:${port}`,
+      scenario: 'homework',
+      problems: generateProblems(72),
+      sessions: o.sessions,
+      student: new ScriptedStudent(),
+      outputDir: o.out,
+      prmRecordFile: join(o.out, 'prm-records.jsonl'),
+      onProgress: (p) => o.log(p.line),
+    });
+    return summary;
+  } finally {
+    await stack?.down();
+    prm.child.kill('SIGTERM');
+  }
+}
+
+export function describeSummary(s: RunSummary): string {
+  const pct = (x: number | undefined) => (x === undefined ? '-' : `${Math.round(x * 100)}%`);
+  return [
+    '',
+    curveTable(s),
+    '',
+    `bold rate (last ${s.rolling_window}): ${pct(s.rolling_start?.bold)} at the start → ${pct(s.rolling_end?.bold)} at the end`,
+    `pass rate (last ${s.rolling_window}): ${pct(s.rolling_start?.pass)} → ${pct(s.rolling_end?.pass)}`,
+    `sessions_to_adaptation: ${s.sessions_to_adaptation ?? 'not reached'}`,
+    `batches trained: ${s.batches?.length ?? 0}; wall time ${s.wall_time_s.toFixed(0)} s`,
+    `plots: ${s.files.rates_plot}, ${s.files.rewards_plot}`,
+    `per-session results: ${s.files.sessions}; summary: ${s.files.summary}`,
+  ].join('\n');
+}
