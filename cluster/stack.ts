@@ -183,11 +183,9 @@ export class Stack {
       // Actors first, so nothing calls an engine that is going away.
       const stopSupervisor = async () => {
         if (bridge && !bridge.isDown && this.shim.state === 'running') {
-          try {
-            await bridge.shutdown({ timeoutMs: 60_000 });
-          } catch (err) {
-            this.log(`shim shutdown: ${(err as Error).message}`);
-          }
+          // The shim removes its groups, engines and trainer and stops Ray before it exits: give it
+          // time to do that instead of signalling it in the middle.
+          await this.shim.stop({ drain: () => bridge.shutdown({ timeoutMs: 60_000 }), drainTimeoutMs: 60_000 }).catch((err: Error) => this.log(`shim shutdown: ${err.message}`));
         }
         await bridge?.close();
         await this.supervisor.stop();
