@@ -36,9 +36,17 @@ ln -sfn "$venv" .venv
 step "building TypeScript"
 npx tsc -p tsconfig.json
 
-# --- tiny model -----------------------------------------------------------------------------------
-if [ -f python_shim/reef_shim/tiny_model.py ]; then
-  step "building the tiny test model"
-  PYTHONPATH="$root/python_shim" .venv/bin/python -m reef_shim.tiny_model --out "$root/.cache/tiny-model" --quiet
-fi
+# --- models: built deterministically, cached in the user cache dir, linked into .cache/ -----------
+# Each builder skips a directory that already holds its current build (reef_build.json).
+models="$cache_dir/models"
+mkdir -p "$models" .cache
+build_model() { # module name
+  local module=$1 name=$2
+  step "model $name (python -m reef_shim.$module)"
+  PYTHONPATH="$root/python_shim" .venv/bin/python -m "reef_shim.$module" --out "$models/$name" --quiet
+  if [ -d ".cache/$name" ] && [ ! -L ".cache/$name" ]; then rm -rf ".cache/$name"; fi
+  ln -sfn "$models/$name" ".cache/$name"
+}
+build_model tiny_model tiny-model
+if [ -f python_shim/reef_shim/demo_model.py ]; then build_model demo_model demo-model; fi
 step "done"
