@@ -11,6 +11,9 @@ import { generateProblems } from '../harness/problems.js';
 import { curveTable, type RunSummary } from '../harness/report.js';
 import { runSessions } from '../harness/run.js';
 import { ScriptedStudent } from '../harness/student.js';
+import { SqliteStore } from '../../../actors/gateway/store/sqlite-store.js';
+import { CONSUMER as TRAINER, STATE_KEY as TRAINER_STATE } from '../../../actors/trainer-controller/messages.js';
+import { CONSUMER as JUDGE, STATE_KEY as JUDGE_STATE } from '../../../actors/judge/handler.js';
 
 /**
  * The closed-loop CPU demo: the whole real pipeline on this machine. The demo model starts with
@@ -113,12 +116,15 @@ export async function runDemo(o: DemoOptions): Promise<RunSummary> {
   o.log(`closed-loop CPU demo: ${o.sessions} sessions, w_rl=${o.wRl}, w_opd=${o.wOpd}, batch ${o.batchSize}, lr ${o.lr}; output in ${o.out}`);
   const prm = await startRulePrm(o.modelDir, o.log);
   let stack: Stack | null = null;
+  const stores: SqliteStore[] = [];
   try {
     const port = await freePort();
     const configPath = writeConfig(o, prm.url, port);
     const config = await loadConfig(configPath);
     stack = await Stack.up({ config, configPath, overrides: [], log: (l) => o.log(`  [reef] ${l}`) });
     o.log(`stack up in ${((performance.now() - t0) / 1000).toFixed(0)} s; running sessions`);
+    const store = SqliteStore.open(join(o.out, 'data', 'records.sqlite'));
+    stores.push(store);
     const summary = await runSessions({
       gateway: `http://127.0.0.1:${port}`,
       scenario: 'homework',
@@ -128,11 +134,42 @@ export async function runDemo(o: DemoOptions): Promise<RunSummary> {
       outputDir: o.out,
       prmRecordFile: join(o.out, 'prm-records.jsonl'),
       onProgress: (p) => o.log(p.line),
+      beforeSession: () => trainingCaughtUp(store, o.log),
     });
     return summary;
   } finally {
+    for (const s of stores) await s.close();
     await stack?.down();
     prm.child.kill('SIGTERM');
+  }
+}
+
+/**
+ * A student takes minutes between sessions while training takes seconds; on a CPU the sessions
+ * would outrun training instead. So before each session, wait (bounded) until the judge has caught
+ * up with the records and the trainer-controller with the judged turns, with no batch in flight.
+ */
+async function trainingCaughtUp(store: SqliteStore, log: (l: string) => void, timeoutMs = 120_000): Promise<void> {
+  const t0 = Date.now();
+  let said = false;
+  for (;;) {
+    const [head, judgeNext, judge, judgedHead, trainerNext, state] = await Promise.all([
+      store.headOffset(),
+      store.getOffset(JUDGE),
+      store.getState(JUDGE_STATE) as Promise<{ pending?: unknown[] } | null>,
+      store.judgedHeadOffset(),
+      store.getOffset(TRAINER),
+      store.getState(TRAINER_STATE) as Promise<{ pending?: unknown[] } | null>,
+    ]);
+    // Read every record, and every finished turn has its votes.
+    const judgeDone = judgeNext > head && (judge?.pending?.length ?? 0) === 0;
+    const trainerDone = trainerNext > judgedHead && (state?.pending?.length ?? 0) === 0;
+    if ((judgeDone && trainerDone) || Date.now() - t0 > timeoutMs) return;
+    if (!said && Date.now() - t0 > 5_000) {
+      log('  waiting for judging and training to catch up …');
+      said = true;
+    }
+    await new Promise((r) => setTimeout(r, 200));
   }
 }
 

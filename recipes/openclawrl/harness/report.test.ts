@@ -31,13 +31,16 @@ describe('prm record file', () => {
     writeFileSync(f, [
       JSON.stringify({ batch: 'hw:openclawrl:1', rewards: { '1': 10, '-1': 5, '0': 1 }, judge: { dropped: 2 } }),
       JSON.stringify({ batch_id: 'hw:openclawrl:2', reward_split: { '1': 12, '-1': 4 } }),
-      '{"batch": "hw:openclawrl:3", "rewa',
+      // Reef's own line: the number as `batch`, the id as `batch_id` (regression: such lines were skipped).
+      JSON.stringify({ batch: 3, batch_id: 'hw:openclawrl:3', scenario: 'hw', samples: 4, rewards: { '1': 3, '-1': 1, '0': 0 } }),
+      '{"batch": "hw:openclawrl:4", "rewa',
       JSON.stringify({ unrelated: true }),
       '',
     ].join('\n'));
     expect(readPrmRecords(f)).toEqual([
       { batch: 'hw:openclawrl:1', rewards: { '1': 10, '-1': 5, '0': 1 } },
       { batch: 'hw:openclawrl:2', rewards: { '1': 12, '-1': 4, '0': 0 } },
+      { batch: 'hw:openclawrl:3', rewards: { '1': 3, '-1': 1, '0': 0 } },
     ]);
     expect(readPrmRecords(join(dir, 'none.jsonl'))).toEqual([]);
   });

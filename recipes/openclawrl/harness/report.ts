@@ -74,7 +74,8 @@ export function readPrmRecords(path: string): BatchRewards[] {
     } catch {
       continue;
     }
-    const batch = rec.batch ?? rec.batch_id;
+    // Reef's lines carry the number as `batch` and the id as `batch_id`; prefer the id.
+    const batch = typeof rec.batch_id === 'string' ? rec.batch_id : rec.batch;
     const split = (rec.rewards ?? rec.reward_split) as Record<string, unknown> | undefined;
     if (typeof batch !== 'string' || typeof split !== 'object' || split === null) continue;
     out.push({ batch, rewards: { '1': count(split['1']), '-1': count(split['-1']), '0': count(split['0']) } });

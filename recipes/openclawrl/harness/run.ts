@@ -36,6 +36,8 @@ export interface RunOptions {
   /** Stop the run after this many sessions in a row fail on the agent side. @default 3 */
   maxAgentErrors?: number;
   onProgress?: (p: Progress) => void;
+  /** Awaited before each session (1-based index), e.g. to let training catch up with the sessions. */
+  beforeSession?: (index: number) => Promise<void>;
   signal?: AbortSignal;
 }
 
@@ -157,6 +159,7 @@ export async function runSessions(opts: RunOptions): Promise<RunSummary> {
   let agentErrors = 0;
   for (let i = 1; i <= total; i++) {
     if (opts.signal?.aborted) break;
+    await opts.beforeSession?.(i);
     const problem = opts.problems[(i - 1) % opts.problems.length]!;
     const { result, transcript } = await runSession(agent, opts.student, problem, i, { maxTurns: opts.maxTurns ?? 8, sendDone: opts.sendDone ?? true });
     results.push(result);
