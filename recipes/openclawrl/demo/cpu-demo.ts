@@ -7,7 +7,9 @@ import { EngineClient } from '../../../cluster/engine-client.js';
 import { freePort } from '../../../cluster/net.js';
 import { pythonBin, pythonEnv, repoRoot } from '../../../cluster/paths.js';
 import { Stack } from '../../../cluster/stack.js';
-import { generateProblems } from '../harness/problems.js';
+import { generateProblems, type Problem } from '../harness/problems.js';
+import { AGENT_SYSTEM_PROMPT, SAVE_TOOL } from '../harness/agent.js';
+import { scoreSession } from '../harness/scoring.js';
 import { curveTable, type RunSummary } from '../harness/report.js';
 import { runSessions } from '../harness/run.js';
 import { ScriptedStudent } from '../harness/student.js';
@@ -38,11 +40,13 @@ export interface DemoOptions {
   out: string;
   /** The pre-trained demo model. @default .cache/demo-model */
   modelDir: string;
+  /** Fresh first replies sampled before and after the sessions to measure the habit. @default 40 */
+  evalSamples: number;
   log: (line: string) => void;
 }
 
 export function demoOptions(argv: readonly string[], log: (line: string) => void): DemoOptions {
-  const o: DemoOptions = { wRl: 1, wOpd: 1, sessions: 60, batchSize: 4, lr: 1e-4, out: resolve('results/cpu-demo'), modelDir: process.env.REEF_DEMO_MODEL ?? join(repoRoot(), '.cache', 'demo-model'), log };
+  const o: DemoOptions = { wRl: 1, wOpd: 1, sessions: 60, batchSize: 4, lr: 1e-4, out: resolve('results/cpu-demo'), evalSamples: 40, modelDir: process.env.REEF_DEMO_MODEL ?? join(repoRoot(), '.cache', 'demo-model'), log };
   for (let i = 0; i < argv.length; i++) {
     const [flag, inline] = argv[i]!.split('=', 2) as [string, string | undefined];
     const value = inline ?? argv[++i];
@@ -60,7 +64,8 @@ export function demoOptions(argv: readonly string[], log: (line: string) => void
       case '--lr': o.lr = num(); break;
       case '--out': o.out = resolve(value); break;
       case '--model': o.modelDir = resolve(value); break;
-      default: throw new Error(`unknown option ${flag} (known: --w-rl --w-opd --sessions --batch-size --lr --out --model)`);
+      case '--eval-samples': o.evalSamples = Math.round(num()); break;
+      default: throw new Error(`unknown option ${flag} (known: --w-rl --w-opd --sessions --batch-size --lr --out --model --eval-samples)`);
     }
   }
   return o;
@@ -110,7 +115,45 @@ function writeConfig(o: DemoOptions, prmUrl: string, port: number): string {
   return path;
 }
 
-export async function runDemo(o: DemoOptions): Promise<RunSummary> {
+export interface HabitEval {
+  samples: number;
+  bold: number;
+  list: number;
+}
+
+export interface DemoResult {
+  summary: RunSummary;
+  /** Bold/list rates of fresh first replies under the base weights and after the run. */
+  before: HabitEval;
+  after: HabitEval;
+  /** Batch ids the trainer released, in order (from the releases API). */
+  releasedBatches: string[];
+}
+
+/**
+ * The habit measured directly: first replies to fresh homework requests, sampled the way the agent
+ * samples. They are side requests of their own scenario, so they are recorded but never trained.
+ */
+export async function evalHabit(gateway: string, problems: readonly Problem[], n: number, round: string): Promise<HabitEval> {
+  let bold = 0;
+  let list = 0;
+  for (let i = 0; i < n; i++) {
+    const problem = problems[(i * 7) % problems.length]!;
+    const res = await fetch(`${gateway}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-reef-scenario': 'eval', 'x-reef-tag-session': `eval-${round}-${i}`, 'x-reef-tag-turn-type': 'side' },
+      body: JSON.stringify({ messages: [{ role: 'system', content: AGENT_SYSTEM_PROMPT }, { role: 'user', content: `Can you help me with my homework? ${problem.question}` }], tools: [SAVE_TOOL], temperature: 0.7, seed: 9000 + i, max_tokens: 200 }),
+    });
+    if (res.status !== 200) throw new Error(`eval request answered ${res.status}: ${await res.text()}`);
+    const body = (await res.json()) as { choices: Array<{ message: { content: string | null } }> };
+    const score = scoreSession(body.choices[0]!.message.content ?? '', problem.answer);
+    if (score.bold) bold++;
+    if (score.list) list++;
+  }
+  return { samples: n, bold: n ? bold / n : 0, list: n ? list / n : 0 };
+}
+
+export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   mkdirSync(o.out, { recursive: true });
   const t0 = performance.now();
   o.log(`closed-loop CPU demo: ${o.sessions} sessions, w_rl=${o.wRl}, w_opd=${o.wOpd}, batch ${o.batchSize}, lr ${o.lr}; output in ${o.out}`);
@@ -125,10 +168,14 @@ export async function runDemo(o: DemoOptions): Promise<RunSummary> {
     o.log(`stack up in ${((performance.now() - t0) / 1000).toFixed(0)} s; running sessions`);
     const store = SqliteStore.open(join(o.out, 'data', 'records.sqlite'));
     stores.push(store);
+    const gateway = `http://127.0.0.1:${port}`;
+    const problems = generateProblems(72);
+    const before = await evalHabit(gateway, problems, o.evalSamples, 'before');
+    o.log(`base weights: bold in ${Math.round(before.bold * 100)}% of ${before.samples} fresh first replies`);
     const summary = await runSessions({
-      gateway: `http://127.0.0.1:${port}`,
+      gateway,
       scenario: 'homework',
-      problems: generateProblems(72),
+      problems,
       sessions: o.sessions,
       student: new ScriptedStudent(),
       outputDir: o.out,
@@ -136,7 +183,14 @@ export async function runDemo(o: DemoOptions): Promise<RunSummary> {
       onProgress: (p) => o.log(p.line),
       beforeSession: () => trainingCaughtUp(store, o.log),
     });
-    return summary;
+    await trainingCaughtUp(store, o.log);
+    const after = await evalHabit(gateway, problems, o.evalSamples, 'after');
+    o.log(`after ${summary.batches?.length ?? 0} batches: bold in ${Math.round(after.bold * 100)}% of ${after.samples} fresh first replies`);
+    const rel = (await (await fetch(`${gateway}/reef/scenarios/homework/releases`)).json()) as { data: Array<{ batchIds: string[] }> };
+    const releasedBatches = rel.data.slice().reverse().flatMap((r) => r.batchIds);
+    const result: DemoResult = { summary, before, after, releasedBatches };
+    writeFileSync(join(o.out, 'results', 'habit.json'), JSON.stringify({ before, after, releasedBatches: releasedBatches.length }, null, 2));
+    return result;
   } finally {
     for (const s of stores) await s.close();
     await stack?.down();
@@ -161,9 +215,11 @@ async function trainingCaughtUp(store: SqliteStore, log: (l: string) => void, ti
       store.getOffset(TRAINER),
       store.getState(TRAINER_STATE) as Promise<{ pending?: unknown[] } | null>,
     ]);
+    // Offsets start at 1 and a consumer's is the next one it will read (0 before its first).
+    const consumed = (next: number, last: number) => last === 0 || next > last;
     // Read every record, and every finished turn has its votes.
-    const judgeDone = judgeNext > head && (judge?.pending?.length ?? 0) === 0;
-    const trainerDone = trainerNext > judgedHead && (state?.pending?.length ?? 0) === 0;
+    const judgeDone = consumed(judgeNext, head) && (judge?.pending?.length ?? 0) === 0;
+    const trainerDone = consumed(trainerNext, judgedHead) && (state?.pending?.length ?? 0) === 0;
     if ((judgeDone && trainerDone) || Date.now() - t0 > timeoutMs) return;
     if (!said && Date.now() - t0 > 5_000) {
       log('  waiting for judging and training to catch up …');
@@ -173,13 +229,15 @@ async function trainingCaughtUp(store: SqliteStore, log: (l: string) => void, ti
   }
 }
 
-export function describeSummary(s: RunSummary): string {
+export function describeSummary(r: DemoResult): string {
+  const s = r.summary;
   const pct = (x: number | undefined) => (x === undefined ? '-' : `${Math.round(x * 100)}%`);
   return [
     '',
     curveTable(s),
     '',
     `bold rate (last ${s.rolling_window}): ${pct(s.rolling_start?.bold)} at the start → ${pct(s.rolling_end?.bold)} at the end`,
+    `bold rate of ${r.before.samples} fresh first replies: ${pct(r.before.bold)} with the base weights → ${pct(r.after.bold)} after training`,
     `pass rate (last ${s.rolling_window}): ${pct(s.rolling_start?.pass)} → ${pct(s.rolling_end?.pass)}`,
     `sessions_to_adaptation: ${s.sessions_to_adaptation ?? 'not reached'}`,
     `batches trained: ${s.batches?.length ?? 0}; wall time ${s.wall_time_s.toFixed(0)} s`,
