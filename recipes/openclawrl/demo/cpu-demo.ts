@@ -30,11 +30,11 @@ export interface DemoOptions {
   wRl: number;
   /** @default 1 */
   wOpd: number;
-  /** @default 60 */
+  /** @default 100 */
   sessions: number;
-  /** @default 4 */
+  /** @default 16 */
   batchSize: number;
-  /** @default 1e-4 */
+  /** @default 3e-4 */
   lr: number;
   /** Where results, plots, the config and the data dir go. @default results/cpu-demo */
   out: string;
@@ -46,7 +46,7 @@ export interface DemoOptions {
 }
 
 export function demoOptions(argv: readonly string[], log: (line: string) => void): DemoOptions {
-  const o: DemoOptions = { wRl: 1, wOpd: 1, sessions: 60, batchSize: 4, lr: 1e-4, out: resolve('results/cpu-demo'), evalSamples: 40, modelDir: process.env.REEF_DEMO_MODEL ?? join(repoRoot(), '.cache', 'demo-model'), log };
+  const o: DemoOptions = { wRl: 1, wOpd: 1, sessions: 100, batchSize: 16, lr: 3e-4, out: resolve('results/cpu-demo'), evalSamples: 40, modelDir: process.env.REEF_DEMO_MODEL ?? join(repoRoot(), '.cache', 'demo-model'), log };
   for (let i = 0; i < argv.length; i++) {
     const [flag, inline] = argv[i]!.split('=', 2) as [string, string | undefined];
     const value = inline ?? argv[++i];
@@ -71,10 +71,15 @@ export function demoOptions(argv: readonly string[], log: (line: string) => void
   return o;
 }
 
+const ACCEPT_HINT = 'Write plain sentences without bold text or lists, and show each calculation step.';
+
 /** Starts the rule-following PRM double and waits until it answers /health. */
 async function startRulePrm(modelDir: string, log: (l: string) => void): Promise<{ url: string; child: ChildProcess }> {
   const port = await freePort();
-  const child = spawn(pythonBin(), ['-m', 'reef_shim.engines.rule_prm_server', '--host', '127.0.0.1', '--port', String(port), '--tokenizer-path', modelDir], { env: pythonEnv(), stdio: ['ignore', 'ignore', 'inherit'] });
+  // An accepted plain reply also gets a hint, so accepted turns distil toward the hinted teacher
+  // rather than toward the base model's habit (see rule_prm_server --accept-hint).
+  const args = ['-m', 'reef_shim.engines.rule_prm_server', '--host', '127.0.0.1', '--port', String(port), '--tokenizer-path', modelDir, '--accept-hint', ACCEPT_HINT];
+  const child = spawn(pythonBin(), args, { env: pythonEnv(), stdio: ['ignore', 'ignore', 'inherit'] });
   const url = `http://127.0.0.1:${port}`;
   const client = new EngineClient(url, { name: 'rule-prm' });
   try {
