@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The main job on the embedded CPU default: set up (idempotent), then bring the whole stack up on
-# the tiny model (Ray with logical GPUs, placement groups, hf engines, actors). Ctrl-C drains it.
+# The main job on the embedded CPU default: set up (idempotent), then run the closed-loop
+# OpenClaw-RL demo — gateway, store, judge with PRM actors against a rule-following PRM double,
+# batches, a 2-rank trainer, live weight releases — while a scripted student drives homework
+# sessions. Prints the learning curve and writes results/cpu-demo/ (plots, summary, sessions).
+# Options: --w-rl N --w-opd N --sessions N --batch-size N --lr X --out DIR --eval-samples N
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec node bin/reef.js up -c recipes/openclawrl/examples/cpu/serve.yaml "$@"
+exec node dist/recipes/openclawrl/demo/main.js "$@"
