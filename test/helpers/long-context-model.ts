@@ -1,4 +1,4 @@
-import { cpSync, existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, readFileSync, realpathSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tinyModelDir } from '../../cluster/paths.js';
 
@@ -11,7 +11,9 @@ import { tinyModelDir } from '../../cluster/paths.js';
 export function longContextModel(parentDir: string, contextLength = 32_768): string {
   const out = join(parentDir, `tiny-model-${Math.round(contextLength / 1024)}k`);
   if (existsSync(join(out, 'config.json'))) return out;
-  cpSync(tinyModelDir(), out, { recursive: true });
+  // The tiny model dir is a link into the user cache: copy the files, never the link, or the
+  // patch below would rewrite the shared model (regression: it did).
+  cpSync(realpathSync(tinyModelDir()), out, { recursive: true, dereference: true });
   const patch = (file: string, key: string): void => {
     const j = JSON.parse(readFileSync(join(out, file), 'utf8')) as Record<string, unknown>;
     j[key] = contextLength;
