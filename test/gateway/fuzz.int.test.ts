@@ -3,6 +3,7 @@ import Database from 'better-sqlite3';
 import { Pool } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { openAIError, startStack, type Stack } from './harness.js';
+import { prng } from '../../actors/runtime/prng.js';
 
 /**
  * Fuzz: ≥ 10,000 generated requests, mostly malformed, from a seeded PRNG, over keep-alive with
@@ -15,16 +16,6 @@ const SEED = Number(process.env.REEF_FUZZ_SEED ?? 0x5eed);
 const CASES = 10_000;
 const CONCURRENCY = 16;
 
-function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 type Validity = 'valid' | 'invalid' | 'unknown';
 interface Case { method: 'POST' | 'GET'; path: string; headers: Record<string, string>; body: Buffer | null; validity: Validity; what: string }
@@ -171,7 +162,7 @@ describe('gateway fuzz', () => {
   });
 
   it(`${CASES} generated requests: no crash, no 5xx, 2xx only when valid, OpenAI errors, consistent store`, async () => {
-    const r = mulberry32(SEED);
+    const r = prng(SEED);
     const cases = Array.from({ length: CASES }, (_, i) => generate(r, i));
     const failures: string[] = [];
     const receipts = new Set<string>();

@@ -35,12 +35,5 @@ export async function waitFor<T>(cond: () => T | Promise<T>, options: WaitOption
   }
 }
 
-/** True while a process with this pid exists (signal 0 probes without killing). */
-export function pidAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
-  }
-}
+/** True while a process with this pid exists (one definition, shared with the CLI). */
+export { pidAlive } from '../../cluster/run-file.js';

@@ -1,4 +1,5 @@
 import type { AgentRecord, NewRecord } from './types.js';
+import { prng } from '../../runtime/prng.js';
 
 /**
  * Deterministic sample records for tests, the durability child and the benchmark: every field is
@@ -16,20 +17,9 @@ export interface SampleOptions {
   topK?: number;
 }
 
-/** mulberry32: a tiny seeded generator, good enough for varied test data. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 export function sampleRecord(seed: number, options: SampleOptions = {}): NewRecord {
-  const rand = rng(seed);
+  const rand = prng(seed);
   const p = options.promptTokens ?? 24;
   const n = options.outputTokens ?? 16;
   const k = options.topK ?? 4;

@@ -17,17 +17,8 @@ export interface Problem {
   solution_steps: string[];
 }
 
-/** mulberry32: small, fast, and the same sequence on every platform for a given seed. */
-export function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+export { prng } from '../../../actors/runtime/prng.js';
+import { prng } from '../../../actors/runtime/prng.js';
 
 type Rng = () => number;
 const int = (rng: Rng, lo: number, hi: number): number => lo + Math.floor(rng() * (hi - lo + 1));
