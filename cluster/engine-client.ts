@@ -14,6 +14,8 @@ export interface SamplingParams {
   stop?: string[] | null;
   stop_token_ids?: number[] | null;
   sampling_seed?: number | null;
+  /** Keep generating past end-of-sequence (benchmarks want a fixed length). */
+  ignore_eos?: boolean;
 }
 
 export interface GenerateRequest {

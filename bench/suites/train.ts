@@ -1,0 +1,107 @@
+import { spawn } from 'node:child_process';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { BridgeClient } from '../../bridge/client.js';
+import type { TrainingOptions } from '../../bridge/messages.js';
+import { spawnShim } from '../../bridge/shim-process.js';
+import { loadConfig } from '../../cluster/config/index.js';
+import { EngineClient } from '../../cluster/engine-client.js';
+import { pythonBin, pythonEnv, repoRoot, tinyModelDir } from '../../cluster/paths.js';
+import { ChatTokenizer } from '../../actors/gateway/tokenize/index.js';
+import { toWire } from '../../actors/trainer-controller/index.js';
+import type { Task } from '../../recipes/openclawrl/record2task.js';
+import { type BenchRow, type BenchSuite, toRow } from '../lib.js';
+
+/**
+ * Training on the CPU with the tiny model: the time of one hybrid RL + OPD step on 2 gloo ranks
+ * (FSDP2) and of putting the new weights into the hf engine (`update_weights_from_disk`), per
+ * release. The baseline, measured in the same run, is the engine generating the same batch: what
+ * a step costs relative to producing its data.
+ */
+
+const TASKS = 8;
+const NEW_TOKENS = 48;
+const STEPS = 4;
+
+async function startEngine(): Promise<{ url: string; stop: () => void }> {
+  const child = spawn(pythonBin(), ['-m', 'reef_shim.engines.hf_server', '--model-path', tinyModelDir(), '--host', '127.0.0.1', '--port', '0'], { env: pythonEnv(), stdio: ['ignore', 'pipe', 'ignore'] });
+  const url = await new Promise<string>((resolve, reject) => {
+    child.once('exit', (code) => reject(new Error(`hf engine exited with code ${code}`)));
+    createInterface({ input: child.stdout! }).on('line', (line) => {
+      try {
+        const j = JSON.parse(line) as { event?: string; url?: string };
+        if (j.event === 'ready' && j.url) resolve(j.url);
+      } catch {
+        // an ordinary log line
+      }
+    });
+  });
+  return { url, stop: () => child.kill('SIGTERM') };
+}
+
+export const suite: BenchSuite = {
+  name: 'train',
+  description: `tiny-model training step (2 gloo ranks, ${TASKS} tasks × ${NEW_TOKENS} tokens) and weight sync per release, beside the engine generating the same batch`,
+  run: async (ctx) => {
+    const cfg = await loadConfig(join(repoRoot(), 'recipes/openclawrl/examples/cpu/serve.yaml'));
+    const tok = ChatTokenizer.load(tinyModelDir());
+    const engine = await startEngine();
+    const client = new EngineClient(engine.url);
+    const shim = await spawnShim({ logLevel: 'warning', log: () => {} });
+    const bridge = await BridgeClient.forProcess(shim);
+    try {
+      // The baseline: generating the batch the trainer will learn from.
+      const gen: number[] = [];
+      const tasks: Task[] = [];
+      for (let i = 0; i < TASKS; i++) {
+        const ids = tok.render([{ role: 'user', content: `Question ${i}: what is ${i} + ${i * 3}?` }], null, { addGenerationPrompt: true }).ids;
+        const t0 = performance.now();
+        const res = await client.generate({ input_ids: Array.from(ids), sampling_params: { max_new_tokens: NEW_TOKENS, temperature: 1.0, sampling_seed: i, ignore_eos: true }, return_logprob: true, top_logprobs_num: 4 });
+        gen.push((performance.now() - t0) * 1000);
+        const T = res.output_ids.length;
+        const topIds = new Int32Array(T * 4);
+        const topLps = new Float32Array(T * 4);
+        res.meta_info.output_top_logprobs!.forEach((row, t) => row.forEach(([lp, id], k) => ((topIds[t * 4 + k] = id), (topLps[t * 4 + k] = lp))));
+        tasks.push({
+          taskId: `bench-${i}`, scenario: 'bench', promptIds: ids, responseIds: Int32Array.from(res.output_ids),
+          logprobs: Float32Array.from(res.meta_info.output_token_logprobs!.map((e) => e[0])), topK: 4, topkIds: topIds, topkLogprobs: topLps,
+          reward: i % 2 ? 1 : -1, teacherPromptIds: [ids], sampling: { temperature: 1.0, topP: 1.0, topK: -1 }, weightVersion: null,
+        });
+      }
+      await bridge.initRay({ numGpus: 3, numCpus: 6 });
+      await bridge.createPlacement({ trainer: { gpus: 2 }, rollout: { gpus: 1 }, prm: { gpus: 1, replicas: 0 }, student: null, cpusPerBundle: 1 }, 120);
+      const spec = { modelPath: tinyModelDir(), ranks: 2, backend: 'fsdp2' as const, options: cfg.training.resolved as unknown as TrainingOptions, checkpointDir: mkdtempSync(join(tmpdir(), 'reef-bench-train-')), seed: 0, group: 'reef-trainer' as const };
+      ctx.log('  starting the trainer group (2 ranks)…');
+      await bridge.trainerStart(spec);
+      const steps: number[] = [];
+      const syncs: number[] = [];
+      const wire = tasks.map(toWire);
+      for (let s = 1; s <= STEPS; s++) {
+        const t0 = performance.now();
+        const r = await bridge.trainerStep(`bench:openclawrl:${s}`, wire);
+        steps.push((performance.now() - t0) * 1000);
+        const t1 = performance.now();
+        const u = await client.updateWeightsFromDisk(r.checkpointPath, r.weightVersion);
+        syncs.push((performance.now() - t1) * 1000);
+        if (!u.success) throw new Error(`weight sync failed: ${u.message}`);
+        ctx.log(`  step ${s}: ${Math.round(steps.at(-1)! / 1000)} ms, sync ${Math.round(syncs.at(-1)! / 1000)} ms, loss ${r.metrics.loss?.toFixed(4)}`);
+      }
+      await bridge.trainerStop();
+      const row = (name: string, impl: string, lat: number[]) => toRow(name, impl, { ops: lat.length, seconds: lat.reduce((a, b) => a + b, 0) / 1e6, latenciesUs: lat });
+      const rows: BenchRow[] = [
+        row('one batch', `train step, 2 gloo ranks (${TASKS}×${NEW_TOKENS} tokens)`, steps),
+        row('one batch', `engine generates the batch (baseline)`, [gen.reduce((a, b) => a + b, 0)]),
+        row('per release', 'weight sync: update_weights_from_disk', syncs),
+      ];
+      return rows;
+    } finally {
+      await bridge.shutdown().catch(() => {});
+      await bridge.close();
+      await shim.stop();
+      await client.close();
+      engine.stop();
+    }
+  },
+};
