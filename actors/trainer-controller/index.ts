@@ -152,7 +152,7 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
       batchSize: t2b.batch_size,
       maxStaleness: t2b.max_staleness,
       recordFile: t2b.prm_record_file,
-      keepCheckpoints: 5,
+      keepCheckpoints: cfg.training.keep_checkpoints,
       baseModelPath: cfg.cluster.rollout.model_path,
       maxAttempts: 3,
     },

@@ -214,3 +214,12 @@ describe('recipe-declared schemas without kit messages', () => {
     expect(await errorsOf(raw)).toEqual([line]);
   });
 });
+
+describe('training.keep_checkpoints', () => {
+  it('defaults to 5 and rejects a count below 1, naming the path', async () => {
+    expect((await ok(minimal())).training.keep_checkpoints).toBe(5);
+    expect((await ok(minimal(), ['--training.keep_checkpoints=2'])).training.keep_checkpoints).toBe(2);
+    const errs = await errorsOf({ ...minimal(), training: { keep_checkpoints: 0 } });
+    expect(errs.some((e) => e.startsWith('training.keep_checkpoints:'))).toBe(true);
+  });
+});

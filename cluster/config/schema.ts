@@ -134,6 +134,8 @@ export const pipelineSchema = section({ record2record: stageSection, record2task
 export const trainingSchema = section({
   backend: oneOf(['fsdp2', 'tp']).default('fsdp2'),
   options: stringList().default([]),
+  /** Release checkpoints kept on disk; older ones are deleted (their releases stay listed). */
+  keep_checkpoints: positiveInt().default(5),
 });
 
 /** Each top-level section, validated on its own so that one bad section hides nothing in another. */

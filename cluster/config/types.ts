@@ -93,6 +93,8 @@ export interface ReefConfig {
     readonly backend: 'fsdp2' | 'tp';
     /** @default [] */
     readonly options: readonly string[];
+    /** Release checkpoints kept on disk. @default 5 */
+    readonly keep_checkpoints: number;
     /** `options` parsed by the recipe's training-options spec (camelCase). */
     readonly resolved: Readonly<Record<string, unknown>>;
   };
