@@ -17,6 +17,8 @@ import { buildGatewayServer } from './server.js';
 import { SqliteStore } from './store/sqlite-store.js';
 import { newId } from './store/ids.js';
 import { normalizeMessages, TokenizerPool } from './tokenize/index.js';
+import { PipelineStatus } from './pipeline-status.js';
+import { STATE_KEY as TRAINER_STATE_KEY } from '../trainer-controller/messages.js';
 
 /**
  * The gateway, wired: store + tokenizer pool + engine client + HTTP server + generation gate.
@@ -47,9 +49,6 @@ export interface Gateway {
   handlers: Handlers<GatewayMessage>;
   close(): Promise<void>;
 }
-
-/** The trainer-controller's persisted state (actors/trainer-controller/messages.ts STATE_KEY). */
-const TRAINER_STATE_KEY = 'trainer-controller:state';
 
 /** Releases that trained on the scenario's batches, plus rollbacks (they affect every scenario), newest first. */
 export function releasesOf(state: unknown, scenario: string): unknown[] {
@@ -90,6 +89,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const store = SqliteStore.open(join(cfg.reef.data_dir, 'records.sqlite'));
   const engine = new EngineClient(opts.engineUrl, { name: 'rollout' });
   let pool: TokenizerPool | null = null;
+  let stopPipeline = () => {};
   try {
     const t = await promptTokenizer(modelDir, opts.tokenizerThreads ?? 2);
     pool = t.pool;
@@ -109,6 +109,10 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       topK,
       defaultMaxTokens: 1024,
     };
+    const pipeline = new PipelineStatus(store);
+    await pipeline.start();
+    metrics.addSection(() => pipeline.render());
+    stopPipeline = () => pipeline.stop();
     const auth = new Authenticator(resolveApiKeys(cfg));
     const app = buildGatewayServer({
       chat,
@@ -118,7 +122,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         registerReefRoutes(a, {
           store,
           defaultScenario: cfg.reef.default_scenario,
-          status: async () => ({ gateway: { weightVersion: gate.weightVersion, paused: gate.isPaused, inflight: gate.inflight }, ...(await opts.status?.()) }),
+          status: async () => ({ gateway: { weightVersion: gate.weightVersion, paused: gate.isPaused, inflight: gate.inflight }, ...(await pipeline.refresh()), ...(await opts.status?.()) }),
           releases: async (scenario) => releasesOf(await store.getState(TRAINER_STATE_KEY), scenario),
           ...(opts.rollback
             ? {
@@ -153,6 +157,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       close: () =>
         (closing ??= (async () => {
           // Stop taking requests, let the ones in flight finish and commit, then close the store.
+          stopPipeline();
           await app.close();
           await pool?.close();
           await engine.close();
@@ -160,6 +165,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         })()),
     };
   } catch (err) {
+    stopPipeline();
     await pool?.close();
     await engine.close();
     await store.close();

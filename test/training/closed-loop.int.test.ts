@@ -107,8 +107,12 @@ describe('judged turns → batches → training → release → rollback', () =>
 
     // The engine serves the newest release, and every new record carries its version.
     const latest = trained.at(-1)!.weightVersion;
-    const status = (await (await fetch(`${base()}/reef/status`)).json()) as { gateway: { weightVersion: string } };
+    const status = (await (await fetch(`${base()}/reef/status`)).json()) as { gateway: { weightVersion: string }; correlation: Record<string, number>; training: { releases: number } };
     expect(status.gateway.weightVersion).toBe(latest);
+    // The judge's and trainer's counters, as they persisted them, show in /reef/status.
+    expect(status.correlation.tagged).toBeGreaterThanOrEqual(6);
+    expect(status.correlation.bound).toBeGreaterThanOrEqual(4);
+    expect(status.training.releases).toBeGreaterThanOrEqual(2);
     const after = await probe();
     expect(after).not.toEqual(before);
 
