@@ -3,22 +3,12 @@ import { stackEngines } from '../../cluster/stack-env.js';
 import { ReefError } from '../runtime/errors.js';
 import { runActor } from '../runtime/actor-host.js';
 import { RpcClient } from '../runtime/rpc.js';
+import { lookupMailbox } from '../../cluster/lookup.js';
 import { startGateway, type Gateway } from './index.js';
 import { gatewayMessages } from './messages.js';
 
 let gateway: Gateway | null = null;
 
-async function lookup(supervisor: string, actor: string): Promise<string> {
-  const rpc = new RpcClient(supervisor, { name: 'gateway→supervisor', defaultTimeoutMs: 5_000 });
-  try {
-    const reply = (await rpc.call({ type: 'lookup', actor })) as { instances: Array<{ mailbox: string | null }> };
-    const mailbox = reply.instances.find((i) => i.mailbox)?.mailbox;
-    if (!mailbox) throw new ReefError('REEF_ERR_ACTOR_CLOSED', { actor, state: 'not running' });
-    return mailbox;
-  } finally {
-    await rpc.close();
-  }
-}
 
 await runActor({
   name: 'gateway',
@@ -36,7 +26,8 @@ await runActor({
       ...(supervisor
         ? {
             rollback: async (scenario: string, releaseId: string | null) => {
-              const mailbox = await lookup(supervisor, 'trainer-controller');
+              const mailbox = await lookupMailbox(supervisor, 'trainer-controller');
+              if (!mailbox) throw new ReefError('REEF_ERR_ACTOR_CLOSED', { actor: 'trainer-controller', state: 'not running' });
               const rpc = new RpcClient(mailbox, { name: 'gateway→trainer-controller', defaultTimeoutMs: 300_000 });
               try {
                 const { type: _t, requestId: _r, ...reply } = (await rpc.call({ type: 'rollback', scenario, releaseId })) as Record<string, unknown>;

@@ -1,4 +1,4 @@
-import { lookupReply } from '../../cluster/supervisor-messages.js';
+import { lookupMailbox } from '../../cluster/lookup.js';
 import { ReefError } from '../runtime/errors.js';
 import type { LogFn } from '../runtime/log.js';
 import { RpcClient } from '../runtime/rpc.js';
@@ -20,13 +20,7 @@ export class JudgeLink {
     let endpoint = this.fixed;
     if (endpoint === null) {
       if (this.supervisor === null) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: 'a PRM actor needs a supervisor or REEF_JUDGE_MAILBOX to find the judge' });
-      const sup = new RpcClient(this.supervisor, { name: 'prm→supervisor', defaultTimeoutMs: 3000, log: this.log });
-      try {
-        const found = await sup.call({ type: 'lookup', actor: 'judge' }, { schema: lookupReply });
-        endpoint = found.instances.find((i) => i.mailbox !== null && i.state === 'running')?.mailbox ?? null;
-      } finally {
-        await sup.close();
-      }
+      endpoint = await lookupMailbox(this.supervisor, 'judge', { running: true, timeoutMs: 3000, log: this.log });
       if (endpoint === null) throw new ReefError('REEF_ERR_NOT_FOUND', { what: 'a running judge' });
     }
     this.rpc = new RpcClient(endpoint, { name: 'prm→judge', defaultTimeoutMs: 10_000, log: this.log });

@@ -6,6 +6,7 @@ import type { ReefConfig } from '../../cluster/config/index.js';
 import { f32ToBytes, i32ToBytes } from '../runtime/codec.js';
 import { ReefError } from '../runtime/errors.js';
 import { RpcClient } from '../runtime/rpc.js';
+import { lookupMailbox } from '../../cluster/lookup.js';
 import type { SqliteStore } from '../gateway/store/sqlite-store.js';
 import { ChatTokenizer, normalizeMessages } from '../gateway/tokenize/index.js';
 import type { Task } from '../../recipes/openclawrl/record2task.js';
@@ -84,14 +85,8 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
   };
   const gatewayRpc = async (): Promise<RpcClient | null> => {
     if (!w.supervisor) return null;
-    const sup = new RpcClient(w.supervisor, { name: 'tc→supervisor', defaultTimeoutMs: 5_000 });
-    try {
-      const reply = (await sup.call({ type: 'lookup', actor: 'gateway' })) as { instances: Array<{ mailbox: string | null }> };
-      const mailbox = reply.instances.find((i) => i.mailbox)?.mailbox;
-      return mailbox ? new RpcClient(mailbox, { name: 'tc→gateway', defaultTimeoutMs: 60_000 }) : null;
-    } finally {
-      await sup.close();
-    }
+    const mailbox = await lookupMailbox(w.supervisor, 'gateway');
+    return mailbox ? new RpcClient(mailbox, { name: 'tc→gateway', defaultTimeoutMs: 60_000 }) : null;
   };
 
   const [offset, state] = await Promise.all([w.store.getOffset(CONSUMER), w.store.getState(STATE_KEY)]);

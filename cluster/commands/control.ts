@@ -1,19 +1,15 @@
 import { resolve } from 'node:path';
 import { RpcClient } from '../../actors/runtime/rpc.js';
 import { ReefError } from '../../actors/runtime/errors.js';
-import { flagBool, flagString, type ParsedArgs } from '../args.js';
+import { flagBool, type ParsedArgs } from '../args.js';
 import type { Io } from '../cli.js';
-import { loadConfig } from '../config/index.js';
 import { pidAlive, readRunFile, type RunFile } from '../run-file.js';
 import { renderStatus } from './render-status.js';
+import { dataDirOf } from './export.js';
 
 /** The run directory of the stack a command talks to: `--data-dir`, the config's, or `.reef`. */
 export async function runDirOf(args: ParsedArgs): Promise<string> {
-  const dataDir = flagString(args, 'data-dir');
-  if (dataDir) return resolve(dataDir, 'run');
-  const config = flagString(args, 'config');
-  if (config) return resolve((await loadConfig(config, args.overrides)).reef.data_dir, 'run');
-  return resolve('.reef', 'run');
+  return resolve(await dataDirOf(args), 'run');
 }
 
 async function connect(args: ParsedArgs): Promise<{ rf: RunFile; rpc: RpcClient }> {
