@@ -6,6 +6,7 @@ import { streamCompletion, type SseSink } from '../chat-stream.js';
 import { sendError, sendReefError } from '../http-errors.js';
 import { parseChatRequest } from '../openai-schema.js';
 import { canSee, type Principal } from '../auth.js';
+import { SCENARIO_RE } from '../store/rows.js';
 
 const TAG_PREFIX = 'x-reef-tag-';
 
@@ -25,7 +26,6 @@ export function scenarioOf(req: FastifyRequest, fallback: string): string {
   return s ? s : fallback;
 }
 
-const SCENARIO_RE = /^[a-z0-9][a-z0-9._-]{0,63}$/;
 
 export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts: { defaultScenario: string; principalOf: (req: FastifyRequest) => Principal }): void {
   app.get('/v1/models', async () => ({
