@@ -20,7 +20,9 @@ import { type BenchContext, type BenchRow, type BenchSuite, type Measurement, me
  * loop. "direct" sends the engine the very body the gateway would (the prompt's token ids, the
  * same sampling and logprob settings); "gateway" sends the OpenAI request, which the gateway
  * tokenizes, forwards, parses and records (commit before the receipt) before answering.
- * `REEF_BENCH_GATEWAY_PROF=DIR` runs the gateway under `--cpu-prof` into DIR.
+ * `REEF_BENCH_GATEWAY_PROF=DIR` runs the gateway under `--cpu-prof` into DIR;
+ * `REEF_BENCH_GATEWAY_CASES=openclaw` (comma list of `short`, `openclaw`, `throughput`) runs only
+ * those cases, so that a profile shows one of them alone.
  */
 
 type Msg = Record<string, unknown>;
@@ -188,37 +190,44 @@ export const suite: BenchSuite = {
   name: 'gateway',
   description: 'latency the gateway adds over the engine (zero-latency double), and throughput with 64 clients, recording on',
   run: async (ctx) => {
+    const only = process.env.REEF_BENCH_GATEWAY_CASES?.split(',').map((c) => c.trim()).filter(Boolean) ?? null;
+    const want = (c: 'short' | 'openclaw' | 'throughput') => only === null || only.includes(c);
     const s = await startStack(ctx);
     try {
       const short = bodies(s, SHORT, null, false);
       const rows: BenchRow[] = [];
-      const g = toRow('short chat, non-streamed', 'gateway → fake engine', await measureCalls(gw(s, short.viaGateway), { seconds: ctx.seconds, warmupS: 1 }));
-      const d = toRow('short chat, non-streamed', 'direct → fake engine', await measureCalls(engine(s, short.direct), { seconds: ctx.seconds }));
-      rows.push(g, d, added('short chat, non-streamed', g, d));
-      const oc0 = cpuSeconds(s.gatewayPid);
-      const oc = await openClaw(s, ctx);
-      const oc1 = cpuSeconds(s.gatewayPid);
-      const turns = oc[0]!.ops + oc[3]!.ops + 15; // + the 5 warm-up sessions of 3 turns
-      ctx.log(`gateway CPU per openclaw turn (turns 1-3 averaged): ${(((oc1.main - oc0.main) * 1000) / turns).toFixed(3)} ms on its event loop, ${(((oc1.all - oc0.all) * 1000) / turns).toFixed(3)} ms in all threads`);
-      rows.push(...oc);
-      const cpu0 = cpuSeconds(s.gatewayPid);
-      const tm = await measureCalls(gw(s, short.viaGateway), { seconds: ctx.seconds, concurrency: 64, warmupS: 0 });
-      const cpu1 = cpuSeconds(s.gatewayPid);
-      const tg = toRow('throughput, 64 clients, non-streamed', 'gateway → fake engine', tm);
-      const td = toRow('throughput, 64 clients, non-streamed', 'direct → fake engine', await measureCalls(engine(s, short.direct), { seconds: ctx.seconds, concurrency: 64 }));
-      rows.push(tg, td);
-      // What the gateway alone would sustain if its event loop had a core to itself.
-      const mainMs = ((cpu1.main - cpu0.main) * 1000) / tm.ops;
-      const allMs = ((cpu1.all - cpu0.all) * 1000) / tm.ops;
-      ctx.log(`gateway CPU per request at 64 clients: ${mainMs.toFixed(3)} ms on its event loop, ${allMs.toFixed(3)} ms in all threads (tokenizer, checkpointer)`);
-      rows.push({ case: 'throughput, 64 clients, non-streamed', impl: 'gateway ceiling from CPU/req', ops: tm.ops, seconds: tg.seconds, opsPerSec: Math.round(1000 / mainMs), p50Us: null, p99Us: null, mbPerSec: null });
-      const addedP50Ms = (oc[5]!.p50Us ?? Number.NaN) / 1000;
-      ctx.log(`target: added p50 on openclaw turns 2-3 ≤ 2 ms: ${addedP50Ms.toFixed(2)} ms — ${addedP50Ms <= 2 ? 'met' : 'MISSED'}`);
-      ctx.log(`target: ≥ 2000 non-streamed req/s, 64 clients, recording on: ${tg.opsPerSec} req/s — ${tg.opsPerSec >= 2000 ? 'met' : 'MISSED'}`);
+      if (want('short')) {
+        const g = toRow('short chat, non-streamed', 'gateway → fake engine', await measureCalls(gw(s, short.viaGateway), { seconds: ctx.seconds, warmupS: 1 }));
+        const d = toRow('short chat, non-streamed', 'direct → fake engine', await measureCalls(engine(s, short.direct), { seconds: ctx.seconds }));
+        rows.push(g, d, added('short chat, non-streamed', g, d));
+      }
+      if (want('openclaw')) {
+        const oc0 = cpuSeconds(s.gatewayPid);
+        const oc = await openClaw(s, ctx);
+        const oc1 = cpuSeconds(s.gatewayPid);
+        const turns = oc[0]!.ops + oc[3]!.ops + 15; // + the 5 warm-up sessions of 3 turns
+        ctx.log(`gateway CPU per openclaw turn (turns 1-3 averaged): ${(((oc1.main - oc0.main) * 1000) / turns).toFixed(3)} ms on its event loop, ${(((oc1.all - oc0.all) * 1000) / turns).toFixed(3)} ms in all threads`);
+        rows.push(...oc);
+        const addedP50Ms = (oc[5]!.p50Us ?? Number.NaN) / 1000;
+        ctx.log(`target: added p50 on openclaw turns 2-3 ≤ 2 ms: ${addedP50Ms.toFixed(2)} ms — ${addedP50Ms <= 2 ? 'met' : 'MISSED'}`);
+      }
+      if (want('throughput')) {
+        const cpu0 = cpuSeconds(s.gatewayPid);
+        const tm = await measureCalls(gw(s, short.viaGateway), { seconds: ctx.seconds, concurrency: 64, warmupS: 0 });
+        const cpu1 = cpuSeconds(s.gatewayPid);
+        const tg = toRow('throughput, 64 clients, non-streamed', 'gateway → fake engine', tm);
+        const td = toRow('throughput, 64 clients, non-streamed', 'direct → fake engine', await measureCalls(engine(s, short.direct), { seconds: ctx.seconds, concurrency: 64 }));
+        rows.push(tg, td);
+        // What the gateway alone would sustain if its event loop had a core to itself.
+        const mainMs = ((cpu1.main - cpu0.main) * 1000) / tm.ops;
+        const allMs = ((cpu1.all - cpu0.all) * 1000) / tm.ops;
+        ctx.log(`gateway CPU per request at 64 clients: ${mainMs.toFixed(3)} ms on its event loop, ${allMs.toFixed(3)} ms in all threads (tokenizer, checkpointer)`);
+        rows.push({ case: 'throughput, 64 clients, non-streamed', impl: 'gateway ceiling from CPU/req', ops: tm.ops, seconds: tg.seconds, opsPerSec: Math.round(1000 / mainMs), p50Us: null, p99Us: null, mbPerSec: null });
+        ctx.log(`target: ≥ 2000 non-streamed req/s, 64 clients, recording on: ${tg.opsPerSec} req/s — ${tg.opsPerSec >= 2000 ? 'met' : 'MISSED'}`);
+      }
       return rows;
     } finally {
       await s.close();
     }
   },
 };
-

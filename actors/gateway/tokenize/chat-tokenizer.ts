@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Template } from '@huggingface/jinja';
-import './jinja-compat.js';
+import { freezeValue, type FrozenValue } from './jinja-compat.js';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { ReefError } from '../../runtime/errors.js';
 import { ControlTokenMarker, controlTokens, literalAlternation } from './control-tokens.js';
@@ -57,6 +57,8 @@ export class ChatTokenizer {
   private readonly newlineIds: Int32Array;
   private readonly cache: PieceCache;
   private readonly cleanUpSpaces: boolean;
+  /** Converted (and marked) tool lists by their JSON text: agents resend the same tools every turn. */
+  private readonly toolValues = new Map<string, FrozenValue>();
   private renders = 0;
 
   private constructor(files: ModelFiles, opts: ChatTokenizerOptions) {
@@ -90,18 +92,16 @@ export class ChatTokenizer {
   render(messages: readonly TemplateMessage[], tools: readonly unknown[] | null, opts: RenderOptions = {}): RenderResult {
     const guard = opts.guard ?? true;
     let view: unknown = templateView(messages);
-    let toolList: unknown = tools ?? null;
     let extra: Record<string, unknown> = opts.extra ?? {};
     if (guard) {
       view = this.marker.mark(view);
-      toolList = this.marker.mark(toolList);
       extra = this.marker.mark(extra);
     }
     let rendered: string;
     try {
       rendered = this.template.render({
         messages: view,
-        tools: toolList,
+        tools: tools === null ? null : this.toolValue(tools, guard),
         documents: null,
         add_generation_prompt: opts.addGenerationPrompt ?? true,
         ...this.files.specialTokens,
@@ -111,23 +111,45 @@ export class ChatTokenizer {
       throw new ReefError('REEF_ERR_CHAT_TEMPLATE', { reason: (err as Error).message }, { cause: err });
     }
     this.renders++;
-    if (!guard) return { ids: this.encodeText(rendered), text: rendered };
-    return this.encodeMarked(rendered);
+    const out = new IdBuilder();
+    if (!guard) {
+      this.encodeTextInto(rendered, out);
+      return { ids: out.finish(), text: rendered };
+    }
+    return this.encodeMarked(rendered, out);
+  }
+
+  /** The tool list as the template sees it, converted once per distinct list (LRU of 64). */
+  private toolValue(tools: readonly unknown[], guard: boolean): FrozenValue {
+    const key = (guard ? 'g' : 'r') + JSON.stringify(tools);
+    let value = this.toolValues.get(key);
+    if (value) this.toolValues.delete(key);
+    else value = freezeValue(guard ? this.marker.mark(tools) : tools);
+    this.toolValues.set(key, value);
+    if (this.toolValues.size > 64) this.toolValues.delete(this.toolValues.keys().next().value as string);
+    return value;
   }
 
   /** Encode template text: added tokens become their ids, the text between them goes through the cache. */
   encodeText(text: string): Int32Array {
-    if (!this.exactSplit) return Int32Array.from(this.full.encode(text, { add_special_tokens: false }).ids);
-    const parts: Int32Array[] = [];
+    const out = new IdBuilder();
+    this.encodeTextInto(text, out);
+    return out.finish();
+  }
+
+  private encodeTextInto(text: string, out: IdBuilder): void {
+    if (!this.exactSplit) {
+      out.push(Int32Array.from(this.full.encode(text, { add_special_tokens: false }).ids));
+      return;
+    }
     let last = 0;
     this.addedRe.lastIndex = 0;
     for (const m of text.matchAll(this.addedRe)) {
-      if (m.index > last) parts.push(this.encodePlain(text.slice(last, m.index)));
-      parts.push(Int32Array.of(this.addedIds.get(m[0])!));
+      if (m.index > last) out.push(this.encodePlain(text.slice(last, m.index)));
+      out.pushOne(this.addedIds.get(m[0])!);
       last = m.index + m[0].length;
     }
-    if (last < text.length) parts.push(this.encodePlain(text.slice(last)));
-    return concat(parts);
+    if (last < text.length) out.push(this.encodePlain(text.slice(last)));
   }
 
   /** Encode as plain text (added-token matching off), through the piece cache. */
@@ -135,22 +157,21 @@ export class ChatTokenizer {
     return this.cache.getOrEncode(piece, (p) => Int32Array.from(this.plain.encode(p, { add_special_tokens: false }).ids));
   }
 
-  private encodeMarked(rendered: string): RenderResult {
-    const parts: Int32Array[] = [];
+  private encodeMarked(rendered: string, out: IdBuilder): RenderResult {
     let text = '';
     for (const piece of this.marker.split(rendered)) {
       text += piece.text;
       if (piece.first) {
-        parts.push(this.encodeText(piece.text));
+        this.encodeTextInto(piece.text, out);
         continue;
       }
       const ids = this.encodeMidChat(piece.text, piece.asText);
       if (piece.asText && this.addedIds.has(piece.text) && ids.includes(this.addedIds.get(piece.text)!)) {
         throw new ReefError('REEF_ERR_TOKENIZER', { modelDir: this.files.modelDir, reason: `plain text ${JSON.stringify(piece.text)} encodes to the control token itself` });
       }
-      parts.push(ids);
+      out.push(ids);
     }
-    return { ids: concat(parts), text };
+    return { ids: out.finish(), text };
   }
 
   /**
@@ -193,15 +214,41 @@ export class ChatTokenizer {
   }
 }
 
-function concat(parts: Int32Array[]): Int32Array {
-  // Always a fresh array: parts may be cached arrays that callers must not be able to mutate.
-  let n = 0;
-  for (const p of parts) n += p.length;
-  const out = new Int32Array(n);
-  let o = 0;
-  for (const p of parts) {
-    out.set(p, o);
-    o += p.length;
+/**
+ * Collects a prompt's ids from cached pieces and single control tokens into one fresh array (cached
+ * arrays are never handed out, so callers cannot mutate the cache). Single ids are buffered into
+ * runs rather than wrapped in an array each.
+ */
+class IdBuilder {
+  private readonly parts: Int32Array[] = [];
+  private run: number[] = [];
+  private n = 0;
+
+  push(ids: Int32Array): void {
+    this.flushRun();
+    this.parts.push(ids);
+    this.n += ids.length;
   }
-  return out;
+
+  pushOne(id: number): void {
+    this.run.push(id);
+    this.n++;
+  }
+
+  finish(): Int32Array {
+    this.flushRun();
+    const out = new Int32Array(this.n);
+    let o = 0;
+    for (const p of this.parts) {
+      out.set(p, o);
+      o += p.length;
+    }
+    return out;
+  }
+
+  private flushRun(): void {
+    if (this.run.length === 0) return;
+    this.parts.push(Int32Array.from(this.run));
+    this.run = [];
+  }
 }

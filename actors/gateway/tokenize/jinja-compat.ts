@@ -25,3 +25,67 @@ if (!proto.__reefUndefinedLoops) {
   };
   proto.__reefUndefinedLoops = true;
 }
+
+/**
+ * Template values converted once and reused across renders. @huggingface/jinja converts every
+ * context value into its own runtime objects on each render, and a chat template then prints each
+ * tool with `tojson`: for OpenClaw's dozen tool schemas that was about a third of a render. Agents
+ * send the same tool list every turn, so the tokenizer converts it once (`frozenValue`) and the
+ * renders pass the converted tree in.
+ *
+ * Sharing converted values across renders is safe because the interpreter never mutates an object
+ * or a list (no `append`/`update` builtins; `set x.y` is refused on anything but a namespace). For
+ * the same reason `tojson` of a frozen value always prints the same text, so it is kept per value
+ * and per filter node (filter nodes belong to the parsed template, which lives as long as we do).
+ */
+export class FrozenValue {
+  constructor(readonly runtime: unknown) {}
+}
+
+type FilterNode = { type: string; value?: unknown; callee?: { type: string; value?: unknown }; args?: Array<{ type: string; value?: unknown }> };
+type FilterApplier = { applyFilter(operand: object, filter: FilterNode, env: Environment): unknown };
+type Settable = { set(name: string, value: unknown): unknown; declareVariable(name: string, value: unknown): unknown };
+
+const frozen = new WeakSet<object>();
+const tojsonMemo = new WeakMap<object, Map<FilterNode, unknown>>();
+
+const LITERALS = new Set(['NumericLiteral', 'IntegerLiteral', 'FloatLiteral', 'StringLiteral', 'BooleanLiteral', 'NullLiteral']);
+/** `tojson` or `tojson(<literal arguments>)`: a filter whose output depends on its operand alone. */
+function isPureToJson(f: FilterNode): boolean {
+  if (f.type === 'Identifier') return f.value === 'tojson';
+  if (f.type !== 'CallExpression' || f.callee?.type !== 'Identifier' || f.callee.value !== 'tojson') return false;
+  return (f.args ?? []).every((a) => LITERALS.has(a.type) || (a.type === 'KeywordArgumentExpression' && LITERALS.has((a.value as { type: string }).type)));
+}
+
+const envProto = Environment.prototype as unknown as Settable & { __reefFrozen?: boolean };
+if (!envProto.__reefFrozen) {
+  const originalSet = envProto.set;
+  envProto.set = function set(this: Settable, name: string, value: unknown): unknown {
+    return value instanceof FrozenValue ? this.declareVariable(name, value.runtime) : originalSet.call(this, name, value);
+  };
+  const interp = Interpreter.prototype as unknown as FilterApplier;
+  const originalFilter = interp.applyFilter;
+  interp.applyFilter = function applyFilter(this: FilterApplier, operand: object, filter: FilterNode, env: Environment): unknown {
+    if (!frozen.has(operand) || !isPureToJson(filter)) return originalFilter.call(this, operand, filter, env);
+    let memo = tojsonMemo.get(operand);
+    if (!memo) tojsonMemo.set(operand, (memo = new Map()));
+    let out = memo.get(filter);
+    if (out === undefined) memo.set(filter, (out = originalFilter.call(this, operand, filter, env)));
+    return out;
+  };
+  envProto.__reefFrozen = true;
+}
+
+/** Converts a plain JSON value the way a render would, once, for reuse across renders. */
+export function freezeValue(value: unknown): FrozenValue {
+  const runtime = (new Environment() as unknown as Settable).set('value', value);
+  const stack: unknown[] = [runtime];
+  while (stack.length > 0) {
+    const v = stack.pop() as { value?: unknown } | null;
+    if (!v || typeof v !== 'object') continue;
+    frozen.add(v);
+    if (Array.isArray(v.value)) stack.push(...v.value);
+    else if (v.value instanceof Map) stack.push(...v.value.values());
+  }
+  return new FrozenValue(runtime);
+}
