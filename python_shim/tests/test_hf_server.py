@@ -12,6 +12,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -67,13 +68,13 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return root / "seed0", root / "seed1"
 
 
-@pytest.fixture(scope="module")
-def engine(models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    log_path = tmp_path_factory.mktemp("log") / "engine.log"
+@contextmanager
+def launch(model_dir: Path, log_path: Path, *args: str) -> Iterator[Engine]:
+    """The hf engine as a subprocess on a free port; SIGTERM at the end must exit it with 0."""
     env = {**os.environ, "PYTHONPATH": str(SHIM), "PYTHONUNBUFFERED": "1"}
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "reef_shim.engines.hf_server", "--model-path", str(models[0]),
-                                 "--host", "127.0.0.1", "--port", "0", "--seed", "7", "--weight-version", "v0"],
+        proc = subprocess.Popen([sys.executable, "-m", "reef_shim.engines.hf_server", "--model-path", str(model_dir),
+                                 "--host", "127.0.0.1", "--port", "0", *args],
                                 stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     try:
         assert proc.stdout is not None
@@ -85,6 +86,12 @@ def engine(models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) 
             proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
     assert code == 0, f"engine exited with {code} after SIGTERM:\n{log_path.read_text()}"
+
+
+@pytest.fixture(scope="module")
+def engine(models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    with launch(models[0], tmp_path_factory.mktemp("log") / "engine.log", "--seed", "7", "--weight-version", "v0") as e:
+        yield e
 
 
 def recompute(model_dir: Path, prompt_ids: list[int], output_ids: list[int], **sampling: Any) -> Any:

@@ -1,7 +1,8 @@
-"""GPU only: an NCCL weight sync from a trainer-side process group into a running SGLang engine.
+"""GPU only: Reef's weight push (`trainer/weight_push.py`, backend nccl) into a running SGLang engine.
 
 Skipped (visibly) without CUDA; also skipped when SGLang is not installed. The model is
-`REEF_GPU_MODEL` (a checkpoint available on that machine), else the tiny model.
+`REEF_GPU_MODEL` (a checkpoint available on that machine), else the tiny model. Never run yet: the
+same pusher is run over gloo into the hf engine by `test_weight_sync.py` and `test_trainer.py`.
 """
 
 from __future__ import annotations
@@ -62,23 +63,35 @@ def sglang(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
         proc.wait(60)
 
 
-def test_one_nccl_step_and_a_weight_sync_into_sglang(model: Path, sglang: str, tmp_path: Path) -> None:
-    import torch
+def _post(url: str, body: dict[str, Any]) -> Any:
+    from reef_shim.trainer.weight_push import post
 
-    from reef_shim.engine_process import pick_free_port
+    return post(url, body, 60)
+
+
+def test_an_nccl_push_into_sglang_is_served(model: Path, sglang: str) -> None:
+    import torch
     from safetensors.torch import load_file
 
-    from reef_shim.trainer.nccl_sync import NcclWeightSync
+    from reef_shim.engine_process import pick_free_port
+    from reef_shim.trainer.weight_push import WeightPusher, engine_workers
 
     torch.cuda.set_device(0)
     state = load_file(str(model / "model.safetensors"))
     bumped = {k: v + 1e-3 for k, v in state.items()}  # a visible change the engine must report back
-    sync = NcclWeightSync(sglang, 1, ("127.0.0.1", pick_free_port("127.0.0.1")))
-    sync.connect()
+    probe = {"text": "The sea is", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    before = _post(sglang + "/generate", probe)
+    pusher = WeightPusher(sglang, "nccl", ("127.0.0.1", pick_free_port("127.0.0.1")), engine_workers(sglang))
+    pusher.connect()
     started = time.monotonic()
-    sent = sync.push(bumped.items(), "gpu-v1")
+    sent = pusher.push(sorted(bumped.items()), "gpu-v1")
     elapsed = time.monotonic() - started
-    sync.close()
-    assert sent > 0
+    pusher.close()
+    assert sent == sum(t.numel() * t.element_size() for t in bumped.values())
     assert _get(sglang + "/model_info").get("weight_version") == "gpu-v1"
-    print(f"nccl sync: {sent / 1e6:.1f} MB in {elapsed:.2f} s")
+    norm = _post(sglang + "/get_weights_by_name", {"name": "model.norm.weight", "truncate_size": 4})
+    assert norm and abs(float(norm[0]) - float(bumped["model.norm.weight"][0])) < 1e-2, norm
+    after = _post(sglang + "/generate", probe)
+    assert after.get("meta_info", {}).get("weight_version") in (None, "gpu-v1")
+    print(f"nccl push: {sent / 1e6:.1f} MB in {elapsed:.2f} s; greedy before {before.get('text')!r}, "
+          f"after {after.get('text')!r}")

@@ -1,8 +1,10 @@
 """The `hf` engine's model side: load, generate one request token by token, swap weights.
 
 No HTTP here (that is `hf_server.py`). One request runs at a time: the caller holds `lock`
-around `generate`, and `update_weights_from_disk` takes the same lock, so a weight swap waits for
-the request in flight and the next request sees the new weights.
+around `generate`, and both weight updates (`update_weights_from_disk`,
+`update_weights_from_distributed`) read and check the new weights first, then take the same lock
+to copy them in, so a swap waits for the request in flight and the next request sees the new
+weights.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from .dist_weights import WeightGroups
 from .request import GenRequest
 from .sampling import pick_token, sampling_logprobs, top_logprobs
 from .weights import WeightError, load_checked_state_dict
@@ -52,7 +55,8 @@ def request_generator(req: GenRequest, server_seed: int | None) -> torch.Generat
 
 
 class HFEngine:
-    def __init__(self, model_path: str, weight_version: str = "default", seed: int | None = None) -> None:
+    def __init__(self, model_path: str, weight_version: str = "default", seed: int | None = None,
+                 weight_sync_timeout_s: float = 300.0) -> None:
         from tokenizers import Tokenizer
         from transformers import AutoConfig, AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
@@ -69,6 +73,8 @@ class HFEngine:
         self.vocab_size = int(self.config.vocab_size)
         self.max_context_length = int(getattr(self.config, "max_position_embeddings", 4096))
         self.eos_ids = self._eos_ids(Path(model_path))
+        self.tied = bool(getattr(self.config, "tie_word_embeddings", False))
+        self.weight_groups = WeightGroups(weight_sync_timeout_s)
 
     def _eos_ids(self, path: Path) -> set[int]:
         ids: set[int] = set()
@@ -155,6 +161,25 @@ class HFEngine:
     def update_weights_from_disk(self, model_path: str, weight_version: str | None) -> None:
         """Load safetensors from `model_path` into the running model; raises WeightError."""
         state = load_checked_state_dict(Path(model_path), self.config, self.model)
+        self._swap(state, weight_version)
+        self.model_path = str(Path(model_path).resolve())
+
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str, backend: str) -> str:
+        """Join a weight group as rank `rank_offset` (blocks until every rank joined); raises WeightError."""
+        return self.weight_groups.init(master_address, master_port, rank_offset, world_size, group_name, backend)
+
+    def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
+                                        group_name: str, weight_version: str | None) -> None:
+        """Receive tensors broadcast by rank 0 of the group and swap them in; raises WeightError."""
+        state = self.weight_groups.receive(names, dtypes, shapes, group_name, self.model, self.tied)
+        self._swap(state, weight_version)
+
+    def destroy_weights_update_group(self, group_name: str) -> str:
+        return self.weight_groups.destroy(group_name)
+
+    def _swap(self, state: dict[str, torch.Tensor], weight_version: str | None) -> None:
+        # Everything that can fail was checked before this point: the copy itself does not.
         with self.lock, torch.inference_mode():
             params = dict(self.model.named_parameters(remove_duplicate=False))
             buffers = dict(self.model.named_buffers())
@@ -163,7 +188,6 @@ class HFEngine:
                 if target is None:
                     raise WeightError(f"{name} vanished from the model")
                 target.copy_(tensor.to(target.dtype))
-            self.model_path = str(Path(model_path).resolve())
             if weight_version is not None:
                 self.weight_version = weight_version
 

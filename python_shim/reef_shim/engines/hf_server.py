@@ -1,11 +1,13 @@
 """The `hf` engine: a CPU inference server on transformers speaking Reef's SGLang subset.
 
     python -m reef_shim.engines.hf_server --model-path DIR --host 127.0.0.1 --port P
-        [--weight-version V] [--seed S] [--max-running N] [--threads T]
+        [--weight-version V] [--seed S] [--max-running N] [--threads T] [--weight-sync-timeout-s S]
 
 Routes (docs/internals.md, "Engine HTTP API"): `POST /generate`, `GET /health`,
 `GET /model_info` (also `/get_model_info`), `POST /update_weights_from_disk`,
-`POST /pause_generation`, `POST /continue_generation`, `POST /flush_cache`.
+`POST /init_weights_update_group`, `POST /update_weights_from_distributed`,
+`POST /destroy_weights_update_group`, `POST /pause_generation`, `POST /continue_generation`,
+`POST /flush_cache`.
 
 Behaviour a client can rely on:
 - One request generates at a time (KV-cached, fp32, `torch.inference_mode`); others queue, at most
@@ -30,6 +32,12 @@ Behaviour a client can rely on:
 - `/update_weights_from_disk {model_path, weight_version}` waits for the request in flight, loads
   the safetensors of a same-shaped checkpoint, and answers `{success, message, weight_version}`
   (400 with `success: false` and nothing changed when the checkpoint does not fit).
+- The distributed update is SGLang's protocol over gloo (`engines/dist_weights.py`): join a weight
+  group as rank `rank_offset`, then receive the announced tensors from rank 0. Tensors are received
+  while requests keep generating and swapped in under the same lock as a disk update; a broken or
+  refused transfer answers 400 `success: false` and leaves the weights that were serving. `nccl`
+  is refused (the weights live on the CPU). `--weight-sync-timeout-s` (300) bounds the join and
+  each transfer.
 - Errors: `{error: {message, code}}` with a Reef code; 400 for a bad request or an input at or
   past the context length, 503 while loading.
 """
@@ -62,6 +70,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-running", type=int, default=256, help="requests admitted at once")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: 1 for models under 50M parameters, else torch's)")
+    p.add_argument("--weight-sync-timeout-s", type=float, default=300.0,
+                   help="how long a weight group join or transfer may wait for its peer")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -103,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from .hf_engine import HFEngine
 
-        engine = HFEngine(args.model_path, weight_version=args.weight_version, seed=args.seed)
+        engine = HFEngine(args.model_path, weight_version=args.weight_version, seed=args.seed,
+                          weight_sync_timeout_s=args.weight_sync_timeout_s)
         _set_threads(args.threads, engine)
         state.engine = engine
     except Exception:

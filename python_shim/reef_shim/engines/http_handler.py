@@ -67,6 +67,52 @@ def reply_body(state: GenState, weight_version: str, req: GenRequest) -> dict[st
     }
 
 
+# route -> field -> (accepted types, default when absent: SGLang's defaults; REQUIRED = none)
+REQUIRED = object()
+_INT_LIST = "list[list[int]]"
+DISTRIBUTED_ROUTES: dict[str, dict[str, tuple[Any, Any]]] = {
+    "/init_weights_update_group": {
+        "master_address": (str, REQUIRED), "master_port": (int, REQUIRED), "rank_offset": (int, REQUIRED),
+        "world_size": (int, REQUIRED), "group_name": (str, "weight_update_group"), "backend": (str, "nccl"),
+    },
+    "/update_weights_from_distributed": {
+        "names": ("list[str]", REQUIRED), "dtypes": ("list[str]", REQUIRED), "shapes": (_INT_LIST, REQUIRED),
+        "group_name": (str, "weight_update_group"), "flush_cache": (bool, True), "weight_version": ((str, type(None)), None),
+    },
+    "/destroy_weights_update_group": {"group_name": (str, "weight_update_group")},
+}
+
+
+def _fits(value: Any, kind: Any) -> bool:
+    if kind == "list[str]":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind == _INT_LIST:
+        return isinstance(value, list) and all(
+            isinstance(s, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in s)
+            for s in value)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def _fields(body: Any, spec: dict[str, tuple[Any, Any]], path: str) -> dict[str, Any]:
+    """The route's fields with SGLang's defaults; other keys SGLang accepts (abort_all_requests,
+    load_format...) are ignored, as they change nothing here."""
+    if not isinstance(body, dict):
+        raise RequestError(f"{path}: expected a JSON object")
+    out: dict[str, Any] = {}
+    for key, (kind, default) in spec.items():
+        if key not in body or (body[key] is None and default is not None):
+            if default is REQUIRED:
+                raise RequestError(f"{path}: {key} is required")
+            out[key] = default
+        elif not _fits(body[key], kind):
+            raise RequestError(f"{path}: {key} has the wrong type")
+        else:
+            out[key] = body[key]
+    return out
+
+
 class ClientGone(Exception):
     pass
 
@@ -141,6 +187,8 @@ class EngineHandler(BaseHTTPRequestHandler):
                 return
             if path == "/update_weights_from_disk":
                 self._update_weights(engine, body)
+            elif path in DISTRIBUTED_ROUTES:
+                self._distributed(engine, path, body)
             elif path == "/pause_generation":
                 self.st.set_paused(True)
                 self._send_json(200, {"success": True, "message": "paused"})
@@ -177,6 +225,26 @@ class EngineHandler(BaseHTTPRequestHandler):
             return
         log.info("weights loaded from %s, weight_version %s", path, engine.weight_version)
         self._send_json(200, {"success": True, "message": f"loaded {path}", "weight_version": engine.weight_version})
+
+    def _distributed(self, engine: HFEngine, path: str, body: Any) -> None:
+        """SGLang's weight-group routes: `{success, message}`, 400 when refused (weights unchanged)."""
+        spec = DISTRIBUTED_ROUTES[path]
+        args = _fields(body, spec, path)
+        try:
+            if path == "/init_weights_update_group":
+                message = engine.init_weights_update_group(**args)
+            elif path == "/update_weights_from_distributed":
+                del args["flush_cache"]  # nothing is cached between requests here
+                engine.update_weights_from_distributed(**args)
+                message = f"received {len(args['names'])} tensor(s) over {args['group_name']!r}"
+            else:
+                message = engine.destroy_weights_update_group(**args)
+        except WeightError as e:
+            log.warning("%s failed: %s", path, e)
+            self._send_json(400, {"success": False, "message": str(e), "weight_version": engine.weight_version})
+            return
+        log.info("%s: %s (weight_version %s)", path, message, engine.weight_version)
+        self._send_json(200, {"success": True, "message": message, "weight_version": engine.weight_version})
 
     def _generate(self, body: Any) -> None:
         req = parse_generate(body)
