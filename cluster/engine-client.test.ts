@@ -1,18 +1,34 @@
 import { describe, expect, it } from 'vitest';
 import { generateBody } from './engine-client.js';
 
+const parse = (body: Uint8Array) => JSON.parse(Buffer.from(body).toString('utf8')) as unknown;
+
 describe('generateBody', () => {
   it('writes typed and plain id arrays as the same JSON as JSON.stringify', () => {
-    const req = { sampling_params: { max_new_tokens: 4, stop: null }, return_logprob: true, rid: 'r' };
-    const ids = [0, 7, 2041, 151_643, -1];
+    const req = { sampling_params: { max_new_tokens: 4, stop: ['é'] }, return_logprob: true, rid: 'r' };
+    // Every digit count, both sides of each power of ten, and the largest int32.
+    const ids = [0, 7, 9, 10, 99, 100, 999, 1000, 2041, 151_643, 999_999, 1_000_000, 99_999_999, 100_000_000, 999_999_999, 1_000_000_000, 2_147_483_647];
     const expected = { ...req, stream: true, input_ids: ids };
-    expect(JSON.parse(generateBody({ ...req, input_ids: Int32Array.from(ids) }, true))).toEqual(expected);
-    expect(JSON.parse(generateBody({ ...req, input_ids: ids }, true))).toEqual(expected);
-    expect(JSON.parse(generateBody({ ...req, input_ids: [] }, false))).toEqual({ ...req, stream: false, input_ids: [] });
+    expect(parse(generateBody({ ...req, input_ids: Int32Array.from(ids) }, true))).toEqual(expected);
+    expect(parse(generateBody({ ...req, input_ids: ids }, true))).toEqual(expected);
+    expect(Buffer.from(generateBody({ ...req, input_ids: ids }, true)).toString()).toBe(JSON.stringify({ ...req, stream: true, input_ids: ids }));
+    expect(parse(generateBody({ ...req, input_ids: [] }, false))).toEqual({ ...req, stream: false, input_ids: [] });
   });
 
-  it('leaves input_ids out when absent and refuses non-integers', () => {
-    expect(JSON.parse(generateBody({ text: 'hi', sampling_params: {} }, false))).toEqual({ text: 'hi', sampling_params: {}, stream: false });
+  it('leaves input_ids out when absent and refuses what is not a token id', () => {
+    expect(parse(generateBody({ text: 'hi', sampling_params: {} }, false))).toEqual({ text: 'hi', sampling_params: {}, stream: false });
     expect(() => generateBody({ input_ids: [1, 2.5], sampling_params: {} }, false)).toThrow(/input_ids\[1\] is not an integer/);
+    expect(() => generateBody({ input_ids: [1, -1], sampling_params: {} }, false)).toThrow(/input_ids\[1\] is not a token id/);
+    expect(() => generateBody({ input_ids: [2 ** 31], sampling_params: {} }, false)).toThrow(/input_ids\[0\] is not a token id/);
+  });
+
+  it('owns its memory, so the body can be moved to another thread', () => {
+    const body = generateBody({ input_ids: [1, 2, 3], sampling_params: {} }, false);
+    expect(body.byteOffset).toBe(0);
+    const { port1, port2 } = new MessageChannel();
+    port1.postMessage(body, [body.buffer as ArrayBuffer]);
+    expect(body.byteLength).toBe(0); // detached here: it moved rather than copied
+    port1.close();
+    port2.close();
   });
 });

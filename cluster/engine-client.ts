@@ -1,5 +1,6 @@
 import { Agent, request } from 'undici';
 import { ReefError } from '../actors/runtime/errors.js';
+import { generateBody } from './generate-body.js';
 
 /**
  * Client of the engine HTTP API (the SGLang native subset in docs/internals.md), shared by the
@@ -62,24 +63,7 @@ export interface EngineClientOptions {
   name?: string;
 }
 
-/**
- * The `/generate` body as JSON. `input_ids` is written by a loop: an OpenClaw-sized prompt is 20k+
- * ids, and `JSON.stringify(Array.from(ids))` cost ~1 ms of the gateway's event loop per request
- * against ~0.3 ms for the loop. The ids are integers, so their JSON is their decimal text.
- */
-export function generateBody(req: GenerateRequest, stream: boolean): string {
-  const { input_ids: ids, ...rest } = req;
-  const head = JSON.stringify({ ...rest, stream });
-  if (ids == null) return head;
-  let list = '[';
-  for (let i = 0; i < ids.length; i++) {
-    const id = ids[i]!;
-    if (!Number.isInteger(id)) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `input_ids[${i}] is not an integer: ${id}` });
-    list += i === 0 ? `${id}` : `,${id}`;
-  }
-  // `head` is a non-empty object, so it ends with `}` and has at least one key before it.
-  return `${head.slice(0, -1)},"input_ids":${list}]}`;
-}
+export { generateBody } from './generate-body.js';
 
 export class EngineClient {
   readonly baseUrl: string;
@@ -94,14 +78,14 @@ export class EngineClient {
     this.agent = new Agent({ connections: opts.connections ?? 64, keepAliveTimeout: 30_000, pipelining: 1 });
   }
 
-  /** `body` is sent as JSON; a string is taken as JSON already serialised. */
+  /** `body` is sent as JSON; a string or bytes are taken as JSON already serialised. */
   private async call(method: 'GET' | 'POST', path: string, body?: unknown, signal?: AbortSignal) {
     try {
       return await request(this.baseUrl + path, {
         method,
         dispatcher: this.agent,
         headers: body === undefined ? {} : { 'content-type': 'application/json' },
-        body: body === undefined ? null : typeof body === 'string' ? body : JSON.stringify(body),
+        body: body === undefined ? null : typeof body === 'string' || body instanceof Uint8Array ? body : JSON.stringify(body),
         headersTimeout: this.timeoutMs,
         bodyTimeout: this.timeoutMs,
         signal: signal ?? null,
@@ -138,8 +122,9 @@ export class EngineClient {
     return this.json('GET', '/model_info');
   }
 
-  generate(req: GenerateRequest): Promise<GenerateResponse> {
-    return this.json('POST', '/generate', generateBody(req, false));
+  /** `req` may be a body already serialised by `generateBody(…, false)` (the gateway's workers do). */
+  generate(req: GenerateRequest | Uint8Array): Promise<GenerateResponse> {
+    return this.json('POST', '/generate', req instanceof Uint8Array ? req : generateBody(req, false));
   }
 
   /**
@@ -147,8 +132,8 @@ export class EngineClient {
    * the logprob lists hold everything generated so far). Aborting `signal` closes the connection,
    * which makes the engine stop generating.
    */
-  async *generateStream(req: GenerateRequest, signal?: AbortSignal): AsyncGenerator<GenerateResponse> {
-    const res = await this.call('POST', '/generate', generateBody(req, true), signal);
+  async *generateStream(req: GenerateRequest | Uint8Array, signal?: AbortSignal): AsyncGenerator<GenerateResponse> {
+    const res = await this.call('POST', '/generate', req instanceof Uint8Array ? req : generateBody(req, true), signal);
     if (res.statusCode >= 400) {
       const text = await res.body.text();
       if (res.statusCode >= 500) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.name, reason: `/generate answered ${res.statusCode}: ${text.slice(0, 300)}` });

@@ -21,7 +21,7 @@ export interface SseSink {
  * fails mid-stream gets an SSE error event and a `failed` record.
  */
 export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSink): Promise<{ recordId: string; status: 'ok' | 'aborted' | 'failed' }> {
-  const base = { id: `chatcmpl-${p.id}`, object: 'chat.completion.chunk', created: Math.floor(p.ctx.startedAt / 1000), model: p.req.model ?? deps.modelName };
+  const base = { id: `chatcmpl-${p.id}`, object: 'chat.completion.chunk', created: Math.floor(p.ctx.startedAt / 1000), model: p.model ?? deps.modelName };
   const chunk = (delta: StreamDelta | { role: string; content: string } | Record<string, never>, finish: string | null = null) => ({ ...base, choices: [{ index: 0, delta, finish_reason: finish, logprobs: null }] });
   const parser = deps.parser.stream({ startsInThinking: p.startsInThinking });
   const abort = new AbortController();
@@ -42,7 +42,7 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
 
   await deps.gate.enter(abort.signal);
   try {
-    for await (const res of deps.engine.generateStream(p.engineReq, abort.signal)) {
+    for await (const res of deps.engine.generateStream(p.engineBody, abort.signal)) {
       // Nothing goes out before the engine's first event, so an engine that is down or refuses
       // the request still gets the client a real status (503 with Retry-After, or 400).
       if (last === null) await sink.send(chunk({ role: 'assistant', content: '' }));
@@ -90,7 +90,7 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
   }
   if (last === null) await sink.send(chunk({ role: 'assistant', content: '' }));
   await sink.send(chunk({}, finishReason(last, streamedCallIds.length > 0)));
-  if (p.req.stream_options?.include_usage) {
+  if (p.includeUsage) {
     await sink.send({ ...base, choices: [], usage: { prompt_tokens: p.promptIds.length, completion_tokens: completionTokens, total_tokens: p.promptIds.length + completionTokens } });
   }
   let recordId: string;

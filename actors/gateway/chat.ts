@@ -1,13 +1,14 @@
-import type { EngineClient, GenerateRequest, GenerateResponse } from '../../cluster/engine-client.js';
+import type { EngineClient, GenerateResponse } from '../../cluster/engine-client.js';
 import { ReefError } from '../runtime/errors.js';
 import type { GenerationGate } from './generation-gate.js';
 import type { GatewayMetrics } from './metrics.js';
-import type { ChatCompletionRequest } from './openai-schema.js';
 import type { NewRecord, OutputParser, ParsedOutput, PromptTokenizer, RecordSink } from './ports.js';
+import type { PreparedChat, RefusedChat } from './tokenize/prepare.js';
 
 /**
- * The chat-completion pipeline, transport-free: render + tokenize → engine `/generate` with
- * `input_ids` → parse → record. The ids sent to the engine are exactly the ids recorded.
+ * The chat-completion pipeline, transport-free: raw body → (tokenizer worker: parse, validate,
+ * render, tokenize, serialise) → engine `/generate` with `input_ids` → parse → record. The ids
+ * sent to the engine are exactly the ids recorded.
  */
 
 export interface ChatDeps {
@@ -32,51 +33,18 @@ export interface ChatContext {
   startedAt: number;
 }
 
-export interface Prepared {
+export interface Prepared extends Omit<PreparedChat, 'ok'> {
   id: string;
-  req: ChatCompletionRequest;
   ctx: ChatContext;
-  promptIds: Int32Array;
-  engineReq: GenerateRequest;
-  startsInThinking: boolean;
 }
 
-/** Tokenizes and checks the context; throws ReefError (4xx) on a request the model cannot take. */
-export async function prepare(deps: ChatDeps, req: ChatCompletionRequest, ctx: ChatContext): Promise<Prepared> {
-  const tools = req.tools && req.tools.length > 0 ? req.tools : null;
-  let promptIds: Int32Array;
-  let startsInThinking: boolean;
-  try {
-    ({ ids: promptIds, startsInThinking } = await deps.tokenizer.render(req.messages, tools, ctx.sessionKey));
-  } catch (err) {
-    if (err instanceof ReefError) throw err;
-    throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `cannot render the chat template: ${(err as Error).message}` });
-  }
-  const ctxLen = deps.tokenizer.contextLength;
-  const asked = req.max_completion_tokens ?? req.max_tokens ?? null;
-  const room = ctxLen - promptIds.length;
-  if (room <= 0 || (asked !== null && asked > room)) {
-    throw new ReefError('REEF_ERR_CONTEXT_LENGTH', { promptTokens: promptIds.length, maxTokens: asked ?? 1, contextLength: ctxLen });
-  }
-  const maxNew = Math.min(asked ?? deps.defaultMaxTokens, room);
-  const stop = req.stop == null ? null : Array.isArray(req.stop) ? req.stop : [req.stop];
-  const engineReq: GenerateRequest = {
-    // The recorded ids themselves, serialised without a copy (engine-client's generateBody).
-    input_ids: promptIds,
-    sampling_params: {
-      max_new_tokens: maxNew,
-      temperature: req.temperature ?? 1.0,
-      top_p: req.top_p ?? 1.0,
-      stop,
-      ...(req.seed != null ? { sampling_seed: req.seed } : {}),
-    },
-    return_logprob: true,
-    top_logprobs_num: deps.topK,
-    rid: null,
-  };
+/** Prepares a raw request body on a tokenizer worker; a refused request comes back as its error. */
+export async function prepare(deps: ChatDeps, body: Uint8Array, ctx: ChatContext): Promise<Prepared | RefusedChat> {
   const id = deps.records.newId();
-  engineReq.rid = id;
-  return { id, req, ctx, promptIds, engineReq, startsInThinking };
+  const out = await deps.tokenizer.prepare(body, { rid: id, topK: deps.topK, defaultMaxTokens: deps.defaultMaxTokens, sessionKey: ctx.sessionKey });
+  if (!out.ok) return out;
+  const { ok: _ok, ...prepared } = out;
+  return { ...prepared, id, ctx };
 }
 
 /** The OpenAI assistant message of a parsed output: absent fields are left out, as OpenAI does. */
@@ -114,7 +82,6 @@ export function buildRecord(deps: ChatDeps, p: Prepared, res: GenerateResponse |
     }
   }
   const finishedAt = Date.now();
-  const { messages, tools, ...params } = p.req;
   return {
     id: p.id,
     scenario: p.ctx.scenario,
@@ -122,7 +89,7 @@ export function buildRecord(deps: ChatDeps, p: Prepared, res: GenerateResponse |
     status,
     startedAt: p.ctx.startedAt,
     finishedAt,
-    request: { messages, tools: tools ?? null, params },
+    request: p.requestJson,
     promptIds: p.promptIds,
     outputIds,
     logprobs,
@@ -154,7 +121,7 @@ export async function completeOnce(deps: ChatDeps, p: Prepared): Promise<{ recor
   await deps.gate.enter();
   let res: GenerateResponse;
   try {
-    res = await deps.engine.generate(p.engineReq);
+    res = await deps.engine.generate(p.engineBody);
   } catch (err) {
     deps.metrics.engineErrors.inc({ kind: 'generate' });
     throw err;
@@ -168,7 +135,7 @@ export async function completeOnce(deps: ChatDeps, p: Prepared): Promise<{ recor
     id: `chatcmpl-${p.id}`,
     object: 'chat.completion',
     created: Math.floor(p.ctx.startedAt / 1000),
-    model: p.req.model ?? deps.modelName,
+    model: p.model ?? deps.modelName,
     choices: [{ index: 0, message, finish_reason: fr, logprobs: null }],
     usage,
   };

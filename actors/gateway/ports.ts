@@ -1,4 +1,4 @@
-import type { ChatMessage, Tool } from './openai-schema.js';
+import type { PreparedChat, PrepareParams, RefusedChat } from './tokenize/prepare.js';
 
 /**
  * What the chat pipeline needs from its collaborators. The production wiring (index.ts) plugs in
@@ -7,10 +7,11 @@ import type { ChatMessage, Tool } from './openai-schema.js';
 
 export interface PromptTokenizer {
   /**
-   * Renders the chat template (add_generation_prompt) and tokenizes, off the event loop.
-   * `startsInThinking`: the prompt ends inside an open thinking block, so output starts as reasoning.
+   * Parses and validates a raw chat-completion body, renders the chat template
+   * (add_generation_prompt) and tokenizes, off the event loop (tokenize/prepare.ts). Requests of
+   * one session go to the same worker, whose piece cache holds the session's earlier turns.
    */
-  render(messages: readonly ChatMessage[], tools: readonly Tool[] | null, sessionKey: string | null): Promise<{ ids: Int32Array; startsInThinking: boolean }>;
+  prepare(body: Uint8Array, params: PrepareParams & { sessionKey: string | null }): Promise<PreparedChat | RefusedChat>;
   readonly contextLength: number;
 }
 

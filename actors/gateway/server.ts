@@ -2,6 +2,7 @@ import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
 import { Authenticator, type Principal } from './auth.js';
 import type { ChatDeps } from './chat.js';
 import { sendError } from './http-errors.js';
+import { MAX_JSON_DEPTH, nestedDeeperThan } from './json-depth.js';
 import { registerOpenAIRoutes } from './routes/openai.js';
 
 /** 64 MiB: OpenClaw resends whole transcripts with large tool outputs every turn. */
@@ -16,21 +17,7 @@ export interface GatewayServerOptions {
   logger?: boolean;
 }
 
-/** Deeper than any real request (tool schemas nest a few levels); well below the stack's limit. */
-export const MAX_JSON_DEPTH = 128;
-
-/** Iterative, so that measuring a hostile body cannot itself overflow the stack. */
-export function nestedDeeperThan(value: object, limit: number): boolean {
-  const stack: Array<[unknown, number]> = [[value, 1]];
-  while (stack.length > 0) {
-    const [v, depth] = stack.pop()!;
-    if (depth > limit) return true;
-    for (const child of Object.values(v as object)) {
-      if (child !== null && typeof child === 'object') stack.push([child, depth + 1]);
-    }
-  }
-  return false;
-}
+export { MAX_JSON_DEPTH, nestedDeeperThan } from './json-depth.js';
 
 const PRINCIPAL = Symbol('reef.principal');
 type WithPrincipal = FastifyRequest & { [PRINCIPAL]?: Principal };
@@ -61,9 +48,10 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
   });
 
   // JSON.parse takes any depth, but JSON.stringify (storing the request) and structured clone
-  // (handing it to a worker) recurse: refuse absurd nesting up front instead of failing with 5xx.
+  // recurse: refuse absurd nesting up front instead of failing with 5xx. Chat completions arrive
+  // as raw bytes and their tokenizer worker checks the parsed body the same way.
   app.addHook('preHandler', async (request, reply) => {
-    if (request.body !== null && typeof request.body === 'object' && nestedDeeperThan(request.body, MAX_JSON_DEPTH)) {
+    if (request.body !== null && typeof request.body === 'object' && !Buffer.isBuffer(request.body) && nestedDeeperThan(request.body, MAX_JSON_DEPTH)) {
       return sendError(reply, 'REEF_ERR_BODY', `request body is nested more than ${MAX_JSON_DEPTH} levels deep`);
     }
   });

@@ -81,6 +81,27 @@ function cpuSeconds(pid: number): { main: number; all: number } {
   return { main, all };
 }
 
+/** CPU seconds per thread name (`/proc/<pid>/task/<tid>/comm`): where the time outside the event loop goes. */
+function cpuByThread(pid: number): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const tid of readdirSync(`/proc/${pid}/task`)) {
+    try {
+      const name = readFileSync(`/proc/${pid}/task/${tid}/comm`, 'utf8').trim();
+      const f = readFileSync(`/proc/${pid}/task/${tid}/stat`, 'utf8');
+      const fields = f.slice(f.lastIndexOf(')') + 2).split(' ');
+      const key = tid === String(pid) ? 'event loop' : `${name}/${tid}`;
+      out.set(key, (out.get(key) ?? 0) + (Number(fields[11]) + Number(fields[12])) / 100);
+    } catch {
+      // a thread that ended between readdir and read
+    }
+  }
+  return out;
+}
+
+function threadDelta(before: Map<string, number>, after: Map<string, number>, per: number): string {
+  return [...after].map(([k, v]) => [k, ((v - (before.get(k) ?? 0)) * 1000) / per] as const).filter(([, ms]) => ms >= 0.05).sort((a, b) => b[1] - a[1]).map(([k, ms]) => `${k} ${ms.toFixed(2)}`).join(', ');
+}
+
 interface Stack {
   gatewayPid: number;
   gateway: Pool;
@@ -203,10 +224,13 @@ export const suite: BenchSuite = {
       }
       if (want('openclaw')) {
         const oc0 = cpuSeconds(s.gatewayPid);
+        const th0 = cpuByThread(s.gatewayPid);
         const oc = await openClaw(s, ctx);
         const oc1 = cpuSeconds(s.gatewayPid);
+        const th1 = cpuByThread(s.gatewayPid);
         const turns = oc[0]!.ops + oc[3]!.ops + 15; // + the 5 warm-up sessions of 3 turns
         ctx.log(`gateway CPU per openclaw turn (turns 1-3 averaged): ${(((oc1.main - oc0.main) * 1000) / turns).toFixed(3)} ms on its event loop, ${(((oc1.all - oc0.all) * 1000) / turns).toFixed(3)} ms in all threads`);
+        ctx.log(`gateway CPU per openclaw turn by thread (ms): ${threadDelta(th0, th1, turns)}`);
         rows.push(...oc);
         const addedP50Ms = (oc[5]!.p50Us ?? Number.NaN) / 1000;
         ctx.log(`target: added p50 on openclaw turns 2-3 ≤ 2 ms: ${addedP50Ms.toFixed(2)} ms — ${addedP50Ms <= 2 ? 'met' : 'MISSED'}`);

@@ -11,7 +11,9 @@ const TOOL_CALL = ['<tool_call>', '\n{"name": "save", ', '"arguments": {"x": 1}}
 const THINKING = ['<think>', 'pondering', ' deeply', '</think>', '\n\n', 'The', ' answer', '.'];
 const LONG = Array.from({ length: 40 }, (_, i) => ` w${i}`);
 
-describe('gateway completions', () => {
+// Short requests are prepared on the event loop and long ones on a tokenizer worker
+// (INLINE_PREPARE_BYTES); `worker` sends every request through the worker path.
+describe.each([['inline', undefined], ['worker', 0]] as const)('gateway completions (%s prepare)', (_mode, inlinePrepareBytes) => {
   let s: Stack;
   /** Prompt ids → output: the fake engine sees only ids, so a test scripts its output by prompt. */
   const byPrompt = new Map<string, FakeGeneration>();
@@ -19,6 +21,7 @@ describe('gateway completions', () => {
 
   beforeAll(async () => {
     s = await startStack({
+      inlinePrepareBytes,
       engine: {
         respond: ({ inputIds }) => byPrompt.get(String(inputIds)) ?? { pieces: ['Hello', ' from', ' the', ' fake', ' engine', '.'] },
       },

@@ -4,12 +4,12 @@ import { CHAT, openAIError, postChat, startStack, type Stack } from './harness.j
 
 /** Client errors: each answers 4xx with the OpenAI error body, names the param, and records nothing. */
 
-describe('gateway request errors', () => {
+describe.each([['inline', undefined], ['worker', 0]] as const)('gateway request errors (%s prepare)', (_mode, inlinePrepareBytes) => {
   let s: Stack;
   let head = 0;
 
   beforeAll(async () => {
-    s = await startStack();
+    s = await startStack({ inlinePrepareBytes });
     head = await s.gw.store.headOffset();
   });
   afterAll(async () => {

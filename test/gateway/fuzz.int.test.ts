@@ -153,7 +153,9 @@ describe('gateway fuzz', () => {
   let pool: Pool;
 
   beforeAll(async () => {
-    s = await startStack({ tokenizerThreads: 2 });
+    // A low inline bound: bodies over 160 bytes go through the tokenizer workers, shorter ones are
+    // prepared on the event loop, so both paths meet the malformed requests.
+    s = await startStack({ tokenizerThreads: 2, inlinePrepareBytes: 160 });
     pool = new Pool(s.url, { connections: CONCURRENCY, pipelining: 1, keepAliveTimeout: 30_000 });
   });
   afterAll(async () => {

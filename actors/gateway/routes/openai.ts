@@ -4,7 +4,6 @@ import { EngineRequestError } from '../../../cluster/engine-client.js';
 import { completeOnce, prepare, type ChatDeps } from '../chat.js';
 import { streamCompletion, type SseSink } from '../chat-stream.js';
 import { sendError, sendReefError } from '../http-errors.js';
-import { parseChatRequest } from '../openai-schema.js';
 import { canSee, type Principal } from '../auth.js';
 import { SCENARIO_RE } from '../store/rows.js';
 
@@ -33,30 +32,39 @@ export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts:
     data: [{ id: deps.modelName, object: 'model', created: 0, owned_by: 'reef', max_model_len: deps.tokenizer.contextLength }],
   }));
 
-  app.post('/v1/chat/completions', async (request, reply) => {
-    const principal = opts.principalOf(request);
-    const parsed = parseChatRequest(request.body);
-    if (!parsed.ok) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', parsed.issue.message, { param: parsed.issue.param });
-    const scenario = scenarioOf(request, opts.defaultScenario);
-    if (!SCENARIO_RE.test(scenario)) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `x-reef-scenario ${JSON.stringify(scenario)} is not a valid scenario name ([a-z0-9][a-z0-9._-]{0,63})`, { param: 'x-reef-scenario' });
-    if (!canSee(principal, scenario)) return sendReefError(reply, new ReefError('REEF_ERR_FORBIDDEN', { scenario }));
-    if (!principal.limiter.tryAcquire()) {
-      return sendError(reply, 'REEF_ERR_RATE_LIMITED', new ReefError('REEF_ERR_RATE_LIMITED', { limit: principal.limiter.limit }).message, { retryAfterS: 1 });
-    }
-    deps.metrics.inflightCount++;
-    try {
-      const tags = tagsOf(request.headers);
-      const ctx = { scenario, tags, sessionKey: tags['session'] ? `${scenario}\u0000${tags['session']}` : null, startedAt: Date.now() };
-      const p = await prepare(deps, parsed.value, ctx);
-      if (parsed.value.stream) return await stream(deps, p, request, reply);
-      const { recordId, body } = await completeOnce(deps, p);
-      return reply.header('x-reef-agent-record-id', recordId).send(body);
-    } catch (err) {
-      return replyWithError(reply, err);
-    } finally {
-      deps.metrics.inflightCount--;
-      principal.limiter.release();
-    }
+  // Chat completions take their body as raw bytes: parsing, validation and serialisation happen
+  // on the tokenizer worker that also renders the prompt (tokenize/prepare.ts), so an
+  // OpenClaw-sized transcript never costs the event loop a parse or a structured clone. The
+  // parser is scoped to this plugin; every other route keeps fastify's JSON parser.
+  void app.register(async (scope) => {
+    scope.removeContentTypeParser('application/json');
+    scope.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => done(null, body));
+    scope.post('/v1/chat/completions', async (request, reply) => {
+      const principal = opts.principalOf(request);
+      // text/plain arrives as a string (fastify's text parser): not a request object.
+      if (!(request.body instanceof Uint8Array)) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'body: request body must be a JSON object');
+      const scenario = scenarioOf(request, opts.defaultScenario);
+      if (!SCENARIO_RE.test(scenario)) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `x-reef-scenario ${JSON.stringify(scenario)} is not a valid scenario name ([a-z0-9][a-z0-9._-]{0,63})`, { param: 'x-reef-scenario' });
+      if (!canSee(principal, scenario)) return sendReefError(reply, new ReefError('REEF_ERR_FORBIDDEN', { scenario }));
+      if (!principal.limiter.tryAcquire()) {
+        return sendError(reply, 'REEF_ERR_RATE_LIMITED', new ReefError('REEF_ERR_RATE_LIMITED', { limit: principal.limiter.limit }).message, { retryAfterS: 1 });
+      }
+      deps.metrics.inflightCount++;
+      try {
+        const tags = tagsOf(request.headers);
+        const ctx = { scenario, tags, sessionKey: tags['session'] ? `${scenario}\u0000${tags['session']}` : null, startedAt: Date.now() };
+        const p = await prepare(deps, request.body, ctx);
+        if (!('id' in p)) return sendError(reply, p.code, p.message, { param: p.param });
+        if (p.stream) return await stream(deps, p, request, reply);
+        const { recordId, body } = await completeOnce(deps, p);
+        return reply.header('x-reef-agent-record-id', recordId).send(body);
+      } catch (err) {
+        return replyWithError(reply, err);
+      } finally {
+        deps.metrics.inflightCount--;
+        principal.limiter.release();
+      }
+    });
   });
 }
 

@@ -54,8 +54,12 @@ export interface AgentRecord extends RecordSummary {
   topkLogprobs: Float32Array;
 }
 
-/** What `append` takes: a record without its offset; the id is generated when absent. */
-export type NewRecord = Omit<AgentRecord, 'id' | 'offset'> & { id?: string };
+/**
+ * What `append` takes: a record without its offset; the id is generated when absent. `request`
+ * may come already serialised as the JSON of a `RecordRequest` (the gateway's tokenizer workers
+ * write it next to the prompt ids, so the event loop never serialises a transcript).
+ */
+export type NewRecord = Omit<AgentRecord, 'id' | 'offset' | 'request'> & { id?: string; request: RecordRequest | string };
 
 export interface Receipt {
   id: string;

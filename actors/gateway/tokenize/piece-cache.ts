@@ -14,11 +14,21 @@ export interface PieceCacheStats {
  * insertion order, so re-inserting on a hit makes the first key the least recently used.
  *
  * Pieces are their own keys. A digest key was tried first: hashing OpenClaw's 34k-character system
- * block cost ~45 µs per render, while a Map lookup of the text itself costs ~7 µs, because V8
- * hashes a string that long by its length alone and then compares candidates with memcmp. The
- * key is `'s' + piece`, a new string that V8 flattens when it hashes it, so a cached key never
- * keeps the whole rendered prompt it was sliced from alive.
+ * block cost ~45 µs per render, while a Map lookup of the text itself costs a few µs, because V8
+ * hashes a string that long by its length alone and then compares candidates with memcmp. A
+ * lookup allocates nothing; only a miss stores a flat copy of the piece (`ownCopy`), so a cached
+ * key never keeps alive the whole rendered prompt it was sliced from.
  */
+/**
+ * A string with its own storage. `piece` is usually a slice of the rendered prompt, and V8 keeps a
+ * slice's parent alive; slicing a concatenation makes V8 flatten it into a new string first, so the
+ * result points into that copy (one character longer) instead of into the prompt.
+ */
+function ownCopy(piece: string): string {
+  // V8 copies substrings shorter than 13 characters anyway (its minimum slice length).
+  return piece.length < 13 ? piece : (' ' + piece).slice(1);
+}
+
 export class PieceCache {
   private readonly map = new Map<string, Int32Array>();
   private held = 0;
@@ -36,16 +46,16 @@ export class PieceCache {
   }
 
   getOrEncode(piece: string, encode: (piece: string) => Int32Array): Int32Array {
-    const key = 's' + piece;
-    const found = this.map.get(key);
+    const found = this.map.get(piece);
     if (found) {
       this.counts.hits++;
-      this.map.delete(key);
-      this.map.set(key, found);
+      this.map.delete(piece);
+      this.map.set(piece, found);
       return found;
     }
     this.counts.misses++;
     const ids = encode(piece);
+    const key = ownCopy(piece);
     const cost = PieceCache.cost(key, ids);
     if (cost > this.maxUnits) return ids;
     this.map.set(key, ids);

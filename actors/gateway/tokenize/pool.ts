@@ -6,6 +6,7 @@ import { isErrorCode, ReefError } from '../../runtime/errors.js';
 import type { RenderOptions, RenderResult, ChatTokenizerStats } from './chat-tokenizer.js';
 import { loadModelFiles } from './model-files.js';
 import type { TemplateMessage } from './normalize.js';
+import type { PreparedChat, PrepareParams, RefusedChat } from './prepare.js';
 import type { WorkerFailure, WorkerTask } from './worker.js';
 
 export interface TokenizerPoolOptions {
@@ -85,6 +86,16 @@ export class TokenizerPool {
     const { sessionKey = null, ...renderOpts } = opts;
     const task: WorkerTask = { op: 'render', messages, tools, opts: renderOpts };
     return (await this.run(task, sessionKey)) as RenderResult;
+  }
+
+  /**
+   * Parses, validates, renders and tokenizes a raw chat-completion body on a worker (see
+   * prepare.ts). The body is copied to the worker; the answer's arrays are moved back.
+   */
+  async prepare(body: Uint8Array, params: PrepareParams & { sessionKey?: string | null }): Promise<PreparedChat | RefusedChat> {
+    const { sessionKey = null, ...rest } = params;
+    const task: WorkerTask = { op: 'prepare', body, ...rest };
+    return (await this.run(task, sessionKey)) as PreparedChat | RefusedChat;
   }
 
   async decode(ids: ArrayLike<number>, opts: { skipSpecialTokens?: boolean } = {}): Promise<string> {

@@ -1,0 +1,121 @@
+import type { GenerateRequest } from '../../../cluster/engine-client.js';
+import { generateBody } from '../../../cluster/generate-body.js';
+import { ReefError, type ErrorCode } from '../../runtime/errors.js';
+import { inspectParsedJson, MAX_JSON_DEPTH } from '../json-depth.js';
+import { parseChatRequest } from '../openai-schema.js';
+import type { ChatTokenizer } from './chat-tokenizer.js';
+import { normalizeMessages } from './normalize.js';
+
+/**
+ * A chat-completion request, from its raw body to what the gateway sends and records. This runs
+ * on a tokenizer worker: the event loop hands over the body bytes and gets back the prompt ids,
+ * the engine's `/generate` body and the request's record JSON, so an OpenClaw-sized request
+ * (40 KB of JSON, 20k+ prompt ids) costs the event loop a copy instead of a parse, a validation,
+ * a structured clone of the transcript, and two serialisations.
+ */
+
+export interface PrepareParams {
+  /** The record id, which is also the engine request's `rid`. */
+  rid: string;
+  /** K of the recorded top-K. */
+  topK: number;
+  /** max_new_tokens when the client sets none (capped by the context). */
+  defaultMaxTokens: number;
+}
+
+export interface PreparedChat {
+  ok: true;
+  promptIds: Int32Array;
+  /** The `/generate` body (UTF-8 JSON) with `stream` as the client asked. */
+  engineBody: Uint8Array;
+  /** `{messages, tools, params}` as the record stores it. */
+  requestJson: string;
+  /** The prompt ends inside an open thinking block, so output starts as reasoning. */
+  startsInThinking: boolean;
+  model: string | null;
+  stream: boolean;
+  includeUsage: boolean;
+}
+
+/** A request the gateway refuses: the OpenAI error to answer with (status from the code). */
+export interface RefusedChat {
+  ok: false;
+  code: ErrorCode;
+  message: string;
+  param: string | null;
+}
+
+const utf8 = new TextDecoder();
+
+function refuse(code: ErrorCode, message: string, param: string | null = null): RefusedChat {
+  return { ok: false, code, message, param };
+}
+
+function parseBody(body: Uint8Array): { json: unknown } | RefusedChat {
+  let json: unknown;
+  try {
+    json = JSON.parse(utf8.decode(body));
+  } catch (err) {
+    return refuse('REEF_ERR_BODY', `request body is not valid JSON: ${(err as Error).message}`);
+  }
+  if (json === null || typeof json !== 'object') return { json };
+  switch (inspectParsedJson(json, MAX_JSON_DEPTH)) {
+    case 'too-deep':
+      return refuse('REEF_ERR_BODY', `request body is nested more than ${MAX_JSON_DEPTH} levels deep`);
+    case 'prototype-key':
+      return refuse('REEF_ERR_BODY', 'request body is not valid JSON: Object contains forbidden prototype property');
+    default:
+      return { json };
+  }
+}
+
+export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: PrepareParams): PreparedChat | RefusedChat {
+  const parsedBody = parseBody(body);
+  if ('ok' in parsedBody) return parsedBody;
+  const parsed = parseChatRequest(parsedBody.json);
+  if (!parsed.ok) return refuse('REEF_ERR_INVALID_ARGUMENT', parsed.issue.message, parsed.issue.param);
+  const req = parsed.value;
+  const tools = req.tools && req.tools.length > 0 ? req.tools : null;
+
+  let ids: Int32Array;
+  let text: string;
+  try {
+    ({ ids, text } = tokenizer.render(normalizeMessages(req.messages), tools));
+  } catch (err) {
+    if (err instanceof ReefError) return refuse(err.code, err.message);
+    return refuse('REEF_ERR_INVALID_ARGUMENT', `cannot render the chat template: ${(err as Error).message}`);
+  }
+
+  const ctxLen = tokenizer.contextLength ?? 32_768;
+  const asked = req.max_completion_tokens ?? req.max_tokens ?? null;
+  const room = ctxLen - ids.length;
+  if (room <= 0 || (asked !== null && asked > room)) {
+    const e = new ReefError('REEF_ERR_CONTEXT_LENGTH', { promptTokens: ids.length, maxTokens: asked ?? 1, contextLength: ctxLen });
+    return refuse(e.code, e.message);
+  }
+  const stop = req.stop == null ? null : Array.isArray(req.stop) ? req.stop : [req.stop];
+  const engineReq: GenerateRequest = {
+    input_ids: ids,
+    sampling_params: {
+      max_new_tokens: Math.min(asked ?? params.defaultMaxTokens, room),
+      temperature: req.temperature ?? 1.0,
+      top_p: req.top_p ?? 1.0,
+      stop,
+      ...(req.seed != null ? { sampling_seed: req.seed } : {}),
+    },
+    return_logprob: true,
+    top_logprobs_num: params.topK,
+    rid: params.rid,
+  };
+  const { messages, tools: toolList, ...rest } = req;
+  return {
+    ok: true,
+    promptIds: ids,
+    engineBody: generateBody(engineReq, req.stream === true),
+    requestJson: JSON.stringify({ messages, tools: toolList ?? null, params: rest }),
+    startsInThinking: text.lastIndexOf('<think>') > text.lastIndexOf('</think>'),
+    model: req.model ?? null,
+    stream: req.stream === true,
+    includeUsage: req.stream_options?.include_usage === true,
+  };
+}
