@@ -27,15 +27,15 @@ export type RecordRow = (string | number | Buffer | null)[];
 export const INSERT_RECORD_SQL = `INSERT INTO records (id, scenario, status, started_at, finished_at, latency_ms, engine,
   weight_version, finish_reason, prompt_tokens, completion_tokens, top_k, error, tags, request, response,
   prompt_ids, output_ids, logprobs, topk_ids, topk_logprobs)
-  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`;
+  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, CAST(? AS TEXT), ?, ?, ?, ?, ?, ?)`;
 
 export const SUMMARY_COLUMNS = `seq, id, scenario, status, started_at, finished_at, latency_ms, engine, weight_version,
   finish_reason, prompt_tokens, completion_tokens, top_k, error, tags, request, response`;
 export const FULL_COLUMNS = `${SUMMARY_COLUMNS}, prompt_ids, output_ids, logprobs, topk_ids, topk_logprobs`;
 
-/** A copy of the array's bytes: the caller may reuse its array before the commit runs. */
-function blob(arr: Int32Array | Float32Array): Buffer {
-  return Buffer.from(new Uint8Array(arr.buffer, arr.byteOffset, arr.byteLength));
+/** The array's bytes, not copied: `append` owns the arrays it is given (see NewRecord). */
+function blob(arr: Int32Array | Float32Array | Uint8Array): Buffer {
+  return Buffer.from(arr.buffer, arr.byteOffset, arr.byteLength);
 }
 
 function typed<T>(value: unknown, ctor: abstract new (...args: never[]) => T, field: string): T {
@@ -63,10 +63,19 @@ function text(value: unknown, field: string, nullable: boolean): string | null {
  * The request column. Serialised requests come from the gateway's own workers, so the check is of
  * shape, not a re-parse: parsing 40 KB per record is the cost the workers exist to save.
  */
-function requestText(request: NewRecord['request']): string {
+const REQUEST_HEAD = '{"messages":[';
+const REQUEST_HEAD_BYTES = Buffer.from(REQUEST_HEAD);
+
+/** Text, or UTF-8 bytes that the INSERT casts to text (`CAST(? AS TEXT)`) without a JS string. */
+function requestText(request: NewRecord['request']): string | Buffer {
   if (typeof request === 'string') {
-    if (!request.startsWith('{"messages":[')) throw invalid('record.request as text must be the JSON of {messages, tools, params}');
+    if (!request.startsWith(REQUEST_HEAD)) throw invalid('record.request as text must be the JSON of {messages, tools, params}');
     return request;
+  }
+  if (request instanceof Uint8Array) {
+    const bytes = blob(request);
+    if (!bytes.subarray(0, REQUEST_HEAD_BYTES.length).equals(REQUEST_HEAD_BYTES)) throw invalid('record.request as bytes must be the UTF-8 JSON of {messages, tools, params}');
+    return bytes;
   }
   if (request === null || typeof request !== 'object' || !Array.isArray(request.messages)) {
     throw invalid('record.request must be {messages, tools, params}');

@@ -38,6 +38,17 @@ describe('SqliteStore records', () => {
     expect(got!.topkIds).toHaveLength(0);
   });
 
+  it('takes the request already serialised, as text or UTF-8 bytes, and reads it back as the object', async () => {
+    const input = sampleRecord(7);
+    const request = { messages: [{ role: 'user', content: 'héllo 👋 "quoted"' }], tools: null, params: { max_tokens: 3 } };
+    const asText = await store.append({ ...input, request: JSON.stringify(request) });
+    const asBytes = await store.append({ ...input, request: new TextEncoder().encode(JSON.stringify(request)) });
+    for (const { id } of [asText, asBytes]) expect((await store.get(id))!.request).toEqual(request);
+    for (const bad of ['{"prompt": "x"}', new TextEncoder().encode('[1, 2]')]) {
+      await expect(store.append({ ...input, request: bad })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT', message: expect.stringMatching(/record\.request/) });
+    }
+  });
+
   it('rejects a duplicate id with REEF_ERR_CONFLICT without failing its batch neighbours', async () => {
     const first = await store.append(sampleRecord(1));
     const results = await Promise.allSettled([

@@ -56,10 +56,12 @@ export interface AgentRecord extends RecordSummary {
 
 /**
  * What `append` takes: a record without its offset; the id is generated when absent. `request`
- * may come already serialised as the JSON of a `RecordRequest` (the gateway's tokenizer workers
- * write it next to the prompt ids, so the event loop never serialises a transcript).
+ * may come already serialised as the JSON of a `RecordRequest`, text or UTF-8 bytes (the
+ * gateway's tokenizer workers write it next to the prompt ids, so the event loop never serialises
+ * a transcript). The store takes ownership of the typed arrays: it binds them without a copy, so
+ * the caller must not change them after `append`.
  */
-export type NewRecord = Omit<AgentRecord, 'id' | 'offset' | 'request'> & { id?: string; request: RecordRequest | string };
+export type NewRecord = Omit<AgentRecord, 'id' | 'offset' | 'request'> & { id?: string; request: RecordRequest | string | Uint8Array };
 
 export interface Receipt {
   id: string;
