@@ -18,6 +18,7 @@ import {
   type StatusReply,
   type TrainerSpec,
   type TrainerStartReply,
+  type TrainerPushWeightsReply,
   type TrainerStepReply,
   type TrainTask,
 } from './messages.js';
@@ -63,6 +64,8 @@ export function defaultTimeoutMs<T extends BridgeRequestType>(type: T, fields: R
       return 600_000; // a batch of 16 long turns on a real model takes minutes
     case 'trainer-load':
       return 120_000;
+    case 'trainer-push-weights':
+      return 420_000; // the shim's own limit is 300 s for the engine plus 60 s for the ranks
     default:
       return 60_000;
   }
@@ -178,6 +181,15 @@ export class BridgeClient {
   /** Load policy weights from a checkpoint directory (the optimizer starts afresh); its weight version. */
   async trainerLoad(checkpointPath: string, opts: CallOptions = {}): Promise<string> {
     return (await this.call('trainer-load', { checkpointPath }, opts)).weightVersion;
+  }
+
+  /**
+   * Push the trainer's weights into a running engine (SGLang's `update_weights_from_distributed`).
+   * A refused or broken push is REEF_ERR_WEIGHT_SYNC (retryable) and leaves the trainer running;
+   * the engine keeps serving its previous weights unless a multi-bucket push broke part-way.
+   */
+  trainerPushWeights(engineUrl: string, weightVersion: string, opts: CallOptions = {}): Promise<TrainerPushWeightsReply> {
+    return this.call('trainer-push-weights', { engineUrl, weightVersion }, opts);
   }
 
   /** Stop the rank actors; a no-op when none run. */

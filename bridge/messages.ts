@@ -166,6 +166,12 @@ export const TrainerStartRequest = request('trainer-start', { spec: TrainerSpec 
 /** Idempotent by `batchId`: a batch already trained answers its stored result, `trained: false`. */
 export const TrainerStepRequest = request('trainer-step', { batchId: z.string(), tasks: z.array(TrainTask) });
 export const TrainerLoadRequest = request('trainer-load', { checkpointPath: z.string() });
+/**
+ * Gather the trainer's full weights and push them into the engine at `engineUrl` with SGLang's
+ * distributed weight update (gloo on CPU, NCCL on GPU). `weightVersion` must be the version the
+ * trainer holds; the engine serves it once the push is done.
+ */
+export const TrainerPushWeightsRequest = request('trainer-push-weights', { engineUrl: z.string(), weightVersion: z.string() });
 export const TrainerStopRequest = request('trainer-stop', {});
 
 export const BridgeRequest = z.discriminatedUnion('type', [
@@ -181,6 +187,7 @@ export const BridgeRequest = z.discriminatedUnion('type', [
   TrainerStartRequest,
   TrainerStepRequest,
   TrainerLoadRequest,
+  TrainerPushWeightsRequest,
   TrainerStopRequest,
 ]);
 export type BridgeRequest = z.infer<typeof BridgeRequest>;
@@ -213,6 +220,7 @@ export const TrainerStepReply = ok({
   trained: z.boolean(),
 });
 export const TrainerLoadReply = ok({ weightVersion: z.string() });
+export const TrainerPushWeightsReply = ok({ weightVersion: z.string(), backend: z.enum(['gloo', 'nccl']), bytes: int(), seconds: z.number() });
 export const TrainerStopReply = ok({});
 
 /** The ok reply schema of each request type. */
@@ -229,6 +237,7 @@ export const REPLY_SCHEMAS = {
   'trainer-start': TrainerStartReply,
   'trainer-step': TrainerStepReply,
   'trainer-load': TrainerLoadReply,
+  'trainer-push-weights': TrainerPushWeightsReply,
   'trainer-stop': TrainerStopReply,
 } as const satisfies Record<BridgeRequestType, z.ZodType>;
 
@@ -238,6 +247,7 @@ export type InitRayReply = ReplyOf<'init-ray'>;
 export type StatusReply = ReplyOf<'status'>;
 export type TrainerStartReply = ReplyOf<'trainer-start'>;
 export type TrainerStepReply = ReplyOf<'trainer-step'>;
+export type TrainerPushWeightsReply = ReplyOf<'trainer-push-weights'>;
 
 export const ErrorReply = z.strictObject({
   type: z.literal('error'),

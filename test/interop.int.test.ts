@@ -88,6 +88,7 @@ const TS_SAMPLES: Sample[] = [
   req('trainer-step', { batchId: 'support:openclawrl:3', tasks: [trainTask, { ...trainTask, teacherPromptIds: [], weightVersion: 'v2', reward: 0.5 }] }),
   req('trainer-step', { batchId: 'b', tasks: [] }),
   req('trainer-load', { checkpointPath: '/data/ckpt/v2' }),
+  req('trainer-push-weights', { engineUrl: 'http://10.0.0.7:30000', weightVersion: 'v3' }),
   req('trainer-stop'),
   ok('ping', { pid: 123_456, version: '0.1.0', rayConnected: true }),
   ok('init-ray', { address: '127.0.0.1:6379', startedHead: false, resources }),
@@ -108,6 +109,7 @@ const TS_SAMPLES: Sample[] = [
   ok('trainer-start', { worldSize: 2, device: 'cpu', pids: [101, 102], weightVersion: 'v0' }),
   ok('trainer-step', { batchId: 'support:openclawrl:3', weightVersion: 'v3', checkpointPath: '/data/ckpt/v3', metrics: { loss: -0.25, tokens: 72, train_rollout_logprob_abs_diff: 1.5e-7 }, stepMs: 812.5, trained: true }),
   ok('trainer-load', { weightVersion: 'v2' }),
+  ok('trainer-push-weights', { weightVersion: 'v3', backend: 'gloo', bytes: 2 ** 33, seconds: 0.0625 }),
   ok('trainer-stop'),
   { schema: 'error', message: { type: 'error', requestId: null, code: 'REEF_ERR_BAD_MESSAGE', message: 'malformed message: not msgpack', retryable: false } },
   { schema: 'error', message: { type: 'error', requestId: 'r-9', code: 'REEF_ERR_FROM_THE_FUTURE', message: 'ünknown', retryable: true } },
@@ -127,6 +129,8 @@ const BROKEN: Array<[Sample, string]> = [
   [req('trainer-start', { spec: { ...trainerSpec, options: { ...trainOptions, betas: [0.9, 0.98, 0.5] } } }), 'trainer-start.spec.options.betas: expected 2 items'],
   [req('trainer-start', { spec: { ...trainerSpec, options: { ...trainOptions, beta1: 0.9 } } }), 'trainer-start.spec.options: unknown key(s) beta1'],
   [ok('trainer-step', { batchId: 'b', weightVersion: 'v1', checkpointPath: '/c', metrics: { loss: 'nan' }, stepMs: 1, trained: true }), 'trainer-step reply.metrics.loss: expected a finite number'],
+  [req('trainer-push-weights', { engineUrl: 'http://e', weightVersion: null }), 'trainer-push-weights.weightVersion: expected a string'],
+  [ok('trainer-push-weights', { weightVersion: 'v1', backend: 'mpi', bytes: 1, seconds: 1 }), "trainer-push-weights reply.backend: expected 'gloo' | 'nccl', got 'mpi'"],
 ];
 
 function zodCheck(sample: Sample): { success: boolean; error?: unknown } {

@@ -52,6 +52,7 @@ export const ERRORS = {
   REEF_ERR_CHAT_TEMPLATE: { message: 'chat template failed: {reason}', status: 400, retryable: false, type: 'invalid_request_error' },
   REEF_ERR_TRAINER: { message: 'trainer: {reason}', status: null, retryable: false, type: 'server_error' },
   REEF_ERR_TRAINER_RANK: { message: 'trainer rank {rank} failed: {reason}', status: null, retryable: true, type: 'server_error' },
+  REEF_ERR_WEIGHT_SYNC: { message: 'weight sync into {engine} failed: {reason}', status: null, retryable: true, type: 'server_error' },
 } as const satisfies Record<string, ErrorSpec>;
 
 export type ErrorCode = keyof typeof ERRORS;

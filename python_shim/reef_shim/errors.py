@@ -23,6 +23,7 @@ RETRYABLE: dict[str, bool] = {
     "REEF_ERR_INVALID_ARGUMENT": False,
     "REEF_ERR_TRAINER": False,
     "REEF_ERR_TRAINER_RANK": True,
+    "REEF_ERR_WEIGHT_SYNC": True,
 }
 
 

@@ -297,6 +297,7 @@ REQUEST_FIELDS: dict[str, dict[str, Schema]] = {
     "trainer-start": {"spec": TRAINER_SPEC},
     "trainer-step": {"batchId": Str(), "tasks": ListOf(TRAIN_TASK)},
     "trainer-load": {"checkpointPath": Str()},
+    "trainer-push-weights": {"engineUrl": Str(), "weightVersion": Str()},
     "trainer-stop": {},
 }
 
@@ -315,6 +316,7 @@ REPLY_FIELDS: dict[str, dict[str, Schema]] = {
     "trainer-step": {"batchId": Str(), "weightVersion": Str(), "checkpointPath": Str(), "metrics": MapOf(Num()),
                      "stepMs": Num(), "trained": Bool()},
     "trainer-load": {"weightVersion": Str()},
+    "trainer-push-weights": {"weightVersion": Str(), "backend": Lit("gloo", "nccl"), "bytes": Int(), "seconds": Num()},
     "trainer-stop": {},
 }
 

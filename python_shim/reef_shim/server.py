@@ -67,6 +67,7 @@ class ShimServer:
             "trainer-start": lambda m: self.trainer.start(m["spec"]),
             "trainer-step": lambda m: self.trainer.step(m["batchId"], m["tasks"]),
             "trainer-load": lambda m: self.trainer.load(m["checkpointPath"]),
+            "trainer-push-weights": lambda m: self.trainer.push_weights(m["engineUrl"], m["weightVersion"]),
             "trainer-stop": lambda m: self.trainer.stop(),
         }
 

@@ -160,6 +160,47 @@ def test_a_rank_killed_mid_step_fails_retryably_and_the_retry_trains_once(
     assert sorted(p.name for p in ckpt.iterdir() if not p.name.startswith(".")) == [LEDGER, "v1", "v2"]
 
 
+def test_a_trained_step_pushed_into_a_running_engine_serves_what_its_checkpoint_serves(
+        driver: RayDriver, model: Path, tasks: list[dict[str, Any]], tmp_path: Path) -> None:
+    from test_hf_server import launch
+
+    probe = {"input_ids": list(torch.frombuffer(bytearray(tasks[0]["promptIds"]), dtype=torch.int32).tolist()),
+             "return_logprob": True, "top_logprobs_num": 4,
+             "sampling_params": {"max_new_tokens": 12, "temperature": 0.8, "sampling_seed": 5, "ignore_eos": True}}
+    group = TrainerGroup(driver)
+    with launch(model, tmp_path / "engine.log", "--weight-version", "v0", "--weight-sync-timeout-s", "60") as eng:
+        try:
+            group.start(spec(str(model), str(tmp_path / "ckpt"), lr=LR))
+            base = eng.generate(**probe)
+            with pytest.raises(ShimError) as unknown:
+                group.push_weights(eng.url, "v1")  # the ranks still hold v0
+            assert unknown.value.code == "REEF_ERR_INVALID_ARGUMENT" and "holds v0" in unknown.value.message
+            step = group.step("s:openclawrl:1", tasks)
+            pushed = group.push_weights(eng.url, "v1")
+            served = eng.generate(**probe)
+            # An engine that is not there: a retryable sync error, and the group stays usable.
+            with pytest.raises(ShimError) as gone:
+                group.push_weights("http://127.0.0.1:9", "v1")
+            assert gone.value.code == "REEF_ERR_WEIGHT_SYNC" and gone.value.retryable
+            again = group.push_weights(eng.url, "v1")
+        finally:
+            group.stop()
+        assert pushed["weightVersion"] == "v1" and pushed["backend"] == "gloo"
+        # The tied lm_head travels once, as the embedding: the bytes of the checkpoint's tensors.
+        assert pushed["bytes"] == sum(t.numel() * t.element_size()
+                                      for t in load_file(str(Path(step["checkpointPath"]) / "model.safetensors")).values())
+        assert again["bytes"] == pushed["bytes"]
+        assert served["meta_info"]["weight_version"] == "v1"
+        assert served["output_ids"] != base["output_ids"] or (
+            served["meta_info"]["output_token_logprobs"] != base["meta_info"]["output_token_logprobs"])
+        status, r = eng.call("/update_weights_from_disk", {"model_path": step["checkpointPath"], "weight_version": "v1-disk"})
+        assert status == 200 and r["success"], r
+        from_disk = eng.generate(**probe)
+    for key in ("output_token_logprobs", "output_top_logprobs"):
+        assert from_disk["meta_info"][key] == served["meta_info"][key]
+    assert from_disk["output_ids"] == served["output_ids"]
+
+
 def test_start_and_load_refuse_what_they_cannot_use(driver: RayDriver, model: Path, tmp_path: Path) -> None:
     group = TrainerGroup(driver)
     with pytest.raises(ShimError, match="not started"):

@@ -24,6 +24,7 @@ log = logging.getLogger("reef_shim.trainer")
 
 BASE_VERSION = "v0"  # the base model's weights, before any step
 SETUP_TIMEOUT_S = 600.0
+PUSH_TIMEOUT_S = 300.0  # rank 0 gives up on the engine after this; the ranks are waited on a minute longer
 CRASH_HOOK_ENV = "REEF_TRAINER_TEST_CRASH"
 
 
@@ -160,6 +161,23 @@ class TrainerGroup:
         self._version = checkpoint_version(path)
         log.info("trainer: loaded %s (%s); optimizer state reset", path, self._version)
         return {"weightVersion": self._version}
+
+    def push_weights(self, engine_url: str, weight_version: str) -> dict[str, Any]:
+        """Gather the policy's full weights and push them into the engine at `engine_url`."""
+        self._require()
+        if weight_version != self._version:
+            # The label must be what the ranks hold: after a restart they may hold an older release.
+            raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"trainer-push-weights: the trainer holds {self._version}, "
+                            f"not {weight_version}")
+        master = self._gather([self._ranks[0].rendezvous.remote()], "rendezvous", SETUP_TIMEOUT_S)[0]
+        refs = [r.push_weights.remote(engine_url, weight_version, master, PUSH_TIMEOUT_S) for r in self._ranks]
+        first = self._gather(refs, f"trainer-push-weights {weight_version}", PUSH_TIMEOUT_S + 60)[0]
+        if first["error"]:
+            raise ShimError("REEF_ERR_WEIGHT_SYNC", f"weight sync into {engine_url} failed: {first['error']}")
+        log.info("trainer-push-weights %s → %s: %.1f MB over %s in %.2f s", weight_version, engine_url,
+                 first["bytes"] / 1e6, first["backend"], first["seconds"])
+        return {"weightVersion": weight_version, "backend": first["backend"], "bytes": first["bytes"],
+                "seconds": first["seconds"]}
 
     # --- waiting on ranks -----------------------------------------------------------------------
 

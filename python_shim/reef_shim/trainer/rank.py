@@ -158,6 +158,29 @@ class TrainerRank:
         # A collective: every rank takes part, only rank 0 ends up holding the (CPU) tensors.
         return get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
+    def push_weights(self, engine_url: str, weight_version: str, master: tuple[str, int],
+                     timeout_s: float) -> dict[str, Any]:
+        """Every rank helps gather the full weights; rank 0 pushes them into the engine
+        (`weight_push.py`). A failed push is reported, not raised: it breaks no rank."""
+        started = time.monotonic()
+        state = self._full_state()
+        if self.rank != 0:
+            return {"error": None}
+        from .weight_push import WeightPusher, engine_workers
+
+        if getattr(self.teacher.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)  # the same tensor as the embedding; engines update it through that
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        pusher = WeightPusher(engine_url, backend, master, engine_workers(engine_url), timeout_s=timeout_s)
+        try:
+            pusher.connect()
+            sent = pusher.push(state.items(), weight_version)
+        except Exception as e:  # WeightPushError, or what torch/HTTP raised on the way
+            return {"error": f"{type(e).__name__}: {e}", "backend": backend}
+        finally:
+            pusher.close()
+        return {"error": None, "backend": backend, "bytes": sent, "seconds": time.monotonic() - started}
+
     def load(self, path: str) -> None:
         """Policy weights from a checkpoint directory; the optimizer starts afresh (docs/training.md)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict

@@ -121,12 +121,32 @@ class WeightPusher:
             "master_address": self.master[0], "master_port": self.master[1], "rank_offset": 1,
             "world_size": self.world, "group_name": self.group_name, "backend": self.backend}, self.timeout_s)
         call.start()
-        try:
-            self.group = join_group(self.master[0], self.master[1], 0, self.world, self.group_name, self.backend,
-                                    self.timeout_s)
-        except Exception as e:
+        # Rank 0 hosts the rendezvous and waits there for the engine's ranks; an engine that is gone
+        # or refuses never comes, so the join runs aside and the call's answer is watched instead.
+        joined: dict[str, Any] = {}
+
+        def join() -> None:
+            try:
+                joined["group"] = join_group(self.master[0], self.master[1], 0, self.world, self.group_name,
+                                             self.backend, self.timeout_s)
+            except BaseException as e:  # read below
+                joined["error"] = e
+
+        joiner = threading.Thread(target=join, daemon=True, name="weight-group-join")
+        joiner.start()
+        deadline = time.monotonic() + self.timeout_s
+        while joiner.is_alive():
             why = call.failure()
-            raise WeightPushError(f"init_weights_update_group: {why or e}") from e
+            if why is None and time.monotonic() > deadline:
+                why = f"no group within {self.timeout_s:.0f} s"
+            if why is not None:
+                # The joiner times out on its own; the group it might still form is never used.
+                raise WeightPushError(f"init_weights_update_group: {why}")
+            joiner.join(0.01)
+        if "error" in joined:
+            why = call.failure()
+            raise WeightPushError(f"init_weights_update_group: {why or joined['error']}") from joined["error"]
+        self.group = joined["group"]
         call.finish("init_weights_update_group", self.timeout_s)
 
     def push(self, tensors: Iterable[tuple[str, torch.Tensor]], weight_version: str) -> int:
