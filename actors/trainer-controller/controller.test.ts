@@ -26,6 +26,7 @@ function world(dir: string) {
   const published: string[] = [];
   let version = 0;
   let failNext = 0;
+  let pushFails = 0;
   const ports: ControllerPorts = {
     readJudged: async (offset, limit) => log.filter((r) => r.offset >= offset).slice(0, limit),
     getRecord: async (id) => records.get(id) ?? null,
@@ -53,8 +54,16 @@ function world(dir: string) {
         return result;
       },
     },
-    publish: async (_path, v) => {
+    // Like the wiring with weight_sync: distributed: releases are pushed, rollbacks loaded from disk,
+    // and a push that fails falls back to disk.
+    publish: async (_path, v, kind) => {
       published.push(v);
+      if (kind === 'rollback') return { sync: 'disk', fallback: null };
+      if (pushFails > 0) {
+        pushFails--;
+        return { sync: 'disk', fallback: 'engine refused' };
+      }
+      return { sync: 'distributed', fallback: null };
     },
     correlation: async () => ({ bound: log.length }),
     log: () => {},
@@ -63,7 +72,7 @@ function world(dir: string) {
     records.set(id, rec(id, wv));
     log.push({ offset: log.length + 1, scenario: 's', turnRecordId: id, decision, reward, hints: [], counters: [`eval:${reward}`] });
   };
-  return { ports, log, add, durable, stepsRun, published, failNext: (n: number) => (failNext = n) };
+  return { ports, log, add, durable, stepsRun, published, failNext: (n: number) => (failNext = n), pushFails: (n: number) => (pushFails = n) };
 }
 
 const opts = (dir: string) => ({ batchSize: 2, maxStaleness: 1, recordFile: join(dir, 'prm.jsonl'), keepCheckpoints: 2, baseModelPath: join(dir, 'base'), maxAttempts: 3 });
@@ -137,11 +146,23 @@ describe('TrainerController', () => {
     const c = new TrainerController(w.ports, opts(dir), 0, null);
     await c.tick();
     const back = await c.rollback(null);
-    expect([back.weightVersion, back.rollbackOf, back.parent]).toEqual(['v1', 'release-1', 'v2']);
+    expect([back.weightVersion, back.rollbackOf, back.parent, back.sync]).toEqual(['v1', 'release-1', 'v2', 'disk']);
     expect(w.published.at(-1)).toBe('v1');
     const base = await c.rollback('base');
     expect(base.weightVersion).toBe('base');
     await expect(c.rollback('release-99')).rejects.toMatchObject({ code: 'REEF_ERR_NOT_FOUND' });
+  });
+
+  it('records which weight sync each release used and counts the fallbacks to disk', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    for (const id of ['a', 'b', 'c', 'd', 'e', 'f']) w.add(id, 1);
+    w.pushFails(1);
+    const c = new TrainerController(w.ports, opts(dir), 0, null);
+    await c.tick();
+    expect(c.releases.map((r) => [r.weightVersion, r.sync])).toEqual([['v1', 'disk'], ['v2', 'distributed'], ['v3', 'distributed']]);
+    expect(c.counters).toMatchObject({ weight_sync_disk: 1, weight_sync_distributed: 2, weight_sync_fallbacks: 1 });
+    expect(w.durable.state!.releases.map((r) => r.sync)).toEqual(['disk', 'distributed', 'distributed']);
   });
 
   it('keeps only the newest checkpoints on disk', async () => {

@@ -44,6 +44,17 @@ export interface Release {
   checkpointPath: string;
   /** Set when this release put an earlier one back. */
   rollbackOf: string | null;
+  /** How the weights reached the rollout engine (`disk` also after a failed distributed push). */
+  sync: WeightSync;
+}
+
+export type WeightSync = 'disk' | 'distributed';
+
+/** What `publish` did: the path that put the weights in, and why the distributed one was left, if it was. */
+export interface Published {
+  sync: WeightSync;
+  /** The distributed push's error when it fell back to disk; null otherwise. */
+  fallback: string | null;
 }
 
 export interface ControllerPorts {
@@ -58,8 +69,12 @@ export interface ControllerPorts {
     step(batchId: string, tasks: Task[]): Promise<StepResult>;
     load(checkpointPath: string): Promise<void>;
   };
-  /** Puts weights into the rollout engine, bracketed by the gateway's pause/resume. */
-  publish(checkpointPath: string, weightVersion: string): Promise<void>;
+  /**
+   * Puts weights into the rollout engine, bracketed by the gateway's pause/resume. A `release`
+   * (the trainer holds exactly these weights) may be pushed from the trainer; a `rollback` is
+   * always loaded from its checkpoint.
+   */
+  publish(checkpointPath: string, weightVersion: string, kind: 'release' | 'rollback'): Promise<Published>;
   /** Cumulative correlation counters for the record line. */
   correlation(): Promise<Record<string, number>>;
   log(line: string): void;
@@ -170,7 +185,8 @@ export class TrainerController {
         await this.ports.trainer.restart(this.state.releases.at(-1)?.checkpointPath ?? null);
       }
     }
-    await this.ports.publish(result.checkpointPath, result.weightVersion);
+    const published = await this.ports.publish(result.checkpointPath, result.weightVersion, 'release');
+    this.countSync(published);
     const parent = this.currentVersion;
     const release: Release = {
       id: `release-${this.state.releases.length + 1}`,
@@ -181,6 +197,7 @@ export class TrainerController {
       createdAt: Date.now(),
       checkpointPath: result.checkpointPath,
       rollbackOf: null,
+      sync: published.sync,
     };
     this.state.releases.push(release);
     this.state.pending.shift();
@@ -190,6 +207,11 @@ export class TrainerController {
     this.writeRecordLine(batch, await this.ports.correlation());
     this.pruneCheckpoints();
     this.ports.log(`released ${release.weightVersion} from ${batch.batchId} (${batch.tasks.length} samples, loss ${result.metrics.loss?.toFixed?.(4) ?? '?'}, ${result.stepMs} ms)`);
+  }
+
+  private countSync(p: Published): void {
+    this.bump(`weight_sync_${p.sync}`);
+    if (p.fallback !== null) this.bump('weight_sync_fallbacks');
   }
 
   /** Appends the batch's line once: a crash between the commit and the append is healed on the next line. */
@@ -220,7 +242,8 @@ export class TrainerController {
     if (!existsSync(path)) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `checkpoint ${path} (pruned by retention)` });
     const version = base ? 'base' : target!.weightVersion;
     await this.ports.trainer.load(path);
-    await this.ports.publish(path, version);
+    const published = await this.ports.publish(path, version, 'rollback');
+    this.countSync(published);
     const release: Release = {
       id: `release-${rels.length + 1}`,
       weightVersion: version,
@@ -230,6 +253,7 @@ export class TrainerController {
       createdAt: Date.now(),
       checkpointPath: path,
       rollbackOf: base ? 'base' : target!.id,
+      sync: published.sync,
     };
     rels.push(release);
     await this.persist();

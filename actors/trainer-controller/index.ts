@@ -10,7 +10,7 @@ import { lookupMailbox } from '../../cluster/lookup.js';
 import type { SqliteStore } from '../gateway/store/sqlite-store.js';
 import { ChatTokenizer, normalizeMessages } from '../gateway/tokenize/index.js';
 import type { Task } from '../../recipes/openclawrl/record2task.js';
-import { TrainerController, type ControllerState, type JudgedTurnRow } from './controller.js';
+import { TrainerController, type ControllerState, type JudgedTurnRow, type Published } from './controller.js';
 import { CONSUMER, STATE_KEY } from './messages.js';
 import { STATE_KEY as JUDGE_STATE_KEY } from '../judge/handler.js';
 
@@ -89,6 +89,18 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
     return mailbox ? new RpcClient(mailbox, { name: 'tc→gateway', defaultTimeoutMs: 60_000 }) : null;
   };
 
+  const push = async (version: string): Promise<Published> => {
+    try {
+      const r = await (await getBridge()).trainerPushWeights(w.rolloutUrl, version);
+      w.log(`pushed ${version} into the rollout engine: ${(r.bytes / 1e6).toFixed(1)} MB over ${r.backend} in ${r.seconds.toFixed(2)} s`);
+      return { sync: 'distributed', fallback: null };
+    } catch (err) {
+      const why = (err as Error).message;
+      w.log(`distributed weight sync of ${version} failed (${why}); loading its checkpoint from disk instead`);
+      return { sync: 'disk', fallback: why };
+    }
+  };
+
   const [offset, state] = await Promise.all([w.store.getOffset(CONSUMER), w.store.getState(STATE_KEY)]);
   const controller = new TrainerController(
     {
@@ -124,14 +136,20 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
           await (await getBridge()).trainerLoad(path);
         },
       },
-      publish: async (path, version) => {
+      publish: async (path, version, kind): Promise<Published> => {
         // Bracket the swap with the gateway's pause/resume: requests in flight finish, new ones wait.
         const gw = await gatewayRpc();
         try {
           if (gw) await gw.call({ type: 'pause-generation', drainTimeoutMs: 30_000 });
-          const r = await engine.updateWeightsFromDisk(path, version);
-          if (!r.success) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: 'rollout', reason: `weight update refused: ${r.message}` });
+          let published: Published = { sync: 'disk', fallback: null };
+          if (kind === 'release' && cfg.training.weight_sync === 'distributed') published = await push(version);
+          if (published.sync === 'disk') {
+            // The checkpoint holds the same weights: a failed (even part-way) push is made whole here.
+            const r = await engine.updateWeightsFromDisk(path, version);
+            if (!r.success) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: 'rollout', reason: `weight update refused: ${r.message}` });
+          }
           if (gw) await gw.call({ type: 'resume-generation', weightVersion: version });
+          return published;
         } catch (err) {
           if (gw) await gw.call({ type: 'resume-generation', weightVersion: null }).catch(() => {});
           throw err;

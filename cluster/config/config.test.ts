@@ -223,3 +223,16 @@ describe('training.keep_checkpoints', () => {
     expect(errs.some((e) => e.startsWith('training.keep_checkpoints:'))).toBe(true);
   });
 });
+
+describe('training.weight_sync', () => {
+  it('auto resolves to distributed for an sglang engine and disk for hf; an explicit choice stays', async () => {
+    expect((await ok(minimal())).training.weight_sync).toBe('distributed');
+    expect((await ok(minimal(), ['--cluster.rollout.engine=hf'])).training.weight_sync).toBe('disk');
+    expect((await ok(minimal(), ['--cluster.rollout.engine=hf', '--training.weight_sync=distributed'])).training.weight_sync).toBe('distributed');
+    expect((await ok(minimal(), ['--training.weight-sync=disk'])).training.weight_sync).toBe('disk');
+  });
+
+  it('rejects another value, naming the path', async () => {
+    expect(await errorsOf({ ...minimal(), training: { weight_sync: 'nccl' } })).toEqual(['training.weight_sync: expected one of auto, disk, distributed, got "nccl"']);
+  });
+});

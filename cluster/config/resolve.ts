@@ -97,10 +97,20 @@ export async function resolveConfig(raw: unknown, opts: ResolveOptions): Promise
     },
     recipe: { implementation: recipeSection.implementation, config: recipeConfig },
     pipeline,
-    training: { ...training, resolved: resolvedTraining as Record<string, unknown> },
+    training: { ...training, weight_sync: weightSyncOf(training.weight_sync, cluster.rollout.engine), resolved: resolvedTraining as Record<string, unknown> },
   };
   const typed: ReefConfig = config;
   return deepFreeze(typed);
+}
+
+/**
+ * `auto`: SGLang is built for the distributed update (a disk reload would write and read the whole
+ * model per release); the hf engine reads the checkpoint every step writes anyway, in milliseconds
+ * on the models it can serve, while a push costs the ranks a second gather of the full weights.
+ */
+export function weightSyncOf(value: 'auto' | 'disk' | 'distributed', engine: 'hf' | 'sglang'): 'disk' | 'distributed' {
+  if (value !== 'auto') return value;
+  return engine === 'sglang' ? 'distributed' : 'disk';
 }
 
 /** The recipe named by the (folded, overridden) tree, or null with an issue when it cannot load. */

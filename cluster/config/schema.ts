@@ -136,6 +136,8 @@ export const trainingSchema = section({
   options: stringList().default([]),
   /** Release checkpoints kept on disk; older ones are deleted (their releases stay listed). */
   keep_checkpoints: positiveInt().default(5),
+  /** How a release reaches the rollout engine; `auto` is resolved against `cluster.rollout.engine`. */
+  weight_sync: oneOf(['auto', 'disk', 'distributed']).default('auto'),
 });
 
 /** Each top-level section, validated on its own so that one bad section hides nothing in another. */

@@ -95,6 +95,12 @@ export interface ReefConfig {
     readonly options: readonly string[];
     /** Release checkpoints kept on disk. @default 5 */
     readonly keep_checkpoints: number;
+    /**
+     * How a release reaches the rollout engine: `distributed` (trainer rank 0 broadcasts into the
+     * engine, the checkpoint from disk as fallback) or `disk` (`update_weights_from_disk`). Written
+     * as `auto` (the default) it resolves to `distributed` for an sglang engine, `disk` for hf.
+     */
+    readonly weight_sync: 'disk' | 'distributed';
     /** `options` parsed by the recipe's training-options spec (camelCase). */
     readonly resolved: Readonly<Record<string, unknown>>;
   };
