@@ -1,11 +1,12 @@
 import { type ChildProcess, spawn } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { createWriteStream, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { Pool } from 'undici';
 import { freePort } from '../../cluster/net.js';
 import { repoRoot } from '../../cluster/paths.js';
+import { ACTOR_NODE_FLAGS } from '../../cluster/supervisor.js';
 import { ChatTokenizer } from '../../actors/gateway/tokenize/chat-tokenizer.js';
 import { normalizeMessages } from '../../actors/gateway/tokenize/normalize.js';
 import { longContextModel } from '../../test/helpers/long-context-model.js';
@@ -21,6 +22,8 @@ import { type BenchContext, type BenchRow, type BenchSuite, type Measurement, me
  * same sampling and logprob settings); "gateway" sends the OpenAI request, which the gateway
  * tokenizes, forwards, parses and records (commit before the receipt) before answering.
  * `REEF_BENCH_GATEWAY_PROF=DIR` runs the gateway under `--cpu-prof` into DIR;
+ * `REEF_BENCH_GATEWAY_LOG=FILE` appends the children's output to FILE, and
+ * `REEF_BENCH_GATEWAY_NODE_ARGS='--trace-gc …'` passes node flags to the gateway;
  * `REEF_BENCH_GATEWAY_CASES=openclaw` (comma list of `short`, `openclaw`, `throughput`) runs only
  * those cases, so that a profile shows one of them alone.
  */
@@ -44,7 +47,15 @@ const MAX_TOKENS = 16;
 function spawnLogged(args: string[], env: NodeJS.ProcessEnv): { child: ChildProcess; tail: () => string; exited: Promise<void> } {
   const child = spawn(process.execPath, args, { cwd: repoRoot(), env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
   const lines: string[] = [];
-  createInterface({ input: child.stderr! }).on('line', (l) => void (lines.push(l) > 30 && lines.shift()));
+  // Both streams are drained (a child blocks once a pipe it writes to is full); with
+  // REEF_BENCH_GATEWAY_LOG=FILE every line also goes to FILE (e.g. for NODE_OPTIONS=--trace-gc).
+  const log = process.env.REEF_BENCH_GATEWAY_LOG ? createWriteStream(process.env.REEF_BENCH_GATEWAY_LOG, { flags: 'a' }) : null;
+  for (const stream of [child.stderr!, child.stdout!]) {
+    createInterface({ input: stream }).on('line', (l) => {
+      log?.write(`${child.pid}: ${l}\n`);
+      if (stream === child.stderr && lines.push(l) > 30) lines.shift();
+    });
+  }
   return { child, tail: () => lines.join('\n'), exited: new Promise((resolve) => child.once('exit', () => resolve())) };
 }
 
@@ -127,7 +138,8 @@ async function startStack(ctx: BenchContext): Promise<Stack> {
     createInterface({ input: engine.child.stdout! }).once('line', resolve);
   });
   const prof = process.env.REEF_BENCH_GATEWAY_PROF;
-  const gw = spawnLogged([...(prof ? ['--cpu-prof', `--cpu-prof-dir=${prof}`] : []), join(repoRoot(), 'dist/actors/gateway/main.js')], {
+  const nodeArgs = process.env.REEF_BENCH_GATEWAY_NODE_ARGS?.split(' ').filter(Boolean) ?? [];
+  const gw = spawnLogged([...(prof ? ['--cpu-prof', `--cpu-prof-dir=${prof}`] : []), ...ACTOR_NODE_FLAGS['gateway']!, ...nodeArgs, join(repoRoot(), 'dist/actors/gateway/main.js')], {
     REEF_ACTOR: JSON.stringify({ name: 'gateway', id: 'gateway-bench', supervisor: null, configPath: cfg.path, overrides: {}, heartbeatMs: null }),
     REEF_ENGINES: JSON.stringify({ rollout: engineUrl, prm: [], student: null }),
   });
