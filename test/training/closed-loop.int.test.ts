@@ -10,8 +10,10 @@ import { waitFor } from '../helpers/wait.js';
 /**
  * Training end to end on the tiny model: `reef up` with a judge whose PRM engine is a double
  * (it rejects every reply and proposes a hint), tagged conversations through the gateway, judged
- * turns batched by the trainer-controller, trained by 2 gloo ranks, released into the hf engine.
- * Then a rollback to the base weights reproduces the earlier outputs exactly.
+ * turns batched by the trainer-controller, trained by 2 gloo ranks, released into the hf engine by
+ * trainer rank 0 pushing the weights over gloo (`training.weight_sync: distributed`; the CPU
+ * example's `auto` is `disk`, which test/trainer/bridge-train.int.test.ts covers). Then a rollback
+ * to the base weights (always from disk) reproduces the earlier outputs exactly.
  */
 
 const HINT = 'Answer in plain words without any formatting at all.';
@@ -23,6 +25,7 @@ interface Release {
   metrics: Record<string, number>;
   checkpointPath: string;
   rollbackOf: string | null;
+  sync: 'disk' | 'distributed';
 }
 
 describe('judged turns → batches → training → release → rollback', () => {
@@ -42,8 +45,9 @@ describe('judged turns → batches → training → release → rollback', () =>
     return { id: res.headers.get('x-reef-agent-record-id')!, content: body.choices[0]!.message.content ?? '' };
   };
   const releases = async (): Promise<Release[]> => ((await (await fetch(`${base()}/reef/scenarios/default/releases`)).json()) as { data: Release[] }).data;
-  const outputIds = async (id: string): Promise<number[]> => ((await (await fetch(`${base()}/reef/scenarios/default/records/${id}`)).json()) as { outputIds: number[] }).outputIds;
-  const probe = async () => outputIds((await chat('probe', [{ role: 'user', content: 'Tell me about the sea.' }], { seed: 1234, max_tokens: 16 })).id);
+  const record = async (id: string) => (await (await fetch(`${base()}/reef/scenarios/default/records/${id}`)).json()) as { outputIds: number[]; weightVersion: string | null };
+  const probeRecord = async () => record((await chat('probe', [{ role: 'user', content: 'Tell me about the sea.' }], { seed: 1234, max_tokens: 16 })).id);
+  const probe = async () => (await probeRecord()).outputIds;
 
   beforeAll(async () => {
     prm = await startFakeEngine({
@@ -63,6 +67,7 @@ describe('judged turns → batches → training → release → rollback', () =>
       c.pipeline.task2batch.config = { batch_size: 2, prm_record_file: 'prm-records.jsonl' };
       // A large learning rate, so one step visibly changes what the tiny model samples.
       c.training.options = ['--lr=0.05', '--openclawrl-w-rl=1.0', '--openclawrl-w-opd=1.0'];
+      c.training.weight_sync = 'distributed';
     });
   });
 
@@ -95,6 +100,7 @@ describe('judged turns → batches → training → release → rollback', () =>
     const trained = rels.filter((r) => r.rollbackOf === null).reverse();
     expect(trained.map((r) => r.batchIds)).toEqual([['default:openclawrl:1'], ['default:openclawrl:2']]);
     for (const r of trained) {
+      expect(r.sync).toBe('distributed'); // pushed, not the disk fallback
       expect(Number.isFinite(r.metrics.loss)).toBe(true);
       expect(existsSync(join(r.checkpointPath, 'model.safetensors'))).toBe(true);
     }
@@ -107,14 +113,22 @@ describe('judged turns → batches → training → release → rollback', () =>
 
     // The engine serves the newest release, and every new record carries its version.
     const latest = trained.at(-1)!.weightVersion;
-    const status = (await (await fetch(`${base()}/reef/status`)).json()) as { gateway: { weightVersion: string }; correlation: Record<string, number>; training: { releases: number } };
+    const status = (await (await fetch(`${base()}/reef/status`)).json()) as {
+      gateway: { weightVersion: string };
+      correlation: Record<string, number>;
+      training: { releases: number; counters: Record<string, number> };
+    };
     expect(status.gateway.weightVersion).toBe(latest);
+    expect(status.training.counters.weight_sync_distributed).toBe(trained.length);
+    expect(status.training.counters.weight_sync_fallbacks ?? 0).toBe(0);
     // The judge's and trainer's counters, as they persisted them, show in /reef/status.
     expect(status.correlation.tagged).toBeGreaterThanOrEqual(6);
     expect(status.correlation.bound).toBeGreaterThanOrEqual(4);
     expect(status.training.releases).toBeGreaterThanOrEqual(2);
-    const after = await probe();
-    expect(after).not.toEqual(before);
+    // The version a reply carries is the one the engine reports serving (meta_info.weight_version).
+    const after = await probeRecord();
+    expect(after.weightVersion).toBe(latest);
+    expect(after.outputIds).not.toEqual(before);
 
     // Each batch wrote one record line that agrees with the store.
     const lines = readFileSync(join(cfg.dir, 'prm-records.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, any>);
@@ -130,7 +144,7 @@ describe('judged turns → batches → training → release → rollback', () =>
     expect(rb.status, await rb.clone().text()).toBe(200);
     expect(await probe()).toEqual(before);
     const listed = await releases();
-    expect(listed[0]).toMatchObject({ rollbackOf: 'base', weightVersion: 'base' });
+    expect(listed[0]).toMatchObject({ rollbackOf: 'base', weightVersion: 'base', sync: 'disk' });
 
     const down = await runReef(['down', '-c', cfg.path], { timeoutMs: 180_000 });
     expect(down.code, down.stderr).toBe(0);
