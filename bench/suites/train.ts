@@ -16,9 +16,11 @@ import { type BenchRow, type BenchSuite, toRow } from '../lib.js';
 
 /**
  * Training on the CPU with the tiny model: the time of one hybrid RL + OPD step on 2 gloo ranks
- * (FSDP2) and of putting the new weights into the hf engine (`update_weights_from_disk`), per
- * release. The baseline, measured in the same run, is the engine generating the same batch: what
- * a step costs relative to producing its data.
+ * (FSDP2) and of putting the new weights into the hf engine, per release, both ways: loading the
+ * step's checkpoint (`update_weights_from_disk`) and rank 0 pushing them over gloo
+ * (`trainer-push-weights`: a gather of the full weights on both ranks, then SGLang's
+ * `update_weights_from_distributed`). The baseline, measured in the same run, is the engine
+ * generating the same batch: what a step costs relative to producing its data.
  */
 
 const TASKS = 8;
@@ -43,7 +45,7 @@ async function startEngine(): Promise<{ url: string; stop: () => void }> {
 
 export const suite: BenchSuite = {
   name: 'train',
-  description: `tiny-model training step (2 gloo ranks, ${TASKS} tasks × ${NEW_TOKENS} tokens) and weight sync per release, beside the engine generating the same batch`,
+  description: `tiny-model training step (2 gloo ranks, ${TASKS} tasks × ${NEW_TOKENS} tokens) and weight sync per release (disk and gloo push), beside the engine generating the same batch`,
   run: async (ctx) => {
     const cfg = await loadConfig(join(repoRoot(), 'recipes/openclawrl/examples/cpu/serve.yaml'));
     const tok = ChatTokenizer.load(tinyModelDir());
@@ -77,6 +79,7 @@ export const suite: BenchSuite = {
       await bridge.trainerStart(spec);
       const steps: number[] = [];
       const syncs: number[] = [];
+      const pushes: number[] = [];
       const wire = tasks.map(toWire);
       for (let s = 1; s <= STEPS; s++) {
         const t0 = performance.now();
@@ -86,7 +89,10 @@ export const suite: BenchSuite = {
         const u = await client.updateWeightsFromDisk(r.checkpointPath, r.weightVersion);
         syncs.push((performance.now() - t1) * 1000);
         if (!u.success) throw new Error(`weight sync failed: ${u.message}`);
-        ctx.log(`  step ${s}: ${Math.round(steps.at(-1)! / 1000)} ms, sync ${Math.round(syncs.at(-1)! / 1000)} ms, loss ${r.metrics.loss?.toFixed(4)}`);
+        const t2 = performance.now();
+        const p = await bridge.trainerPushWeights(engine.url, r.weightVersion);
+        pushes.push((performance.now() - t2) * 1000);
+        ctx.log(`  step ${s}: ${Math.round(steps.at(-1)! / 1000)} ms, disk sync ${Math.round(syncs.at(-1)! / 1000)} ms, gloo push ${Math.round(pushes.at(-1)! / 1000)} ms (${(p.bytes / 1e6).toFixed(2)} MB), loss ${r.metrics.loss?.toFixed(4)}`);
       }
       await bridge.trainerStop();
       const row = (name: string, impl: string, lat: number[]) => toRow(name, impl, { ops: lat.length, seconds: lat.reduce((a, b) => a + b, 0) / 1e6, latenciesUs: lat });
@@ -94,6 +100,7 @@ export const suite: BenchSuite = {
         row('one batch', `train step, 2 gloo ranks (${TASKS}×${NEW_TOKENS} tokens)`, steps),
         row('one batch', `engine generates the batch (baseline)`, [gen.reduce((a, b) => a + b, 0)]),
         row('per release', 'weight sync: update_weights_from_disk', syncs),
+        row('per release', 'weight sync: update_weights_from_distributed (gloo)', pushes),
       ];
       return rows;
     } finally {
