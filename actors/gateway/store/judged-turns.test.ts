@@ -90,6 +90,8 @@ describe('judged-turn log', () => {
     const a = await store.append(sampleRecord(1));
     await store.close();
     const db = new Database(join(dir, 'r.db'));
+    // Undo migrations 3 and 2, newest first.
+    db.exec('DROP TABLE chunks; ALTER TABLE records DROP COLUMN request_chunks; ALTER TABLE records DROP COLUMN prompt_chunks');
     db.exec('DROP TABLE judged_turns');
     db.pragma('user_version = 1');
     db.close();

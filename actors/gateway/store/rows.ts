@@ -1,5 +1,6 @@
 import { endianness } from 'node:os';
 import { ReefError } from '../../runtime/errors.js';
+import { chunk, type Chunk, type ChunkMemo } from './chunks.js';
 import { isId } from './ids.js';
 import type { AgentRecord, NewRecord, RecordSummary } from './types.js';
 
@@ -21,17 +22,22 @@ export function invalid(details: string): ReefError {
   return new ReefError('REEF_ERR_INVALID_ARGUMENT', { details });
 }
 
-/** Row values in the column order of `INSERT_RECORD_SQL`. */
-export type RecordRow = (string | number | Buffer | null)[];
+/** Row values in the column order of `INSERT_RECORD_SQL`, and the chunks the row refers to. */
+export interface RecordRow {
+  values: (string | number | Buffer | null)[];
+  chunks: Chunk[];
+}
 
 export const INSERT_RECORD_SQL = `INSERT INTO records (id, scenario, status, started_at, finished_at, latency_ms, engine,
   weight_version, finish_reason, prompt_tokens, completion_tokens, top_k, error, tags, request, response,
-  prompt_ids, output_ids, logprobs, topk_ids, topk_logprobs)
-  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, CAST(? AS TEXT), ?, ?, ?, ?, ?, ?)`;
+  prompt_ids, output_ids, logprobs, topk_ids, topk_logprobs, request_chunks, prompt_chunks)
+  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, CAST(? AS TEXT), ?, ?, ?, ?, ?, ?, ?, ?)`;
+
+export const INSERT_CHUNK_SQL = 'INSERT OR IGNORE INTO chunks (hash, data) VALUES (?, ?)';
 
 export const SUMMARY_COLUMNS = `seq, id, scenario, status, started_at, finished_at, latency_ms, engine, weight_version,
-  finish_reason, prompt_tokens, completion_tokens, top_k, error, tags, request, response`;
-export const FULL_COLUMNS = `${SUMMARY_COLUMNS}, prompt_ids, output_ids, logprobs, topk_ids, topk_logprobs`;
+  finish_reason, prompt_tokens, completion_tokens, top_k, error, tags, request, response, request_chunks`;
+export const FULL_COLUMNS = `${SUMMARY_COLUMNS}, prompt_ids, output_ids, logprobs, topk_ids, topk_logprobs, prompt_chunks`;
 
 /** The array's bytes, not copied: `append` owns the arrays it is given (see NewRecord). */
 function blob(arr: Int32Array | Float32Array | Uint8Array): Buffer {
@@ -84,7 +90,7 @@ function requestText(request: NewRecord['request']): string | Buffer {
 }
 
 /** Checks a record completely and turns it into a row; throws REEF_ERR_INVALID_ARGUMENT. */
-export function toRow(r: NewRecord, id: string): RecordRow {
+export function toRow(r: NewRecord, id: string, memo: ChunkMemo | null = null): RecordRow {
   if (!isId(id)) throw invalid(`record.id ${JSON.stringify(id)} is not a 26-char Crockford base32 id`);
   checkScenarioName(r.scenario);
   if (r.status !== 'ok' && r.status !== 'aborted' && r.status !== 'failed') {
@@ -93,7 +99,7 @@ export function toRow(r: NewRecord, id: string): RecordRow {
   if (r.tags === null || typeof r.tags !== 'object' || Object.values(r.tags).some((v) => typeof v !== 'string')) {
     throw invalid('record.tags must map names to strings');
   }
-  const request = requestText(r.request);
+  const request = chunk(requestBytes(requestText(r.request)), { utf8: true, memo });
   const promptIds = typed(r.promptIds, Int32Array, 'promptIds');
   const outputIds = typed(r.outputIds, Int32Array, 'outputIds');
   const logprobs = typed(r.logprobs, Float32Array, 'logprobs');
@@ -105,7 +111,8 @@ export function toRow(r: NewRecord, id: string): RecordRow {
   if (topkIds.length !== n * k || topkLogprobs.length !== n * k) {
     throw invalid(`record.topkIds/topkLogprobs must hold ${n}×${k} entries, got ${topkIds.length}/${topkLogprobs.length}`);
   }
-  return [
+  const prompt = chunk(blob(promptIds), { utf8: false, memo });
+  const values = [
     id,
     r.scenario,
     r.status,
@@ -120,14 +127,21 @@ export function toRow(r: NewRecord, id: string): RecordRow {
     k,
     text(r.error, 'error', true),
     JSON.stringify(r.tags),
-    request,
+    request.tail,
     JSON.stringify(r.response ?? null),
-    blob(promptIds),
+    prompt.tail,
     blob(outputIds),
     blob(logprobs),
     blob(topkIds),
     blob(topkLogprobs),
+    request.refs,
+    prompt.refs,
   ];
+  return { values, chunks: [...request.chunks, ...prompt.chunks] };
+}
+
+function requestBytes(request: string | Buffer): Buffer {
+  return typeof request === 'string' ? Buffer.from(request) : request;
 }
 
 /** A typed view of a BLOB, copied when SQLite's buffer is not 4-byte aligned. */
@@ -136,6 +150,7 @@ function view<T>(bytes: Buffer, ctor: { new (buf: ArrayBufferLike, offset: numbe
   return new ctor(aligned.buffer, aligned.byteOffset, aligned.byteLength / 4);
 }
 
+/** Row shapes as read, chunk references included; `SqliteStore` resolves them (`expandRow`). */
 export interface SummaryRowShape {
   seq: number;
   id: string;
@@ -154,6 +169,7 @@ export interface SummaryRowShape {
   tags: string;
   request: string;
   response: string;
+  request_chunks: Buffer | null;
 }
 
 export interface FullRowShape extends SummaryRowShape {
@@ -162,6 +178,7 @@ export interface FullRowShape extends SummaryRowShape {
   logprobs: Buffer;
   topk_ids: Buffer;
   topk_logprobs: Buffer;
+  prompt_chunks: Buffer | null;
 }
 
 export function toSummary(row: SummaryRowShape): RecordSummary {

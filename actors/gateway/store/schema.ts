@@ -91,6 +91,17 @@ const MIGRATIONS: readonly string[] = [
     created_at INTEGER NOT NULL
   ) STRICT;
   `,
+  // 3: shared prefixes stored once (chunks.ts). A record whose request or prompt ids were cut into
+  // chunks lists the chunk digests here and keeps only the tail in request / prompt_ids; NULL means
+  // the column holds the whole payload, as every record written before this step does.
+  `
+  CREATE TABLE chunks (
+    hash BLOB PRIMARY KEY,
+    data BLOB NOT NULL
+  ) STRICT, WITHOUT ROWID;
+  ALTER TABLE records ADD COLUMN request_chunks BLOB;
+  ALTER TABLE records ADD COLUMN prompt_chunks BLOB;
+  `,
 ];
 
 export const SCHEMA_VERSION = MIGRATIONS.length;

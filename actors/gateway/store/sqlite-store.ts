@@ -1,12 +1,13 @@
 import Database from 'better-sqlite3';
 import { ReefError } from '../../runtime/errors.js';
 import { Checkpointer } from './checkpointer.js';
+import { ChunkMemo, unchunk } from './chunks.js';
 import { GroupCommitter, type GroupCommitOptions } from './group-commit.js';
 import { newId } from './ids.js';
 import { JudgedTurnTable } from './judged-turns.js';
 import { ReportTable } from './reports.js';
 import {
-  FULL_COLUMNS, INSERT_RECORD_SQL, SUMMARY_COLUMNS, checkScenarioName, invalid, toRecord, toRow, toSummary,
+  FULL_COLUMNS, INSERT_CHUNK_SQL, INSERT_RECORD_SQL, SUMMARY_COLUMNS, checkScenarioName, invalid, toRecord, toRow, toSummary,
   type FullRowShape, type RecordRow, type SummaryRowShape,
 } from './rows.js';
 import { migrate } from './schema.js';
@@ -83,6 +84,7 @@ export class SqliteStore implements RecordStore {
   private closed = false;
   private checkpointer: Checkpointer | null = null;
   private readonly committer: GroupCommitter<RecordRow>;
+  private readonly chunkMemo = new ChunkMemo();
   private readonly reports: ReportTable;
   private readonly judged: JudgedTurnTable;
   private readonly sql;
@@ -122,18 +124,26 @@ export class SqliteStore implements RecordStore {
     private readonly startCheckpointer: (() => Checkpointer) | null,
   ) {
     const insertRecord = db.prepare(INSERT_RECORD_SQL);
+    const insertChunk = db.prepare(INSERT_CHUNK_SQL);
     const ensureScenario = db.prepare('INSERT OR IGNORE INTO scenarios (name, created_at, description) VALUES (?, ?, ?)');
     const writeBatch = db.transaction((rows: RecordRow[]) => {
       const now = Date.now();
       return rows.map((row) => {
-        ensureScenario.run(row[1], now, null);
-        return Number(insertRecord.run(...row).lastInsertRowid);
+        ensureScenario.run(row.values[1], now, null);
+        // OR IGNORE: a chunk already stored (another session's identical prefix) writes no page.
+        for (const c of row.chunks) if (!c.stored) insertChunk.run(c.hash, c.data);
+        return Number(insertRecord.run(...row.values).lastInsertRowid);
       });
     });
     // IMMEDIATE takes the write lock up front, so a batch never fails half-way on a lock upgrade.
     // Offsets are rowids handed out inside that lock, so offset order is commit order even with
     // several writing processes: a consumer that has read offset N never later meets a smaller one.
-    this.committer = new GroupCommitter((rows) => writeBatch.immediate(rows), commitOptions);
+    this.committer = new GroupCommitter((rows) => {
+      const offsets = writeBatch.immediate(rows);
+      // Only now are the chunks certainly in the file; a rolled-back batch leaves the memo alone.
+      for (const row of rows) this.chunkMemo.remember(row.chunks);
+      return offsets;
+    }, commitOptions);
     this.reports = new ReportTable(db);
     this.judged = new JudgedTurnTable(db);
     this.sql = {
@@ -146,6 +156,7 @@ export class SqliteStore implements RecordStore {
         `SELECT ${SUMMARY_COLUMNS} FROM records WHERE scenario = ? AND seq < ? ORDER BY seq DESC LIMIT ?`),
       readFrom: db.prepare<[number, number], FullRowShape>(`SELECT ${FULL_COLUMNS} FROM records WHERE seq >= ? ORDER BY seq LIMIT ?`),
       head: db.prepare<[], { head: number | null }>('SELECT MAX(seq) AS head FROM records'),
+      chunk: db.prepare<[Buffer], { data: Buffer }>('SELECT data FROM chunks WHERE hash = ?'),
       getOffset: db.prepare<[string], { next_offset: number }>('SELECT next_offset FROM consumer_offsets WHERE consumer = ?'),
       setOffset: db.prepare<[string, number, number]>(
         `INSERT INTO consumer_offsets (consumer, next_offset, updated_at) VALUES (?, ?, ?)
@@ -185,7 +196,7 @@ export class SqliteStore implements RecordStore {
     let row: RecordRow;
     const id = record.id ?? newId();
     try {
-      row = toRow(record, id);
+      row = toRow(record, id, this.chunkMemo);
     } catch (err) {
       this.committer.countRejected();
       throw err;
@@ -214,7 +225,19 @@ export class SqliteStore implements RecordStore {
   async get(id: string): Promise<AgentRecord | null> {
     this.live();
     const row = this.sql.recordById.get(id);
-    return row === undefined ? null : toRecord(row);
+    return row === undefined ? null : toRecord(this.expandRow(row));
+  }
+
+  /** Puts chunked payloads back into the row (see chunks.ts). */
+  private expandRow<T extends SummaryRowShape & Partial<Pick<FullRowShape, 'prompt_ids' | 'prompt_chunks'>>>(row: T): T {
+    const lookup = (hash: Buffer) => this.sql.chunk.get(hash)?.data;
+    try {
+      if (row.request_chunks !== null) row.request = unchunk(row.request_chunks, Buffer.from(row.request), lookup, `record ${row.id} request`).toString('utf8');
+      if (row.prompt_chunks != null && row.prompt_ids !== undefined) row.prompt_ids = unchunk(row.prompt_chunks, row.prompt_ids, lookup, `record ${row.id} prompt ids`);
+    } catch (err) {
+      throw new ReefError('REEF_ERR_STORE', { reason: (err as Error).message }, { cause: err });
+    }
+    return row;
   }
 
   async list(options: ListOptions): Promise<Page<RecordSummary>> {
@@ -225,12 +248,12 @@ export class SqliteStore implements RecordStore {
     const after = parseCursor(options.after) ?? (desc ? Number.MAX_SAFE_INTEGER : 0);
     const rows = (desc ? this.sql.listDesc : this.sql.listAsc).all(scenario, after, limit + 1);
     const items = rows.slice(0, limit);
-    return { items: items.map(toSummary), next: rows.length > limit ? String(items[items.length - 1]!.seq) : null };
+    return { items: items.map((r) => toSummary(this.expandRow(r))), next: rows.length > limit ? String(items[items.length - 1]!.seq) : null };
   }
 
   async readFrom(offset: number, limit: number): Promise<AgentRecord[]> {
     this.live();
-    return this.sql.readFrom.all(checkOffset(offset), pageLimit(limit)).map(toRecord);
+    return this.sql.readFrom.all(checkOffset(offset), pageLimit(limit)).map((r) => toRecord(this.expandRow(r)));
   }
 
   async headOffset(): Promise<number> {

@@ -1,0 +1,80 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import Database from 'better-sqlite3';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { CHUNK_BYTES, chunk, REF_BYTES, unchunk } from './chunks.js';
+import { recordDiff, sampleRecord } from './fixtures.js';
+import { SqliteStore } from './sqlite-store.js';
+import type { NewRecord, RecordRequest } from './types.js';
+
+describe('chunk', () => {
+  it('keeps a payload of up to one chunk whole', () => {
+    const small = Buffer.alloc(CHUNK_BYTES, 1);
+    expect(chunk(small, { utf8: false })).toEqual({ refs: null, tail: small, chunks: [] });
+  });
+
+  it('cuts UTF-8 text only between characters, and puts it back byte for byte', () => {
+    // Four-byte emoji and two-byte letters at every offset relative to the chunk boundaries.
+    const text = Array.from({ length: 20_000 }, (_, i) => (i % 7 === 0 ? '👋' : i % 3 === 0 ? 'é' : 'a')).join('');
+    const bytes = Buffer.from(text);
+    const c = chunk(bytes, { utf8: true });
+    expect(c.chunks.length).toBeGreaterThan(1);
+    for (const part of [...c.chunks.map((x) => x.data), c.tail]) expect(Buffer.from(part.toString('utf8')).equals(part)).toBe(true);
+    const byHash = new Map(c.chunks.map((x) => [x.hash.toString('hex'), x.data]));
+    expect(unchunk(c.refs!, c.tail, (h) => byHash.get(h.toString('hex')), 'x').toString('utf8')).toBe(text);
+  });
+
+  it('cuts a grown payload at the same places, so the earlier full chunks are shared', () => {
+    const turn1 = Buffer.from(Int32Array.from({ length: 5000 }, (_, i) => i * 31).buffer);
+    const turn2 = Buffer.concat([turn1, Buffer.from(Int32Array.from({ length: 3000 }, (_, i) => i).buffer)]);
+    const a = chunk(turn1, { utf8: false });
+    const b = chunk(turn2, { utf8: false });
+    expect(b.refs!.subarray(0, a.refs!.length).equals(a.refs!)).toBe(true);
+    expect(a.refs!.length / REF_BYTES).toBe(Math.floor((5000 * 4 - 1) / CHUNK_BYTES));
+  });
+});
+
+describe('SqliteStore with chunked payloads', () => {
+  let dir: string;
+  let store: SqliteStore;
+  beforeEach(() => {
+    dir = mkdtempSync(join(tmpdir(), 'reef-chunks-'));
+    store = SqliteStore.open(join(dir, 'r.db'));
+  });
+  afterEach(async () => {
+    await store?.close();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  const system = 'You are a careful agent. Déjà vu — ✓ 👋 '.repeat(700); // ~28k characters, multi-byte
+  const turn = (seed: number, messages: RecordRequest['messages'], promptTokens: number): NewRecord => ({
+    ...sampleRecord(seed, { promptTokens }),
+    request: { messages: [{ role: 'system', content: system }, ...messages], tools: null, params: { max_tokens: 8 } },
+  });
+  const db = () => (store as unknown as { db: Database.Database }).db;
+  const chunkRows = () => (db().prepare('SELECT COUNT(*) AS n FROM chunks').get() as { n: number }).n;
+
+  it('round-trips long records exactly, and a grown transcript stores only its new chunks', async () => {
+    const first = turn(1, [{ role: 'user', content: 'first' }], 6000);
+    const a = await store.append(first);
+    const afterFirst = chunkRows();
+    expect(afterFirst).toBeGreaterThan(3);
+    // Turn 2 resends turn 1's transcript and extends it; its prompt ids begin with turn 1's.
+    const second = turn(2, [{ role: 'user', content: 'first' }, { role: 'assistant', content: 'ok' }, { role: 'user', content: 'second' }], 6500);
+    second.promptIds.set(first.promptIds);
+    const b = await store.append(second);
+    expect(chunkRows() - afterFirst).toBeLessThanOrEqual(2);
+    expect(recordDiff((await store.get(a.id))!, first)).toEqual([]);
+    expect(recordDiff((await store.get(b.id))!, second)).toEqual([]);
+    const listed = await store.list({ scenario: 'default' });
+    expect(listed.items.map((r) => r.request)).toEqual([first.request, second.request]);
+    expect((await store.readFrom(1, 10)).map((r) => r.promptIds.length)).toEqual([6000, 6500]);
+  });
+
+  it('a record whose chunk has gone missing fails its read with REEF_ERR_STORE, not with wrong data', async () => {
+    const r = await store.append(turn(3, [{ role: 'user', content: 'x' }], 5000));
+    db().exec('DELETE FROM chunks WHERE hash = (SELECT hash FROM chunks LIMIT 1)');
+    await expect(store.get(r.id)).rejects.toMatchObject({ code: 'REEF_ERR_STORE', message: expect.stringMatching(/not in the store/) });
+  });
+});

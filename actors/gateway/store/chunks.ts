@@ -1,0 +1,109 @@
+import { createHash } from 'node:crypto';
+
+/**
+ * Shared prefixes stored once. An agent like OpenClaw resends its whole transcript every turn, so
+ * turn n+1's prompt ids and request JSON begin with turn n's: a 30k-character system prompt and
+ * 20k+ prompt ids, ~130 KB per record, written again every turn. Large payloads are therefore cut
+ * into fixed-size chunks from their start; each full chunk is stored once in `chunks`, keyed by its
+ * digest, and the record keeps the list of digests plus the tail after the last full chunk. Chunk
+ * boundaries sit at the same offsets in every turn, so a grown transcript shares all of the earlier
+ * turn's full chunks and adds only the new ones.
+ */
+
+/** 8 KiB: 2,048 prompt ids, or 8 KiB of request JSON. */
+export const CHUNK_BYTES = 8192;
+/** Digest bytes per chunk reference (SHA-256, truncated). */
+export const REF_BYTES = 16;
+
+export interface Chunk {
+  hash: Buffer;
+  data: Buffer;
+  /** Known to be in the store already (ChunkMemo), so the writer need not insert it. */
+  stored: boolean;
+}
+
+export interface Chunked {
+  /** Digests of the full chunks, concatenated; null when the payload was small enough to keep whole. */
+  refs: Buffer | null;
+  /** What follows the last full chunk (the whole payload when `refs` is null). */
+  tail: Buffer;
+  chunks: Chunk[];
+}
+
+function digest(data: Buffer): Buffer {
+  return createHash('sha256').update(data).digest().subarray(0, REF_BYTES);
+}
+
+/**
+ * The chunks this store wrote recently, so that the next turn of a session neither hashes nor
+ * re-inserts the prefix it shares with the last one: an OpenClaw-sized record has ~16 chunks, and
+ * hashing them all (~0.12 ms) plus one no-op INSERT each (~0.1 ms) cost as much as the chunking
+ * saved in writes. A chunk is recognised by a fingerprint and then compared byte for byte, so a
+ * reused digest is always the digest of these very bytes. Entries hold copies (8 KiB each), not
+ * views that would keep whole request buffers alive.
+ */
+export class ChunkMemo {
+  private readonly byKey = new Map<string, Chunk>();
+
+  /** @param maxEntries LRU bound; @default 2048 (16 MiB) */
+  constructor(private readonly maxEntries = 2048) {}
+
+  private static key(data: Buffer): string {
+    const n = data.length;
+    const mid = n >> 1;
+    return `${n}:${data.toString('latin1', 0, 24)}${data.toString('latin1', mid, mid + 24)}${data.toString('latin1', n - 24, n)}`;
+  }
+
+  /** The digest of a stored chunk with exactly these bytes, or null. */
+  find(data: Buffer): Buffer | null {
+    const key = ChunkMemo.key(data);
+    const known = this.byKey.get(key);
+    if (known === undefined || !known.data.equals(data)) return null;
+    this.byKey.delete(key);
+    this.byKey.set(key, known);
+    return known.hash;
+  }
+
+  /** Call once the transaction that inserted `chunks` has committed. */
+  remember(chunks: readonly Chunk[]): void {
+    for (const c of chunks) {
+      if (c.stored) continue;
+      this.byKey.set(ChunkMemo.key(c.data), { hash: c.hash, data: Buffer.from(c.data), stored: true });
+      if (this.byKey.size > this.maxEntries) this.byKey.delete(this.byKey.keys().next().value as string);
+    }
+  }
+}
+
+/**
+ * Cuts `bytes` at multiples of CHUNK_BYTES. With `utf8`, each cut moves back to the start of a
+ * character, so the tail is valid UTF-8 text on its own (the request column is TEXT); identical
+ * prefixes still cut identically.
+ */
+export function chunk(bytes: Buffer, opts: { utf8: boolean; memo?: ChunkMemo | null }): Chunked {
+  if (bytes.length <= CHUNK_BYTES) return { refs: null, tail: bytes, chunks: [] };
+  const chunks: Chunk[] = [];
+  let start = 0;
+  while (bytes.length - start > CHUNK_BYTES) {
+    let end = start + CHUNK_BYTES;
+    // 0b10xxxxxx is a continuation byte: back up to the byte that starts the character.
+    if (opts.utf8) while (end > start && (bytes[end]! & 0xc0) === 0x80) end--;
+    const data = bytes.subarray(start, end);
+    const known = opts.memo?.find(data) ?? null;
+    chunks.push({ hash: known ?? digest(data), data, stored: known !== null });
+    start = end;
+  }
+  return { refs: Buffer.concat(chunks.map((c) => c.hash)), tail: bytes.subarray(start), chunks };
+}
+
+/** Puts a chunked payload back together; `lookup` answers a digest with its chunk's bytes. */
+export function unchunk(refs: Buffer, tail: Buffer, lookup: (hash: Buffer) => Buffer | undefined, what: string): Buffer {
+  const parts: Buffer[] = [];
+  for (let o = 0; o < refs.length; o += REF_BYTES) {
+    const hash = refs.subarray(o, o + REF_BYTES);
+    const data = lookup(hash);
+    if (data === undefined) throw new Error(`${what} references chunk ${hash.toString('hex')}, which is not in the store`);
+    parts.push(data);
+  }
+  parts.push(tail);
+  return Buffer.concat(parts);
+}
