@@ -1,6 +1,6 @@
 import { mkdtempSync, readFileSync, mkdirSync, existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { ReefError } from '../runtime/errors.js';
 import type { AgentRecord } from '../gateway/store/types.js';
@@ -27,6 +27,8 @@ function world(dir: string) {
   let version = 0;
   let failNext = 0;
   let pushFails = 0;
+  /** Trainer calls in order: `restart:<checkpoint|base>`, `load:<checkpoint>`, `step:<batch>`. */
+  const calls: string[] = [];
   const ports: ControllerPorts = {
     readJudged: async (offset, limit) => log.filter((r) => r.offset >= offset).slice(0, limit),
     getRecord: async (id) => records.get(id) ?? null,
@@ -36,9 +38,10 @@ function world(dir: string) {
     },
     renderTeacher: async () => Int32Array.from([9]),
     trainer: {
-      restart: async () => {},
-      load: async () => {},
+      restart: async (path) => void calls.push(`restart:${path === null ? 'base' : basename(path)}`),
+      load: async (path) => void calls.push(`load:${basename(path)}`),
       step: async (batchId) => {
+        calls.push(`step:${batchId}`);
         if (failNext > 0) {
           failNext--;
           throw new ReefError('REEF_ERR_SHIM', { reason: 'rank 1 died' }, { message: 'rank 1 died' });
@@ -72,7 +75,7 @@ function world(dir: string) {
     records.set(id, rec(id, wv));
     log.push({ offset: log.length + 1, scenario: 's', turnRecordId: id, decision, reward, hints: [], counters: [`eval:${reward}`] });
   };
-  return { ports, log, add, durable, stepsRun, published, failNext: (n: number) => (failNext = n), pushFails: (n: number) => (pushFails = n) };
+  return { ports, log, add, durable, stepsRun, published, calls, failNext: (n: number) => (failNext = n), pushFails: (n: number) => (pushFails = n) };
 }
 
 const opts = (dir: string) => ({ batchSize: 2, maxStaleness: 1, recordFile: join(dir, 'prm.jsonl'), keepCheckpoints: 2, baseModelPath: join(dir, 'base'), maxAttempts: 3 });
@@ -109,8 +112,26 @@ describe('TrainerController', () => {
     const c2 = new TrainerController(w.ports, opts(dir), w.durable.offset, w.durable.state);
     await c2.tick();
     expect(w.stepsRun).toEqual(['s:openclawrl:1']);
+    // The new controller starts the group afresh; the batch comes back from the trainer's ledger,
+    // untrained by this group, so its checkpoint is loaded before it is published.
+    expect(w.calls).toEqual(['restart:base', 'step:s:openclawrl:1', 'restart:base', 'step:s:openclawrl:1', 'load:v1']);
     expect(c2.releases.map((r) => r.batchIds[0])).toEqual(['s:openclawrl:1']);
     expect(readFileSync(join(dir, 'prm.jsonl'), 'utf8').trim().split('\n')).toHaveLength(1);
+  });
+
+  it('a restarted controller starts the trainer group from the last release, not from the base model', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    ['a', 'b', 'c', 'd'].forEach((id) => w.add(id, 1));
+    const c1 = new TrainerController(w.ports, opts(dir), 0, null);
+    await c1.tick();
+    expect(c1.releases.map((r) => r.weightVersion)).toEqual(['v1', 'v2']);
+    ['e', 'f'].forEach((id) => w.add(id, 1, 'anchor', 'v2'));
+    w.calls.length = 0;
+    const c2 = new TrainerController(w.ports, opts(dir), w.durable.offset, w.durable.state);
+    await c2.tick();
+    expect(w.calls).toEqual(['restart:v2', 'step:s:openclawrl:3']);
+    expect(c2.releases.at(-1)!.parent).toBe('v2');
   });
 
   it('restarts the trainer and retries the same batch when a rank dies', async () => {

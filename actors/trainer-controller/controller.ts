@@ -110,6 +110,8 @@ export function emptyState(): ControllerState {
 export class TrainerController {
   private readonly batcher: Batcher;
   private state: ControllerState;
+  /** Whether this controller has (re)started the trainer group since it was constructed. */
+  private trainerReady = false;
 
   constructor(private readonly ports: ControllerPorts, private readonly opts: ControllerOptions, private offset: number, state: ControllerState | null) {
     this.state = state ?? emptyState();
@@ -169,6 +171,13 @@ export class TrainerController {
       if (!rec) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `record ${ref.turnRecordId} of batch ${batch.batchId}` });
       tasks.push(await recordToTask({ record: rec, reward: ref.reward, hints: ref.hints }, this.ports.renderTeacher));
     }
+    if (!this.trainerReady) {
+      // A new controller (a first start, or after its own crash) cannot know what a group left
+      // running holds: start it from the last release, as after a rank crash. Starting from the
+      // base model here would have trained the next batch on the base weights.
+      await this.ports.trainer.restart(this.state.releases.at(-1)?.checkpointPath ?? null);
+      this.trainerReady = true;
+    }
     let result: StepResult | null = null;
     for (let attempt = 1; result === null; attempt++) {
       try {
@@ -185,6 +194,9 @@ export class TrainerController {
         await this.ports.trainer.restart(this.state.releases.at(-1)?.checkpointPath ?? null);
       }
     }
+    // A batch the trainer's ledger already holds (we crashed between its step and our commit) was
+    // not trained by this group: load its checkpoint, so the next batch trains on top of it.
+    if (!result.trained) await this.ports.trainer.load(result.checkpointPath);
     const published = await this.ports.publish(result.checkpointPath, result.weightVersion, 'release');
     this.countSync(published);
     const parent = this.currentVersion;

@@ -127,10 +127,8 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
           started = false;
           await startTrainer(checkpointPath);
         },
-        step: async (batchId, tasks) => {
-          if (!started) await startTrainer(null);
-          return (await getBridge()).trainerStep(batchId, tasks.map(toWire));
-        },
+        // The controller starts the group (from its last release) before its first step.
+        step: async (batchId, tasks) => (await getBridge()).trainerStep(batchId, tasks.map(toWire)),
         load: async (path) => {
           if (!started) await startTrainer(null);
           await (await getBridge()).trainerLoad(path);
