@@ -7,30 +7,74 @@ const CLOSE_BRACKET = 0x5d;
 const CLOSE_BRACE = 0x7d;
 const encoder = new TextEncoder();
 const LARGEST_ID = 0x7fffffff;
+/** The byte offset of every MARK_EVERY-th id is kept, where a later body may resume copying. */
+const MARK_EVERY = 256;
+
+/**
+ * The id list of an earlier body (`generateBody(…, { keep: true })`): a later prompt that begins
+ * with the same ids copies their text instead of formatting it again. A session's next turn
+ * resends its transcript, so on an OpenClaw-sized prompt nearly all 20k+ ids are such a prefix.
+ */
+export interface IdText {
+  ids: Int32Array;
+  /** `ids` as JSON numbers joined by commas, no brackets. */
+  text: Uint8Array;
+  /** marks[j] is where id j·MARK_EVERY starts in `text`. */
+  marks: Int32Array;
+}
+
+function commonPrefix(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  const n = Math.min(a.length, b.length);
+  let i = 0;
+  while (i < n && a[i] === b[i]) i++;
+  return i;
+}
 
 /**
  * The `/generate` body as UTF-8 JSON bytes, ready for the socket.
  *
  * `input_ids` is written digit by digit into one buffer: an OpenClaw-sized prompt is 20k+ ids, and
  * building it as a string cost ~0.45 ms (`JSON.stringify(Array.from(ids))` ~1 ms), plus the
- * string's UTF-8 encoding when the socket wrote it. The buffer has its own ArrayBuffer, so its
- * ArrayBuffer can be moved to another thread (the tokenizer workers build bodies this way).
+ * string's UTF-8 encoding when the socket wrote it. The buffer has its own ArrayBuffer, so it can
+ * be moved to another thread (the tokenizer workers build bodies this way). With `reuse`, the ids
+ * this prompt shares with that earlier one are copied as text; with `keep`, the answer also
+ * carries this body's `IdText` for the next one.
  */
-export function generateBody(req: GenerateRequest, stream: boolean): Uint8Array {
+export function generateBody(req: GenerateRequest, stream: boolean): Uint8Array;
+export function generateBody(req: GenerateRequest, stream: boolean, opts: { reuse?: IdText | null; keep: true }): { body: Uint8Array; idText: IdText | null };
+export function generateBody(req: GenerateRequest, stream: boolean, opts?: { reuse?: IdText | null; keep: true }): Uint8Array | { body: Uint8Array; idText: IdText | null } {
   const { input_ids: ids, ...rest } = req;
   const head = JSON.stringify({ ...rest, stream });
-  if (ids == null) return encoder.encode(head);
+  if (ids == null) {
+    const body = encoder.encode(head);
+    return opts?.keep ? { body, idText: null } : body;
+  }
   // `head` is a non-empty object: it ends with `}` and has at least one key before it.
   const open = encoder.encode(`${head.slice(0, -1)},"input_ids":[`);
   // A plain Uint8Array: element stores into a Buffer (a subclass) ran at half the speed.
   const out = new Uint8Array(new ArrayBuffer(open.length + ids.length * 11 + 2));
   out.set(open);
-  let o = open.length;
-  for (let i = 0; i < ids.length; i++) {
+  const base = open.length;
+  const marks = new Int32Array(Math.ceil(ids.length / MARK_EVERY));
+  let o = base;
+  let from = 0;
+  const reuse = opts?.reuse;
+  if (reuse) {
+    // Resume at the last mark inside the shared prefix; the copied text ends with its comma.
+    const m = Math.min(Math.floor(commonPrefix(reuse.ids, ids) / MARK_EVERY), marks.length - 1, reuse.marks.length - 1);
+    if (m > 0) {
+      out.set(reuse.text.subarray(0, reuse.marks[m]!), base);
+      marks.set(reuse.marks.subarray(0, m + 1));
+      from = m * MARK_EVERY;
+      o = base + reuse.marks[m]!;
+    }
+  }
+  for (let i = from; i < ids.length; i++) {
     let v = ids[i]!;
     if (!Number.isInteger(v)) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `input_ids[${i}] is not an integer: ${v}` });
     if (v < 0 || v > LARGEST_ID) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `input_ids[${i}] is not a token id: ${v}` });
-    if (i > 0) out[o++] = COMMA;
+    if (i > 0 && i !== from) out[o++] = COMMA;
+    if (i % MARK_EVERY === 0) marks[i / MARK_EVERY] = o - base;
     const digits = v < 10 ? 1 : v < 100 ? 2 : v < 1000 ? 3 : v < 10_000 ? 4 : v < 100_000 ? 5 : v < 1_000_000 ? 6 : v < 10_000_000 ? 7 : v < 100_000_000 ? 8 : v < 1_000_000_000 ? 9 : 10;
     let e = o + digits;
     while (v >= 10) {
@@ -42,7 +86,12 @@ export function generateBody(req: GenerateRequest, stream: boolean): Uint8Array 
     out[--e] = ZERO + v;
     o += digits;
   }
+  const textEnd = o;
   out[o++] = CLOSE_BRACKET;
   out[o++] = CLOSE_BRACE;
-  return out.subarray(0, o);
+  const body = out.subarray(0, o);
+  if (!opts?.keep) return body;
+  // A copy: `body` is about to move to another thread, and with it its ArrayBuffer.
+  const idsCopy = ids instanceof Int32Array ? ids.slice() : Int32Array.from(ids);
+  return { body, idText: { ids: idsCopy, text: out.slice(base, textEnd), marks } };
 }

@@ -82,10 +82,8 @@ async function promptTokenizer(modelDir: string, threads: number, inlineBytes: n
   const tok: PromptTokenizer = {
     contextLength: pool.contextLength ?? 32_768,
     prepare: async (body, params) => {
-      if (inline !== null && body.byteLength <= inlineBytes) {
-        const { sessionKey: _sessionKey, ...rest } = params;
-        return prepareChat(inline, body, rest);
-      }
+      // Short prompts gain nothing from reusing their last id text: the inline path keeps none.
+      if (inline !== null && body.byteLength <= inlineBytes) return prepareChat(inline, body, { ...params, sessionKey: null });
       return pool.prepare(body, params);
     },
   };

@@ -92,10 +92,9 @@ export class TokenizerPool {
    * Parses, validates, renders and tokenizes a raw chat-completion body on a worker (see
    * prepare.ts). The body is copied to the worker; the answer's arrays are moved back.
    */
-  async prepare(body: Uint8Array, params: PrepareParams & { sessionKey?: string | null }): Promise<PreparedChat | RefusedChat> {
-    const { sessionKey = null, ...rest } = params;
-    const task: WorkerTask = { op: 'prepare', body, ...rest };
-    return (await this.run(task, sessionKey)) as PreparedChat | RefusedChat;
+  async prepare(body: Uint8Array, params: PrepareParams): Promise<PreparedChat | RefusedChat> {
+    const task: WorkerTask = { op: 'prepare', body, ...params };
+    return (await this.run(task, params.sessionKey ?? null)) as PreparedChat | RefusedChat;
   }
 
   async decode(ids: ArrayLike<number>, opts: { skipSpecialTokens?: boolean } = {}): Promise<string> {

@@ -1,5 +1,5 @@
 import type { GenerateRequest } from '../../../cluster/engine-client.js';
-import { generateBody } from '../../../cluster/generate-body.js';
+import { generateBody, type IdText } from '../../../cluster/generate-body.js';
 import { ReefError, type ErrorCode } from '../../runtime/errors.js';
 import { inspectParsedJson, MAX_JSON_DEPTH } from '../json-depth.js';
 import { parseChatRequest } from '../openai-schema.js';
@@ -21,6 +21,8 @@ export interface PrepareParams {
   topK: number;
   /** max_new_tokens when the client sets none (capped by the context). */
   defaultMaxTokens: number;
+  /** The session (`x-reef-tag-session`): its last prompt's id text is reused for the next. */
+  sessionKey?: string | null;
 }
 
 export interface PreparedChat {
@@ -47,6 +49,24 @@ export interface RefusedChat {
   code: ErrorCode;
   message: string;
   param: string | null;
+}
+
+/**
+ * Per session, the id list of its last engine body (generate-body.ts `IdText`), LRU: the next turn
+ * copies the shared prefix instead of formatting 20k ids again. ~200 KB per session at OpenClaw
+ * size, so 64 sessions per tokenizer thread.
+ */
+const lastIdText = new Map<string, IdText>();
+const LAST_ID_TEXT_SESSIONS = 64;
+
+function engineBody(req: GenerateRequest, stream: boolean, sessionKey: string | null | undefined): Uint8Array {
+  if (!sessionKey) return generateBody(req, stream);
+  const reuse = lastIdText.get(sessionKey) ?? null;
+  const { body, idText } = generateBody(req, stream, { reuse, keep: true });
+  lastIdText.delete(sessionKey);
+  if (idText) lastIdText.set(sessionKey, idText);
+  if (lastIdText.size > LAST_ID_TEXT_SESSIONS) lastIdText.delete(lastIdText.keys().next().value as string);
+  return body;
 }
 
 const utf8 = new TextDecoder();
@@ -116,7 +136,7 @@ export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: 
   return {
     ok: true,
     promptIds: ids,
-    engineBody: generateBody(engineReq, req.stream === true),
+    engineBody: engineBody(engineReq, req.stream === true, params.sessionKey),
     requestJson: utf8Encoder.encode(JSON.stringify({ messages, tools: toolList ?? null, params: rest })),
     startsInThinking: text.lastIndexOf('<think>') > text.lastIndexOf('</think>'),
     model: req.model ?? null,
