@@ -9,6 +9,7 @@ import type { Layout, TrainerSpec, TrainTask } from '../../bridge/messages.js';
 import { type ShimProcess, spawnShim } from '../../bridge/shim-process.js';
 import { EngineClient, type GenerateResponse } from '../../cluster/engine-client.js';
 import { tinyModelDir } from '../../cluster/paths.js';
+import { startFakeEngine } from '../helpers/fake-engine.js';
 
 /**
  * The trainer driven from TypeScript through the real shim: Ray with 4 logical GPUs, the hf engine
@@ -130,6 +131,26 @@ describe('trainer over the bridge', () => {
     expect(after.meta_info.output_token_logprobs!.map((e) => e[0])).not.toEqual(before.meta_info.output_token_logprobs!.map((e) => e[0]));
 
     expect(await client.trainerLoad(step.checkpointPath)).toBe('v1');
+
+    // A push into an engine that does not speak SGLang's weight-update API fails as the retryable
+    // REEF_ERR_WEIGHT_SYNC (the controller then loads the checkpoint from disk), and the ranks live
+    // on: the next push, into the real engine, serves exactly what the disk load of v1 served.
+    const foreign = await startFakeEngine();
+    try {
+      const refused = await client.trainerPushWeights(foreign.url, 'v1').then(() => null, (e: unknown) => e);
+      expect(refused).toMatchObject({ code: 'REEF_ERR_WEIGHT_SYNC', retryable: true });
+    } finally {
+      await foreign.close();
+    }
+    await engine.updateWeightsFromDisk(tinyModelDir(), 'v0');
+    const pushed = await client.trainerPushWeights(engine.baseUrl, 'v1');
+    expect(pushed).toMatchObject({ weightVersion: 'v1', backend: 'gloo' });
+    expect(pushed.bytes).toBeGreaterThan(0);
+    const viaPush = await generate(prompt, greedy, 4, 3);
+    expect(viaPush.meta_info.weight_version).toBe('v1');
+    expect(viaPush.output_ids).toEqual(after.output_ids);
+    expect(viaPush.meta_info.output_token_logprobs!.map((e) => e[0])).toEqual(after.meta_info.output_token_logprobs!.map((e) => e[0]));
+
     await client.trainerStop();
     const stopped = await client.trainerStep('bridge:openclawrl:2', tasks).then(
       () => null,
