@@ -2,7 +2,7 @@ import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
 import { Authenticator, type Principal } from './auth.js';
 import type { ChatDeps } from './chat.js';
 import { sendError } from './http-errors.js';
-import { MAX_JSON_DEPTH, nestedDeeperThan } from './json-depth.js';
+import { parsedBodyProblem } from './body-checks.js';
 import { registerOpenAIRoutes } from './routes/openai.js';
 
 /** 64 MiB: OpenClaw resends whole transcripts with large tool outputs every turn. */
@@ -16,8 +16,6 @@ export interface GatewayServerOptions {
   registerReefRoutes?: (app: FastifyInstance, principalOf: (req: FastifyRequest) => Principal) => void;
   logger?: boolean;
 }
-
-export { MAX_JSON_DEPTH, nestedDeeperThan } from './json-depth.js';
 
 const PRINCIPAL = Symbol('reef.principal');
 type WithPrincipal = FastifyRequest & { [PRINCIPAL]?: Principal };
@@ -47,13 +45,11 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
     (request as WithPrincipal)[PRINCIPAL] = principal;
   });
 
-  // JSON.parse takes any depth, but JSON.stringify (storing the request) and structured clone
-  // recurse: refuse absurd nesting up front instead of failing with 5xx. Chat completions arrive
-  // as raw bytes and their tokenizer worker checks the parsed body the same way.
+  // Chat completions arrive as raw bytes; their preparation runs the same check on the parsed body.
   app.addHook('preHandler', async (request, reply) => {
-    if (request.body !== null && typeof request.body === 'object' && !Buffer.isBuffer(request.body) && nestedDeeperThan(request.body, MAX_JSON_DEPTH)) {
-      return sendError(reply, 'REEF_ERR_BODY', `request body is nested more than ${MAX_JSON_DEPTH} levels deep`);
-    }
+    if (Buffer.isBuffer(request.body)) return;
+    const problem = parsedBodyProblem(request.body);
+    if (problem !== null) return sendError(reply, 'REEF_ERR_BODY', problem);
   });
 
   app.addHook('onResponse', async (request, reply) => {

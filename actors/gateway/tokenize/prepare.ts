@@ -1,7 +1,7 @@
 import type { GenerateRequest } from '../../../cluster/engine-client.js';
 import { generateBody, type IdText } from '../../../cluster/generate-body.js';
 import { ReefError, type ErrorCode } from '../../runtime/errors.js';
-import { inspectParsedJson, MAX_JSON_DEPTH } from '../json-depth.js';
+import { parsedBodyProblem } from '../body-checks.js';
 import { parseChatRequest } from '../openai-schema.js';
 import type { ChatTokenizer } from './chat-tokenizer.js';
 import { normalizeMessages } from './normalize.js';
@@ -83,15 +83,8 @@ function parseBody(body: Uint8Array): { json: unknown } | RefusedChat {
   } catch (err) {
     return refuse('REEF_ERR_BODY', `request body is not valid JSON: ${(err as Error).message}`);
   }
-  if (json === null || typeof json !== 'object') return { json };
-  switch (inspectParsedJson(json, MAX_JSON_DEPTH)) {
-    case 'too-deep':
-      return refuse('REEF_ERR_BODY', `request body is nested more than ${MAX_JSON_DEPTH} levels deep`);
-    case 'prototype-key':
-      return refuse('REEF_ERR_BODY', 'request body is not valid JSON: Object contains forbidden prototype property');
-    default:
-      return { json };
-  }
+  const problem = parsedBodyProblem(json);
+  return problem === null ? { json } : refuse('REEF_ERR_BODY', problem);
 }
 
 export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: PrepareParams): PreparedChat | RefusedChat {

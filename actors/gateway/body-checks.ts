@@ -1,0 +1,31 @@
+/** Deeper than any real request (tool schemas nest a few levels); well below the stack's limit. */
+export const MAX_JSON_DEPTH = 128;
+
+/**
+ * Why a parsed JSON body is refused before any handler sees it, or null. One iterative walk (so
+ * that measuring a hostile body cannot itself overflow the stack) checks two things:
+ * - nesting past MAX_JSON_DEPTH: JSON.parse takes any depth, but JSON.stringify (storing the
+ *   request) and structured clone recurse, and would fail with a 5xx instead of a 4xx;
+ * - the prototype keys fastify's JSON parser refuses (`__proto__`, `constructor.prototype`), for the
+ *   chat route, which parses its raw body itself. `JSON.parse` makes such keys plain own
+ *   properties, but code that later copies the object by assignment would set a prototype instead.
+ *   Checking the parsed value catches every spelling of the key, unicode escapes included.
+ */
+export function parsedBodyProblem(value: unknown): string | null {
+  if (value === null || typeof value !== 'object') return null;
+  const stack: Array<[object, number]> = [[value, 1]];
+  while (stack.length > 0) {
+    const [v, depth] = stack.pop()!;
+    if (depth > MAX_JSON_DEPTH) return `request body is nested more than ${MAX_JSON_DEPTH} levels deep`;
+    if (!Array.isArray(v)) {
+      const ctor = (v as { constructor?: unknown }).constructor;
+      if (Object.hasOwn(v, '__proto__') || (Object.hasOwn(v, 'constructor') && ctor !== null && typeof ctor === 'object' && Object.hasOwn(ctor, 'prototype'))) {
+        return 'request body is not valid JSON: Object contains forbidden prototype property';
+      }
+    }
+    for (const child of Object.values(v)) {
+      if (child !== null && typeof child === 'object') stack.push([child as object, depth + 1]);
+    }
+  }
+  return null;
+}
