@@ -71,42 +71,30 @@ async function waitHealthy(url: string, what: string, child: ChildProcess, tail:
 }
 
 /**
- * CPU seconds a process has used, from /proc: its main thread alone and all its threads. Wall
- * latency on a shared, loaded 2-core machine mostly measures the neighbours; CPU time per request
- * does not, so the suite reports both.
+ * CPU seconds each thread of a process has used, from /proc (utime + stime): the main thread as
+ * `event loop`, the others as `<comm>/<tid>`. Wall latency on a shared, loaded 2-core machine
+ * mostly measures the neighbours; CPU time per request does not, so the suite reports both.
  */
-function cpuSeconds(pid: number): { main: number; all: number } {
-  const ticks = (stat: string) => {
-    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return Number(f[11]) + Number(f[12]); // utime, stime (fields 14 and 15 of stat)
-  };
-  const hz = 100; // USER_HZ: 100 on every Linux this runs on
-  const main = ticks(readFileSync(`/proc/${pid}/task/${pid}/stat`, 'utf8')) / hz;
-  const all = readdirSync(`/proc/${pid}/task`).reduce((sum, tid) => {
-    try {
-      return sum + ticks(readFileSync(`/proc/${pid}/task/${tid}/stat`, 'utf8')) / hz;
-    } catch {
-      return sum; // a thread that ended between readdir and read
-    }
-  }, 0);
-  return { main, all };
-}
-
-/** CPU seconds per thread name (`/proc/<pid>/task/<tid>/comm`): where the time outside the event loop goes. */
 function cpuByThread(pid: number): Map<string, number> {
+  const hz = 100; // USER_HZ: 100 on every Linux this runs on
   const out = new Map<string, number>();
   for (const tid of readdirSync(`/proc/${pid}/task`)) {
     try {
       const name = readFileSync(`/proc/${pid}/task/${tid}/comm`, 'utf8').trim();
-      const f = readFileSync(`/proc/${pid}/task/${tid}/stat`, 'utf8');
-      const fields = f.slice(f.lastIndexOf(')') + 2).split(' ');
-      const key = tid === String(pid) ? 'event loop' : `${name}/${tid}`;
-      out.set(key, (out.get(key) ?? 0) + (Number(fields[11]) + Number(fields[12])) / 100);
+      const stat = readFileSync(`/proc/${pid}/task/${tid}/stat`, 'utf8');
+      const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      out.set(tid === String(pid) ? 'event loop' : `${name}/${tid}`, (Number(f[11]) + Number(f[12])) / hz); // fields 14, 15
     } catch {
       // a thread that ended between readdir and read
     }
   }
   return out;
+}
+
+/** The event loop's CPU seconds and all threads' between two `cpuByThread` readings. */
+function cpuBetween(before: Map<string, number>, after: Map<string, number>): { main: number; all: number } {
+  const sum = (m: Map<string, number>) => [...m.values()].reduce((a, b) => a + b, 0);
+  return { main: (after.get('event loop') ?? 0) - (before.get('event loop') ?? 0), all: sum(after) - sum(before) };
 }
 
 function threadDelta(before: Map<string, number>, after: Map<string, number>, per: number): string {
@@ -235,28 +223,27 @@ export const suite: BenchSuite = {
         rows.push(g, d, added('short chat, non-streamed', g, d));
       }
       if (want('openclaw')) {
-        const oc0 = cpuSeconds(s.gatewayPid);
         const th0 = cpuByThread(s.gatewayPid);
         const oc = await openClaw(s, ctx);
-        const oc1 = cpuSeconds(s.gatewayPid);
         const th1 = cpuByThread(s.gatewayPid);
+        const occ = cpuBetween(th0, th1);
         const turns = oc[0]!.ops + oc[3]!.ops + 15; // + the 5 warm-up sessions of 3 turns
-        ctx.log(`gateway CPU per openclaw turn (turns 1-3 averaged): ${(((oc1.main - oc0.main) * 1000) / turns).toFixed(3)} ms on its event loop, ${(((oc1.all - oc0.all) * 1000) / turns).toFixed(3)} ms in all threads`);
+        ctx.log(`gateway CPU per openclaw turn (turns 1-3 averaged): ${((occ.main * 1000) / turns).toFixed(3)} ms on its event loop, ${((occ.all * 1000) / turns).toFixed(3)} ms in all threads`);
         ctx.log(`gateway CPU per openclaw turn by thread (ms): ${threadDelta(th0, th1, turns)}`);
         rows.push(...oc);
         const addedP50Ms = (oc[5]!.p50Us ?? Number.NaN) / 1000;
         ctx.log(`target: added p50 on openclaw turns 2-3 ≤ 2 ms: ${addedP50Ms.toFixed(2)} ms — ${addedP50Ms <= 2 ? 'met' : 'MISSED'}`);
       }
       if (want('throughput')) {
-        const cpu0 = cpuSeconds(s.gatewayPid);
+        const cpu0 = cpuByThread(s.gatewayPid);
         const tm = await measureCalls(gw(s, short.viaGateway), { seconds: ctx.seconds, concurrency: 64, warmupS: 0 });
-        const cpu1 = cpuSeconds(s.gatewayPid);
+        const cpu = cpuBetween(cpu0, cpuByThread(s.gatewayPid));
         const tg = toRow('throughput, 64 clients, non-streamed', 'gateway → fake engine', tm);
         const td = toRow('throughput, 64 clients, non-streamed', 'direct → fake engine', await measureCalls(engine(s, short.direct), { seconds: ctx.seconds, concurrency: 64 }));
         rows.push(tg, td);
         // What the gateway alone would sustain if its event loop had a core to itself.
-        const mainMs = ((cpu1.main - cpu0.main) * 1000) / tm.ops;
-        const allMs = ((cpu1.all - cpu0.all) * 1000) / tm.ops;
+        const mainMs = (cpu.main * 1000) / tm.ops;
+        const allMs = (cpu.all * 1000) / tm.ops;
         ctx.log(`gateway CPU per request at 64 clients: ${mainMs.toFixed(3)} ms on its event loop, ${allMs.toFixed(3)} ms in all threads (tokenizer, checkpointer)`);
         rows.push({ case: 'throughput, 64 clients, non-streamed', impl: 'gateway ceiling from CPU/req', ops: tm.ops, seconds: tg.seconds, opsPerSec: Math.round(1000 / mainMs), p50Us: null, p99Us: null, mbPerSec: null });
         ctx.log(`target: ≥ 2000 non-streamed req/s, 64 clients, recording on: ${tg.opsPerSec} req/s — ${tg.opsPerSec >= 2000 ? 'met' : 'MISSED'}`);
