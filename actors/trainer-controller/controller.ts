@@ -122,6 +122,11 @@ export class TrainerController {
     return this.state.releases.at(-1)?.weightVersion ?? null;
   }
 
+  /** What the trainer group restarts from: the last release's checkpoint, or null for the base model. */
+  private get lastCheckpoint(): string | null {
+    return this.state.releases.at(-1)?.checkpointPath ?? null;
+  }
+
   get releases(): readonly Release[] {
     return this.state.releases;
   }
@@ -175,7 +180,7 @@ export class TrainerController {
       // A new controller (a first start, or after its own crash) cannot know what a group left
       // running holds: start it from the last release, as after a rank crash. Starting from the
       // base model here would have trained the next batch on the base weights.
-      await this.ports.trainer.restart(this.state.releases.at(-1)?.checkpointPath ?? null);
+      await this.ports.trainer.restart(this.lastCheckpoint);
       this.trainerReady = true;
     }
     let result: StepResult | null = null;
@@ -191,7 +196,7 @@ export class TrainerController {
         // A dead rank takes the group down: start it again from the last release and retry the
         // same batch id; the trainer's record of finished batches keeps it from training twice.
         this.bump('trainer_restarts');
-        await this.ports.trainer.restart(this.state.releases.at(-1)?.checkpointPath ?? null);
+        await this.ports.trainer.restart(this.lastCheckpoint);
       }
     }
     // A batch the trainer's ledger already holds (we crashed between its step and our commit) was

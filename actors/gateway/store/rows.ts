@@ -72,11 +72,11 @@ function text(value: unknown, field: string, nullable: boolean): string | null {
 const REQUEST_HEAD = '{"messages":[';
 const REQUEST_HEAD_BYTES = Buffer.from(REQUEST_HEAD);
 
-/** Text, or UTF-8 bytes that the INSERT casts to text (`CAST(? AS TEXT)`) without a JS string. */
-function requestText(request: NewRecord['request']): string | Buffer {
+/** The request's JSON as UTF-8 bytes, what chunking cuts and the INSERT casts to text (`CAST(? AS TEXT)`). */
+function requestJsonBytes(request: NewRecord['request']): Buffer {
   if (typeof request === 'string') {
     if (!request.startsWith(REQUEST_HEAD)) throw invalid('record.request as text must be the JSON of {messages, tools, params}');
-    return request;
+    return Buffer.from(request);
   }
   if (request instanceof Uint8Array) {
     const bytes = blob(request);
@@ -86,7 +86,7 @@ function requestText(request: NewRecord['request']): string | Buffer {
   if (request === null || typeof request !== 'object' || !Array.isArray(request.messages)) {
     throw invalid('record.request must be {messages, tools, params}');
   }
-  return JSON.stringify({ messages: request.messages, tools: request.tools ?? null, params: request.params ?? {} });
+  return Buffer.from(JSON.stringify({ messages: request.messages, tools: request.tools ?? null, params: request.params ?? {} }));
 }
 
 /** Checks a record completely and turns it into a row; throws REEF_ERR_INVALID_ARGUMENT. */
@@ -99,7 +99,7 @@ export function toRow(r: NewRecord, id: string, memo: ChunkMemo | null = null): 
   if (r.tags === null || typeof r.tags !== 'object' || Object.values(r.tags).some((v) => typeof v !== 'string')) {
     throw invalid('record.tags must map names to strings');
   }
-  const request = chunk(requestBytes(requestText(r.request)), { utf8: true, memo });
+  const request = chunk(requestJsonBytes(r.request), { utf8: true, memo });
   const promptIds = typed(r.promptIds, Int32Array, 'promptIds');
   const outputIds = typed(r.outputIds, Int32Array, 'outputIds');
   const logprobs = typed(r.logprobs, Float32Array, 'logprobs');
@@ -138,10 +138,6 @@ export function toRow(r: NewRecord, id: string, memo: ChunkMemo | null = null): 
     prompt.refs,
   ];
   return { values, chunks: [...request.chunks, ...prompt.chunks] };
-}
-
-function requestBytes(request: string | Buffer): Buffer {
-  return typeof request === 'string' ? Buffer.from(request) : request;
 }
 
 /** A typed view of a BLOB, copied when SQLite's buffer is not 4-byte aligned. */
