@@ -138,11 +138,7 @@ def build(out: str | os.PathLike[str], seed: int = 0, steps: int = DEFAULT_STEPS
         tiny_model._write_json(tmp / "reef_build.json", {"builder": "reef_shim.demo_model",
                                                          "hash": build_hash(seed, steps), "seed": seed,
                                                          "steps": steps})
-        for path in [tmp, *tmp.iterdir()]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        tiny_model.publish(tmp, out)
     finally:
         torch.set_num_threads(threads)
         if tmp.exists():

@@ -167,17 +167,22 @@ def build(out: str | os.PathLike[str], seed: int = 0, quiet: bool = False, force
             say(f"{name} done in {time.monotonic() - started:.2f} s")
         _write_json(tmp / "reef_build.json", {"builder": "reef_shim.tiny_model", "hash": build_hash(seed),
                                               "seed": seed})
-        # mkdtemp makes a private directory; the model is meant to be read by every local user.
-        for path in [tmp, *tmp.iterdir()]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        publish(tmp, out)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     say(f"built {out}")
     return True
+
+
+def publish(tmp: Path, out: Path) -> None:
+    """Puts a model built in `tmp` (a mkdtemp beside `out`) in place of `out`, readable by all."""
+    # mkdtemp makes a private directory; the model is meant to be read by every local user.
+    for path in [tmp, *tmp.iterdir()]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
 
 
 def main(argv: list[str] | None = None) -> int:
