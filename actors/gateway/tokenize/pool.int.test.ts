@@ -5,7 +5,7 @@ import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { distEntry, repoRoot, tinyModelDir } from '../../../cluster/paths.js';
 import { ChatTokenizer } from './chat-tokenizer.js';
-import { normalizeMessages } from './normalize.js';
+import { prepareChat } from './prepare.js';
 import { TokenizerPool } from './pool.js';
 
 /** Worker threads run the compiled worker: rebuild dist/ when it is older than these sources. */
@@ -35,25 +35,31 @@ describe('TokenizerPool', () => {
     await pool?.close();
   });
 
-  const turn = (n: number) => normalizeMessages([
+  const turn = (n: number) => [
     { role: 'system', content: 'A long system prompt. '.repeat(100) },
     ...Array.from({ length: n }, (_, i) => [{ role: 'user', content: `question ${i}` }, { role: 'assistant', content: `answer ${i}` }]).flat(),
     { role: 'user', content: 'next' },
-  ]);
+  ];
+  const body = (messages: unknown[], extra: Record<string, unknown> = {}) => Buffer.from(JSON.stringify({ messages, stream: true, ...extra }));
+  const params = { rid: '01JAAAAAAAAAAAAAAAAAAAAAAA', topK: 4, defaultMaxTokens: 16 };
 
-  it('renders in workers with the same ids as in-process', async () => {
-    const results = await Promise.all([0, 1, 2, 3].map((n) => pool.render(turn(n), null)));
+  it('prepares in workers exactly as in-process: the same ids, engine body and request JSON', async () => {
+    const results = await Promise.all([0, 1, 2, 3].map((n) => pool.prepare(body(turn(n)), { ...params, sessionKey: null })));
     results.forEach((r, n) => {
-      expect(r.ids).toBeInstanceOf(Int32Array);
-      expect(Array.from(r.ids)).toEqual(Array.from(local.render(turn(n), null).ids));
-      expect(r.text).toBe(local.render(turn(n), null).text);
+      const want = prepareChat(local, body(turn(n)), params);
+      if (!r.ok || !want.ok) throw new Error(`refused: ${JSON.stringify(r)}`);
+      expect(r.promptIds).toBeInstanceOf(Int32Array);
+      expect(Array.from(r.promptIds)).toEqual(Array.from(want.promptIds));
+      expect(Buffer.from(r.engineBody).equals(Buffer.from(want.engineBody))).toBe(true);
+      expect(Buffer.from(r.requestJson).equals(Buffer.from(want.requestJson))).toBe(true);
+      expect(r).toMatchObject({ stream: true, includeUsage: false, model: null, startsInThinking: false });
     });
     expect(pool.contextLength).toBe(4096);
   });
 
   it('routes one session to one worker, where its earlier pieces hit the cache', async () => {
     const before = await pool.stats();
-    for (let n = 5; n < 9; n++) await pool.render(turn(n), null, { sessionKey: 'session-a' });
+    for (let n = 5; n < 9; n++) await pool.prepare(body(turn(n)), { ...params, sessionKey: 'session-a' });
     const after = await pool.stats();
     const rendered = after.map((s, i) => s.renders - before[i]!.renders);
     expect([...rendered].sort()).toEqual([0, 4]);
@@ -61,16 +67,18 @@ describe('TokenizerPool', () => {
     expect(after[busy]!.cache.hits).toBeGreaterThan(before[busy]!.cache.hits);
   });
 
-  it('decodes, and reports template errors with their code', async () => {
-    const r = await pool.render(turn(0), null);
-    expect(await pool.decode(r.ids)).toBe(r.text);
-    await expect(pool.render(normalizeMessages([{ role: 'user', content: 'x' }]), null, { extra: { messages: 5 } })).rejects.toMatchObject({ code: 'REEF_ERR_CHAT_TEMPLATE' });
+  it('decodes, and answers a refused request with its error code and message', async () => {
+    const r = await pool.prepare(body(turn(0)), { ...params, sessionKey: null });
+    if (!r.ok) throw new Error('refused');
+    expect(await pool.decode(r.promptIds)).toBe(local.decode(r.promptIds));
+    expect(await pool.prepare(Buffer.from('{"messages": ['), { ...params, sessionKey: null })).toMatchObject({ ok: false, code: 'REEF_ERR_BODY', message: expect.stringMatching(/not valid JSON/) });
+    expect(await pool.prepare(body(turn(0), { max_tokens: 5000 }), { ...params, sessionKey: null })).toMatchObject({ ok: false, code: 'REEF_ERR_CONTEXT_LENGTH', message: expect.stringMatching(/exceeds the context length 4096/) });
   });
 
   it('refuses work after close, and close is idempotent', async () => {
     const p = await TokenizerPool.create(tinyModelDir(), { threads: 1 });
     await p.close();
     await p.close();
-    await expect(p.render(turn(0), null)).rejects.toMatchObject({ code: 'REEF_ERR_ACTOR_CLOSED' });
+    await expect(p.prepare(body(turn(0)), { ...params, sessionKey: null })).rejects.toMatchObject({ code: 'REEF_ERR_ACTOR_CLOSED' });
   });
 });

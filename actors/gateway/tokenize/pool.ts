@@ -3,9 +3,8 @@ import { fileURLToPath } from 'node:url';
 import { Piscina } from 'piscina';
 import { distEntry } from '../../../cluster/paths.js';
 import { isErrorCode, ReefError } from '../../runtime/errors.js';
-import type { RenderOptions, RenderResult, ChatTokenizerStats } from './chat-tokenizer.js';
+import type { ChatTokenizerStats } from './chat-tokenizer.js';
 import { loadModelFiles } from './model-files.js';
-import type { TemplateMessage } from './normalize.js';
 import type { PreparedChat, PrepareParams, RefusedChat } from './prepare.js';
 import type { WorkerFailure, WorkerTask } from './worker.js';
 
@@ -14,11 +13,6 @@ export interface TokenizerPoolOptions {
   threads?: number;
   /** Piece-cache bound per worker, in token ids. @default 4_000_000 */
   cacheMaxIds?: number;
-}
-
-export interface PoolRenderOptions extends RenderOptions {
-  /** Requests with the same key go to the same worker, so that worker's piece cache hits. */
-  sessionKey?: string | null;
 }
 
 /**
@@ -82,15 +76,10 @@ export class TokenizerPool {
     return pool;
   }
 
-  async render(messages: TemplateMessage[], tools: unknown[] | null, opts: PoolRenderOptions = {}): Promise<RenderResult> {
-    const { sessionKey = null, ...renderOpts } = opts;
-    const task: WorkerTask = { op: 'render', messages, tools, opts: renderOpts };
-    return (await this.run(task, sessionKey)) as RenderResult;
-  }
-
   /**
    * Parses, validates, renders and tokenizes a raw chat-completion body on a worker (see
-   * prepare.ts). The body is copied to the worker; the answer's arrays are moved back.
+   * prepare.ts). The body is copied to the worker; the answer's arrays are moved back. Requests
+   * with the same `sessionKey` go to the same worker, so that worker's piece cache hits.
    */
   async prepare(body: Uint8Array, params: PrepareParams): Promise<PreparedChat | RefusedChat> {
     const task: WorkerTask = { op: 'prepare', body, ...params };

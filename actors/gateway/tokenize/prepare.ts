@@ -4,7 +4,7 @@ import { ReefError, type ErrorCode } from '../../runtime/errors.js';
 import { parsedBodyProblem } from '../body-checks.js';
 import { parseChatRequest } from '../openai-schema.js';
 import type { ChatTokenizer } from './chat-tokenizer.js';
-import { normalizeMessages } from './normalize.js';
+import { checkContextLength, normalizeMessages } from './normalize.js';
 
 /**
  * A chat-completion request, from its raw body to what the gateway sends and records. This runs
@@ -106,11 +106,13 @@ export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: 
 
   const ctxLen = tokenizer.contextLength ?? 32_768;
   const asked = req.max_completion_tokens ?? req.max_tokens ?? null;
-  const room = ctxLen - ids.length;
-  if (room <= 0 || (asked !== null && asked > room)) {
-    const e = new ReefError('REEF_ERR_CONTEXT_LENGTH', { promptTokens: ids.length, maxTokens: asked ?? 1, contextLength: ctxLen });
-    return refuse(e.code, e.message);
+  try {
+    // With no max_tokens the prompt must leave room for at least one new token.
+    checkContextLength(ids.length, asked ?? 1, ctxLen);
+  } catch (err) {
+    return refuse((err as ReefError).code, (err as ReefError).message);
   }
+  const room = ctxLen - ids.length;
   const stop = req.stop == null ? null : Array.isArray(req.stop) ? req.stop : [req.stop];
   const engineReq: GenerateRequest = {
     input_ids: ids,

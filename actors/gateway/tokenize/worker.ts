@@ -1,12 +1,10 @@
 import { move, transferableSymbol, valueSymbol, workerData } from 'piscina';
 import { ReefError } from '../../runtime/errors.js';
-import { ChatTokenizer, type RenderOptions } from './chat-tokenizer.js';
-import type { TemplateMessage } from './normalize.js';
+import { ChatTokenizer } from './chat-tokenizer.js';
 import { prepareChat, type PrepareParams } from './prepare.js';
 
 /** One task of the tokenizer worker; the tokenizer and its piece cache live for the worker's life. */
 export type WorkerTask =
-  | { op: 'render'; messages: TemplateMessage[]; tools: unknown[] | null; opts: RenderOptions }
   | { op: 'decode'; ids: number[] | Int32Array; skipSpecialTokens: boolean }
   | ({ op: 'prepare'; body: Uint8Array } & PrepareParams)
   | { op: 'stats' };
@@ -30,10 +28,6 @@ export default function run(task: WorkerTask): unknown {
 
 function handle(task: WorkerTask): unknown {
   switch (task.op) {
-    case 'render': {
-      const out = tokenizer.render(task.messages, task.tools, task.opts);
-      return { ids: out.ids, text: out.text };
-    }
     case 'prepare': {
       const { op: _op, body, ...params } = task;
       const out = prepareChat(tokenizer, body, params);
