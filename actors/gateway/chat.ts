@@ -7,7 +7,7 @@ import type { PreparedChat, RefusedChat } from './tokenize/prepare.js';
 
 /**
  * The chat-completion pipeline, transport-free: raw body → (tokenizer worker: parse, validate,
- * render, tokenize, serialise) → engine `/generate` with `input_ids` → parse → record. The ids
+ * render, tokenize, build the engine body) → engine `/generate` with `input_ids` → parse → record. The ids
  * sent to the engine are exactly the ids recorded.
  */
 
@@ -36,6 +36,8 @@ export interface ChatContext {
 export interface Prepared extends Omit<PreparedChat, 'ok'> {
   id: string;
   ctx: ChatContext;
+  /** The client's body as received: what the record stores as its request. */
+  body: Uint8Array;
 }
 
 /** Prepares a raw request body on a tokenizer worker; a refused request comes back as its error. */
@@ -44,7 +46,7 @@ export async function prepare(deps: ChatDeps, body: Uint8Array, ctx: ChatContext
   const out = await deps.tokenizer.prepare(body, { rid: id, topK: deps.topK, defaultMaxTokens: deps.defaultMaxTokens, sessionKey: ctx.sessionKey });
   if (!out.ok) return out;
   const { ok: _ok, ...prepared } = out;
-  return { ...prepared, id, ctx };
+  return { ...prepared, id, ctx, body };
 }
 
 /** The OpenAI assistant message of a parsed output: absent fields are left out, as OpenAI does. */
@@ -89,7 +91,7 @@ export function buildRecord(deps: ChatDeps, p: Prepared, res: GenerateResponse |
     status,
     startedAt: p.ctx.startedAt,
     finishedAt,
-    request: p.requestJson,
+    request: { chatBody: p.body },
     promptIds: p.promptIds,
     outputIds,
     logprobs,

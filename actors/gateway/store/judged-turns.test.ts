@@ -90,7 +90,8 @@ describe('judged-turn log', () => {
     const a = await store.append(sampleRecord(1));
     await store.close();
     const db = new Database(join(dir, 'r.db'));
-    // Undo migrations 3 and 2, newest first.
+    // Undo migrations 4, 3 and 2, newest first.
+    db.exec('ALTER TABLE records DROP COLUMN request_form');
     db.exec('DROP TABLE chunks; ALTER TABLE records DROP COLUMN request_chunks; ALTER TABLE records DROP COLUMN prompt_chunks');
     db.exec('DROP TABLE judged_turns');
     db.pragma('user_version = 1');
@@ -98,5 +99,19 @@ describe('judged-turn log', () => {
     store = SqliteStore.open(join(dir, 'r.db'));
     expect((await store.get(a.id))?.id).toBe(a.id);
     expect(await store.appendJudgedTurn(turn(a.id))).toEqual({ offset: 1, created: true });
+  });
+
+  it('migration 4 reads the requests of older records as before and stores bodies after them', async () => {
+    const a = await store.append(sampleRecord(1));
+    const before = (await store.get(a.id))!.request;
+    await store.close();
+    const db = new Database(join(dir, 'r.db'));
+    db.exec('ALTER TABLE records DROP COLUMN request_form');
+    db.pragma('user_version = 3');
+    db.close();
+    store = SqliteStore.open(join(dir, 'r.db'));
+    expect((await store.get(a.id))!.request).toEqual(before);
+    const b = await store.append({ ...sampleRecord(2), request: { chatBody: new TextEncoder().encode('{"messages":[{"role":"user","content":"x"}],"seed":3}') } });
+    expect((await store.get(b.id))!.request).toEqual({ messages: [{ role: 'user', content: 'x' }], tools: null, params: { seed: 3 } });
   });
 });

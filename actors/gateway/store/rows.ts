@@ -1,8 +1,9 @@
 import { endianness } from 'node:os';
 import { ReefError } from '../../runtime/errors.js';
+import { parseChatRequest } from '../openai-schema.js';
 import { chunk, type Chunk, type ChunkMemo } from './chunks.js';
 import { isId } from './ids.js';
-import type { AgentRecord, NewRecord, RecordSummary } from './types.js';
+import type { AgentRecord, NewRecord, RecordRequest, RecordSummary } from './types.js';
 
 /** Conversion between records and SQLite rows: token arrays as raw little-endian BLOBs. */
 
@@ -30,13 +31,13 @@ export interface RecordRow {
 
 export const INSERT_RECORD_SQL = `INSERT INTO records (id, scenario, status, started_at, finished_at, latency_ms, engine,
   weight_version, finish_reason, prompt_tokens, completion_tokens, top_k, error, tags, request, response,
-  prompt_ids, output_ids, logprobs, topk_ids, topk_logprobs, request_chunks, prompt_chunks)
-  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, CAST(? AS TEXT), ?, ?, ?, ?, ?, ?, ?, ?)`;
+  prompt_ids, output_ids, logprobs, topk_ids, topk_logprobs, request_chunks, prompt_chunks, request_form)
+  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, CAST(? AS TEXT), ?, ?, ?, ?, ?, ?, ?, ?, ?)`;
 
 export const INSERT_CHUNK_SQL = 'INSERT OR IGNORE INTO chunks (hash, data) VALUES (?, ?)';
 
 export const SUMMARY_COLUMNS = `seq, id, scenario, status, started_at, finished_at, latency_ms, engine, weight_version,
-  finish_reason, prompt_tokens, completion_tokens, top_k, error, tags, request, response, request_chunks`;
+  finish_reason, prompt_tokens, completion_tokens, top_k, error, tags, request, response, request_chunks, request_form`;
 export const FULL_COLUMNS = `${SUMMARY_COLUMNS}, prompt_ids, output_ids, logprobs, topk_ids, topk_logprobs, prompt_chunks`;
 
 /** The array's bytes, not copied: `append` owns the arrays it is given (see NewRecord). */
@@ -72,8 +73,25 @@ function text(value: unknown, field: string, nullable: boolean): string | null {
 const REQUEST_HEAD = '{"messages":[';
 const REQUEST_HEAD_BYTES = Buffer.from(REQUEST_HEAD);
 
-/** The request's JSON as UTF-8 bytes, what chunking cuts and the INSERT casts to text (`CAST(? AS TEXT)`). */
-function requestJsonBytes(request: NewRecord['request']): Buffer {
+/** The request column's forms (schema step 4). */
+const REQUEST_FORM = { reef: 0, chatBody: 1 } as const;
+
+/**
+ * The request as UTF-8 bytes, what chunking cuts and the INSERT casts to text (`CAST(? AS TEXT)`),
+ * and which form they are in.
+ */
+function requestBytes(request: NewRecord['request']): { bytes: Buffer; form: number } {
+  if (request !== null && typeof request === 'object' && 'chatBody' in request) {
+    if (!(request.chatBody instanceof Uint8Array)) throw invalid('record.request.chatBody must be a Uint8Array');
+    const bytes = blob(request.chatBody);
+    // The gateway parsed these bytes as a JSON object before it got here; a cheap shape check.
+    if (bytes.toString('latin1', 0, 64).trimStart()[0] !== '{') throw invalid('record.request.chatBody must be the UTF-8 JSON of a chat-completion request');
+    return { bytes, form: REQUEST_FORM.chatBody };
+  }
+  return { bytes: requestJsonBytes(request), form: REQUEST_FORM.reef };
+}
+
+function requestJsonBytes(request: Exclude<NewRecord['request'], { chatBody: Uint8Array }>): Buffer {
   if (typeof request === 'string') {
     if (!request.startsWith(REQUEST_HEAD)) throw invalid('record.request as text must be the JSON of {messages, tools, params}');
     return Buffer.from(request);
@@ -99,7 +117,8 @@ export function toRow(r: NewRecord, id: string, memo: ChunkMemo | null = null): 
   if (r.tags === null || typeof r.tags !== 'object' || Object.values(r.tags).some((v) => typeof v !== 'string')) {
     throw invalid('record.tags must map names to strings');
   }
-  const request = chunk(requestJsonBytes(r.request), { utf8: true, memo });
+  const { bytes: requestUtf8, form } = requestBytes(r.request);
+  const request = chunk(requestUtf8, { utf8: true, memo });
   const promptIds = typed(r.promptIds, Int32Array, 'promptIds');
   const outputIds = typed(r.outputIds, Int32Array, 'outputIds');
   const logprobs = typed(r.logprobs, Float32Array, 'logprobs');
@@ -136,6 +155,7 @@ export function toRow(r: NewRecord, id: string, memo: ChunkMemo | null = null): 
     blob(topkLogprobs),
     request.refs,
     prompt.refs,
+    form,
   ];
   return { values, chunks: [...request.chunks, ...prompt.chunks] };
 }
@@ -166,6 +186,7 @@ export interface SummaryRowShape {
   request: string;
   response: string;
   request_chunks: Buffer | null;
+  request_form: number;
 }
 
 export interface FullRowShape extends SummaryRowShape {
@@ -177,6 +198,21 @@ export interface FullRowShape extends SummaryRowShape {
   prompt_chunks: Buffer | null;
 }
 
+/**
+ * A stored chat-completion body as `{messages, tools, params}`, exactly as the gateway split it when
+ * it served the request: the same schema parse (which also fills defaults such as a tool call's
+ * `type`), messages and tools apart, every other field a parameter.
+ */
+export function requestOfChatBody(json: string): RecordRequest {
+  const body = JSON.parse(json) as Record<string, unknown>;
+  const parsed = parseChatRequest(body);
+  // Only bodies that passed this parse are stored; a later, stricter schema must not make old
+  // records unreadable, so those are split as they are.
+  const req = parsed.ok ? (parsed.value as Record<string, unknown>) : body;
+  const { messages, tools, ...params } = req;
+  return { messages: Array.isArray(messages) ? messages : [], tools: Array.isArray(tools) ? tools : null, params };
+}
+
 export function toSummary(row: SummaryRowShape): RecordSummary {
   return {
     id: row.id,
@@ -186,7 +222,7 @@ export function toSummary(row: SummaryRowShape): RecordSummary {
     status: row.status,
     startedAt: row.started_at,
     finishedAt: row.finished_at,
-    request: JSON.parse(row.request) as RecordSummary['request'],
+    request: row.request_form === REQUEST_FORM.chatBody ? requestOfChatBody(row.request) : (JSON.parse(row.request) as RecordRequest),
     topK: row.top_k,
     finishReason: row.finish_reason,
     usage: { promptTokens: row.prompt_tokens, completionTokens: row.completion_tokens },

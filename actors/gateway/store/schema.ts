@@ -102,6 +102,11 @@ const MIGRATIONS: readonly string[] = [
   ALTER TABLE records ADD COLUMN request_chunks BLOB;
   ALTER TABLE records ADD COLUMN prompt_chunks BLOB;
   `,
+  // 4: what the request column holds: 0 the JSON of {messages, tools, params} (every record
+  // written before this step), 1 the client's chat-completion body as received (types.ts ChatBody).
+  `
+  ALTER TABLE records ADD COLUMN request_form INTEGER NOT NULL DEFAULT 0 CHECK (request_form IN (0, 1));
+  `,
 ];
 
 export const SCHEMA_VERSION = MIGRATIONS.length;

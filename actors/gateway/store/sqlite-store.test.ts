@@ -49,6 +49,29 @@ describe('SqliteStore records', () => {
     }
   });
 
+  it('stores a chat-completion body as received and reads it back split as the gateway split it', async () => {
+    const input = sampleRecord(7);
+    const body = {
+      model: 'tiny', stream: true, temperature: 0.5, stream_options: { include_usage: true }, x_unknown: [1],
+      messages: [{ role: 'system', content: 'héllo 👋 "quoted"' }, { role: 'assistant', content: null, tool_calls: [{ id: 'c1', function: { name: 'f', arguments: '{}' } }] }, { role: 'tool', tool_call_id: 'c1', content: [{ type: 'text', text: 'ok' }] }],
+      tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }],
+    };
+    const raw = new TextEncoder().encode(`  \n${JSON.stringify(body)}`);
+    const { id } = await store.append({ ...input, request: { chatBody: raw } });
+    const { messages, tools, ...params } = body;
+    // The schema's one default: a tool call without `type` is a function call.
+    const wantMessages = structuredClone(messages);
+    (wantMessages[1]!.tool_calls![0] as Record<string, unknown>).type = 'function';
+    expect((await store.get(id))!.request).toEqual({ messages: wantMessages, tools, params });
+    expect((await store.list({ scenario: input.scenario })).items[0]!.request).toEqual({ messages: wantMessages, tools, params });
+    // Without tools, `tools` reads as null, as for requests stored as {messages, tools, params}.
+    const bare = await store.append({ ...input, request: { chatBody: new TextEncoder().encode('{"messages": [{"role": "user", "content": "hi"}]}') } });
+    expect((await store.get(bare.id))!.request).toEqual({ messages: [{ role: 'user', content: 'hi' }], tools: null, params: {} });
+    for (const bad of [new TextEncoder().encode('[1, 2]'), 'not bytes']) {
+      await expect(store.append({ ...input, request: { chatBody: bad as Uint8Array } })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT', message: expect.stringMatching(/record\.request\.chatBody/) });
+    }
+  });
+
   it('rejects a duplicate id with REEF_ERR_CONFLICT without failing its batch neighbours', async () => {
     const first = await store.append(sampleRecord(1));
     const results = await Promise.allSettled([

@@ -56,12 +56,22 @@ export interface AgentRecord extends RecordSummary {
 
 /**
  * What `append` takes: a record without its offset; the id is generated when absent. `request`
- * may come already serialised as the JSON of a `RecordRequest`, text or UTF-8 bytes (the
- * gateway's tokenizer workers write it next to the prompt ids, so the event loop never serialises
- * a transcript). The store takes ownership of the typed arrays: it binds them without a copy, so
- * the caller must not change them after `append`.
+ * may come already serialised as the JSON of a `RecordRequest`, text or UTF-8 bytes, or as the
+ * client's own chat-completion body (`ChatBody`). The store takes ownership of the typed arrays:
+ * it binds them without a copy, so the caller must not change them after `append`.
  */
-export type NewRecord = Omit<AgentRecord, 'id' | 'offset' | 'request'> & { id?: string; request: RecordRequest | string | Uint8Array };
+export type NewRecord = Omit<AgentRecord, 'id' | 'offset' | 'request'> & { id?: string; request: RecordRequest | string | Uint8Array | ChatBody };
+
+/**
+ * The chat-completion body as the client sent it (UTF-8 JSON), already parsed and validated by the
+ * gateway. The gateway stores these bytes as they came instead of serialising `{messages, tools,
+ * params}` again: re-serialising an OpenClaw-sized transcript cost a tokenizer worker ~0.14 ms per
+ * turn, and the body is the more faithful record anyway. Reads turn it back into a
+ * `RecordRequest` (rows.ts `requestOfChatBody`).
+ */
+export interface ChatBody {
+  chatBody: Uint8Array;
+}
 
 export interface Receipt {
   id: string;

@@ -7,11 +7,11 @@ import type { ChatTokenizer } from './chat-tokenizer.js';
 import { checkContextLength, normalizeMessages } from './normalize.js';
 
 /**
- * A chat-completion request, from its raw body to what the gateway sends and records. This runs
- * on a tokenizer worker: the event loop hands over the body bytes and gets back the prompt ids,
- * the engine's `/generate` body and the request's record JSON, so an OpenClaw-sized request
- * (40 KB of JSON, 20k+ prompt ids) costs the event loop a copy instead of a parse, a validation,
- * a structured clone of the transcript, and two serialisations.
+ * A chat-completion request, from its raw body to what the gateway sends. This runs on a tokenizer
+ * worker: the event loop hands over the body bytes and gets back the prompt ids and the engine's
+ * `/generate` body, so an OpenClaw-sized request (40 KB of JSON, 20k+ prompt ids) costs the event
+ * loop a copy instead of a parse, a validation, a structured clone of the transcript and a
+ * serialisation. The record stores the body bytes themselves (store/types.ts `ChatBody`).
  */
 
 export interface PrepareParams {
@@ -30,12 +30,6 @@ export interface PreparedChat {
   promptIds: Int32Array;
   /** The `/generate` body (UTF-8 JSON) with `stream` as the client asked. */
   engineBody: Uint8Array;
-  /**
-   * `{messages, tools, params}` as the record stores it, as UTF-8 JSON bytes: bytes move between
-   * threads without a copy and stay off the JS heap, where a 40 KB string per turn crossing from
-   * a worker was promoted to old space and drove a full GC every ~100 turns.
-   */
-  requestJson: Uint8Array;
   /** The prompt ends inside an open thinking block, so output starts as reasoning. */
   startsInThinking: boolean;
   model: string | null;
@@ -70,7 +64,6 @@ function engineBody(req: GenerateRequest, stream: boolean, sessionKey: string | 
 }
 
 const utf8 = new TextDecoder();
-const utf8Encoder = new TextEncoder();
 
 function refuse(code: ErrorCode, message: string, param: string | null = null): RefusedChat {
   return { ok: false, code, message, param };
@@ -127,12 +120,10 @@ export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: 
     top_logprobs_num: params.topK,
     rid: params.rid,
   };
-  const { messages, tools: toolList, ...rest } = req;
   return {
     ok: true,
     promptIds: ids,
     engineBody: engineBody(engineReq, req.stream === true, params.sessionKey),
-    requestJson: utf8Encoder.encode(JSON.stringify({ messages, tools: toolList ?? null, params: rest })),
     startsInThinking: text.lastIndexOf('<think>') > text.lastIndexOf('</think>'),
     model: req.model ?? null,
     stream: req.stream === true,
