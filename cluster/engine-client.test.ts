@@ -37,18 +37,31 @@ describe('generateBody', () => {
     const rand = (n: number) => ((seed = (seed * 1103515245 + 12345) % 2 ** 31), seed % n);
     const req = (ids: Int32Array) => ({ input_ids: ids, sampling_params: { max_new_tokens: 4 }, rid: 'r' });
     const randomIds = (n: number) => Int32Array.from({ length: n }, () => (rand(3) === 0 ? rand(10) : rand(200_000)));
-    let prev = generateBody(req(randomIds(1000)), true, { keep: true });
+    // Thousands of ids, so that shared prefixes and changed ids fall in and across the 2,048-id blocks compared natively.
+    let prev = generateBody(req(randomIds(6000)), true, { keep: true });
     for (let round = 0; round < 60; round++) {
       const last = prev.idText!.ids;
       // Grow the last prompt, cut it, change one id in it, or start afresh; lengths cross mark boundaries.
       const kind = rand(4);
       const keep = kind === 3 ? 0 : Math.min(last.length, rand(last.length + 1) + (kind === 0 ? last.length : 0));
-      const next = Int32Array.from([...last.subarray(0, keep), ...randomIds(rand(700))]);
+      const next = Int32Array.from([...last.subarray(0, keep), ...randomIds(rand(2500))]);
       if (kind === 2 && next.length > 0) next[rand(next.length)] = rand(99);
       const reused = generateBody(req(next), round % 2 === 0, { reuse: prev.idText, keep: true });
       const fresh = generateBody(req(next), round % 2 === 0);
       expect(Buffer.from(reused.body).equals(Buffer.from(fresh))).toBe(true);
       prev = reused;
+    }
+  });
+
+  it('notices a changed id at every position around the blocks its prefix comparison skips', () => {
+    const req = (ids: Int32Array) => ({ input_ids: ids, sampling_params: { max_new_tokens: 4 }, rid: 'r' });
+    const base = Int32Array.from({ length: 5000 }, (_, i) => (i * 7919) % 151_000);
+    const prev = generateBody(req(base), false, { keep: true });
+    for (const at of [0, 1, 255, 256, 2046, 2047, 2048, 2049, 4095, 4096, 4999]) {
+      const next = base.slice();
+      next[at] = next[at]! + 1;
+      const reused = generateBody(req(next), false, { reuse: prev.idText, keep: true });
+      expect(Buffer.from(reused.body).equals(Buffer.from(generateBody(req(next), false))), `id ${at} changed`).toBe(true);
     }
   });
 });

@@ -23,9 +23,17 @@ export interface IdText {
   marks: Int32Array;
 }
 
-function commonPrefix(a: ArrayLike<number>, b: ArrayLike<number>): number {
+/** Ids compared per native call: a shared 20k-id prefix compared id by id took ~25 µs. */
+const COMPARE_BLOCK = 2048;
+
+function commonPrefix(a: Int32Array, b: ArrayLike<number>): number {
   const n = Math.min(a.length, b.length);
   let i = 0;
+  if (b instanceof Int32Array) {
+    const ab = Buffer.from(a.buffer, a.byteOffset, a.byteLength);
+    const bb = Buffer.from(b.buffer, b.byteOffset, b.byteLength);
+    while (i + COMPARE_BLOCK <= n && bb.compare(ab, i * 4, (i + COMPARE_BLOCK) * 4, i * 4, (i + COMPARE_BLOCK) * 4) === 0) i += COMPARE_BLOCK;
+  }
   while (i < n && a[i] === b[i]) i++;
   return i;
 }
