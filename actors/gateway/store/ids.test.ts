@@ -34,6 +34,13 @@ describe('ids', () => {
     expect(idTime(late)).toBe(1_001);
   });
 
+  it('draw fresh randomness for every millisecond, past the 256 ids one batch of random bytes serves', () => {
+    let now = 5_000;
+    const gen = new IdGenerator(() => now++);
+    const randomParts = Array.from({ length: 1_000 }, () => gen.next().slice(10));
+    expect(new Set(randomParts).size).toBe(randomParts.length);
+  });
+
   it('rejects malformed ids', () => {
     expect(isId('0'.repeat(26))).toBe(true);
     expect(isId('8' + '0'.repeat(25))).toBe(false); // beyond 48 bits of time

@@ -34,10 +34,15 @@ function encodeTime(ms: number): string {
   return out;
 }
 
+/** Random bytes drawn 256 ids at a time: one system call per id showed in the gateway's profile. */
+const RANDOM_POOL = RANDOM_DIGITS * 256;
+
 export class IdGenerator {
   private lastTime = -1;
   /** The random part as 16 base32 digits, incremented within one millisecond. */
   private readonly digits = new Uint8Array(RANDOM_DIGITS);
+  private readonly pool = new Uint8Array(RANDOM_POOL);
+  private poolAt = RANDOM_POOL;
 
   constructor(private readonly now: () => number = Date.now) {}
 
@@ -60,8 +65,12 @@ export class IdGenerator {
   }
 
   private reseed(): void {
-    randomFillSync(this.digits);
-    for (let i = 0; i < RANDOM_DIGITS; i++) this.digits[i]! &= 31;
+    if (this.poolAt === RANDOM_POOL) {
+      randomFillSync(this.pool);
+      this.poolAt = 0;
+    }
+    for (let i = 0; i < RANDOM_DIGITS; i++) this.digits[i] = this.pool[this.poolAt + i]! & 31;
+    this.poolAt += RANDOM_DIGITS;
   }
 
   /** Adds one to the random part; false when it overflowed. */
