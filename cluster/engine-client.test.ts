@@ -1,5 +1,7 @@
+import { createServer, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { describe, expect, it } from 'vitest';
-import { generateBody } from './engine-client.js';
+import { EngineClient, generateBody } from './engine-client.js';
 
 const parse = (body: Uint8Array) => JSON.parse(Buffer.from(body).toString('utf8')) as unknown;
 
@@ -62,6 +64,54 @@ describe('generateBody', () => {
       next[at] = next[at]! + 1;
       const reused = generateBody(req(next), false, { reuse: prev.idText, keep: true });
       expect(Buffer.from(reused.body).equals(Buffer.from(generateBody(req(next), false))), `id ${at} changed`).toBe(true);
+    }
+  });
+});
+
+describe('EngineClient.generateStream', () => {
+  const event = (text: string) => `data: ${JSON.stringify({ text, output_ids: [text.length], meta_info: { id: 'r', finish_reason: null, prompt_tokens: 1, completion_tokens: text.length, weight_version: null } })}\n\n`;
+
+  /** An engine double whose /generate answers are written by `answer`. */
+  async function engine(answer: (res: ServerResponse) => void): Promise<{ client: EngineClient; close: () => Promise<void> }> {
+    const server = createServer((req, res) => {
+      req.resume();
+      req.on('end', () => answer(res));
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const client = new EngineClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+    return { client, close: async () => (await client.close(), await new Promise<void>((resolve) => server.close(() => resolve()))) };
+  }
+
+  const texts = async (client: EngineClient) => {
+    const out: string[] = [];
+    for await (const r of client.generateStream({ input_ids: [1], sampling_params: {} })) out.push(r.text);
+    return out;
+  };
+
+  it('stops yielding at [DONE] and ignores what follows it', async () => {
+    const e = await engine((res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(event('a'));
+      res.write(event('ab') + 'data: [DONE]\n\n');
+      res.end(event('ignored'));
+    });
+    try {
+      expect(await texts(e.client)).toEqual(['a', 'ab']);
+      expect(await texts(e.client)).toEqual(['a', 'ab']);
+    } finally {
+      await e.close();
+    }
+  });
+
+  it('a body that ends without [DONE] is an engine failure', async () => {
+    const e = await engine((res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(event('a'));
+    });
+    try {
+      await expect(texts(e.client)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_DOWN', message: expect.stringContaining('without [DONE]') });
+    } finally {
+      await e.close();
     }
   });
 });

@@ -140,23 +140,31 @@ export class EngineClient {
       throw new EngineRequestError(res.statusCode, text, '/generate');
     }
     let buf = '';
+    let done = false;
+    // After [DONE] the loop reads on to the end of the body (the engine ends it there) instead of
+    // leaving early: leaving a stream's async iterator early destroys the stream with an AbortError,
+    // whose stack trace cost every streamed request ~40 µs.
     for await (const chunk of res.body) {
+      if (done) continue;
       buf += typeof chunk === 'string' ? chunk : (chunk as Buffer).toString('utf8');
       let sep: number;
-      while ((sep = buf.indexOf('\n\n')) >= 0) {
+      while (!done && (sep = buf.indexOf('\n\n')) >= 0) {
         const event = buf.slice(0, sep);
         buf = buf.slice(sep + 2);
         for (const line of event.split('\n')) {
           if (!line.startsWith('data:')) continue;
           const data = line.slice(5).trim();
-          if (data === '[DONE]') return;
+          if (data === '[DONE]') {
+            done = true;
+            break;
+          }
           const parsed = JSON.parse(data) as GenerateResponse | { error: unknown };
           if ('error' in parsed) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.name, reason: JSON.stringify(parsed.error).slice(0, 300) });
           yield parsed;
         }
       }
     }
-    throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.name, reason: 'stream ended without [DONE]' });
+    if (!done) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.name, reason: 'stream ended without [DONE]' });
   }
 
   updateWeightsFromDisk(modelPath: string, weightVersion: string | null): Promise<{ success: boolean; message: string; weight_version?: string | null }> {
