@@ -59,8 +59,10 @@ export function generateBody(req: GenerateRequest, stream: boolean, opts?: { reu
   }
   // `head` is a non-empty object: it ends with `}` and has at least one key before it.
   const open = encoder.encode(`${head.slice(0, -1)},"input_ids":[`);
-  // A plain Uint8Array: element stores into a Buffer (a subclass) ran at half the speed.
-  const out = new Uint8Array(new ArrayBuffer(open.length + ids.length * 11 + 2));
+  // A plain Uint8Array (element stores into a Buffer, a subclass, ran at half the speed) over
+  // memory of its own that is not zeroed first: the bound is 11 bytes an id, ~60% more than ids
+  // take, and only the bytes written are ever read.
+  const out = new Uint8Array(Buffer.allocUnsafeSlow(open.length + ids.length * 11 + 2).buffer);
   out.set(open);
   const base = open.length;
   const marks = new Int32Array(Math.ceil(ids.length / MARK_EVERY));
