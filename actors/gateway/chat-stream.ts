@@ -88,10 +88,14 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
     await commit(deps, buildRecord(deps, p, last, 'aborted', 'client disconnected', message));
     return { recordId: p.id, status: 'aborted' };
   }
-  if (last === null) await sink.send(chunk({ role: 'assistant', content: '' }));
-  await sink.send(chunk({}, finishReason(last, streamedCallIds.length > 0)));
+  // The closing events wait for the commit and leave together with the receipt: sent before it,
+  // they cost the client a wake-up (and us a socket write) of their own for nothing it can use
+  // earlier, since the answer is complete only with its receipt.
+  const closing: unknown[] = [];
+  if (last === null) closing.push(chunk({ role: 'assistant', content: '' }));
+  closing.push(chunk({}, finishReason(last, streamedCallIds.length > 0)));
   if (p.includeUsage) {
-    await sink.send({ ...base, choices: [], usage: { prompt_tokens: p.promptIds.length, completion_tokens: completionTokens, total_tokens: p.promptIds.length + completionTokens } });
+    closing.push({ ...base, choices: [], usage: { prompt_tokens: p.promptIds.length, completion_tokens: completionTokens, total_tokens: p.promptIds.length + completionTokens } });
   }
   let recordId: string;
   try {
@@ -99,10 +103,13 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
   } catch (err) {
     // No receipt without a commit; the client learns why instead of seeing the stream just stop.
     const e = err instanceof ReefError ? err : new ReefError('REEF_ERR_STORE', { reason: err instanceof Error ? err.message : String(err) });
+    for (const event of closing) void sink.send(event);
     await sink.send(errorBody(e.code, e.message));
     return { recordId: p.id, status: 'failed' };
   }
-  await sink.send({ ...base, choices: [], reef: { agent_record_id: recordId } });
+  // Queued in one turn of the event loop, so the socket writes them at once.
+  for (const event of closing) void sink.send(event);
+  void sink.send({ ...base, choices: [], reef: { agent_record_id: recordId } });
   await sink.sendDone();
   return { recordId, status: 'ok' };
 }
