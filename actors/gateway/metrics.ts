@@ -5,9 +5,19 @@
 
 type Labels = Record<string, string>;
 
-function labelKey(labels: Labels): string {
-  const keys = Object.keys(labels).sort();
-  return keys.map((k) => `${k}="${String(labels[k]).replace(/\\/g, '\\\\').replace(/"/g, '\\"').replace(/\n/g, '\\n')}"`).join(',');
+const NEEDS_ESCAPE = /[\\"\n]/;
+
+function escapeLabel(v: string): string {
+  return NEEDS_ESCAPE.test(v) ? v.replace(/\\/g, '\\\\').replace(/"/g, '\\"').replace(/\n/g, '\\n') : v;
+}
+
+/** Labels as the text between the braces, names sorted. Runs several times per request, hence no map/join. */
+export function labelKey(labels: Labels): string {
+  const keys = Object.keys(labels);
+  if (keys.length > 1) keys.sort();
+  let out = '';
+  for (const k of keys) out += `${out ? ',' : ''}${k}="${escapeLabel(String(labels[k]))}"`;
+  return out;
 }
 
 class Counter {
