@@ -1,5 +1,10 @@
-import { expect, it } from 'vitest';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { randomUUID } from 'node:crypto';
+import { afterAll, expect, it } from 'vitest';
 import { fetch, request } from 'undici';
+import { WeightSender, type AnnouncedTensors } from './weight-sender.js';
 
 /**
  * The engine conformance suite: what Reef relies on from an engine's HTTP API (docs/internals.md,
@@ -22,6 +27,28 @@ export interface ConformanceOptions {
    * @default false
    */
   hfExtras?: boolean;
+  /**
+   * Check SGLang's distributed weight update (`/init_weights_update_group`,
+   * `/update_weights_from_distributed`, `/destroy_weights_update_group`) with the test as trainer
+   * rank 0. Left out, those cases are not run.
+   */
+  weightSync?: WeightSyncOptions;
+}
+
+export interface WeightSyncOptions {
+  /** Rank 0's backend: `gloo` sends CPU tensors; `nccl` sends CUDA tensors from a GPU that is not the engine's. */
+  backend: 'gloo' | 'nccl';
+  /** Interpreter (torch, safetensors) and environment of the rank-0 process. */
+  python: string;
+  env: NodeJS.ProcessEnv;
+  /**
+   * A transfer that breaks off leaves the weights that were serving. The hf engine promises this;
+   * SGLang answers such a failure with "partially updated, discard the whole weights", and a dead
+   * NCCL peer may hang it, so the case is only run where this is set.
+   */
+  atomic: boolean;
+  /** The same weights, however they arrived, give bit-identical logprobs (a CPU engine in fp32). */
+  exact: boolean;
 }
 
 type Json = Record<string, any>;
@@ -216,12 +243,165 @@ export function engineConformance(target: EngineTarget, options: ConformanceOpti
     expect((await call(target, 'POST', '/flush_cache', {})).status).toBe(200);
   });
 
+  if (options.weightSync) weightSyncCases(target, options.weightSync, () => initialVersion);
+
   if (options.hfExtras) {
     it('rejects an input at the context length with 400 and a JSON error', async () => {
       const info = (await call(target, 'GET', '/model_info')).json!;
       const { status, json } = await call(target, 'POST', '/generate', { input_ids: new Array(info.max_context_length).fill(10) });
       expect(status).toBe(400);
       expect(typeof json!.error.message).toBe('string');
+    });
+  }
+}
+
+const WEIGHT_PROBE = { ...greedy(6), return_logprob: true, top_logprobs_num: 4 };
+
+interface Outputs {
+  ids: number[];
+  logprobs: number[];
+  top: unknown[];
+}
+
+function outputsOf(r: Json): Outputs {
+  return { ids: r.output_ids, logprobs: r.meta_info.output_token_logprobs.map((e: unknown[]) => e[0]), top: r.meta_info.output_top_logprobs };
+}
+
+function maxLogprobGap(a: Outputs, b: Outputs): number {
+  return Math.max(...a.logprobs.map((x, i) => Math.abs(x - (b.logprobs[i] ?? Infinity))));
+}
+
+/** The same weights served: bit for bit where the engine is exact, else the same tokens and near logprobs. */
+function expectSameOutputs(actual: Json, expected: Json, exact: boolean): void {
+  const a = outputsOf(actual);
+  const b = outputsOf(expected);
+  if (exact) {
+    expect(a).toEqual(b);
+    return;
+  }
+  expect(a.ids).toEqual(b.ids);
+  expect(maxLogprobGap(a, b)).toBeLessThan(1e-2);
+}
+
+/** Other weights served: any difference where the engine is exact, else one well above its run-to-run noise. */
+function expectOtherOutputs(actual: Json, expected: Json, exact: boolean): void {
+  const a = outputsOf(actual);
+  const b = outputsOf(expected);
+  if (exact) {
+    expect(a).not.toEqual(b);
+    return;
+  }
+  expect(a.ids.join(',') !== b.ids.join(',') || maxLogprobGap(a, b) > 0.05).toBe(true);
+}
+
+/** The engine's workers that join a weight group: SGLang's TP size, 1 for an engine without /get_server_info. */
+async function engineRanks(target: EngineTarget): Promise<number> {
+  const res = await request(`${target.baseUrl}/get_server_info`);
+  const text = await res.body.text();
+  if (res.statusCode !== 200) return 1;
+  const tp = (JSON.parse(text) as Json).tp_size;
+  return Number.isInteger(tp) && tp > 0 ? tp : 1;
+}
+
+function weightSyncCases(target: EngineTarget, ws: WeightSyncOptions, initialVersion: () => string): void {
+  // One rank-0 process for all cases (torch takes seconds to import); a case that kills it gets a new one.
+  let sender: WeightSender | null = null;
+  let tensors: AnnouncedTensors | null = null;
+  let checkpoint: string | null = null;
+  const rank0 = async (): Promise<{ s: WeightSender; t: AnnouncedTensors }> => {
+    if (!sender?.alive) {
+      checkpoint ??= mkdtempSync(join(tmpdir(), 'reef-conformance-weights-'));
+      ({ sender, tensors } = await WeightSender.start({ python: ws.python, env: ws.env, modelPath: target.modelPath, checkpoint, backend: ws.backend }));
+    }
+    return { s: sender!, t: tensors! };
+  };
+  afterAll(async () => {
+    await sender?.kill();
+    if (checkpoint) rmSync(checkpoint, { recursive: true, force: true });
+  });
+
+  /** Hosts a new group as rank 0 and has the engine join it; returns the group's name. */
+  const joinGroup = async (s: WeightSender): Promise<string> => {
+    const group = `conformance-${randomUUID().slice(0, 8)}`;
+    const worldSize = 1 + (await engineRanks(target));
+    const { masterAddress, masterPort } = await s.listen(worldSize, group);
+    const init = await call(target, 'POST', '/init_weights_update_group', {
+      master_address: masterAddress, master_port: masterPort, rank_offset: 1, world_size: worldSize, group_name: group, backend: ws.backend,
+    });
+    expect(init.status, JSON.stringify(init.json)).toBe(200);
+    expect(init.json).toMatchObject({ success: true });
+    expect(typeof init.json!.message).toBe('string');
+    await s.joined();
+    return group;
+  };
+
+  const update = (group: string, t: AnnouncedTensors, version: string) =>
+    call(target, 'POST', '/update_weights_from_distributed', { names: t.names, dtypes: t.dtypes, shapes: t.shapes, group_name: group, flush_cache: true, weight_version: version });
+
+  it('refuses to destroy a weight group it never joined, with success false and a message', async () => {
+    const r = await call(target, 'POST', '/destroy_weights_update_group', { group_name: `never-joined-${randomUUID().slice(0, 8)}` });
+    expect(r.status).toBe(400);
+    expect(r.json).toMatchObject({ success: false });
+    expect(typeof r.json!.message).toBe('string');
+  });
+
+  it('takes changed weights over a weight group, serving exactly what a disk load of them serves, then leaves the group', async () => {
+    const { s, t } = await rank0();
+    const before = await generate(target, WEIGHT_PROBE);
+    const group = await joinGroup(s);
+
+    const sent = s.send();
+    sent.catch(() => {}); // awaited below, once the engine's answer says whether it can come
+    const r = await update(group, t, 'conformance-pushed');
+    expect(r.status, JSON.stringify(r.json)).toBe(200);
+    expect(r.json).toMatchObject({ success: true });
+    expect(typeof r.json!.message).toBe('string');
+    expect(await sent).toBe(t.names.length);
+    expect((await call(target, 'GET', '/model_info')).json!.weight_version).toBe('conformance-pushed');
+    const pushed = await generate(target, WEIGHT_PROBE);
+    expect(pushed.meta_info.weight_version).toBe('conformance-pushed');
+    expectOtherOutputs(pushed, before, ws.exact);
+
+    const destroyed = await call(target, 'POST', '/destroy_weights_update_group', { group_name: group });
+    expect(destroyed.status, JSON.stringify(destroyed.json)).toBe(200);
+    expect(destroyed.json).toMatchObject({ success: true });
+    expect(typeof destroyed.json!.message).toBe('string');
+    await s.leave();
+    expect((await call(target, 'POST', '/destroy_weights_update_group', { group_name: group })).status).toBe(400);
+
+    // The same tensors from disk serve the same outputs: nothing was lost, reordered or cast on the way.
+    const disk = await call(target, 'POST', '/update_weights_from_disk', { model_path: s.checkpoint, weight_version: 'conformance-disk' });
+    expect(disk.status, JSON.stringify(disk.json)).toBe(200);
+    expectSameOutputs(await generate(target, WEIGHT_PROBE), pushed, ws.exact);
+
+    const back = await call(target, 'POST', '/update_weights_from_disk', { model_path: target.modelPath, weight_version: initialVersion() || 'default' });
+    expect(back.status, JSON.stringify(back.json)).toBe(200);
+    expectSameOutputs(await generate(target, WEIGHT_PROBE), before, ws.exact);
+  });
+
+  if (ws.atomic) {
+    it('keeps serving the old weights and version when rank 0 dies part-way through a transfer', async () => {
+      const { s, t } = await rank0();
+      expect(t.names.length).toBeGreaterThanOrEqual(2);
+      const version = (await call(target, 'GET', '/model_info')).json!.weight_version as string;
+      const before = await generate(target, WEIGHT_PROBE);
+      const group = await joinGroup(s);
+
+      const answer = update(group, t, 'conformance-broken');
+      // Half the tensors arrive; then the sender is gone without a word, as a crashed trainer is.
+      await s.send(Math.floor(t.names.length / 2));
+      await s.kill();
+      const r = await answer;
+      expect(r.status, JSON.stringify(r.json)).toBe(400);
+      expect(r.json).toMatchObject({ success: false });
+      expect(typeof r.json!.message).toBe('string');
+
+      expect((await call(target, 'GET', '/model_info')).json!.weight_version).toBe(version);
+      const after = await generate(target, WEIGHT_PROBE);
+      expect(after.meta_info.weight_version).toBe(version);
+      expectSameOutputs(after, before, ws.exact);
+      // Whatever is left of the group goes; the engine may already have dropped it.
+      await call(target, 'POST', '/destroy_weights_update_group', { group_name: group });
     });
   }
 }

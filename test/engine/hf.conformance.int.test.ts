@@ -25,5 +25,9 @@ describe('hf engine conformance', () => {
     expect(code, engine?.output().slice(-2000)).toBe(0);
   });
 
-  engineConformance(target, { hfExtras: true });
+  engineConformance(target, {
+    hfExtras: true,
+    // The hf engine keeps its weights on the CPU and joins weight groups over gloo only.
+    weightSync: { backend: 'gloo', python: pythonBin(), env: pythonEnv(), atomic: true, exact: true },
+  });
 });

@@ -1,7 +1,7 @@
 import { createServer } from 'node:net';
 import { afterAll, beforeAll, describe } from 'vitest';
 import { pythonBin, pythonEnv } from '../../cluster/paths.js';
-import { engineConformance, type EngineTarget } from './conformance.js';
+import { engineConformance, type EngineTarget, type WeightSyncOptions } from './conformance.js';
 import { runQuietly, startWithHealth, type EngineChild } from './launch.js';
 
 // SGLang against the same suite. Needs a GPU, an importable sglang, and REEF_SGLANG_MODEL naming a
@@ -18,6 +18,23 @@ function skipReason(): string | null {
 
 const reason = skipReason();
 if (reason) console.warn(`[sglang conformance] skipped: ${reason}`);
+
+/**
+ * The test's rank 0 for the distributed weight update. NCCL refuses two ranks of one group on the
+ * same GPU, so it sends over NCCL from a second GPU when there is one; on a single GPU it sends
+ * over gloo (CPU tensors; SGLang receives them into its CUDA buffers, which gloo's broadcast
+ * supports). REEF_SGLANG_WEIGHT_BACKEND=gloo|nccl forces the choice.
+ */
+function weightSync(): WeightSyncOptions {
+  const visible = process.env.CUDA_VISIBLE_DEVICES?.split(',').filter(Boolean)
+    ?? runQuietly('nvidia-smi', ['-L'], undefined, 15_000).output.split('\n').filter((l) => l.startsWith('GPU ')).map((_, i) => String(i));
+  const forced = process.env.REEF_SGLANG_WEIGHT_BACKEND;
+  const backend = forced === 'gloo' || forced === 'nccl' ? forced : visible.length >= 2 ? 'nccl' : 'gloo';
+  // SGLang (tp 1) runs on the first visible GPU; the sender takes the second.
+  const env = backend === 'nccl' ? pythonEnv({ CUDA_VISIBLE_DEVICES: visible[1] ?? '1' }) : pythonEnv();
+  // SGLang documents a failed update as "partially updated", and its logprobs vary slightly run to run.
+  return { backend, python, env, atomic: false, exact: false };
+}
 
 async function freePort(): Promise<number> {
   return await new Promise((resolve, reject) => {
@@ -48,5 +65,5 @@ describe.skipIf(reason !== null)(`sglang engine conformance${reason ? ` (skipped
     await engine?.stop(30_000);
   }, 60_000);
 
-  engineConformance(target);
+  engineConformance(target, { weightSync: weightSync() });
 });
