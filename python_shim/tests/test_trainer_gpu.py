@@ -1,8 +1,12 @@
-"""GPU only: Reef's weight push (`trainer/weight_push.py`, backend nccl) into a running SGLang engine.
+"""GPU only: Reef's weight push (`trainer/weight_push.py`) into a running SGLang engine.
 
 Skipped (visibly) without CUDA; also skipped when SGLang is not installed. The model is
 `REEF_GPU_MODEL` (a checkpoint available on that machine), else the tiny model. Never run yet: the
 same pusher is run over gloo into the hf engine by `test_weight_sync.py` and `test_trainer.py`.
+
+NCCL refuses two ranks of one communicator on the same GPU ("Duplicate GPU detected"), so the push
+goes over nccl from a second GPU when there is one (SGLang serves on GPU 0), and over gloo on a
+single-GPU machine, where SGLang receives into its CUDA tensors. `REEF_GPU_PUSH_BACKEND` forces one.
 """
 
 from __future__ import annotations
@@ -69,19 +73,22 @@ def _post(url: str, body: dict[str, Any]) -> Any:
     return post(url, body, 60)
 
 
-def test_an_nccl_push_into_sglang_is_served(model: Path, sglang: str) -> None:
+def test_a_push_into_sglang_is_served(model: Path, sglang: str) -> None:
     import torch
     from safetensors.torch import load_file
 
     from reef_shim.engine_process import pick_free_port
     from reef_shim.trainer.weight_push import WeightPusher, engine_workers
 
-    torch.cuda.set_device(0)
+    backend = os.environ.get("REEF_GPU_PUSH_BACKEND") or ("nccl" if torch.cuda.device_count() >= 2 else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(1)
+    print(f"pushing over {backend} ({torch.cuda.device_count()} GPU(s))")
     state = load_file(str(model / "model.safetensors"))
     bumped = {k: v + 1e-3 for k, v in state.items()}  # a visible change the engine must report back
     probe = {"text": "The sea is", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
     before = _post(sglang + "/generate", probe)
-    pusher = WeightPusher(sglang, "nccl", ("127.0.0.1", pick_free_port("127.0.0.1")), engine_workers(sglang))
+    pusher = WeightPusher(sglang, backend, ("127.0.0.1", pick_free_port("127.0.0.1")), engine_workers(sglang))
     pusher.connect()
     started = time.monotonic()
     sent = pusher.push(sorted(bumped.items()), "gpu-v1")
@@ -93,5 +100,5 @@ def test_an_nccl_push_into_sglang_is_served(model: Path, sglang: str) -> None:
     assert norm and abs(float(norm[0]) - float(bumped["model.norm.weight"][0])) < 1e-2, norm
     after = _post(sglang + "/generate", probe)
     assert after.get("meta_info", {}).get("weight_version") in (None, "gpu-v1")
-    print(f"nccl push: {sent / 1e6:.1f} MB in {elapsed:.2f} s; greedy before {before.get('text')!r}, "
+    print(f"{backend} push: {sent / 1e6:.1f} MB in {elapsed:.2f} s; greedy before {before.get('text')!r}, "
           f"after {after.get('text')!r}")
