@@ -223,7 +223,7 @@ export class TrainerController {
     await this.persist();
     this.writeRecordLine(batch, await this.ports.correlation());
     this.pruneCheckpoints();
-    this.ports.log(`released ${release.weightVersion} from ${batch.batchId} (${batch.tasks.length} samples, loss ${result.metrics.loss?.toFixed?.(4) ?? '?'}, ${result.stepMs} ms)`);
+    this.ports.log(`released ${release.weightVersion} from ${batch.batchId} (${batch.tasks.length} samples, loss ${result.metrics.loss?.toFixed?.(4) ?? '?'}, ${Math.round(result.stepMs)} ms)`);
   }
 
   private countSync(p: Published): void {
