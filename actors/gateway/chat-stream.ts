@@ -1,6 +1,6 @@
 import { EngineRequestError, type GenerateResponse } from '../../cluster/engine-client.js';
 import { ReefError } from '../runtime/errors.js';
-import { assistantMessage, buildRecord, commit, finishReason, type ChatDeps, type Prepared } from './chat.js';
+import { assistantMessage, buildRecord, commit, finishReason, stageRecord, type ChatDeps, type Prepared } from './chat.js';
 import { errorBody } from './http-errors.js';
 import { callId } from './parsers/index.js';
 import type { StreamDelta } from './ports.js';
@@ -41,6 +41,8 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
   };
 
   await deps.gate.enter(abort.signal);
+  // Its immediate runs once the loop below has sent the engine request and waits for an answer.
+  stageRecord(deps, p);
   try {
     for await (const res of deps.engine.generateStream(p.engineBody, abort.signal)) {
       // Nothing goes out before the engine's first event, so an engine that is down or refuses

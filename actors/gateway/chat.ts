@@ -3,6 +3,8 @@ import { ReefError } from '../runtime/errors.js';
 import type { GenerationGate } from './generation-gate.js';
 import type { GatewayMetrics } from './metrics.js';
 import type { NewRecord, OutputParser, ParsedOutput, PromptTokenizer, RecordSink } from './ports.js';
+import { CHUNK_BYTES } from './store/chunks.js';
+import type { StagedPayloads } from './store/types.js';
 import type { PreparedChat, RefusedChat } from './tokenize/prepare.js';
 
 /**
@@ -38,6 +40,8 @@ export interface Prepared extends Omit<PreparedChat, 'ok'> {
   ctx: ChatContext;
   /** The client's body as received: what the record stores as its request. */
   body: Uint8Array;
+  /** The record's request and prompt ids, written ahead of it (`stageRecord`). */
+  staged?: StagedPayloads | null;
 }
 
 /** Prepares a raw request body on a tokenizer worker; a refused request comes back as its error. */
@@ -47,6 +51,20 @@ export async function prepare(deps: ChatDeps, body: Uint8Array, ctx: ChatContext
   if (!out.ok) return out;
   const { ok: _ok, ...prepared } = out;
   return { ...prepared, id, ctx, body };
+}
+
+/**
+ * Writes the coming record's request and prompt ids while the engine works on the request (they
+ * are most of an OpenClaw-sized record), so that the commit the receipt waits for writes little
+ * more than the output. Scheduled after the engine request has gone out; short requests have
+ * nothing to stage.
+ */
+export function stageRecord(deps: ChatDeps, p: Prepared): void {
+  if (!deps.records.stage || (p.body.length <= CHUNK_BYTES && p.promptIds.byteLength <= CHUNK_BYTES)) return;
+  const stage = deps.records.stage.bind(deps.records);
+  setImmediate(() => {
+    p.staged = stage({ request: { chatBody: p.body }, promptIds: p.promptIds });
+  });
 }
 
 /** The OpenAI assistant message of a parsed output: absent fields are left out, as OpenAI does. */
@@ -92,6 +110,7 @@ export function buildRecord(deps: ChatDeps, p: Prepared, res: GenerateResponse |
     startedAt: p.ctx.startedAt,
     finishedAt,
     request: { chatBody: p.body },
+    staged: p.staged ?? null,
     promptIds: p.promptIds,
     outputIds,
     logprobs,
@@ -123,7 +142,9 @@ export async function completeOnce(deps: ChatDeps, p: Prepared): Promise<{ recor
   await deps.gate.enter();
   let res: GenerateResponse;
   try {
-    res = await deps.engine.generate(p.engineBody);
+    const pending = deps.engine.generate(p.engineBody);
+    stageRecord(deps, p);
+    res = await pending;
   } catch (err) {
     deps.metrics.engineErrors.inc({ kind: 'generate' });
     throw err;

@@ -114,7 +114,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       parser: parserFor(modelDir),
       engine,
       engineName: `${cfg.cluster.rollout.engine}:${opts.engineUrl}`,
-      records: { newId, append: (r) => store.append(r) },
+      records: { newId, append: (r) => store.append(r), stage: (p) => store.stage(p) },
       gate,
       metrics,
       modelName: basename(modelDir),

@@ -18,10 +18,12 @@ export interface PromptTokenizer {
 export type { OutputParser, ParsedOutput, StreamDelta } from './parsers/index.js';
 
 export type { NewRecord } from './store/types.js';
-import type { NewRecord } from './store/types.js';
+import type { NewRecord, StagedPayloads } from './store/types.js';
 
 export interface RecordSink {
   newId(): string;
   /** Resolves only once the record is durably committed: that is what a receipt promises. */
   append(record: NewRecord): Promise<{ id: string; offset: number }>;
+  /** Writes a coming record's large payloads ahead of it (`SqliteStore.stage`); optional. */
+  stage?(payloads: { request: NewRecord['request']; promptIds: Int32Array }): StagedPayloads | null;
 }

@@ -72,6 +72,35 @@ describe('SqliteStore with chunked payloads', () => {
     expect((await store.readFrom(1, 10)).map((r) => r.promptIds.length)).toEqual([6000, 6500]);
   });
 
+  it('stage writes a record\'s chunks ahead of it, and the append then writes only the row', async () => {
+    const body = new TextEncoder().encode(JSON.stringify({ messages: [{ role: 'system', content: system }, { role: 'user', content: 'hi' }], max_tokens: 8 }));
+    const rec: NewRecord = { ...sampleRecord(4, { promptTokens: 7000 }), request: { chatBody: body } };
+    const staged = store.stage({ request: { chatBody: body }, promptIds: rec.promptIds });
+    expect(staged).not.toBeNull();
+    // The chunks are in the file before the record is appended.
+    const stagedRows = chunkRows();
+    expect(stagedRows).toBeGreaterThan(5);
+    const { id } = await store.append({ ...rec, staged });
+    expect(chunkRows()).toBe(stagedRows);
+    const got = (await store.get(id))!;
+    expect(Array.from(got.promptIds)).toEqual(Array.from(rec.promptIds));
+    expect(got.request.messages).toHaveLength(2);
+    // Staged payloads of other ids or another body are not used: the append cuts its own.
+    const other = { ...sampleRecord(5, { promptTokens: 7000 }), request: { chatBody: body } };
+    const mixed = await store.append({ ...other, staged });
+    expect(Array.from((await store.get(mixed.id))!.promptIds)).toEqual(Array.from(other.promptIds));
+    const body2 = new TextEncoder().encode(JSON.stringify({ messages: [{ role: 'user', content: 'different '.repeat(2000) }] }));
+    const third = await store.append({ ...rec, id: undefined, request: { chatBody: body2 }, staged });
+    expect((await store.get(third.id))!.request.messages).toEqual([{ role: 'user', content: 'different '.repeat(2000) }]);
+  });
+
+  it('stage answers null, leaving the append to report, when there is nothing it can do', async () => {
+    expect(store.stage({ request: { chatBody: new TextEncoder().encode('[1]') }, promptIds: new Int32Array(9000) })).toBeNull();
+    await store.close();
+    expect(store.stage({ request: { chatBody: new TextEncoder().encode('{}') }, promptIds: new Int32Array(9000) })).toBeNull();
+    store = SqliteStore.open(join(dir, 'r.db'));
+  });
+
   it('a record whose chunk has gone missing fails its read with REEF_ERR_STORE, not with wrong data', async () => {
     const r = await store.append(turn(3, [{ role: 'user', content: 'x' }], 5000));
     db().exec('DELETE FROM chunks WHERE hash = (SELECT hash FROM chunks LIMIT 1)');

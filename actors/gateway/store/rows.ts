@@ -1,9 +1,9 @@
 import { endianness } from 'node:os';
 import { ReefError } from '../../runtime/errors.js';
 import { parseChatRequest } from '../openai-schema.js';
-import { chunk, type Chunk, type ChunkMemo } from './chunks.js';
+import { chunk, type Chunk, type Chunked, type ChunkMemo } from './chunks.js';
 import { isId } from './ids.js';
-import type { AgentRecord, NewRecord, RecordRequest, RecordSummary } from './types.js';
+import type { AgentRecord, NewRecord, RecordRequest, RecordSummary, StagedPayloads } from './types.js';
 
 /** Conversion between records and SQLite rows: token arrays as raw little-endian BLOBs. */
 
@@ -107,6 +107,38 @@ function requestJsonBytes(request: Exclude<NewRecord['request'], { chatBody: Uin
   return Buffer.from(JSON.stringify({ messages: request.messages, tools: request.tools ?? null, params: request.params ?? {} }));
 }
 
+/** The chunked request and prompt ids of one record, and what they were made from. */
+interface Payloads extends StagedPayloads {
+  request: NewRecord['request'];
+  promptIds: Int32Array;
+  form: number;
+  requestChunks: Chunked;
+  promptChunks: Chunked;
+}
+
+/** Cuts a record's request and prompt ids into chunks (chunks.ts); throws REEF_ERR_INVALID_ARGUMENT. */
+export function chunkPayloads(request: NewRecord['request'], promptIds: Int32Array, memo: ChunkMemo | null): Payloads {
+  const { bytes, form } = requestBytes(request);
+  const ids = typed(promptIds, Int32Array, 'promptIds');
+  return {
+    __staged: true, request, promptIds: ids, form,
+    requestChunks: chunk(bytes, { utf8: true, memo }),
+    promptChunks: chunk(blob(ids), { utf8: false, memo }),
+  };
+}
+
+/** Every chunk of staged payloads: what `SqliteStore.stage` writes ahead of the record. */
+export function stagedChunks(staged: StagedPayloads): Chunk[] {
+  const p = staged as Payloads;
+  return [...p.requestChunks.chunks, ...p.promptChunks.chunks];
+}
+
+function sameRequest(a: NewRecord['request'], b: NewRecord['request']): boolean {
+  if (a === b) return true;
+  const bodyOf = (r: NewRecord['request']) => (r !== null && typeof r === 'object' && 'chatBody' in r ? r.chatBody : undefined);
+  return bodyOf(a) !== undefined && bodyOf(a) === bodyOf(b);
+}
+
 /** Checks a record completely and turns it into a row; throws REEF_ERR_INVALID_ARGUMENT. */
 export function toRow(r: NewRecord, id: string, memo: ChunkMemo | null = null): RecordRow {
   if (!isId(id)) throw invalid(`record.id ${JSON.stringify(id)} is not a 26-char Crockford base32 id`);
@@ -117,9 +149,10 @@ export function toRow(r: NewRecord, id: string, memo: ChunkMemo | null = null): 
   if (r.tags === null || typeof r.tags !== 'object' || Object.values(r.tags).some((v) => typeof v !== 'string')) {
     throw invalid('record.tags must map names to strings');
   }
-  const { bytes: requestUtf8, form } = requestBytes(r.request);
-  const request = chunk(requestUtf8, { utf8: true, memo });
-  const promptIds = typed(r.promptIds, Int32Array, 'promptIds');
+  // Staged payloads are used only for the very bytes and ids they were cut from.
+  const staged = r.staged as Payloads | null | undefined;
+  const payloads = staged && staged.promptIds === r.promptIds && sameRequest(staged.request, r.request) ? staged : chunkPayloads(r.request, r.promptIds, memo);
+  const { form, requestChunks: request, promptChunks: prompt } = payloads;
   const outputIds = typed(r.outputIds, Int32Array, 'outputIds');
   const logprobs = typed(r.logprobs, Float32Array, 'logprobs');
   const topkIds = typed(r.topkIds, Int32Array, 'topkIds');
@@ -130,7 +163,6 @@ export function toRow(r: NewRecord, id: string, memo: ChunkMemo | null = null): 
   if (topkIds.length !== n * k || topkLogprobs.length !== n * k) {
     throw invalid(`record.topkIds/topkLogprobs must hold ${n}×${k} entries, got ${topkIds.length}/${topkLogprobs.length}`);
   }
-  const prompt = chunk(blob(promptIds), { utf8: false, memo });
   const values = [
     id,
     r.scenario,

@@ -1,18 +1,18 @@
 import Database from 'better-sqlite3';
 import { ReefError } from '../../runtime/errors.js';
 import { Checkpointer } from './checkpointer.js';
-import { ChunkMemo, unchunk } from './chunks.js';
+import { type Chunk, ChunkMemo, unchunk } from './chunks.js';
 import { GroupCommitter, type GroupCommitOptions } from './group-commit.js';
 import { newId } from './ids.js';
 import { JudgedTurnTable } from './judged-turns.js';
 import { ReportTable } from './reports.js';
 import {
-  FULL_COLUMNS, INSERT_CHUNK_SQL, INSERT_RECORD_SQL, SUMMARY_COLUMNS, checkScenarioName, invalid, toRecord, toRow, toSummary,
+  FULL_COLUMNS, INSERT_CHUNK_SQL, INSERT_RECORD_SQL, SUMMARY_COLUMNS, checkScenarioName, chunkPayloads, invalid, stagedChunks, toRecord, toRow, toSummary,
   type FullRowShape, type RecordRow, type SummaryRowShape,
 } from './rows.js';
 import { migrate } from './schema.js';
 import type {
-  AgentRecord, JudgedTurn, ListOptions, NewJudgedTurn, NewRecord, NewReport, Page, Receipt, RecordStore, RecordSummary, Report, Scenario, StoreStats,
+  AgentRecord, JudgedTurn, ListOptions, NewJudgedTurn, NewRecord, NewReport, Page, Receipt, RecordStore, RecordSummary, Report, Scenario, StagedPayloads, StoreStats,
 } from './types.js';
 
 export interface SqliteStoreOptions extends Partial<GroupCommitOptions> {
@@ -90,6 +90,7 @@ export class SqliteStore implements RecordStore {
   private readonly sql;
   private readonly commitConsumerTx: (consumer: string, offset: number, key: string, value: string) => void;
   private readonly putJudgmentTx: (recordId: string, judgment: string) => void;
+  private readonly insertChunksTx: (chunks: Chunk[]) => void;
 
   /** Opens (creating if needed) the store at `path` and brings its schema up to date. */
   static open(path: string, options: SqliteStoreOptions = {}): SqliteStore {
@@ -144,6 +145,10 @@ export class SqliteStore implements RecordStore {
       for (const row of rows) this.chunkMemo.remember(row.chunks);
       return offsets;
     }, commitOptions);
+    const chunksTx = db.transaction((chunks: Chunk[]) => {
+      for (const c of chunks) insertChunk.run(c.hash, c.data);
+    });
+    this.insertChunksTx = (chunks) => chunksTx.immediate(chunks);
     this.reports = new ReportTable(db);
     this.judged = new JudgedTurnTable(db);
     this.sql = {
@@ -189,6 +194,30 @@ export class SqliteStore implements RecordStore {
 
   private live(): void {
     if (this.closed) throw new ReefError('REEF_ERR_STORE_CLOSED', { path: this.path });
+  }
+
+  /**
+   * Cuts a record's request and prompt ids into chunks and writes the chunks not stored yet, ahead
+   * of the record itself; pass the answer as the record's `staged`. The gateway calls this while
+   * the engine works on the request, so the commit that gates the receipt writes only the record
+   * row. Chunks are content-addressed and shared, so chunks whose record never comes (the engine
+   * refused the request) are unreferenced rows, not an inconsistency. Null when there is nothing to
+   * gain or staging failed; the append then does all the work itself and reports any error.
+   */
+  stage(payloads: { request: NewRecord['request']; promptIds: Int32Array }): StagedPayloads | null {
+    if (this.closed) return null;
+    try {
+      const staged = chunkPayloads(payloads.request, payloads.promptIds, this.chunkMemo);
+      const fresh = stagedChunks(staged).filter((c) => !c.stored);
+      if (fresh.length > 0) {
+        this.insertChunksTx(fresh);
+        this.chunkMemo.remember(fresh);
+        for (const c of fresh) c.stored = true;
+      }
+      return staged;
+    } catch {
+      return null;
+    }
   }
 
   async append(record: NewRecord): Promise<Receipt> {

@@ -60,7 +60,21 @@ export interface AgentRecord extends RecordSummary {
  * client's own chat-completion body (`ChatBody`). The store takes ownership of the typed arrays:
  * it binds them without a copy, so the caller must not change them after `append`.
  */
-export type NewRecord = Omit<AgentRecord, 'id' | 'offset' | 'request'> & { id?: string; request: RecordRequest | string | Uint8Array | ChatBody };
+export type NewRecord = Omit<AgentRecord, 'id' | 'offset' | 'request'> & {
+  id?: string;
+  request: RecordRequest | string | Uint8Array | ChatBody;
+  /** What `SqliteStore.stage` returned for this record's request and prompt ids, if it was staged. */
+  staged?: StagedPayloads | null;
+};
+
+/**
+ * A record's request and prompt ids cut into chunks, the new chunks already written
+ * (`SqliteStore.stage`). Opaque outside the store; it applies only to the very request bytes and
+ * prompt-id array it was made from.
+ */
+export interface StagedPayloads {
+  readonly __staged: true;
+}
 
 /**
  * The chat-completion body as the client sent it (UTF-8 JSON), already parsed and validated by the
