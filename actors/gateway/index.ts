@@ -16,7 +16,7 @@ import { registerReefRoutes } from './routes/reef.js';
 import { buildGatewayServer } from './server.js';
 import { SqliteStore } from './store/sqlite-store.js';
 import { newId } from './store/ids.js';
-import { ChatTokenizer, prepareChat, TokenizerPool } from './tokenize/index.js';
+import { ChatTokenizer, defaultTokenizerThreads, prepareChat, TokenizerPool } from './tokenize/index.js';
 import { PipelineStatus } from './pipeline-status.js';
 import { STATE_KEY as TRAINER_STATE_KEY } from '../trainer-controller/messages.js';
 
@@ -31,7 +31,7 @@ export interface GatewayOptions {
   engineUrl: string;
   /** Listen here instead of `reef.host:reef.port` (tests use port 0). */
   listen?: { host: string; port: number };
-  /** Tokenizer worker threads. @default 2 */
+  /** Tokenizer worker threads. @default defaultTokenizerThreads() (cores − 1, 1 to 4) */
   tokenizerThreads?: number;
   /** Bodies up to this many bytes are prepared on the event loop (0: every request goes to a worker). @default INLINE_PREPARE_BYTES */
   inlinePrepareBytes?: number;
@@ -103,7 +103,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   let pool: TokenizerPool | null = null;
   let stopPipeline = () => {};
   try {
-    const t = await promptTokenizer(modelDir, opts.tokenizerThreads ?? 2, opts.inlinePrepareBytes ?? INLINE_PREPARE_BYTES);
+    const t = await promptTokenizer(modelDir, opts.tokenizerThreads ?? defaultTokenizerThreads(), opts.inlinePrepareBytes ?? INLINE_PREPARE_BYTES);
     pool = t.pool;
     const info = await engine.modelInfo().catch(() => null);
     const gate = new GenerationGate(info?.weight_version ?? null);

@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { distEntry, repoRoot, tinyModelDir } from '../../../cluster/paths.js';
 import { ChatTokenizer } from './chat-tokenizer.js';
 import { prepareChat } from './prepare.js';
-import { TokenizerPool } from './pool.js';
+import { defaultTokenizerThreads, TokenizerPool } from './pool.js';
 
 /** Worker threads run the compiled worker: rebuild dist/ when it is older than these sources. */
 function ensureBuilt(): void {
@@ -72,6 +72,10 @@ describe('TokenizerPool', () => {
     expect(await pool.decode(r.promptIds)).toBe(local.decode(r.promptIds));
     expect(await pool.prepare(Buffer.from('{"messages": ['), { ...params, sessionKey: null })).toMatchObject({ ok: false, code: 'REEF_ERR_BODY', message: expect.stringMatching(/not valid JSON/) });
     expect(await pool.prepare(body(turn(0), { max_tokens: 5000 }), { ...params, sessionKey: null })).toMatchObject({ ok: false, code: 'REEF_ERR_CONTEXT_LENGTH', message: expect.stringMatching(/exceeds the context length 4096/) });
+  });
+
+  it('defaults to one worker per core beyond the event loop\'s, from 1 to 4', () => {
+    expect([1, 2, 3, 5, 8, 64].map((cores) => defaultTokenizerThreads(cores))).toEqual([1, 1, 2, 4, 4, 4]);
   });
 
   it('refuses work after close, and close is idempotent', async () => {
