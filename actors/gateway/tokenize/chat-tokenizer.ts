@@ -8,6 +8,7 @@ import { ControlTokenMarker, controlTokens, literalAlternation } from './control
 import { loadModelFiles, type ModelFiles } from './model-files.js';
 import { templateView, type TemplateMessage } from './normalize.js';
 import { PieceCache, type PieceCacheStats } from './piece-cache.js';
+import { compileTemplate, type CompiledTemplate } from './template-compiler.js';
 
 export interface RenderOptions {
   /** Append the assistant header so the model answers. @default true */
@@ -27,12 +28,33 @@ export interface RenderResult {
 export interface ChatTokenizerStats {
   renders: number;
   cache: PieceCacheStats;
+  template: TemplateRenderStats;
+}
+
+/** How the chat template was rendered (template-compiler.ts). */
+export interface TemplateRenderStats {
+  /** Why every render goes to the interpreter (refused at compile time, switched off, or by option); null while the compiled renderer is in use. */
+  interpreterOnly: string | null;
+  /** Renders the compiled renderer produced. */
+  compiled: number;
+  /** Renders it handed to the interpreter (a construct or value it does not reproduce exactly, or a template error). */
+  fallbacks: number;
+  /** Compiled renders that the interpreter also rendered, for comparison. */
+  checked: number;
+  /** Comparisons that differed (the first switches the compiled renderer off). */
+  mismatches: number;
 }
 
 export interface ChatTokenizerOptions {
   /** Bound of the piece cache in token ids. @default 4_000_000 */
   cacheMaxIds?: number;
+  /** Render with the compiled template where it is exact; false: always the interpreter. @default true */
+  compiledTemplate?: boolean;
 }
+
+/** Compiled renders checked against the interpreter: the first ones, then one in CHECK_EVERY. */
+const CHECK_FIRST = 16;
+const CHECK_EVERY = 256;
 
 /**
  * Renders a model's chat template and tokenizes the result exactly as transformers 5
@@ -49,6 +71,9 @@ export class ChatTokenizer {
   /** Same model with no added tokens: encodes any text as plain text. */
   private readonly plain: Tokenizer;
   private readonly template: Template;
+  /** The template compiled to closures, or null: the interpreter renders. */
+  private compiled: CompiledTemplate | null = null;
+  private readonly templateStats: TemplateRenderStats = { interpreterOnly: null, compiled: 0, fallbacks: 0, checked: 0, mismatches: 0 };
   private readonly marker: ControlTokenMarker;
   private readonly addedIds = new Map<string, number>();
   private readonly addedRe: RegExp;
@@ -82,6 +107,16 @@ export class ChatTokenizer {
     this.cache = new PieceCache(opts.cacheMaxIds);
     this.cleanUpSpaces = files.tokenizerConfig.clean_up_tokenization_spaces === true;
     this.newlineIds = this.encodeText('\n');
+    if (opts.compiledTemplate === false) this.templateStats.interpreterOnly = 'compiledTemplate: false';
+    else {
+      try {
+        const result = compileTemplate(this.template.parsed);
+        this.compiled = result.template;
+        if (result.reason !== null) this.templateStats.interpreterOnly = `not compiled: ${result.reason}`;
+      } catch (err) {
+        this.templateStats.interpreterOnly = `compiler failed: ${(err as Error).message}`;
+      }
+    }
   }
 
   static load(modelDir: string, opts: ChatTokenizerOptions = {}): ChatTokenizer {
@@ -91,25 +126,7 @@ export class ChatTokenizer {
   /** Render the template for these (already normalised) messages and tokenize. */
   render(messages: readonly TemplateMessage[], tools: readonly unknown[] | null, opts: RenderOptions = {}): RenderResult {
     const guard = opts.guard ?? true;
-    let view: unknown = templateView(messages);
-    let extra: Record<string, unknown> = opts.extra ?? {};
-    if (guard) {
-      view = this.marker.mark(view);
-      extra = this.marker.mark(extra);
-    }
-    let rendered: string;
-    try {
-      rendered = this.template.render({
-        messages: view,
-        tools: tools === null ? null : this.toolValue(tools, guard),
-        documents: null,
-        add_generation_prompt: opts.addGenerationPrompt ?? true,
-        ...this.files.specialTokens,
-        ...extra,
-      } as Record<string, unknown>) as string;
-    } catch (err) {
-      throw new ReefError('REEF_ERR_CHAT_TEMPLATE', { reason: (err as Error).message }, { cause: err });
-    }
+    const rendered = this.renderText(messages, tools, opts);
     this.renders++;
     const out = new IdBuilder();
     if (!guard) {
@@ -117,6 +134,70 @@ export class ChatTokenizer {
       return { ids: out.finish(), text: rendered };
     }
     return this.encodeMarked(rendered, out);
+  }
+
+  /** The chat template's output for these messages, before tokenization (what `render` tokenizes). */
+  renderText(messages: readonly TemplateMessage[], tools: readonly unknown[] | null, opts: RenderOptions = {}): string {
+    const guard = opts.guard ?? true;
+    let view: unknown = templateView(messages);
+    let extra: Record<string, unknown> = opts.extra ?? {};
+    if (guard) {
+      view = this.marker.mark(view);
+      extra = this.marker.mark(extra);
+    }
+    const toolValue = tools === null ? null : this.toolValue(tools, guard);
+    const vars: TemplateVars = { view, tools: toolValue, addGenerationPrompt: opts.addGenerationPrompt ?? true, extra };
+    const compiled = this.compiled;
+    if (compiled === null) return this.interpret(vars);
+    let text: string;
+    try {
+      text = compiled.render(this.context(vars, toolValue === null ? null : toolValue.plain));
+    } catch {
+      // `Unsupported`, or an error the template raised: either way the interpreter decides.
+      this.templateStats.fallbacks++;
+      return this.interpret(vars);
+    }
+    const n = ++this.templateStats.compiled;
+    return n <= CHECK_FIRST || n % CHECK_EVERY === 0 ? this.checked(text, vars) : text;
+  }
+
+  private context(vars: TemplateVars, tools: unknown): Record<string, unknown> {
+    return { messages: vars.view, tools, documents: null, add_generation_prompt: vars.addGenerationPrompt, ...this.files.specialTokens, ...vars.extra };
+  }
+
+  private interpret(vars: TemplateVars): string {
+    try {
+      return this.template.render(this.context(vars, vars.tools));
+    } catch (err) {
+      throw new ReefError('REEF_ERR_CHAT_TEMPLATE', { reason: (err as Error).message }, { cause: err });
+    }
+  }
+
+  /**
+   * The safety net under the compiled renderer, whose output becomes training data: a sample of
+   * its renders is compared with the interpreter's, and one difference retires it for good.
+   */
+  private checked(text: string, vars: TemplateVars): string {
+    this.templateStats.checked++;
+    let expected: string;
+    try {
+      expected = this.interpret(vars);
+    } catch (err) {
+      this.retireCompiled('the interpreter raised an error where it rendered');
+      throw err;
+    }
+    if (expected === text) return text;
+    let at = 0;
+    while (at < text.length && text.charCodeAt(at) === expected.charCodeAt(at)) at++;
+    this.retireCompiled(`first difference at offset ${at}`);
+    return expected;
+  }
+
+  private retireCompiled(why: string): void {
+    this.templateStats.mismatches++;
+    this.compiled = null;
+    this.templateStats.interpreterOnly = `switched off: ${why}`;
+    process.stderr.write(`reef: chat template of ${this.files.modelDir}: the compiled renderer differs from the interpreter (${why}); using the interpreter from now on\n`);
   }
 
   /** The tool list as the template sees it, converted once per distinct list (LRU of 64). */
@@ -210,8 +291,16 @@ export class ChatTokenizer {
   }
 
   stats(): ChatTokenizerStats {
-    return { renders: this.renders, cache: this.cache.stats() };
+    return { renders: this.renders, cache: this.cache.stats(), template: { ...this.templateStats } };
   }
+}
+
+/** One render's template variables; `tools` is the interpreter's form (the compiled one is `tools.plain`). */
+interface TemplateVars {
+  view: unknown;
+  tools: FrozenValue | null;
+  addGenerationPrompt: boolean;
+  extra: Record<string, unknown>;
 }
 
 /**

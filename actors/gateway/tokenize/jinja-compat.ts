@@ -1,4 +1,5 @@
 import { Environment, Interpreter } from '@huggingface/jinja';
+import { freezePlain } from './template-compiler.js';
 
 /**
  * Python's jinja2 iterates an undefined value as an empty sequence; @huggingface/jinja throws.
@@ -39,7 +40,11 @@ if (!proto.__reefUndefinedLoops) {
  * and per filter node (filter nodes belong to the parsed template, which lives as long as we do).
  */
 export class FrozenValue {
-  constructor(readonly runtime: unknown) {}
+  /**
+   * `runtime`: the interpreter's tree; `plain`: the same value as a frozen plain copy, for the
+   * compiled renderer (template-compiler.ts), which keeps `tojson` text of it the same way.
+   */
+  constructor(readonly runtime: unknown, readonly plain: unknown) {}
 }
 
 type FilterNode = { type: string; value?: unknown; callee?: { type: string; value?: unknown }; args?: Array<{ type: string; value?: unknown }> };
@@ -87,5 +92,5 @@ export function freezeValue(value: unknown): FrozenValue {
     if (Array.isArray(v.value)) stack.push(...v.value);
     else if (v.value instanceof Map) stack.push(...v.value.values());
   }
-  return new FrozenValue(runtime);
+  return new FrozenValue(runtime, freezePlain(value));
 }
