@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { fastChatRequest } from './chat-request-fast.js';
 
 /**
  * The OpenAI chat-completions request as Reef accepts it. Known fields are checked strictly;
@@ -87,13 +88,17 @@ export function parseChatRequest(body: unknown): { ok: true; value: ChatCompleti
   if (body === null || typeof body !== 'object' || Array.isArray(body)) {
     return { ok: false, issue: { param: null, message: 'request body must be a JSON object' } };
   }
-  const parsed = ChatCompletionRequest.safeParse(body);
-  if (!parsed.success) {
-    const first = parsed.error.issues[0]!;
-    const param = paramOf(first.path);
-    return { ok: false, issue: { param, message: `${param ?? 'body'}: ${describeIssue(first, body)}` } };
+  // What agents send is almost always plainly valid; the schema runs for everything else.
+  let req = fastChatRequest(body);
+  if (req === null) {
+    const parsed = ChatCompletionRequest.safeParse(body);
+    if (!parsed.success) {
+      const first = parsed.error.issues[0]!;
+      const param = paramOf(first.path);
+      return { ok: false, issue: { param, message: `${param ?? 'body'}: ${describeIssue(first, body)}` } };
+    }
+    req = parsed.data;
   }
-  const req = parsed.data;
   if (req.n != null && req.n !== 1) return { ok: false, issue: { param: 'n', message: 'n must be 1: Reef records one completion per request' } };
   for (const [i, m] of req.messages.entries()) {
     const parts = Array.isArray(m.content) ? m.content : [];
