@@ -49,6 +49,24 @@ export function testConfig(patch: (cfg: Record<string, any>) => void = () => {})
 }
 
 /** Every live descendant of `pid` (children, grandchildren, …), from one `ps` snapshot. */
+/**
+ * A `reef up` config for a closed training loop on CPU: one PRM actor judging through the PRM at
+ * `prmUrl` (OpenAI API, key from REEF_TEST_PRM_KEY), batches of two, distributed weight sync, and a
+ * learning rate large enough that one step visibly changes what the tiny model samples.
+ */
+export function trainingLoopConfig(opts: { port: number; prmUrl: string; prmModel: string; prmTimeoutS: number; patch?: (cfg: Record<string, any>) => void }): { path: string; dir: string } {
+  return testConfig((c) => {
+    c.reef.port = opts.port;
+    c.cluster.prm = { replicas: 0, gpus: 1, engine: 'hf', model_path: null };
+    c.cluster.prm_actors = 1;
+    c.pipeline.record2record.config = { prm_url: opts.prmUrl, prm_api: 'openai', prm_model: opts.prmModel, prm_api_key_env: 'REEF_TEST_PRM_KEY', prm_m: 1, prm_timeout_s: opts.prmTimeoutS };
+    c.pipeline.task2batch.config = { batch_size: 2, prm_record_file: 'prm-records.jsonl' };
+    c.training.options = ['--lr=0.05', '--openclawrl-w-rl=1.0', '--openclawrl-w-opd=1.0'];
+    c.training.weight_sync = 'distributed';
+    opts.patch?.(c);
+  });
+}
+
 export function descendants(pid: number): number[] {
   const out = execFileSync('ps', ['-eo', 'pid=,ppid='], { encoding: 'utf8' });
   const children = new Map<number, number[]>();

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { freePort } from '../../cluster/net.js';
 import { readRunFile } from '../../cluster/run-file.js';
 import { startFakeEngine, type FakeEngine } from '../helpers/fake-engine.js';
-import { runReef, testConfig } from '../helpers/stack.js';
+import { runReef, trainingLoopConfig } from '../helpers/stack.js';
 import { waitFor } from '../helpers/wait.js';
 
 /**
@@ -59,16 +59,7 @@ describe('judged turns → batches → training → release → rollback', () =>
       },
     });
     port = await freePort();
-    cfg = testConfig((c) => {
-      c.reef.port = port;
-      c.cluster.prm = { replicas: 0, gpus: 1, engine: 'hf', model_path: null };
-      c.cluster.prm_actors = 1;
-      c.pipeline.record2record.config = { prm_url: prm.url, prm_api: 'openai', prm_model: 'fake-prm', prm_api_key_env: 'REEF_TEST_PRM_KEY', prm_m: 1, prm_timeout_s: 30 };
-      c.pipeline.task2batch.config = { batch_size: 2, prm_record_file: 'prm-records.jsonl' };
-      // A large learning rate, so one step visibly changes what the tiny model samples.
-      c.training.options = ['--lr=0.05', '--openclawrl-w-rl=1.0', '--openclawrl-w-opd=1.0'];
-      c.training.weight_sync = 'distributed';
-    });
+    cfg = trainingLoopConfig({ port, prmUrl: prm.url, prmModel: 'fake-prm', prmTimeoutS: 30 });
   });
 
   afterAll(async () => {

@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { freePort } from '../../cluster/net.js';
 import { repoRoot } from '../../cluster/paths.js';
 import { readRunFile } from '../../cluster/run-file.js';
-import { runReef, testConfig } from '../helpers/stack.js';
+import { runReef, trainingLoopConfig } from '../helpers/stack.js';
 import { waitFor } from '../helpers/wait.js';
 
 /**
@@ -111,16 +111,7 @@ describe('a failed distributed weight sync falls back to a disk load', () => {
     prm = await startGatedPrm();
     port = await freePort();
     enginePort = await freePort();
-    cfg = testConfig((c) => {
-      c.reef.port = port;
-      c.cluster.rollout.port = enginePort;
-      c.cluster.prm = { replicas: 0, gpus: 1, engine: 'hf', model_path: null };
-      c.cluster.prm_actors = 1;
-      c.pipeline.record2record.config = { prm_url: prm.url, prm_api: 'openai', prm_model: 'gated-prm', prm_api_key_env: 'REEF_TEST_PRM_KEY', prm_m: 1, prm_timeout_s: 60 };
-      c.pipeline.task2batch.config = { batch_size: 2, prm_record_file: 'prm-records.jsonl' };
-      c.training.options = ['--lr=0.05', '--openclawrl-w-rl=1.0', '--openclawrl-w-opd=1.0'];
-      c.training.weight_sync = 'distributed';
-    });
+    cfg = trainingLoopConfig({ port, prmUrl: prm.url, prmModel: 'gated-prm', prmTimeoutS: 60, patch: (c) => (c.cluster.rollout.port = enginePort) });
   });
 
   afterAll(async () => {
