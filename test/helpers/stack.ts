@@ -67,6 +67,18 @@ export function trainingLoopConfig(opts: { port: number; prmUrl: string; prmMode
   });
 }
 
+/** One non-streamed chat turn of `session` through a running gateway: its receipt and reply text. */
+export async function sessionChat(baseUrl: string, session: string, messages: unknown[], extra: Record<string, unknown> = {}): Promise<{ id: string; content: string }> {
+  const res = await fetch(`${baseUrl}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'x-reef-tag-session': session },
+    body: JSON.stringify({ messages, max_tokens: 12, temperature: 1.0, ...extra }),
+  });
+  if (res.status !== 200) throw new Error(`chat answered ${res.status}: ${await res.text()}`);
+  const body = (await res.json()) as { choices: Array<{ message: { content: string | null } }> };
+  return { id: res.headers.get('x-reef-agent-record-id')!, content: body.choices[0]!.message.content ?? '' };
+}
+
 export function descendants(pid: number): number[] {
   const out = execFileSync('ps', ['-eo', 'pid=,ppid='], { encoding: 'utf8' });
   const children = new Map<number, number[]>();

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { freePort } from '../../cluster/net.js';
 import { readRunFile } from '../../cluster/run-file.js';
 import { startFakeEngine, type FakeEngine } from '../helpers/fake-engine.js';
-import { runReef, trainingLoopConfig } from '../helpers/stack.js';
+import { runReef, sessionChat, trainingLoopConfig } from '../helpers/stack.js';
 import { waitFor } from '../helpers/wait.js';
 
 /**
@@ -34,16 +34,7 @@ describe('judged turns → batches → training → release → rollback', () =>
   let prm: FakeEngine;
   const base = () => `http://127.0.0.1:${port}`;
 
-  const chat = async (session: string, messages: unknown[], extra: Record<string, unknown> = {}) => {
-    const res = await fetch(`${base()}/v1/chat/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-reef-tag-session': session },
-      body: JSON.stringify({ messages, max_tokens: 12, temperature: 1.0, ...extra }),
-    });
-    expect(res.status).toBe(200);
-    const body = (await res.json()) as { choices: Array<{ message: { content: string | null } }> };
-    return { id: res.headers.get('x-reef-agent-record-id')!, content: body.choices[0]!.message.content ?? '' };
-  };
+  const chat = (session: string, messages: unknown[], extra: Record<string, unknown> = {}) => sessionChat(base(), session, messages, extra);
   const releases = async (): Promise<Release[]> => ((await (await fetch(`${base()}/reef/scenarios/default/releases`)).json()) as { data: Release[] }).data;
   const record = async (id: string) => (await (await fetch(`${base()}/reef/scenarios/default/records/${id}`)).json()) as { outputIds: number[]; weightVersion: string | null };
   const probeRecord = async () => record((await chat('probe', [{ role: 'user', content: 'Tell me about the sea.' }], { seed: 1234, max_tokens: 16 })).id);

@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { freePort } from '../../cluster/net.js';
 import { repoRoot } from '../../cluster/paths.js';
 import { readRunFile } from '../../cluster/run-file.js';
-import { runReef, trainingLoopConfig } from '../helpers/stack.js';
+import { runReef, sessionChat, trainingLoopConfig } from '../helpers/stack.js';
 import { waitFor } from '../helpers/wait.js';
 
 /**
@@ -76,16 +76,7 @@ describe('a failed distributed weight sync falls back to a disk load', () => {
   const base = () => `http://127.0.0.1:${port}`;
   const engine = () => `http://127.0.0.1:${enginePort}`;
 
-  const chat = async (session: string, messages: unknown[], extra: Record<string, unknown> = {}) => {
-    const res = await fetch(`${base()}/v1/chat/completions`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-reef-tag-session': session },
-      body: JSON.stringify({ messages, max_tokens: 12, temperature: 1.0, ...extra }),
-    });
-    expect(res.status).toBe(200);
-    const body = (await res.json()) as { choices: Array<{ message: { content: string | null } }> };
-    return { id: res.headers.get('x-reef-agent-record-id')!, content: body.choices[0]!.message.content ?? '' };
-  };
+  const chat = (session: string, messages: unknown[], extra: Record<string, unknown> = {}) => sessionChat(base(), session, messages, extra);
   /** Three requests of one session: its first two turns get next states, so they are judged. */
   const conversation = async (session: string) => {
     const msgs: Array<{ role: string; content: string }> = [{ role: 'system', content: 'You help with homework.' }, { role: 'user', content: `What is 12 + ${session.length}?` }];
