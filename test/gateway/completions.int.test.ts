@@ -97,6 +97,14 @@ describe.each([['inline', undefined], ['worker', 0]] as const)('gateway completi
     expect(rec.tags).toEqual({});
   });
 
+  it('takes a body with a UTF-8 byte-order mark, and its record reads back (regression: the stored body kept the mark)', async () => {
+    const body = Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from(JSON.stringify(CHAT))]);
+    const res = await fetch(`${s.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body });
+    expect(res.status).toBe(200);
+    const rec = (await s.gw.store.get(res.headers.get('x-reef-agent-record-id')!))!;
+    expect(rec.request.messages).toEqual(CHAT.messages);
+  });
+
   it('streams chunks while the engine is still generating; the receipt follows the commit and precedes [DONE]', async () => {
     const req = await scripted([{ role: 'user', content: 'stream me a long one' }], LONG);
     s.engine.options.tokenDelayMs = 20;

@@ -84,8 +84,9 @@ function requestBytes(request: NewRecord['request']): { bytes: Buffer; form: num
   if (request !== null && typeof request === 'object' && 'chatBody' in request) {
     if (!(request.chatBody instanceof Uint8Array)) throw invalid('record.request.chatBody must be a Uint8Array');
     const bytes = blob(request.chatBody);
-    // The gateway parsed these bytes as a JSON object before it got here; a cheap shape check.
-    if (bytes.toString('latin1', 0, 64).trimStart()[0] !== '{') throw invalid('record.request.chatBody must be the UTF-8 JSON of a chat-completion request');
+    // The gateway parsed these bytes as a JSON object before it got here (a byte-order mark, which
+    // its decoder drops, included); a cheap shape check.
+    if (withoutBom(bytes.toString('latin1', 0, 64).replace(/^[ \t\n\r]+/, ''), '\u00ef\u00bb\u00bf')[0] !== '{') throw invalid('record.request.chatBody must be the UTF-8 JSON of a chat-completion request');
     return { bytes, form: REQUEST_FORM.chatBody };
   }
   return { bytes: requestJsonBytes(request), form: REQUEST_FORM.reef };
@@ -230,13 +231,17 @@ export interface FullRowShape extends SummaryRowShape {
   prompt_chunks: Buffer | null;
 }
 
+function withoutBom(text: string, bom: string): string {
+  return text.startsWith(bom) ? text.slice(bom.length) : text;
+}
+
 /**
  * A stored chat-completion body as `{messages, tools, params}`, exactly as the gateway split it when
  * it served the request: the same schema parse (which also fills defaults such as a tool call's
  * `type`), messages and tools apart, every other field a parameter.
  */
 export function requestOfChatBody(json: string): RecordRequest {
-  const body = JSON.parse(json) as Record<string, unknown>;
+  const body = JSON.parse(withoutBom(json, '\ufeff')) as Record<string, unknown>;
   const parsed = parseChatRequest(body);
   // Only bodies that passed this parse are stored; a later, stricter schema must not make old
   // records unreadable, so those are split as they are.
