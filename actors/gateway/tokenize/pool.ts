@@ -74,6 +74,8 @@ export class TokenizerPool {
       minThreads: 1,
       maxThreads: 1,
       idleTimeout: Number.POSITIVE_INFINITY,
+      // Nothing reads piscina's run/wait histograms (see leastBusy), so no task pays to fill them.
+      recordTiming: false,
       workerData: { modelDir, cacheMaxIds: opts.cacheMaxIds ?? 4_000_000 },
     }));
     const pool = new TokenizerPool(workers, files.contextLength);
