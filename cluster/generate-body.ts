@@ -48,9 +48,9 @@ function commonPrefix(a: Int32Array, b: ArrayLike<number>): number {
  * this prompt shares with that earlier one are copied as text; with `keep`, the answer also
  * carries this body's `IdText` for the next one.
  */
-export function generateBody(req: GenerateRequest, stream: boolean): Uint8Array;
+export function generateBody(req: GenerateRequest, stream: boolean, opts?: { reuse?: IdText | null; keep?: false }): Uint8Array;
 export function generateBody(req: GenerateRequest, stream: boolean, opts: { reuse?: IdText | null; keep: true }): { body: Uint8Array; idText: IdText | null };
-export function generateBody(req: GenerateRequest, stream: boolean, opts?: { reuse?: IdText | null; keep: true }): Uint8Array | { body: Uint8Array; idText: IdText | null } {
+export function generateBody(req: GenerateRequest, stream: boolean, opts?: { reuse?: IdText | null; keep?: boolean }): Uint8Array | { body: Uint8Array; idText: IdText | null } {
   const { input_ids: ids, ...rest } = req;
   const head = JSON.stringify({ ...rest, stream });
   if (ids == null) {

@@ -36,3 +36,29 @@ describe('utf8Text', () => {
     expect(utf8Text(Buffer.from('plain ascii').subarray(6))).toBe('ascii');
   });
 });
+
+describe('prepareChat engine bodies', () => {
+  it('a new session, and a request without one, reuse the last session\'s id text and still send exactly their own ids', async () => {
+    const { ChatTokenizer } = await import('./chat-tokenizer.js');
+    const { prepareChat } = await import('./prepare.js');
+    const { tinyModelDir } = await import('../../../cluster/paths.js');
+    const tok = ChatTokenizer.load(tinyModelDir());
+    const system = { role: 'system', content: 'You are a careful agent. '.repeat(120) };
+    const body = (messages: unknown[]) => Buffer.from(JSON.stringify({ messages, max_tokens: 4 }));
+    const params = { rid: '01JAAAAAAAAAAAAAAAAAAAAAAA', topK: 4, defaultMaxTokens: 16 };
+    const turns: Array<[string | null, unknown[]]> = [
+      ['s1', [system, { role: 'user', content: 'first question' }]],
+      ['s1', [system, { role: 'user', content: 'first question' }, { role: 'assistant', content: 'ok' }, { role: 'user', content: 'more' }]],
+      ['s2', [system, { role: 'user', content: 'another session' }]],
+      [null, [system, { role: 'user', content: 'no session at all' }]],
+      ['s3', [{ role: 'user', content: 'a different prompt altogether' }]],
+    ];
+    for (const [sessionKey, messages] of turns) {
+      const out = prepareChat(tok, body(messages), { ...params, sessionKey });
+      if (!out.ok) throw new Error(out.message);
+      const sent = JSON.parse(Buffer.from(out.engineBody).toString('utf8')) as { input_ids: number[]; rid: string };
+      expect(sent.input_ids).toEqual(Array.from(out.promptIds));
+      expect(sent.rid).toBe(params.rid);
+    }
+  });
+});

@@ -53,13 +53,20 @@ export interface RefusedChat {
  */
 const lastIdText = new Map<string, IdText>();
 const LAST_ID_TEXT_SESSIONS = 64;
+/**
+ * The newest of them. A session's first turn, or a request without a session, has no id text of
+ * its own, but an agent starts every session with the same system prompt and tools: ~20k of an
+ * OpenClaw prompt's ids are the same as in the last session's.
+ */
+let newestIdText: IdText | null = null;
 
 function engineBody(req: GenerateRequest, stream: boolean, sessionKey: string | null | undefined): Uint8Array {
-  if (!sessionKey) return generateBody(req, stream);
-  const reuse = lastIdText.get(sessionKey) ?? null;
+  const reuse = (sessionKey ? lastIdText.get(sessionKey) : undefined) ?? newestIdText;
+  if (!sessionKey) return generateBody(req, stream, { reuse });
   const { body, idText } = generateBody(req, stream, { reuse, keep: true });
   lastIdText.delete(sessionKey);
   if (idText) lastIdText.set(sessionKey, idText);
+  newestIdText = idText ?? newestIdText;
   if (lastIdText.size > LAST_ID_TEXT_SESSIONS) lastIdText.delete(lastIdText.keys().next().value as string);
   return body;
 }
