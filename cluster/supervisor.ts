@@ -15,17 +15,17 @@ export type { BackoffOptions, ManagedProcessOptions, ProcessState, StopOptions }
 /** How to start one actor instance; `env` already holds `REEF_ACTOR`. */
 export type ActorCommand = (name: string, id: string, env: NodeJS.ProcessEnv) => { command: string; args: string[] };
 
-/** The production command: `node dist/actors/<name>/main.js`. */
 /**
  * Node flags per actor. The gateway moves ~250 KB of ArrayBuffers per OpenClaw-sized turn through
- * its event loop (the body, and the prompt ids, engine body and request JSON its tokenizer workers
- * hand back); V8 counts those bytes against the old-generation limit of a heap whose live size is
- * ~20 MB, so with the default limit it ran a full mark-compact every ~90 turns (about 1.5 ms of
- * event-loop time per turn, plus the concurrent markers). A 128 MB starting limit cut those GCs
+ * its event loop (the body, and the prompt ids and engine body its tokenizer workers hand back);
+ * V8 counts those bytes against the old-generation limit of a heap whose live size is ~20 MB, so
+ * with the default limit it ran a full mark-compact every ~90 turns (about 1.5 ms of event-loop
+ * time per turn, plus the concurrent markers). A 128 MB starting limit cut those GCs
  * four-fold in bench/gateway; it is a starting point V8 still adjusts, not a cap.
  */
 export const ACTOR_NODE_FLAGS: Readonly<Record<string, readonly string[]>> = { gateway: ['--initial-old-space-size=128'] };
 
+/** The production command: `node <ACTOR_NODE_FLAGS> dist/actors/<name>/main.js`. */
 export const nodeActorCommand: ActorCommand = (name) => ({ command: process.execPath, args: [...(ACTOR_NODE_FLAGS[name] ?? []), distEntry(`actors/${name}/main`)] });
 
 /** Handlers for the CLI's control requests; each default uses the supervisor's own data. */
