@@ -84,9 +84,9 @@ function requestBytes(request: NewRecord['request']): { bytes: Buffer; form: num
   if (request !== null && typeof request === 'object' && 'chatBody' in request) {
     if (!(request.chatBody instanceof Uint8Array)) throw invalid('record.request.chatBody must be a Uint8Array');
     const bytes = blob(request.chatBody);
-    // The gateway parsed these bytes as a JSON object before it got here (a byte-order mark, which
-    // its decoder drops, included); a cheap shape check.
-    if (withoutBom(bytes.toString('latin1', 0, 64).replace(/^[ \t\n\r]+/, ''), '\u00ef\u00bb\u00bf')[0] !== '{') throw invalid('record.request.chatBody must be the UTF-8 JSON of a chat-completion request');
+    // The gateway parsed these bytes as a JSON object before it got here (after a byte-order mark,
+    // which its decoder drops, and JSON whitespace); a cheap shape check.
+    if (withoutBom(bytes.toString('latin1', 0, 64), '\u00ef\u00bb\u00bf').replace(/^[ \t\n\r]+/, '')[0] !== '{') throw invalid('record.request.chatBody must be the UTF-8 JSON of a chat-completion request');
     return { bytes, form: REQUEST_FORM.chatBody };
   }
   return { bytes: requestJsonBytes(request), form: REQUEST_FORM.reef };

@@ -67,6 +67,8 @@ describe('SqliteStore records', () => {
     // A byte-order mark, which the gateway's decoder drops, is dropped on reading too.
     const bom = await store.append({ ...input, request: { chatBody: Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from('{"messages": [{"role": "user", "content": "hi"}]}')]) } });
     expect((await store.get(bom.id))!.request.messages).toEqual([{ role: 'user', content: 'hi' }]);
+    const bomThenSpace = await store.append({ ...input, request: { chatBody: Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from('\n {"messages": [{"role": "user", "content": "hi"}]}')]) } });
+    expect((await store.get(bomThenSpace.id))!.request.messages).toEqual([{ role: 'user', content: 'hi' }]);
     // Without tools, `tools` reads as null, as for requests stored as {messages, tools, params}.
     const bare = await store.append({ ...input, request: { chatBody: new TextEncoder().encode('{"messages": [{"role": "user", "content": "hi"}]}') } });
     expect((await store.get(bare.id))!.request).toEqual({ messages: [{ role: 'user', content: 'hi' }], tools: null, params: {} });
