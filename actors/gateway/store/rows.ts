@@ -3,7 +3,7 @@ import { ReefError } from '../../runtime/errors.js';
 import { parseChatRequest } from '../openai-schema.js';
 import { chunk, type Chunk, type Chunked, type ChunkMemo } from './chunks.js';
 import { isId } from './ids.js';
-import type { AgentRecord, NewRecord, RecordRequest, RecordSummary, StagedPayloads } from './types.js';
+import type { AgentRecord, ChatBody, NewRecord, RecordRequest, RecordSummary, StagedPayloads } from './types.js';
 
 /** Conversion between records and SQLite rows: token arrays as raw little-endian BLOBs. */
 
@@ -81,7 +81,7 @@ const REQUEST_FORM = { reef: 0, chatBody: 1 } as const;
  * and which form they are in.
  */
 function requestBytes(request: NewRecord['request']): { bytes: Buffer; form: number } {
-  if (request !== null && typeof request === 'object' && 'chatBody' in request) {
+  if (isChatBody(request)) {
     if (!(request.chatBody instanceof Uint8Array)) throw invalid('record.request.chatBody must be a Uint8Array');
     const bytes = blob(request.chatBody);
     // The gateway parsed these bytes as a JSON object before it got here (after a byte-order mark,
@@ -92,7 +92,11 @@ function requestBytes(request: NewRecord['request']): { bytes: Buffer; form: num
   return { bytes: requestJsonBytes(request), form: REQUEST_FORM.reef };
 }
 
-function requestJsonBytes(request: Exclude<NewRecord['request'], { chatBody: Uint8Array }>): Buffer {
+function isChatBody(request: NewRecord['request']): request is ChatBody {
+  return request !== null && typeof request === 'object' && 'chatBody' in request;
+}
+
+function requestJsonBytes(request: Exclude<NewRecord['request'], ChatBody>): Buffer {
   if (typeof request === 'string') {
     if (!request.startsWith(REQUEST_HEAD)) throw invalid('record.request as text must be the JSON of {messages, tools, params}');
     return Buffer.from(request);
@@ -135,9 +139,7 @@ export function stagedChunks(staged: StagedPayloads): Chunk[] {
 }
 
 function sameRequest(a: NewRecord['request'], b: NewRecord['request']): boolean {
-  if (a === b) return true;
-  const bodyOf = (r: NewRecord['request']) => (r !== null && typeof r === 'object' && 'chatBody' in r ? r.chatBody : undefined);
-  return bodyOf(a) !== undefined && bodyOf(a) === bodyOf(b);
+  return a === b || (isChatBody(a) && isChatBody(b) && a.chatBody === b.chatBody);
 }
 
 /** Checks a record completely and turns it into a row; throws REEF_ERR_INVALID_ARGUMENT. */
