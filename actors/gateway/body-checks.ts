@@ -10,10 +10,11 @@ export const MAX_JSON_DEPTH = 128;
  *   chat route, which parses its raw body itself. `JSON.parse` makes such keys plain own
  *   properties, but code that later copies the object by assignment would set a prototype instead.
  *   Checking the parsed value catches every spelling of the key, unicode escapes included.
+ * `depth` is the value's own depth in the body (1 for the body itself).
  */
-export function parsedBodyProblem(value: unknown): string | null {
+export function parsedBodyProblem(value: unknown, depth = 1): string | null {
   if (value === null || typeof value !== 'object') return null;
-  const stack: Array<[object, number]> = [[value, 1]];
+  const stack: Array<[object, number]> = [[value, depth]];
   while (stack.length > 0) {
     const [v, depth] = stack.pop()!;
     if (depth > MAX_JSON_DEPTH) return `request body is nested more than ${MAX_JSON_DEPTH} levels deep`;

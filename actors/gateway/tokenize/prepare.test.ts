@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { utf8Text } from './prepare.js';
+import { utf8Text } from './utf8.js';
 
 describe('utf8Text', () => {
   const decoder = new TextDecoder();
@@ -60,5 +60,36 @@ describe('prepareChat engine bodies', () => {
       expect(sent.input_ids).toEqual(Array.from(out.promptIds));
       expect(sent.rid).toBe(params.rid);
     }
+  });
+});
+
+describe('prepareChat bodies of a session', () => {
+  it('refuses a forbidden key or a deep nesting in an appended message as it does in a whole body', async () => {
+    const { ChatTokenizer } = await import('./chat-tokenizer.js');
+    const { prepareChat } = await import('./prepare.js');
+    const { tinyModelDir } = await import('../../../cluster/paths.js');
+    const tok = ChatTokenizer.load(tinyModelDir());
+    const params = { rid: '01JAAAAAAAAAAAAAAAAAAAAAAA', topK: 4, defaultMaxTokens: 16 };
+    const t1 = [{ role: 'system', content: 'Be brief. '.repeat(50) }, { role: 'user', content: 'hi' }];
+    const body = (messagesJson: string) => Buffer.from(`{"messages":${messagesJson},"max_tokens":4}`);
+    const json1 = JSON.stringify(t1);
+    const bad = [
+      `${json1.slice(0, -1)},{"role":"user","content":"x","__proto__":{"polluted":true}}]`,
+      `${json1.slice(0, -1)},{"role":"user","content":"x","deep":${'['.repeat(130)}${']'.repeat(130)}}]`,
+    ];
+    for (const messages of bad) {
+      // Session first (its last body is remembered), then the same body alone with no session
+      // remembered that fits it.
+      expect(prepareChat(tok, body(json1), { ...params, sessionKey: 'memo' }).ok).toBe(true);
+      const extended = prepareChat(tok, body(messages), { ...params, sessionKey: 'memo' });
+      const whole = prepareChat(tok, Buffer.from(`{"max_tokens":4,"messages":${messages}}`), { ...params, sessionKey: 'other' });
+      expect(extended).toMatchObject({ ok: false, code: 'REEF_ERR_BODY' });
+      expect(extended).toEqual(whole);
+    }
+    // A good next turn after them is served, with the ids of its own transcript.
+    const good = [...t1, { role: 'assistant', content: 'hello' }, { role: 'user', content: 'more' }];
+    const out = prepareChat(tok, body(JSON.stringify(good)), { ...params, sessionKey: 'memo' });
+    if (!out.ok) throw new Error(out.message);
+    expect(Array.from(out.promptIds)).toEqual(Array.from(tok.render(good, null).ids));
   });
 });

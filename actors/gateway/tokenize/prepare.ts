@@ -1,11 +1,12 @@
-import { isAscii, isUtf8, transcode } from 'node:buffer';
 import type { GenerateRequest } from '../../../cluster/engine-client.js';
 import { generateBody, type IdText } from '../../../cluster/generate-body.js';
 import { ReefError, type ErrorCode } from '../../runtime/errors.js';
 import { parsedBodyProblem } from '../body-checks.js';
 import { parseChatRequest } from '../openai-schema.js';
 import type { ChatTokenizer } from './chat-tokenizer.js';
+import { extendBody, rememberBody, type RememberedBody } from './body-memo.js';
 import { checkContextLength, normalizeMessages } from './normalize.js';
+import { utf8Text } from './utf8.js';
 
 /**
  * A chat-completion request, from its raw body to what the gateway sends. This runs on a tokenizer
@@ -71,30 +72,44 @@ function engineBody(req: GenerateRequest, stream: boolean, sessionKey: string | 
   return body;
 }
 
-const utf8 = new TextDecoder();
-
-/**
- * The body as text, exactly as `TextDecoder` decodes it, faster. Agent transcripts are mostly
- * ASCII with some non-ASCII text spread through them (quotes, accents, emoji), and for those V8's
- * UTF-8 decoder took ~65–95 µs per 38 KB body; converting to UTF-16 natively and reading that takes
- * ~12–25 µs. Only well-formed UTF-8 without a byte-order mark goes that way: for anything else
- * (replacement characters, a BOM to drop) `TextDecoder` itself decides.
- */
-export function utf8Text(body: Uint8Array): string {
-  const b = Buffer.from(body.buffer, body.byteOffset, body.byteLength);
-  if (isAscii(b)) return b.toString('latin1');
-  if (isUtf8(b) && !(b[0] === 0xef && b[1] === 0xbb && b[2] === 0xbf)) {
-    const u16 = transcode(b, 'utf8', 'utf16le');
-    return u16.toString('utf16le');
-  }
-  return utf8.decode(body);
-}
-
 function refuse(code: ErrorCode, message: string, param: string | null = null): RefusedChat {
   return { ok: false, code, message, param };
 }
 
-function parseBody(body: Uint8Array): { json: unknown } | RefusedChat {
+/**
+ * Per session, its last body as parsed (body-memo.ts), LRU, and the newest of all: a session's
+ * next body usually extends its last, and a new session's first one shares its system prompt and
+ * tools with the newest.
+ */
+const lastBody = new Map<string, RememberedBody>();
+const LAST_BODY_SESSIONS = 64;
+let newestBody: RememberedBody | null = null;
+
+function rememberFor(sessionKey: string | null | undefined, remembered: RememberedBody | null): void {
+  if (remembered === null) return;
+  newestBody = remembered;
+  if (!sessionKey) return;
+  lastBody.delete(sessionKey);
+  lastBody.set(sessionKey, remembered);
+  if (lastBody.size > LAST_BODY_SESSIONS) lastBody.delete(lastBody.keys().next().value as string);
+}
+
+/**
+ * The body's JSON, or why it is refused. `body` is kept (see rememberFor), so the caller must not
+ * change it afterwards.
+ */
+function parseBody(body: Uint8Array, sessionKey: string | null | undefined): { json: unknown } | RefusedChat {
+  const prev = (sessionKey ? lastBody.get(sessionKey) : undefined) ?? newestBody;
+  const extended = prev ? extendBody(prev, body) : null;
+  if (extended !== null) {
+    // The remembered members passed these checks with the body they came from.
+    for (const m of extended.added) {
+      const problem = parsedBodyProblem(m, 3);
+      if (problem !== null) return refuse('REEF_ERR_BODY', problem);
+    }
+    rememberFor(sessionKey, extended.remembered);
+    return { json: extended.json };
+  }
   let json: unknown;
   try {
     json = JSON.parse(utf8Text(body));
@@ -102,11 +117,13 @@ function parseBody(body: Uint8Array): { json: unknown } | RefusedChat {
     return refuse('REEF_ERR_BODY', `request body is not valid JSON: ${(err as Error).message}`);
   }
   const problem = parsedBodyProblem(json);
-  return problem === null ? { json } : refuse('REEF_ERR_BODY', problem);
+  if (problem !== null) return refuse('REEF_ERR_BODY', problem);
+  rememberFor(sessionKey, rememberBody(body, json));
+  return { json };
 }
 
 export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: PrepareParams): PreparedChat | RefusedChat {
-  const parsedBody = parseBody(body);
+  const parsedBody = parseBody(body, params.sessionKey);
   if ('ok' in parsedBody) return parsedBody;
   const parsed = parseChatRequest(parsedBody.json);
   if (!parsed.ok) return refuse('REEF_ERR_INVALID_ARGUMENT', parsed.issue.message, parsed.issue.param);
