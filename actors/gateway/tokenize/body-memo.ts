@@ -22,6 +22,7 @@
  * Remembered values are frozen: requests share them, so nothing downstream may change them.
  */
 
+import { deepFreeze } from './frozen.js';
 import { utf8Text } from './utf8.js';
 
 const TAB = 0x09;
@@ -167,16 +168,6 @@ export function commonPrefixLength(a: Buffer, b: Buffer): number {
   while (i + BLOCK <= n && a.compare(b, i, i + BLOCK, i, i + BLOCK) === 0) i += BLOCK;
   while (i < n && a[i] === b[i]) i++;
   return i;
-}
-
-function deepFreeze(value: unknown): void {
-  const stack = [value];
-  while (stack.length > 0) {
-    const v = stack.pop();
-    if (v === null || typeof v !== 'object' || Object.isFrozen(v)) continue;
-    Object.freeze(v);
-    for (const child of Object.values(v)) if (child !== null && typeof child === 'object') stack.push(child);
-  }
 }
 
 /**

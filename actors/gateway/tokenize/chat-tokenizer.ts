@@ -6,7 +6,8 @@ import { Tokenizer } from '@huggingface/tokenizers';
 import { ReefError } from '../../runtime/errors.js';
 import { ControlTokenMarker, controlTokens, literalAlternation } from './control-tokens.js';
 import { loadModelFiles, type ModelFiles } from './model-files.js';
-import { templateView, type TemplateMessage } from './normalize.js';
+import { deepFreeze, isDeepFrozen } from './frozen.js';
+import { templateViewOf, type TemplateMessage } from './normalize.js';
 import { PieceCache, type PieceCacheStats } from './piece-cache.js';
 import { compileTemplate, type CompiledTemplate } from './template-compiler.js';
 
@@ -84,6 +85,11 @@ export class ChatTokenizer {
   private readonly cleanUpSpaces: boolean;
   /** Converted (and marked) tool lists by their JSON text: agents resend the same tools every turn. */
   private readonly toolValues = new Map<string, FrozenValue>();
+  private readonly markedToolValues = new WeakMap<object, FrozenValue>();
+  private readonly plainToolValues = new WeakMap<object, FrozenValue>();
+  /** Template views of deeply frozen messages (`messageView`). */
+  private readonly markedViews = new WeakMap<object, TemplateMessage>();
+  private readonly plainViews = new WeakMap<object, TemplateMessage>();
   private renders = 0;
 
   private constructor(files: ModelFiles, opts: ChatTokenizerOptions) {
@@ -139,12 +145,9 @@ export class ChatTokenizer {
   /** The chat template's output for these messages, before tokenization (what `render` tokenizes). */
   renderText(messages: readonly TemplateMessage[], tools: readonly unknown[] | null, opts: RenderOptions = {}): string {
     const guard = opts.guard ?? true;
-    let view: unknown = templateView(messages);
+    const view = messages.map((m) => this.messageView(m, guard));
     let extra: Record<string, unknown> = opts.extra ?? {};
-    if (guard) {
-      view = this.marker.mark(view);
-      extra = this.marker.mark(extra);
-    }
+    if (guard) extra = this.marker.mark(extra);
     const toolValue = tools === null ? null : this.toolValue(tools, guard);
     const vars: TemplateVars = { view, tools: toolValue, addGenerationPrompt: opts.addGenerationPrompt ?? true, extra };
     const compiled = this.compiled;
@@ -159,6 +162,22 @@ export class ChatTokenizer {
     }
     const n = ++this.templateStats.compiled;
     return n <= CHECK_FIRST || n % CHECK_EVERY === 0 ? this.checked(text, vars) : text;
+  }
+
+  /**
+   * A message as the template sees it (`templateView`, with control tokens in its strings marked
+   * when guarded). Computed once for a deeply frozen message: a session's earlier messages are
+   * the same frozen objects every turn (body-memo.ts), and marking scans all their text.
+   */
+  private messageView(m: TemplateMessage, guard: boolean): TemplateMessage {
+    if (!isDeepFrozen(m)) return guard ? this.marker.mark(templateViewOf(m)) : templateViewOf(m);
+    const cache = guard ? this.markedViews : this.plainViews;
+    let view = cache.get(m);
+    if (view === undefined) {
+      view = deepFreeze(guard ? this.marker.mark(templateViewOf(m)) : templateViewOf(m));
+      cache.set(m, view);
+    }
+    return view;
   }
 
   private context(vars: TemplateVars, tools: unknown): Record<string, unknown> {
@@ -202,12 +221,18 @@ export class ChatTokenizer {
 
   /** The tool list as the template sees it, converted once per distinct list (LRU of 64). */
   private toolValue(tools: readonly unknown[], guard: boolean): FrozenValue {
+    // A deeply frozen list (the one a session's requests share) is its own key.
+    const byRef = guard ? this.markedToolValues : this.plainToolValues;
+    const frozen = isDeepFrozen(tools);
+    const known = frozen ? byRef.get(tools) : undefined;
+    if (known !== undefined) return known;
     const key = (guard ? 'g' : 'r') + JSON.stringify(tools);
     let value = this.toolValues.get(key);
     if (value) this.toolValues.delete(key);
     else value = freezeValue(guard ? this.marker.mark(tools) : tools);
     this.toolValues.set(key, value);
     if (this.toolValues.size > 64) this.toolValues.delete(this.toolValues.keys().next().value as string);
+    if (frozen) byRef.set(tools, value);
     return value;
   }
 

@@ -1,4 +1,5 @@
 import { ReefError } from '../../runtime/errors.js';
+import { deepFreeze, isDeepFrozen } from './frozen.js';
 
 /** A message as the chat template sees it (after `normalizeMessages`). */
 export type TemplateMessage = Record<string, unknown> & { role: string };
@@ -18,18 +19,34 @@ export type TemplateMessage = Record<string, unknown> & { role: string };
  */
 export function normalizeMessages(messages: readonly unknown[]): TemplateMessage[] {
   return messages.map((raw, index) => {
-    if (!raw || typeof raw !== 'object' || Array.isArray(raw)) {
-      throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `messages[${index}] must be an object` });
+    if (!isDeepFrozen(raw)) return normalizeMessage(raw, index);
+    let m = normalizedOf.get(raw);
+    if (m === undefined) {
+      m = deepFreeze(normalizeMessage(raw, index));
+      normalizedOf.set(raw, m);
     }
-    const msg = { ...(raw as Record<string, unknown>) };
-    if (typeof msg.role !== 'string') {
-      throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `messages[${index}].role must be a string` });
-    }
-    if (msg.role === 'developer') msg.role = 'system';
-    if (Array.isArray(msg.content)) msg.content = joinTextParts(msg.content, index);
-    if (Array.isArray(msg.tool_calls)) msg.tool_calls = msg.tool_calls.map((c, i) => normalizeToolCall(c, index, i));
-    return msg as TemplateMessage;
+    return m;
   });
+}
+
+/**
+ * Normalised forms of deeply frozen messages: the messages a session's requests share (body-memo.ts)
+ * are normalised once, and keep their identity for the tokenizer's per-message cache.
+ */
+const normalizedOf = new WeakMap<object, TemplateMessage>();
+
+function normalizeMessage(raw: unknown, index: number): TemplateMessage {
+  if (!raw || typeof raw !== 'object' || Array.isArray(raw)) {
+    throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `messages[${index}] must be an object` });
+  }
+  const msg = { ...(raw as Record<string, unknown>) };
+  if (typeof msg.role !== 'string') {
+    throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `messages[${index}].role must be a string` });
+  }
+  if (msg.role === 'developer') msg.role = 'system';
+  if (Array.isArray(msg.content)) msg.content = joinTextParts(msg.content, index);
+  if (Array.isArray(msg.tool_calls)) msg.tool_calls = msg.tool_calls.map((c, i) => normalizeToolCall(c, index, i));
+  return msg as TemplateMessage;
 }
 
 function joinTextParts(parts: unknown[], index: number): string {
@@ -64,16 +81,19 @@ function normalizeToolCall(call: unknown, index: number, i: number): unknown {
  * read (`reasoning_content`, `thinking`, `reasoning`) with the same key order Python produces.
  */
 export function templateView(messages: readonly TemplateMessage[]): TemplateMessage[] {
-  return messages.map((m) => {
-    const out: Record<string, unknown> = {};
-    for (const [k, v] of Object.entries(m)) if (v !== null && v !== undefined) out[k] = v;
-    const reasoning = [out.reasoning_content, out.thinking, out.reasoning].find((v) => v !== undefined);
-    if (reasoning === undefined) return out as TemplateMessage;
-    const aliased: Record<string, unknown> = { thinking: reasoning };
-    for (const [k, v] of Object.entries(out)) aliased[k] = v;
-    aliased.reasoning_content = reasoning;
-    return aliased as TemplateMessage;
-  });
+  return messages.map(templateViewOf);
+}
+
+/** `templateView` of one message. */
+export function templateViewOf(m: TemplateMessage): TemplateMessage {
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(m)) if (v !== null && v !== undefined) out[k] = v;
+  const reasoning = [out.reasoning_content, out.thinking, out.reasoning].find((v) => v !== undefined);
+  if (reasoning === undefined) return out as TemplateMessage;
+  const aliased: Record<string, unknown> = { thinking: reasoning };
+  for (const [k, v] of Object.entries(out)) aliased[k] = v;
+  aliased.reasoning_content = reasoning;
+  return aliased as TemplateMessage;
 }
 
 /** Refuse a request whose prompt plus requested completion does not fit the model's context. */
