@@ -1,3 +1,4 @@
+import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { FakeGeneration } from '../helpers/fake-engine.js';
 import { CHAT, postChat, readSse, startStack, type Stack } from './harness.js';
@@ -108,6 +109,23 @@ describe.each([['inline', undefined], ['worker', 0]] as const)('gateway completi
     const res2 = await fetch(`${s.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: bad });
     expect(res2.status).toBe(200);
     expect((await s.gw.store.get(res2.headers.get('x-reef-agent-record-id')!))!.request.messages).toEqual([{ role: 'user', content: 'a\ufffdb' }]);
+  });
+
+  it('takes a chunked upload (no content-length) split anywhere, and records it as sent', async () => {
+    const messages = [{ role: 'system', content: 'Be brief. '.repeat(300) }, { role: 'user', content: 'héllo 😀' }];
+    const bytes = Buffer.from(JSON.stringify({ model: 'tiny', messages, max_tokens: 4 }));
+    // Uneven pieces, one of them splitting a multi-byte character.
+    const cuts = [0, 1, 700, bytes.indexOf('😀') + 2, bytes.length - 3, bytes.length];
+    async function* pieces() {
+      for (let i = 1; i < cuts.length; i++) yield bytes.subarray(cuts[i - 1], cuts[i]);
+    }
+    const res = await request(`${s.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: pieces() });
+    const text = await res.body.text();
+    expect(res.statusCode, text).toBe(200);
+    const rec = (await s.gw.store.get(res.headers['x-reef-agent-record-id'] as string))!;
+    expect(rec.request.messages).toEqual(messages);
+    const sent = s.engine.requests.at(-1)!;
+    expect(Array.from(rec.promptIds)).toEqual(sent.input_ids);
   });
 
   it('streams chunks while the engine is still generating; the receipt follows the commit and precedes [DONE]', async () => {

@@ -121,4 +121,15 @@ describe.each([['inline', undefined], ['worker', 0]] as const)('gateway request 
     expect(res.statusCode).toBe(413);
     expect(openAIError(await res.body.json()).code).toBe('REEF_ERR_TOO_LARGE');
   });
+
+  it('a chunked upload (no content-length) growing past 64 MiB is 413 too', async () => {
+    const block = Buffer.alloc(1024 * 1024, 0x20);
+    async function* blocks() {
+      for (let i = 0; i < 65; i++) yield block;
+    }
+    const res = await request(`${s.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: blocks() }).catch((err: Error) => err);
+    if (res instanceof Error) throw res;
+    expect(res.statusCode).toBe(413);
+    expect(openAIError(await res.body.json()).code).toBe('REEF_ERR_TOO_LARGE');
+  });
 });
