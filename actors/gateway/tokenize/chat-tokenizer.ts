@@ -18,6 +18,8 @@ export interface RenderOptions {
   extra?: Record<string, unknown> | null;
   /** Encode control tokens found in user strings as plain text. @default true */
   guard?: boolean;
+  /** Put the ids in a SharedArrayBuffer (they cross to another thread without a copy). @default false */
+  shared?: boolean;
 }
 
 export interface RenderResult {
@@ -134,7 +136,7 @@ export class ChatTokenizer {
     const guard = opts.guard ?? true;
     const rendered = this.renderText(messages, tools, opts);
     this.renders++;
-    const out = new IdBuilder();
+    const out = new IdBuilder(opts.shared === true);
     if (!guard) {
       this.encodeTextInto(rendered, out);
       return { ids: out.finish(), text: rendered };
@@ -238,7 +240,7 @@ export class ChatTokenizer {
 
   /** Encode template text: added tokens become their ids, the text between them goes through the cache. */
   encodeText(text: string): Int32Array {
-    const out = new IdBuilder();
+    const out = new IdBuilder(false);
     this.encodeTextInto(text, out);
     return out.finish();
   }
@@ -338,6 +340,8 @@ class IdBuilder {
   private run: number[] = [];
   private n = 0;
 
+  constructor(private readonly shared: boolean) {}
+
   push(ids: Int32Array): void {
     this.flushRun();
     this.parts.push(ids);
@@ -351,7 +355,7 @@ class IdBuilder {
 
   finish(): Int32Array {
     this.flushRun();
-    const out = new Int32Array(this.n);
+    const out = this.shared ? new Int32Array(new SharedArrayBuffer(this.n * 4)) : new Int32Array(this.n);
     let o = 0;
     for (const p of this.parts) {
       out.set(p, o);

@@ -29,6 +29,7 @@ export interface PrepareParams {
 
 export interface PreparedChat {
   ok: true;
+  /** In shared memory, like `engineBody`; the session's id text keeps both, so neither may change. */
   promptIds: Int32Array;
   /** The `/generate` body (UTF-8 JSON) with `stream` as the client asked. */
   engineBody: Uint8Array;
@@ -63,7 +64,7 @@ let newestIdText: IdText | null = null;
 
 function engineBody(req: GenerateRequest, stream: boolean, sessionKey: string | null | undefined): Uint8Array {
   const reuse = (sessionKey ? lastIdText.get(sessionKey) : undefined) ?? newestIdText;
-  if (!sessionKey) return generateBody(req, stream, { reuse });
+  if (!sessionKey) return generateBody(req, stream, { reuse, shared: true });
   const { body, idText } = generateBody(req, stream, { reuse, keep: true });
   lastIdText.delete(sessionKey);
   if (idText) lastIdText.set(sessionKey, idText);
@@ -133,7 +134,7 @@ export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: 
   let ids: Int32Array;
   let text: string;
   try {
-    ({ ids, text } = tokenizer.render(normalizeMessages(req.messages), tools));
+    ({ ids, text } = tokenizer.render(normalizeMessages(req.messages), tools, { shared: true }));
   } catch (err) {
     if (err instanceof ReefError) return refuse(err.code, err.message);
     return refuse('REEF_ERR_INVALID_ARGUMENT', `cannot render the chat template: ${(err as Error).message}`);
