@@ -56,6 +56,41 @@ describe('TokenizerPool', () => {
     expect(pool.contextLength).toBe(4096);
   });
 
+  it('a session\'s turns, each built on the last one\'s body and id text, still send exactly their own ids', async () => {
+    // The worker keeps each turn's prompt ids and body text for the next turn while the event
+    // loop holds them too: nothing may be moved away from it or changed on either side.
+    const held: Array<{ got: { promptIds: Int32Array; engineBody: Uint8Array }; ids: number[]; body: Buffer }> = [];
+    for (let n = 0; n < 6; n++) {
+      const r = await pool.prepare(body(turn(n)), { ...params, sessionKey: 'session-ids' });
+      if (!r.ok) throw new Error(r.message);
+      const sent = JSON.parse(Buffer.from(r.engineBody).toString('utf8')) as { input_ids: number[] };
+      expect(sent.input_ids).toEqual(Array.from(r.promptIds));
+      expect(sent.input_ids).toEqual(Array.from(local.render(turn(n).map((m) => ({ ...m })), null).ids));
+      held.push({ got: r, ids: Array.from(r.promptIds), body: Buffer.from(r.engineBody) });
+    }
+    // What each turn handed over is unchanged after the turns built on it.
+    for (const h of held) {
+      expect(Array.from(h.got.promptIds)).toEqual(h.ids);
+      expect(Buffer.from(h.got.engineBody).equals(h.body)).toBe(true);
+    }
+  });
+
+  it('a worker that dies fails what it had not answered, and its replacement serves the next request', async () => {
+    const lonely = await TokenizerPool.create(tinyModelDir(), { threads: 1 });
+    try {
+      const big = body(turn(40));
+      const failed = expect(lonely.prepare(big, { ...params, sessionKey: 'doomed' })).rejects.toMatchObject({ code: 'REEF_ERR_ACTOR_CLOSED', status: 503 });
+      const worker = (lonely as unknown as { workers: Array<{ threads: Array<{ terminate(): Promise<number> }> }> }).workers[0]!.threads[0]!;
+      await worker.terminate();
+      await failed;
+      const next = await lonely.prepare(body(turn(1)), { ...params, sessionKey: 'doomed' });
+      if (!next.ok) throw new Error(next.message);
+      expect(Array.from(next.promptIds)).toEqual(Array.from(local.render(turn(1).map((m) => ({ ...m })), null).ids));
+    } finally {
+      await lonely.close();
+    }
+  });
+
   it('routes one session to one worker, where its earlier pieces hit the cache', async () => {
     const before = await pool.stats();
     for (let n = 5; n < 9; n++) await pool.prepare(body(turn(n)), { ...params, sessionKey: 'session-a' });

@@ -1,18 +1,22 @@
-import { move, transferableSymbol, valueSymbol, workerData } from 'piscina';
+import type { MessagePort } from 'node:worker_threads';
+import { workerData } from 'piscina';
 import { ReefError } from '../../runtime/errors.js';
 import { ChatTokenizer } from './chat-tokenizer.js';
+import type { LaneReply } from './pool.js';
 import { prepareChat, type PrepareParams } from './prepare.js';
 
-/** One task of the tokenizer worker; the tokenizer and its piece cache live for the worker's life. */
+/** A prepare request, as it travels on a worker's lane (pool.ts `PrepareLane`). */
+export type PrepareTask = { id: number; body: Uint8Array } & PrepareParams;
+
+/** One piscina task of the tokenizer worker; the tokenizer and its piece cache live for the worker's life. */
 export type WorkerTask =
   | { op: 'decode'; ids: number[] | Int32Array; skipSpecialTokens: boolean }
-  | ({ op: 'prepare'; body: Uint8Array } & PrepareParams)
+  /** Serve prepare requests on this port from now on. */
+  | { op: 'connect'; port: MessagePort }
   | { op: 'stats' };
 
 const { modelDir, cacheMaxIds } = workerData as { modelDir: string; cacheMaxIds: number };
 const tokenizer = ChatTokenizer.load(modelDir, { cacheMaxIds });
-
-const MOVE_BYTES = 64 * 1024;
 
 /** A ReefError loses its code crossing the thread boundary, so it travels as a value. */
 export interface WorkerFailure { reefError: { code: string; message: string } }
@@ -28,19 +32,28 @@ export default function run(task: WorkerTask): unknown {
 
 function handle(task: WorkerTask): unknown {
   switch (task.op) {
-    case 'prepare': {
-      const { op: _op, body, ...params } = task;
-      const out = prepareChat(tokenizer, body, params);
-      if (!out.ok) return out;
-      // The arrays were made for this answer alone, so they can move to the event loop uncopied.
-      // Moving has a fixed cost (~25 µs per buffer) that only pays off past a copy of that cost.
-      const buffers = [out.promptIds.buffer, out.engineBody.buffer];
-      if (buffers.reduce((n, b) => n + b.byteLength, 0) < MOVE_BYTES) return out;
-      return move({ [transferableSymbol]: buffers, [valueSymbol]: out } as never);
+    case 'connect': {
+      const port = task.port;
+      port.on('message', (m: PrepareTask) => port.postMessage(prepareReply(m)));
+      return 'connected';
     }
     case 'decode':
       return tokenizer.decode(task.ids, { skipSpecialTokens: task.skipSpecialTokens });
     case 'stats':
       return { ...tokenizer.stats(), contextLength: tokenizer.contextLength };
+  }
+}
+
+/**
+ * The answer to one prepare request; nothing thrown escapes to end the worker. The prompt ids and
+ * the engine body are in shared memory (prepare.ts): they reach the event loop uncopied and stay
+ * here too, as the session's id text for its next turn.
+ */
+function prepareReply(m: PrepareTask): LaneReply {
+  const { id, body, ...params } = m;
+  try {
+    return { id, out: prepareChat(tokenizer, body, params) };
+  } catch (err) {
+    return { id, failure: { code: err instanceof ReefError ? err.code : null, message: err instanceof Error ? err.message : String(err) } };
   }
 }
