@@ -104,6 +104,8 @@ function threadDelta(before: Map<string, number>, after: Map<string, number>, pe
 interface Stack {
   gatewayPid: number;
   gateway: Pool;
+  /** The gateway of another checkout (REEF_BENCH_GATEWAY_AB), on the same engine, or null. */
+  other: Pool | null;
   engine: Pool;
   tok: ChatTokenizer;
   close(): Promise<void>;
@@ -118,7 +120,6 @@ async function startStack(ctx: BenchContext): Promise<Stack> {
     c.reef.data_dir = join(dir, 'data');
     c.cluster.rollout.model_path = model;
   });
-  mkdirSync(join(dir, 'data'), { recursive: true }); // `reef up` makes it; the bare actor does not
   const fakeJs = join(repoRoot(), 'dist/test/helpers/fake-engine.js');
   const engine = spawnLogged(['--input-type=module', '-e', `const { startFakeEngine } = await import(${JSON.stringify(fakeJs)}); const e = await startFakeEngine(); console.log(e.url);`], {});
   const engineUrl = await new Promise<string>((resolve, reject) => {
@@ -127,28 +128,47 @@ async function startStack(ctx: BenchContext): Promise<Stack> {
   });
   const prof = process.env.REEF_BENCH_GATEWAY_PROF;
   const nodeArgs = process.env.REEF_BENCH_GATEWAY_NODE_ARGS?.split(' ').filter(Boolean) ?? [];
-  const gw = spawnLogged([...(prof ? ['--cpu-prof', `--cpu-prof-dir=${prof}`] : []), ...ACTOR_NODE_FLAGS['gateway']!, ...nodeArgs, join(repoRoot(), 'dist/actors/gateway/main.js')], {
-    REEF_ACTOR: JSON.stringify({ name: 'gateway', id: 'gateway-bench', supervisor: null, configPath: cfg.path, overrides: {}, heartbeatMs: null }),
-    REEF_ENGINES: JSON.stringify({ rollout: engineUrl, prm: [], student: null }),
-  });
+  const spawnGateway = (root: string, configPath: string, dataDir: string) => {
+    mkdirSync(dataDir, { recursive: true }); // `reef up` makes it; the bare actor does not
+    return spawnLogged([...(prof ? ['--cpu-prof', `--cpu-prof-dir=${prof}`] : []), ...ACTOR_NODE_FLAGS['gateway']!, ...nodeArgs, join(root, 'dist/actors/gateway/main.js')], {
+      REEF_ACTOR: JSON.stringify({ name: 'gateway', id: 'gateway-bench', supervisor: null, configPath, overrides: {}, heartbeatMs: null }),
+      REEF_ENGINES: JSON.stringify({ rollout: engineUrl, prm: [], student: null }),
+    });
+  };
+  const gw = spawnGateway(repoRoot(), cfg.path, join(dir, 'data'));
   const gatewayUrl = `http://127.0.0.1:${port}`;
+  // A/B: another checkout's gateway (its own dist/), measured in the same run against the same engine.
+  const otherRoot = process.env.REEF_BENCH_GATEWAY_AB || null;
+  const otherPort = otherRoot ? await freePort() : 0;
+  const otherCfg = otherRoot
+    ? testConfig((c) => {
+        c.reef.port = otherPort;
+        c.reef.data_dir = join(dir, 'data-other');
+        c.cluster.rollout.model_path = model;
+      })
+    : null;
+  const other = otherRoot && otherCfg ? spawnGateway(otherRoot, otherCfg.path, join(dir, 'data-other')) : null;
   const stop = async () => {
     gw.child.kill('SIGTERM'); // drains, and writes the CPU profile when asked
+    other?.child.kill('SIGTERM');
     engine.child.kill('SIGKILL');
-    await Promise.all([gw.exited, engine.exited]);
+    await Promise.all([gw.exited, engine.exited, other?.exited]);
     rmSync(dir, { recursive: true, force: true });
     rmSync(cfg.dir, { recursive: true, force: true });
+    if (otherCfg) rmSync(otherCfg.dir, { recursive: true, force: true });
   };
   try {
     await waitHealthy(`${gatewayUrl}/healthz`, 'gateway', gw.child, gw.tail);
+    if (other) await waitHealthy(`http://127.0.0.1:${otherPort}/healthz`, `gateway of ${otherRoot}`, other.child, other.tail);
   } catch (err) {
     await stop();
     throw err;
   }
-  ctx.log(`gateway pid ${gw.child.pid} at ${gatewayUrl}, fake engine pid ${engine.child.pid} at ${engineUrl}`);
+  ctx.log(`gateway pid ${gw.child.pid} at ${gatewayUrl}, fake engine pid ${engine.child.pid} at ${engineUrl}${other ? `, gateway of ${otherRoot} pid ${other.child.pid}` : ''}`);
   const gateway = new Pool(gatewayUrl, { connections: 64, pipelining: 1 });
+  const otherPool = other ? new Pool(`http://127.0.0.1:${otherPort}`, { connections: 64, pipelining: 1 }) : null;
   const direct = new Pool(engineUrl, { connections: 64, pipelining: 1 });
-  return { gatewayPid: gw.child.pid!, gateway, engine: direct, tok: ChatTokenizer.load(model), close: async () => (await Promise.all([gateway.close(), direct.close()]), await stop()) };
+  return { gatewayPid: gw.child.pid!, gateway, other: otherPool, engine: direct, tok: ChatTokenizer.load(model), close: async () => (await Promise.all([gateway.close(), direct.close(), otherPool?.close()]), await stop()) };
 }
 
 /** The OpenAI request for the gateway, and the engine body the gateway would send for it. */
@@ -180,7 +200,7 @@ function added(caseName: string, g: BenchRow, d: BenchRow): BenchRow {
 /** Sessions of three turns, gateway and direct interleaved so both see the same machine load. */
 async function openClaw(s: Stack, ctx: BenchContext): Promise<BenchRow[]> {
   const turns = openClawTurns().map((m) => bodies(s, m, TWELVE_TOOLS, true));
-  const lat = { g1: [] as number[], d1: [] as number[], g23: [] as number[], d23: [] as number[] };
+  const lat = { g1: [] as number[], d1: [] as number[], g23: [] as number[], d23: [] as number[], o1: [] as number[], o23: [] as number[] };
   const timed = async (f: () => Promise<void>, into: number[] | null) => {
     const t0 = performance.now();
     await f();
@@ -194,6 +214,7 @@ async function openClaw(s: Stack, ctx: BenchContext): Promise<BenchRow[]> {
     const session = `bench-${i}`;
     for (const [t, b] of turns.entries()) {
       await timed(gw(s, b.viaGateway, session), keep ? (t === 0 ? lat.g1 : lat.g23) : null);
+      if (s.other) await timed(() => post(s.other!, '/v1/chat/completions', b.viaGateway, { 'x-reef-tag-session': session }), keep ? (t === 0 ? lat.o1 : lat.o23) : null);
       await timed(engine(s, b.direct), keep ? (t === 0 ? lat.d1 : lat.d23) : null);
     }
   }
@@ -204,7 +225,15 @@ async function openClaw(s: Stack, ctx: BenchContext): Promise<BenchRow[]> {
     toRow('openclaw turns 2-3, streamed', 'gateway → fake engine', m(lat.g23)),
     toRow('openclaw turns 2-3, streamed', 'direct → fake engine', m(lat.d23)),
   ];
-  return [rows[0]!, rows[1]!, added('openclaw turn 1, streamed', rows[0]!, rows[1]!), rows[2]!, rows[3]!, added('openclaw turns 2-3, streamed', rows[2]!, rows[3]!)];
+  const out = [rows[0]!, rows[1]!, added('openclaw turn 1, streamed', rows[0]!, rows[1]!), rows[2]!, rows[3]!, added('openclaw turns 2-3, streamed', rows[2]!, rows[3]!)];
+  if (s.other) {
+    // The other checkout's rows, from the same interleaved sessions (see REEF_BENCH_GATEWAY_AB).
+    for (const [name, o, d] of [['openclaw turn 1, streamed', lat.o1, rows[1]!], ['openclaw turns 2-3, streamed', lat.o23, rows[3]!]] as const) {
+      const row = toRow(name, 'other gateway → fake engine', m(o));
+      out.push(row, { ...added(name, row, d), impl: 'added by other gateway' });
+    }
+  }
+  return out;
 }
 
 export const suite: BenchSuite = {
