@@ -127,10 +127,13 @@ export class SqliteStore implements RecordStore {
     const insertRecord = db.prepare(INSERT_RECORD_SQL);
     const insertChunk = db.prepare(INSERT_CHUNK_SQL);
     const ensureScenario = db.prepare('INSERT OR IGNORE INTO scenarios (name, created_at, description) VALUES (?, ?, ?)');
+    // Scenarios are never deleted, so one this store has seen committed needs no statement again.
+    const knownScenarios = new Set<string>();
     const writeBatch = db.transaction((rows: RecordRow[]) => {
       const now = Date.now();
       return rows.map((row) => {
-        ensureScenario.run(row.values[1], now, null);
+        const scenario = row.values[1] as string;
+        if (!knownScenarios.has(scenario)) ensureScenario.run(scenario, now, null);
         // OR IGNORE: a chunk already stored (another session's identical prefix) writes no page.
         for (const c of row.chunks) if (!c.stored) insertChunk.run(c.hash, c.data);
         return Number(insertRecord.run(...row.values).lastInsertRowid);
@@ -141,8 +144,11 @@ export class SqliteStore implements RecordStore {
     // several writing processes: a consumer that has read offset N never later meets a smaller one.
     this.committer = new GroupCommitter((rows) => {
       const offsets = writeBatch.immediate(rows);
-      // Only now are the chunks certainly in the file; a rolled-back batch leaves the memo alone.
-      for (const row of rows) this.chunkMemo.remember(row.chunks);
+      // Only now are the chunks and scenarios certainly in the file; a rolled-back batch leaves the memos alone.
+      for (const row of rows) {
+        this.chunkMemo.remember(row.chunks);
+        knownScenarios.add(row.values[1] as string);
+      }
       return offsets;
     }, commitOptions);
     const chunksTx = db.transaction((chunks: Chunk[]) => {
