@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { deepFreeze } from './tokenize/frozen.js';
 import { fastChatRequest } from './chat-request-fast.js';
 import { ChatCompletionRequest } from './openai-schema.js';
 import { TWELVE_TOOLS } from '../../test/parity/corpus.js';
@@ -83,6 +84,14 @@ describe('fastChatRequest', () => {
         expect(parsed.success, before).toBe(true);
         expect(dump(out), before).toBe(dump(parsed.data));
       } else if (!parsed.success) refused++;
+      // A deeply frozen body (how a session's remembered messages and tools arrive) gets the same
+      // answer, the first time and from the kept answers of its parts.
+      const frozen = deepFreeze(JSON.parse(JSON.stringify(req)) as unknown);
+      for (let round = 0; round < 2; round++) {
+        const again = fastChatRequest(frozen);
+        expect(again === null, before).toBe(out === null);
+        if (again !== null) expect(dump(again), before).toBe(dump(out));
+      }
     }
     // Both kinds were generated: many bodies settled fast, many left to zod to refuse.
     expect(fast).toBeGreaterThan(1500);

@@ -1,4 +1,5 @@
 import type { ChatCompletionRequest } from './openai-schema.js';
+import { deepFreeze, isDeepFrozen } from './tokenize/frozen.js';
 
 /**
  * The chat-request schema (openai-schema.ts) by hand, for the requests agents actually send. Run
@@ -24,7 +25,7 @@ function request(b: unknown): Out {
   if (!isObject(b)) return NO;
   if (!optional(b.model, isString)) return NO;
   if (!Array.isArray(b.messages) || b.messages.length === 0) return NO;
-  const messages = mapAll(b.messages, message);
+  const messages = mapAll(b.messages, settledMessage);
   if (messages === NO) return NO;
   if (!nullish(b.temperature, (v) => isNumber(v) && v >= 0 && v <= 2)) return NO;
   if (!nullish(b.top_p, (v) => isNumber(v) && v > 0 && v <= 1)) return NO;
@@ -34,7 +35,7 @@ function request(b: unknown): Out {
   if (!nullish(b.stream, isBoolean)) return NO;
   const streamOptions = b.stream_options == null ? b.stream_options : isObject(b.stream_options) && optional(b.stream_options.include_usage, isBoolean) ? shape(b.stream_options, STREAM_OPTIONS_KEYS, true, null) : NO;
   if (streamOptions === NO) return NO;
-  const tools = b.tools == null ? b.tools : Array.isArray(b.tools) ? mapAll(b.tools, tool) : NO;
+  const tools = b.tools == null ? b.tools : Array.isArray(b.tools) ? mapAll(b.tools, settledTool) : NO;
   if (tools === NO) return NO;
   const toolChoice = b.tool_choice == null ? b.tool_choice : toolChoiceOf(b.tool_choice);
   if (toolChoice === NO) return NO;
@@ -169,6 +170,28 @@ function tool(v: unknown): Out {
   // `parameters` is a record of anything: zod's copy holds the same entries in the same order.
   return shape(v, TOOL_KEYS, true, { function: shape(f, FUNCTION_KEYS, true, null) });
 }
+
+/**
+ * `f` with its answers for deeply frozen values kept: a session's earlier messages and its tool list
+ * are the same frozen objects every turn (tokenize/body-memo.ts), so each is walked once. The
+ * answers are frozen too, so the tokenizer's identity caches keep working on them.
+ */
+function settledBy(f: (v: unknown) => Out): (v: unknown) => Out {
+  const settled = new WeakMap<object, Out>();
+  return (v) => {
+    if (!isDeepFrozen(v)) return f(v);
+    let out = settled.get(v);
+    if (out === undefined) {
+      out = f(v);
+      if (out !== NO) deepFreeze(out);
+      settled.set(v, out);
+    }
+    return out;
+  };
+}
+
+const settledMessage = settledBy(message);
+const settledTool = settledBy(tool);
 
 function toolChoiceOf(v: unknown): Out {
   if (v === 'none' || v === 'auto' || v === 'required') return v;
