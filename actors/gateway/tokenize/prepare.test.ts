@@ -1,5 +1,10 @@
 import { describe, expect, it } from 'vitest';
+import { tinyModelDir } from '../../../cluster/paths.js';
+import { ChatTokenizer } from './chat-tokenizer.js';
+import { prepareChat } from './prepare.js';
 import { utf8Text } from './utf8.js';
+
+const params = { rid: '01JAAAAAAAAAAAAAAAAAAAAAAA', topK: 4, defaultMaxTokens: 16 };
 
 describe('utf8Text', () => {
   const decoder = new TextDecoder();
@@ -39,13 +44,9 @@ describe('utf8Text', () => {
 
 describe('prepareChat engine bodies', () => {
   it('a new session, and a request without one, reuse the last session\'s id text and still send exactly their own ids', async () => {
-    const { ChatTokenizer } = await import('./chat-tokenizer.js');
-    const { prepareChat } = await import('./prepare.js');
-    const { tinyModelDir } = await import('../../../cluster/paths.js');
     const tok = ChatTokenizer.load(tinyModelDir());
     const system = { role: 'system', content: 'You are a careful agent. '.repeat(120) };
     const body = (messages: unknown[]) => Buffer.from(JSON.stringify({ messages, max_tokens: 4 }));
-    const params = { rid: '01JAAAAAAAAAAAAAAAAAAAAAAA', topK: 4, defaultMaxTokens: 16 };
     const turns: Array<[string | null, unknown[]]> = [
       ['s1', [system, { role: 'user', content: 'first question' }]],
       ['s1', [system, { role: 'user', content: 'first question' }, { role: 'assistant', content: 'ok' }, { role: 'user', content: 'more' }]],
@@ -65,11 +66,7 @@ describe('prepareChat engine bodies', () => {
 
 describe('prepareChat bodies of a session', () => {
   it('refuses a forbidden key or a deep nesting in an appended message as it does in a whole body', async () => {
-    const { ChatTokenizer } = await import('./chat-tokenizer.js');
-    const { prepareChat } = await import('./prepare.js');
-    const { tinyModelDir } = await import('../../../cluster/paths.js');
     const tok = ChatTokenizer.load(tinyModelDir());
-    const params = { rid: '01JAAAAAAAAAAAAAAAAAAAAAAA', topK: 4, defaultMaxTokens: 16 };
     const t1 = [{ role: 'system', content: 'Be brief. '.repeat(50) }, { role: 'user', content: 'hi' }];
     const body = (messagesJson: string) => Buffer.from(`{"messages":${messagesJson},"max_tokens":4}`);
     const json1 = JSON.stringify(t1);
