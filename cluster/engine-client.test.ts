@@ -2,10 +2,15 @@ import { createServer, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { describe, expect, it } from 'vitest';
 import { EngineClient, generateBody } from './engine-client.js';
+import { releaseBody } from './generate-body.js';
 
 const parse = (body: Uint8Array) => JSON.parse(Buffer.from(body).toString('utf8')) as unknown;
 
 describe('generateBody', () => {
+  let seed = 7;
+  // The high bits: this generator's low bits repeat with short periods.
+  const rand = (n: number) => ((seed = (seed * 1103515245 + 12345) % 2 ** 31), Math.floor((seed / 2 ** 31) * n));
+
   it('writes typed and plain id arrays as the same JSON as JSON.stringify', () => {
     const req = { sampling_params: { max_new_tokens: 4, stop: ['é'] }, return_logprob: true, rid: 'r' };
     // Every digit count, both sides of each power of ten, and the largest int32.
@@ -13,7 +18,8 @@ describe('generateBody', () => {
     const expected = { ...req, stream: true, input_ids: ids };
     expect(parse(generateBody({ ...req, input_ids: Int32Array.from(ids) }, true))).toEqual(expected);
     expect(parse(generateBody({ ...req, input_ids: ids }, true))).toEqual(expected);
-    expect(Buffer.from(generateBody({ ...req, input_ids: ids }, true)).toString()).toBe(JSON.stringify({ ...req, stream: true, input_ids: ids }));
+    // Byte for byte: the ids first (so a later body can keep them in place), then the rest.
+    expect(Buffer.from(generateBody({ ...req, input_ids: ids }, true)).toString()).toBe(JSON.stringify({ input_ids: ids, ...req, stream: true }));
     expect(parse(generateBody({ ...req, input_ids: [] }, false))).toEqual({ ...req, stream: false, input_ids: [] });
   });
 
@@ -53,6 +59,41 @@ describe('generateBody', () => {
       expect(Buffer.from(reused.body).equals(Buffer.from(fresh))).toBe(true);
       prev = reused;
     }
+  });
+
+  it('in place: writes into the last body\'s arena only once its lease ended, and every body is exactly its own', () => {
+    const req = (ids: Int32Array) => ({ input_ids: ids, sampling_params: { max_new_tokens: 4 }, rid: 'r' });
+    const randomIds = (n: number) => Int32Array.from({ length: n }, () => rand(200_000));
+    let prev = generateBody(req(randomIds(3000)), true, { keep: true });
+    let inPlace = 0;
+    let fresh = 0;
+    for (let round = 0; round < 80; round++) {
+      const last = prev.idText!.ids;
+      // A growing transcript mostly; sometimes an edit, a cut, a jump past the arena's room.
+      const kind = rand(6);
+      const keepN = kind === 4 ? rand(last.length) : last.length - (kind === 3 ? rand(300) : 0);
+      const next = Int32Array.from([...last.subarray(0, keepN), ...randomIds(kind === 5 ? 4000 : rand(400))]);
+      const released = rand(4) !== 0;
+      if (released) releaseBody(prev.lease);
+      const snapshot = Buffer.from(prev.body);
+      const got = generateBody(req(next), round % 2 === 0, { reuse: prev.idText, keep: true, inPlace: true });
+      const want = generateBody(req(next), round % 2 === 0);
+      expect(Buffer.from(got.body).equals(Buffer.from(want)), `round ${round}`).toBe(true);
+      expect(JSON.parse(Buffer.from(got.body).toString('utf8')).input_ids).toEqual(Array.from(next));
+      if (got.body.buffer === prev.body.buffer) {
+        inPlace++;
+        // Only a released body is written over.
+        expect(released).toBe(true);
+      } else {
+        fresh++;
+        // An unreleased body is left exactly as it was handed out.
+        if (!released) expect(Buffer.from(prev.body).equals(snapshot)).toBe(true);
+      }
+      expect(Atomics.load(got.lease!, 0)).toBe(1);
+      prev = got;
+    }
+    expect(inPlace).toBeGreaterThan(20);
+    expect(fresh).toBeGreaterThan(10);
   });
 
   it('notices a changed id at every position around the blocks its prefix comparison skips', () => {

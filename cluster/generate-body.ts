@@ -3,8 +3,6 @@ import type { GenerateRequest } from './engine-client.js';
 
 const COMMA = 0x2c;
 const ZERO = 0x30;
-const CLOSE_BRACKET = 0x5d;
-const CLOSE_BRACE = 0x7d;
 const encoder = new TextEncoder();
 const LARGEST_ID = 0x7fffffff;
 /** The byte offset of every MARK_EVERY-th id is kept, where a later body may resume copying. */
@@ -21,6 +19,25 @@ export interface IdText {
   text: Uint8Array;
   /** marks[j] is where id j·MARK_EVERY starts in `text`. */
   marks: Int32Array;
+  /** The shared buffer the body was written in, with room to spare (`keep`), or null. */
+  arena: BodyArena | null;
+}
+
+/**
+ * Shared memory a kept body was written in, sized with room to grow. The next body built from its
+ * id text (`inPlace`) writes only what differs, after the shared prefix, instead of copying 100+ KB
+ * into new memory, provided nobody may still be reading the last body: `lease` is 1 from the
+ * moment a body is handed out until its user calls `releaseBody` (after the engine request ended).
+ * A lease never released only costs a fresh arena next time.
+ */
+export interface BodyArena {
+  bytes: Uint8Array;
+  lease: Int32Array;
+}
+
+/** Ends the lease of a body from an arena (see `BodyArena`); a no-op for other bodies. */
+export function releaseBody(lease: Int32Array | null | undefined): void {
+  if (lease) Atomics.store(lease, 0, 0);
 }
 
 /** Ids compared per native call: a shared 20k-id prefix compared id by id took ~25 µs. */
@@ -51,60 +68,87 @@ export interface GenerateBodyOptions {
    * (and without being moved away from this one).
    */
   shared?: boolean;
+  /**
+   * `reuse` belongs to the caller alone (its own last body, not another's): when its arena is free
+   * and large enough, this body is written into it over the last one (see `BodyArena`).
+   */
+  inPlace?: boolean;
 }
 
+const OPEN = encoder.encode('{"input_ids":[');
+
+/** Arena room for a body of `size` bytes: a session's next turns grow it by a few KB each. */
+const arenaSize = (size: number) => size + (size >> 2) + 4096;
+
 /**
- * The `/generate` body as UTF-8 JSON bytes, ready for the socket.
+ * The `/generate` body as UTF-8 JSON bytes, ready for the socket: `{"input_ids":[…],` and the other
+ * fields (the engine reads JSON, so the order of keys is free; ids first let a later body keep
+ * the same bytes in place).
  *
  * `input_ids` is written digit by digit into one buffer: an OpenClaw-sized prompt is 20k+ ids, and
  * building it as a string cost ~0.45 ms (`JSON.stringify(Array.from(ids))` ~1 ms), plus the
- * string's UTF-8 encoding when the socket wrote it. The buffer is sized exactly and has its own
- * memory, so it can go to another thread (the tokenizer workers build bodies this way). With
- * `reuse`, the ids this prompt shares with that earlier one are copied as text.
+ * string's UTF-8 encoding when the socket wrote it. The buffer has its own memory, so it can go to
+ * another thread (the tokenizer workers build bodies this way). With `reuse`, the ids this prompt
+ * shares with that earlier one are copied as text, or with `inPlace` left where they are.
  *
- * With `keep`, the answer also carries this body's `IdText` for the next one. It refers to `ids`
- * and to the body's own bytes rather than copying them, so the body is shared (a moved buffer
- * would take the kept text with it), and neither may change afterwards.
+ * With `keep`, the answer also carries this body's `IdText` for the next one, and the lease the
+ * body's user must end (`releaseBody`). It refers to `ids` and to the body's own bytes rather than
+ * copying them, so the body is shared (a moved buffer would take the kept text with it), and
+ * `ids` must not change afterwards.
  */
 export function generateBody(req: GenerateRequest, stream: boolean, opts?: GenerateBodyOptions & { keep?: false }): Uint8Array;
-export function generateBody(req: GenerateRequest, stream: boolean, opts: GenerateBodyOptions & { keep: true }): { body: Uint8Array; idText: IdText | null };
-export function generateBody(req: GenerateRequest, stream: boolean, opts?: GenerateBodyOptions & { keep?: boolean }): Uint8Array | { body: Uint8Array; idText: IdText | null } {
+export function generateBody(req: GenerateRequest, stream: boolean, opts: GenerateBodyOptions & { keep: true }): { body: Uint8Array; idText: IdText | null; lease: Int32Array | null };
+export function generateBody(req: GenerateRequest, stream: boolean, opts?: GenerateBodyOptions & { keep?: boolean }): Uint8Array | { body: Uint8Array; idText: IdText | null; lease: Int32Array | null } {
   const { input_ids: ids, ...rest } = req;
   const head = JSON.stringify({ ...rest, stream });
   if (ids == null) {
     const body = encoder.encode(head);
-    return opts?.keep ? { body, idText: null } : body;
+    return opts?.keep ? { body, idText: null, lease: null } : body;
   }
-  // `head` is a non-empty object: it ends with `}` and has at least one key before it.
-  const open = encoder.encode(`${head.slice(0, -1)},"input_ids":[`);
+  // `head` is an object: its members follow the ids (`],` + head without its `{`), or none do.
+  const tail = encoder.encode(head === '{}' ? ']}' : `],${head.slice(1)}`);
   const marks = new Int32Array(Math.ceil(ids.length / MARK_EVERY));
   // Resume at the last mark inside the shared prefix; the copied text ends with its comma.
   const reuse = opts?.reuse;
   const m = reuse ? Math.min(Math.floor(commonPrefix(reuse.ids, ids) / MARK_EVERY), marks.length - 1, reuse.marks.length - 1) : 0;
   const from = m > 0 ? m * MARK_EVERY : 0;
   const copied = m > 0 ? reuse!.marks[m]! : 0;
-  // The exact size: what is copied, then each further id and its comma (a value that is not a
-  // token id counts as 10 digits here and is refused below).
-  let size = open.length + copied + 2;
+  // The exact size: what is copied, then each further id and its comma. Every id is checked here,
+  // before a byte is written (the ids before `from` equal ones written before).
+  let size = OPEN.length + copied + tail.length;
   for (let i = from; i < ids.length; i++) {
     const v = ids[i]!;
-    size += (v >= 0 && v <= LARGEST_ID ? digitsOf(v) : 10) + (i > 0 && i !== from ? 1 : 0);
+    if (!Number.isInteger(v)) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `input_ids[${i}] is not an integer: ${v}` });
+    if (v < 0 || v > LARGEST_ID) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `input_ids[${i}] is not a token id: ${v}` });
+    size += digitsOf(v) + (i > 0 && i !== from ? 1 : 0);
   }
-  const shared = opts?.shared === true || opts?.keep === true;
-  // A plain Uint8Array: element stores into a Buffer, a subclass, ran at half the speed.
-  const out = new Uint8Array(shared ? new SharedArrayBuffer(size) : Buffer.allocUnsafeSlow(size).buffer, 0, size);
-  out.set(open);
-  const base = open.length;
+  const keep = opts?.keep === true;
+  const arena = reuse?.arena;
+  // In place: the bytes up to the resume point are this body's already.
+  const inPlace = keep && opts?.inPlace === true && m > 0 && arena != null && size <= arena.bytes.length && Atomics.compareExchange(arena.lease, 0, 0, 1) === 0;
+  let out: Uint8Array;
+  let lease: Int32Array | null = null;
+  if (inPlace) {
+    out = arena!.bytes;
+    lease = arena!.lease;
+  } else if (keep) {
+    out = new Uint8Array(new SharedArrayBuffer(arenaSize(size)));
+    lease = new Int32Array(new SharedArrayBuffer(4));
+    Atomics.store(lease, 0, 1);
+  } else {
+    // A plain Uint8Array: element stores into a Buffer, a subclass, ran at half the speed.
+    out = new Uint8Array(opts?.shared ? new SharedArrayBuffer(size) : Buffer.allocUnsafeSlow(size).buffer, 0, size);
+  }
+  const base = OPEN.length;
   let o = base;
+  if (!inPlace) out.set(OPEN);
   if (m > 0) {
-    out.set(reuse!.text.subarray(0, copied), base);
+    if (!inPlace) out.set(reuse!.text.subarray(0, copied), base);
     marks.set(reuse!.marks.subarray(0, m + 1));
     o = base + copied;
   }
   for (let i = from; i < ids.length; i++) {
     let v = ids[i]!;
-    if (!Number.isInteger(v)) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `input_ids[${i}] is not an integer: ${v}` });
-    if (v < 0 || v > LARGEST_ID) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `input_ids[${i}] is not a token id: ${v}` });
     if (i > 0 && i !== from) out[o++] = COMMA;
     if (i % MARK_EVERY === 0) marks[i / MARK_EVERY] = o - base;
     const digits = digitsOf(v);
@@ -119,8 +163,10 @@ export function generateBody(req: GenerateRequest, stream: boolean, opts?: Gener
     o += digits;
   }
   const textEnd = o;
-  out[o++] = CLOSE_BRACKET;
-  out[o++] = CLOSE_BRACE;
-  if (!opts?.keep) return o === size ? out : out.subarray(0, o);
-  return { body: out, idText: { ids: ids instanceof Int32Array ? ids : Int32Array.from(ids), text: out.subarray(base, textEnd), marks } };
+  out.set(tail, o);
+  o += tail.length;
+  const body = o === out.length ? out : out.subarray(0, o);
+  if (!keep) return body;
+  const kept: IdText = { ids: ids instanceof Int32Array ? ids : Int32Array.from(ids), text: out.subarray(base, textEnd), marks, arena: { bytes: out, lease: lease! } };
+  return { body, idText: kept, lease };
 }

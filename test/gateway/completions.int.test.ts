@@ -111,6 +111,22 @@ describe.each([['inline', undefined], ['worker', 0]] as const)('gateway completi
     expect((await s.gw.store.get(res2.headers.get('x-reef-agent-record-id')!))!.request.messages).toEqual([{ role: 'user', content: 'a\ufffdb' }]);
   });
 
+  it('a session\'s growing transcript: every turn sends and records exactly its own prompt ids (bodies built on the last turn\'s, in its memory)', async () => {
+    const messages: Array<Record<string, unknown>> = [{ role: 'system', content: 'You are a meticulous agent. '.repeat(140) }];
+    for (let turn = 0; turn < 5; turn++) {
+      messages.push({ role: 'user', content: `step ${turn}: ${'détail '.repeat(turn * 8)}` });
+      const res = await postChat(s.url, { model: 'tiny', messages, max_tokens: 4, stream: turn % 2 === 0 }, { 'x-reef-tag-session': 'growing' });
+      expect(res.status).toBe(200);
+      const text = await res.text();
+      const id = res.headers.get('x-reef-agent-record-id') ?? /"agent_record_id":"([^"]+)"/.exec(text)![1]!;
+      const sent = s.engine.requests.at(-1)!;
+      const rec = (await s.gw.store.get(id))!;
+      expect(Array.from(rec.promptIds)).toEqual(sent.input_ids);
+      expect(sent.input_ids.length).toBe(rec.usage.promptTokens);
+      messages.push({ role: 'assistant', content: `done ${turn}` });
+    }
+  });
+
   it('takes a chunked upload (no content-length) split anywhere, and records it as sent', async () => {
     const messages = [{ role: 'system', content: 'Be brief. '.repeat(300) }, { role: 'user', content: 'héllo 😀' }];
     const bytes = Buffer.from(JSON.stringify({ model: 'tiny', messages, max_tokens: 4 }));

@@ -1,6 +1,7 @@
 import { errorCodes, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { ReefError } from '../../runtime/errors.js';
 import { EngineRequestError } from '../../../cluster/engine-client.js';
+import { releaseBody } from '../../../cluster/generate-body.js';
 import { completeOnce, prepare, type ChatDeps } from '../chat.js';
 import { streamCompletion, type SseSink } from '../chat-stream.js';
 import { sendError, sendReefError } from '../http-errors.js';
@@ -50,17 +51,21 @@ export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts:
         return sendError(reply, 'REEF_ERR_RATE_LIMITED', new ReefError('REEF_ERR_RATE_LIMITED', { limit: principal.limiter.limit }).message, { retryAfterS: 1 });
       }
       deps.metrics.inflightCount++;
+      let lease: Int32Array | null = null;
       try {
         const tags = tagsOf(request.headers);
         const ctx = { scenario, tags, sessionKey: tags['session'] ? `${scenario}\u0000${tags['session']}` : null, startedAt: Date.now() };
         const p = await prepare(deps, request.body, ctx);
         if (!('id' in p)) return sendError(reply, p.code, p.message, { param: p.param });
+        lease = p.bodyLease;
         if (p.stream) return await stream(deps, p, request, reply);
         const { recordId, body } = await completeOnce(deps, p);
         return reply.header('x-reef-agent-record-id', recordId).send(body);
       } catch (err) {
         return replyWithError(reply, err);
       } finally {
+        // The engine request has ended either way: the session's next body may reuse this one's memory.
+        releaseBody(lease);
         deps.metrics.inflightCount--;
         principal.limiter.release();
       }

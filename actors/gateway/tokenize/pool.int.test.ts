@@ -3,6 +3,7 @@ import { existsSync, readdirSync, statSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { releaseBody } from '../../../cluster/generate-body.js';
 import { distEntry, repoRoot, tinyModelDir } from '../../../cluster/paths.js';
 import { ChatTokenizer } from './chat-tokenizer.js';
 import { prepareChat } from './prepare.js';
@@ -73,6 +74,23 @@ describe('TokenizerPool', () => {
       expect(Array.from(h.got.promptIds)).toEqual(h.ids);
       expect(Buffer.from(h.got.engineBody).equals(h.body)).toBe(true);
     }
+  });
+
+  it('with each body\'s lease ended after use, as the gateway does, a session\'s next bodies are written in place and are still exactly their own', async () => {
+    let previous: Int32Array | null = null;
+    let inPlace = 0;
+    for (let n = 0; n < 8; n++) {
+      const r = await pool.prepare(body(turn(n)), { ...params, sessionKey: 'session-lease' });
+      if (!r.ok) throw new Error(r.message);
+      const sent = JSON.parse(Buffer.from(r.engineBody).toString('utf8')) as { input_ids: number[] };
+      expect(sent.input_ids).toEqual(Array.from(local.render(turn(n).map((m) => ({ ...m })), null).ids));
+      expect(r.bodyLease).not.toBeNull();
+      // The last lease, ended below, is held again only if this body took over its memory.
+      if (previous !== null && Atomics.load(previous, 0) === 1) inPlace++;
+      releaseBody(r.bodyLease);
+      previous = r.bodyLease;
+    }
+    expect(inPlace).toBeGreaterThan(3);
   });
 
   it('a worker that dies fails what it had not answered, and its replacement serves the next request', async () => {

@@ -33,6 +33,11 @@ export interface PreparedChat {
   promptIds: Int32Array;
   /** The `/generate` body (UTF-8 JSON) with `stream` as the client asked. */
   engineBody: Uint8Array;
+  /**
+   * Non-null when the body lies in the session's arena (generate-body.ts `BodyArena`): pass it to
+   * `releaseBody` once the engine request has ended, so that the next turn can write in place.
+   */
+  bodyLease: Int32Array | null;
   /** The prompt ends inside an open thinking block, so output starts as reasoning. */
   startsInThinking: boolean;
   model: string | null;
@@ -62,15 +67,17 @@ const LAST_ID_TEXT_SESSIONS = 64;
  */
 let newestIdText: IdText | null = null;
 
-function engineBody(req: GenerateRequest, stream: boolean, sessionKey: string | null | undefined): Uint8Array {
-  const reuse = (sessionKey ? lastIdText.get(sessionKey) : undefined) ?? newestIdText;
-  if (!sessionKey) return generateBody(req, stream, { reuse, shared: true });
-  const { body, idText } = generateBody(req, stream, { reuse, keep: true });
+function engineBody(req: GenerateRequest, stream: boolean, sessionKey: string | null | undefined): { body: Uint8Array; lease: Int32Array | null } {
+  const own = sessionKey ? lastIdText.get(sessionKey) : undefined;
+  const reuse = own ?? newestIdText;
+  if (!sessionKey) return { body: generateBody(req, stream, { reuse, shared: true }), lease: null };
+  // Only the session's own last body may be written over; the newest one is another session's.
+  const { body, idText, lease } = generateBody(req, stream, { reuse, keep: true, inPlace: own !== undefined });
   lastIdText.delete(sessionKey);
   if (idText) lastIdText.set(sessionKey, idText);
   newestIdText = idText ?? newestIdText;
   if (lastIdText.size > LAST_ID_TEXT_SESSIONS) lastIdText.delete(lastIdText.keys().next().value as string);
-  return body;
+  return { body, lease };
 }
 
 function refuse(code: ErrorCode, message: string, param: string | null = null): RefusedChat {
@@ -163,10 +170,12 @@ export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: 
     top_logprobs_num: params.topK,
     rid: params.rid,
   };
+  const built = engineBody(engineReq, req.stream === true, params.sessionKey);
   return {
     ok: true,
     promptIds: ids,
-    engineBody: engineBody(engineReq, req.stream === true, params.sessionKey),
+    engineBody: built.body,
+    bodyLease: built.lease,
     startsInThinking: text.lastIndexOf('<think>') > text.lastIndexOf('</think>'),
     model: req.model ?? null,
     stream: req.stream === true,
