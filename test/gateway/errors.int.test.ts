@@ -1,3 +1,4 @@
+import { connect } from 'node:net';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CHAT, openAIError, postChat, startStack, type Stack } from './harness.js';
@@ -120,6 +121,22 @@ describe.each([['inline', undefined], ['worker', 0]] as const)('gateway request 
     if (res instanceof Error) throw res;
     expect(res.statusCode).toBe(413);
     expect(openAIError(await res.body.json()).code).toBe('REEF_ERR_TOO_LARGE');
+  });
+
+  it('an upload cut off before its content-length is in costs nothing: no answer owed, nothing recorded, the next request served', async () => {
+    const { port } = new URL(s.url);
+    const whole = JSON.stringify(CHAT);
+    await new Promise<void>((resolve, reject) => {
+      const sock = connect(Number(port), '127.0.0.1', () => {
+        sock.write(`POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: ${whole.length + 500}\r\n\r\n${whole}`);
+        setTimeout(() => sock.destroy(), 50);
+      });
+      sock.on('close', () => resolve());
+      sock.on('error', reject);
+    });
+    // The gateway is still there and still refuses bad input properly (the afterAll checks that
+    // nothing reached the engine or the store).
+    await expect400({ messages: [] }, 'messages', /at least one message/);
   });
 
   it('a chunked upload (no content-length) growing past 64 MiB is 413 too', async () => {
