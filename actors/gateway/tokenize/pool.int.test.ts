@@ -131,6 +131,18 @@ describe('TokenizerPool', () => {
     expect([1, 2, 3, 5, 8, 64].map((cores) => defaultTokenizerThreads(cores))).toEqual([1, 1, 2, 4, 4, 4]);
   });
 
+  it('keeps a process alive while a request waits on a worker, and not once it is idle', () => {
+    // Nothing else holds this script's event loop: the waiting request must, and the idle pool
+    // must not (the script ends without closing it).
+    const script = `
+      const { TokenizerPool } = await import(${JSON.stringify(distEntry('actors/gateway/tokenize/pool'))});
+      const pool = await TokenizerPool.create(${JSON.stringify(tinyModelDir())}, { threads: 1 });
+      const r = await pool.prepare(Buffer.from(JSON.stringify({ messages: [{ role: 'user', content: 'hi' }] })), { rid: '01JAAAAAAAAAAAAAAAAAAAAAAA', topK: 4, defaultMaxTokens: 4, sessionKey: 's' });
+      console.log('prepared', r.ok, r.promptIds.length > 0);`;
+    const out = execFileSync(process.execPath, ['--input-type=module', '-e', script], { encoding: 'utf8', timeout: 60_000 });
+    expect(out.trim()).toBe('prepared true true');
+  });
+
   it('refuses work after close, and close is idempotent', async () => {
     const p = await TokenizerPool.create(tinyModelDir(), { threads: 1 });
     await p.close();

@@ -79,7 +79,7 @@ class PrepareLane {
     }
     port1.on('message', (reply: LaneReply) => this.settle(reply));
     port1.once('close', () => this.lost(port1));
-    // Waiting requests hold the process open themselves; an idle lane must not.
+    // An idle lane must not keep the process alive; one with requests waiting must (`send`).
     port1.unref();
     this.port = port1;
     return port1;
@@ -95,6 +95,7 @@ class PrepareLane {
     }
     const id = ++this.seq;
     return new Promise((resolve, reject) => {
+      if (this.pending.size === 0) port.ref();
       this.pending.set(id, { resolve, reject });
       port.postMessage({ id, ...task });
     });
@@ -109,6 +110,7 @@ class PrepareLane {
     const waiter = this.pending.get(reply.id);
     if (!waiter) return;
     this.pending.delete(reply.id);
+    if (this.pending.size === 0) this.port?.unref();
     if (reply.failure) waiter.reject(reply.failure.code !== null && isErrorCode(reply.failure.code) ? new ReefError(reply.failure.code, {}, { message: reply.failure.message }) : new Error(reply.failure.message));
     else waiter.resolve(reply.out);
   }
