@@ -1,5 +1,5 @@
 import type { ChatCompletionRequest } from './openai-schema.js';
-import { deepFreeze, isDeepFrozen } from './tokenize/frozen.js';
+import { perFrozen } from './tokenize/frozen.js';
 
 /**
  * The chat-request schema (openai-schema.ts) by hand, for the requests agents actually send. Run
@@ -172,26 +172,12 @@ function tool(v: unknown): Out {
 }
 
 /**
- * `f` with its answers for deeply frozen values kept: a session's earlier messages and its tool list
- * are the same frozen objects every turn (tokenize/body-memo.ts), so each is walked once. The
- * answers are frozen too, so the tokenizer's identity caches keep working on them.
+ * A session's earlier messages and its tool list are the same frozen objects every turn
+ * (tokenize/body-memo.ts), so each is walked once; the answers are frozen too, so the tokenizer's
+ * identity caches keep working on them.
  */
-function settledBy(f: (v: unknown) => Out): (v: unknown) => Out {
-  const settled = new WeakMap<object, Out>();
-  return (v) => {
-    if (!isDeepFrozen(v)) return f(v);
-    let out = settled.get(v);
-    if (out === undefined) {
-      out = f(v);
-      if (out !== NO) deepFreeze(out);
-      settled.set(v, out);
-    }
-    return out;
-  };
-}
-
-const settledMessage = settledBy(message);
-const settledTool = settledBy(tool);
+const settledMessage = perFrozen(message);
+const settledTool = perFrozen(tool);
 
 function toolChoiceOf(v: unknown): Out {
   if (v === 'none' || v === 'auto' || v === 'required') return v;

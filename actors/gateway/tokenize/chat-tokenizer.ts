@@ -6,7 +6,7 @@ import { Tokenizer } from '@huggingface/tokenizers';
 import { ReefError } from '../../runtime/errors.js';
 import { ControlTokenMarker, controlTokens, literalAlternation } from './control-tokens.js';
 import { loadModelFiles, type ModelFiles } from './model-files.js';
-import { deepFreeze, isDeepFrozen } from './frozen.js';
+import { isDeepFrozen, perFrozen } from './frozen.js';
 import { templateViewOf, type TemplateMessage } from './normalize.js';
 import { PieceCache, type PieceCacheStats } from './piece-cache.js';
 import { compileTemplate, type CompiledTemplate } from './template-compiler.js';
@@ -87,11 +87,12 @@ export class ChatTokenizer {
   private readonly cleanUpSpaces: boolean;
   /** Converted (and marked) tool lists by their JSON text: agents resend the same tools every turn. */
   private readonly toolValues = new Map<string, FrozenValue>();
+  /** The same, by identity for deeply frozen lists; not `perFrozen`: the converted value must stay unfrozen (the interpreter fills caches in it). */
   private readonly markedToolValues = new WeakMap<object, FrozenValue>();
   private readonly plainToolValues = new WeakMap<object, FrozenValue>();
-  /** Template views of deeply frozen messages (`messageView`). */
-  private readonly markedViews = new WeakMap<object, TemplateMessage>();
-  private readonly plainViews = new WeakMap<object, TemplateMessage>();
+  /** Template views of messages, kept for deeply frozen ones (`messageView`). */
+  private readonly markedView = perFrozen((m: unknown) => this.marker.mark(templateViewOf(m as TemplateMessage)));
+  private readonly plainView = perFrozen((m: unknown) => templateViewOf(m as TemplateMessage));
   private renders = 0;
 
   private constructor(files: ModelFiles, opts: ChatTokenizerOptions) {
@@ -172,14 +173,7 @@ export class ChatTokenizer {
    * the same frozen objects every turn (body-memo.ts), and marking scans all their text.
    */
   private messageView(m: TemplateMessage, guard: boolean): TemplateMessage {
-    if (!isDeepFrozen(m)) return guard ? this.marker.mark(templateViewOf(m)) : templateViewOf(m);
-    const cache = guard ? this.markedViews : this.plainViews;
-    let view = cache.get(m);
-    if (view === undefined) {
-      view = deepFreeze(guard ? this.marker.mark(templateViewOf(m)) : templateViewOf(m));
-      cache.set(m, view);
-    }
-    return view;
+    return guard ? this.markedView(m) : this.plainView(m);
   }
 
   private context(vars: TemplateVars, tools: unknown): Record<string, unknown> {

@@ -24,3 +24,22 @@ export function deepFreeze<T>(value: T): T {
 export function isDeepFrozen(value: unknown): value is object {
   return value !== null && typeof value === 'object' && deeplyFrozen.has(value);
 }
+
+/**
+ * `compute`, with its result for each deeply frozen input kept (by identity, while the input
+ * lives) and itself deeply frozen, so that what is built from it can be cached the same way.
+ * Other inputs are computed every time. A throw is not kept. `compute` must depend only on its
+ * first argument's contents; the others (an index for error messages) do not key the cache.
+ */
+export function perFrozen<A extends unknown[], R>(compute: (value: unknown, ...rest: A) => R): (value: unknown, ...rest: A) => R {
+  const kept = new WeakMap<object, R>();
+  return (value, ...rest) => {
+    if (!isDeepFrozen(value)) return compute(value, ...rest);
+    let out = kept.get(value);
+    if (out === undefined) {
+      out = deepFreeze(compute(value, ...rest));
+      kept.set(value, out);
+    }
+    return out;
+  };
+}

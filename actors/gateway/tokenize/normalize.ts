@@ -1,5 +1,5 @@
 import { ReefError } from '../../runtime/errors.js';
-import { deepFreeze, isDeepFrozen } from './frozen.js';
+import { perFrozen } from './frozen.js';
 
 /** A message as the chat template sees it (after `normalizeMessages`). */
 export type TemplateMessage = Record<string, unknown> & { role: string };
@@ -18,24 +18,14 @@ export type TemplateMessage = Record<string, unknown> & { role: string };
  * - `null` stays `null`; the renderer drops null keys the way transformers does.
  */
 export function normalizeMessages(messages: readonly unknown[]): TemplateMessage[] {
-  return messages.map((raw, index) => {
-    if (!isDeepFrozen(raw)) return normalizeMessage(raw, index);
-    let m = normalizedOf.get(raw);
-    if (m === undefined) {
-      m = deepFreeze(normalizeMessage(raw, index));
-      normalizedOf.set(raw, m);
-    }
-    return m;
-  });
+  return messages.map((raw, index) => normalizeMessage(raw, index));
 }
 
 /**
- * Normalised forms of deeply frozen messages: the messages a session's requests share (body-memo.ts)
- * are normalised once, and keep their identity for the tokenizer's per-message cache.
+ * One message. The messages a session's requests share (deeply frozen by body-memo.ts) are
+ * normalised once, and keep their identity for the tokenizer's per-message cache.
  */
-const normalizedOf = new WeakMap<object, TemplateMessage>();
-
-function normalizeMessage(raw: unknown, index: number): TemplateMessage {
+const normalizeMessage = perFrozen((raw: unknown, index: number): TemplateMessage => {
   if (!raw || typeof raw !== 'object' || Array.isArray(raw)) {
     throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `messages[${index}] must be an object` });
   }
@@ -47,7 +37,7 @@ function normalizeMessage(raw: unknown, index: number): TemplateMessage {
   if (Array.isArray(msg.content)) msg.content = joinTextParts(msg.content, index);
   if (Array.isArray(msg.tool_calls)) msg.tool_calls = msg.tool_calls.map((c, i) => normalizeToolCall(c, index, i));
   return msg as TemplateMessage;
-}
+});
 
 function joinTextParts(parts: unknown[], index: number): string {
   let text = '';
