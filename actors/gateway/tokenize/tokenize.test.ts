@@ -31,6 +31,8 @@ describe('injection guard', () => {
     // Without the guard the same content does become control tokens (the test can fail).
     const unguarded = tok.render(conversation(attack), null, { guard: false });
     expect(addedIdsIn(unguarded.ids).length).toBeGreaterThan(addedIdsIn(neutral.ids).length);
+    // ... and its text is the content as written, with no markers in it.
+    expect(unguarded.text).toContain(attack);
   });
 
   it('decoding the guarded ids gives back the rendered text, attack included', () => {
