@@ -46,6 +46,11 @@ function hashKey(key: string): number {
   return h >>> 0;
 }
 
+/** A worker's error as it crossed the thread boundary, with its Reef code when it had one. */
+function workerError(code: string | null, message: string): Error {
+  return code !== null && isErrorCode(code) ? new ReefError(code, {}, { message }) : new Error(message);
+}
+
 /** What a worker answers on its lane: the task's id and its result, or why it failed. */
 export interface LaneReply {
   id: number;
@@ -111,7 +116,7 @@ class PrepareLane {
     if (!waiter) return;
     this.pending.delete(reply.id);
     if (this.pending.size === 0) this.port?.unref();
-    if (reply.failure) waiter.reject(reply.failure.code !== null && isErrorCode(reply.failure.code) ? new ReefError(reply.failure.code, {}, { message: reply.failure.message }) : new Error(reply.failure.message));
+    if (reply.failure) waiter.reject(workerError(reply.failure.code, reply.failure.message));
     else waiter.resolve(reply.out);
   }
 
@@ -181,19 +186,15 @@ export class TokenizerPool {
    * reads bodies that way) and the answer's arrays (always) cross without a copy.
    */
   async prepare(body: Uint8Array, params: PrepareParams): Promise<PreparedChat | RefusedChat> {
-    this.assertOpen();
-    const i = params.sessionKey ? hashKey(params.sessionKey) % this.workers.length : this.leastBusy();
-    this.inflight[i]!++;
-    try {
-      return (await this.lanes[i]!.send({ body, ...params })) as PreparedChat | RefusedChat;
-    } finally {
-      this.inflight[i]!--;
-    }
+    return (await this.onWorker(params.sessionKey ?? null, (i) => this.lanes[i]!.send({ body, ...params }))) as PreparedChat | RefusedChat;
   }
 
   async decode(ids: ArrayLike<number>, opts: { skipSpecialTokens?: boolean } = {}): Promise<string> {
     const task: WorkerTask = { op: 'decode', ids: Int32Array.from(ids), skipSpecialTokens: opts.skipSpecialTokens ?? false };
-    return (await this.run(task, null)) as string;
+    const out = await this.onWorker(null, (i) => this.workers[i]!.run(task));
+    const failure = (out as Partial<WorkerFailure> | null)?.reefError;
+    if (failure) throw workerError(failure.code, failure.message);
+    return out as string;
   }
 
   /** Per-worker render counts and piece-cache hits/misses. */
@@ -210,19 +211,19 @@ export class TokenizerPool {
     await Promise.all(this.workers.map((w) => w.close()));
   }
 
-  private async run(task: WorkerTask, sessionKey: string | null): Promise<unknown> {
+  /**
+   * Runs `f` for a worker: the session's own (its earlier turns are there), or the least busy one
+   * for work without a session.
+   */
+  private async onWorker<T>(sessionKey: string | null, f: (i: number) => Promise<T>): Promise<T> {
     this.assertOpen();
-    const i = sessionKey !== null ? hashKey(sessionKey) % this.workers.length : this.leastBusy();
+    const i = sessionKey ? hashKey(sessionKey) % this.workers.length : this.leastBusy();
     this.inflight[i]!++;
-    let out: unknown;
     try {
-      out = await this.workers[i]!.run(task);
+      return await f(i);
     } finally {
       this.inflight[i]!--;
     }
-    const failure = (out as Partial<WorkerFailure> | null)?.reefError;
-    if (failure) throw isErrorCode(failure.code) ? new ReefError(failure.code, {}, { message: failure.message }) : new Error(failure.message);
-    return out;
   }
 
   /**
