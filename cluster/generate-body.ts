@@ -19,8 +19,8 @@ export interface IdText {
   text: Uint8Array;
   /** marks[j] is where id j·MARK_EVERY starts in `text`. */
   marks: Int32Array;
-  /** The shared buffer the body was written in, with room to spare (`keep`), or null. */
-  arena: BodyArena | null;
+  /** The shared buffer the body was written in, with room to spare. */
+  arena: BodyArena;
 }
 
 /**
@@ -125,7 +125,7 @@ export function generateBody(req: GenerateRequest, stream: boolean, opts?: Gener
   const keep = opts?.keep === true;
   const arena = reuse?.arena;
   // In place: the bytes up to the resume point are this body's already.
-  const inPlace = keep && opts?.inPlace === true && m > 0 && arena != null && size <= arena.bytes.length && Atomics.compareExchange(arena.lease, 0, 0, 1) === 0;
+  const inPlace = keep && opts?.inPlace === true && m > 0 && arena !== undefined && size <= arena.bytes.length && Atomics.compareExchange(arena.lease, 0, 0, 1) === 0;
   let out: Uint8Array;
   let lease: Int32Array | null = null;
   if (inPlace) {
