@@ -220,35 +220,27 @@ export function extendBody(prev: RememberedBody, body: Uint8Array): ExtendedBody
   const messages = prev.messages.slice(0, count[j]).concat(added);
   const json = { ...prev.json, messages };
   const cuts: MessageCuts = { at: at.slice(0, j + 1), count: count.slice(0, j + 1), close: end };
-  const remembered = addCuts(B, cut, end, count[j]!, cuts) === messages.length ? { body: B, json, messages, cuts } : null;
+  const remembered = appendCuts(B, cut, end, count[j]!, cuts) === messages.length ? { body: B, json, messages, cuts } : null;
   // Only the new parts are unfrozen; the walk stops at the remembered ones.
   if (remembered !== null) deepFreeze(json);
   return { json, added, remembered };
 }
 
 /**
- * Records the cuts in B[from, to): the elements appended after a cut, each after its comma, and
- * the closing bracket at `to`. Returns the element count at `to`. The bytes parsed, so every
- * string in them is closed.
+ * Records the cuts of the elements appended in B[from, to) after the `count` elements before the
+ * cut at `from`, and the closing bracket at `to`; returns the element count there. The bytes are
+ * walked as the array `[0` + B[from, to) + `]`, whose `0` stands for the elements before the cut,
+ * so that one walker (`skipValue`) reads every array.
  */
-function addCuts(B: Buffer, from: number, to: number, base: number, cuts: MessageCuts): number {
-  let depth = 0;
-  let commas = 0;
-  for (let i = from; i < to; i++) {
-    const c = B[i];
-    if (c === QUOTE) i = stringEnd(B, i);
-    else if (c === OPEN_BRACE || c === OPEN_BRACKET) depth++;
-    else if (c === CLOSE_BRACE || c === CLOSE_BRACKET) depth--;
-    else if (c === COMMA && depth === 0) {
-      // The comma at `from` itself is the cut we resumed at.
-      if (i > from) {
-        cuts.at.push(i);
-        cuts.count.push(base + commas);
-      }
-      commas++;
-    }
+function appendCuts(B: Buffer, from: number, to: number, count: number, cuts: MessageCuts): number {
+  const lead = Buffer.from('[0');
+  const probe = Buffer.concat([lead, B.subarray(from, to), Buffer.from(']')]);
+  const seen: MessageCuts = { at: [], count: [], close: -1 };
+  skipValue(probe, 0, seen, count - 1);
+  // A comma at `from` itself comes back as the cut resumed at, recorded twice: harmless.
+  for (let k = 0; k < seen.at.length; k++) {
+    cuts.at.push(from + seen.at[k]! - lead.length);
+    cuts.count.push(seen.count[k]!);
   }
-  cuts.at.push(to);
-  cuts.count.push(base + commas);
-  return base + commas;
+  return seen.count[seen.count.length - 1]!;
 }
