@@ -114,12 +114,14 @@ interface Stack {
 async function startStack(ctx: BenchContext): Promise<Stack> {
   const dir = mkdtempSync(join(tmpdir(), 'reef-bench-gw-'));
   const model = longContextModel(dir);
+  const gatewayConfig = (port: number, dataDir: string) =>
+    testConfig((c) => {
+      c.reef.port = port;
+      c.reef.data_dir = dataDir;
+      c.cluster.rollout.model_path = model;
+    });
   const port = await freePort();
-  const cfg = testConfig((c) => {
-    c.reef.port = port;
-    c.reef.data_dir = join(dir, 'data');
-    c.cluster.rollout.model_path = model;
-  });
+  const cfg = gatewayConfig(port, join(dir, 'data'));
   const fakeJs = join(repoRoot(), 'dist/test/helpers/fake-engine.js');
   const engine = spawnLogged(['--input-type=module', '-e', `const { startFakeEngine } = await import(${JSON.stringify(fakeJs)}); const e = await startFakeEngine(); console.log(e.url);`], {});
   const engineUrl = await new Promise<string>((resolve, reject) => {
@@ -140,13 +142,7 @@ async function startStack(ctx: BenchContext): Promise<Stack> {
   // A/B: another checkout's gateway (its own dist/), measured in the same run against the same engine.
   const otherRoot = process.env.REEF_BENCH_GATEWAY_AB || null;
   const otherPort = otherRoot ? await freePort() : 0;
-  const otherCfg = otherRoot
-    ? testConfig((c) => {
-        c.reef.port = otherPort;
-        c.reef.data_dir = join(dir, 'data-other');
-        c.cluster.rollout.model_path = model;
-      })
-    : null;
+  const otherCfg = otherRoot ? gatewayConfig(otherPort, join(dir, 'data-other')) : null;
   const other = otherRoot && otherCfg ? spawnGateway(otherRoot, otherCfg.path, join(dir, 'data-other')) : null;
   const stop = async () => {
     gw.child.kill('SIGTERM'); // drains, and writes the CPU profile when asked
