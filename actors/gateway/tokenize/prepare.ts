@@ -54,29 +54,46 @@ export interface RefusedChat {
 }
 
 /**
- * Per session, the id list of its last engine body (generate-body.ts `IdText`), LRU: the next turn
- * copies the shared prefix instead of formatting 20k ids again. ~200 KB per session at OpenClaw
- * size, so 64 sessions per tokenizer thread.
+ * What a tokenizer thread keeps per session (LRU, 64 sessions), and the newest of all. An agent
+ * starts every session with the same system prompt and tools, so a session's first turn, or a
+ * request without a session, shares most of its body and ids with the newest session's.
  */
-const lastIdText = new Map<string, IdText>();
-const LAST_ID_TEXT_SESSIONS = 64;
+class SessionMemo<T> {
+  private readonly last = new Map<string, T>();
+  private newest: T | null = null;
+
+  own(sessionKey: string | null | undefined): T | undefined {
+    return sessionKey ? this.last.get(sessionKey) : undefined;
+  }
+
+  /** The session's own, else the newest. */
+  nearest(sessionKey: string | null | undefined): T | null {
+    return this.own(sessionKey) ?? this.newest;
+  }
+
+  put(sessionKey: string | null | undefined, value: T): void {
+    this.newest = value;
+    if (!sessionKey) return;
+    this.last.delete(sessionKey);
+    this.last.set(sessionKey, value);
+    if (this.last.size > 64) this.last.delete(this.last.keys().next().value as string);
+  }
+}
+
 /**
- * The newest of them. A session's first turn, or a request without a session, has no id text of
- * its own, but an agent starts every session with the same system prompt and tools: ~20k of an
- * OpenClaw prompt's ids are the same as in the last session's.
+ * The id list of each session's last engine body (generate-body.ts `IdText`): the next turn keeps
+ * or copies the shared prefix instead of formatting 20k ids again. ~200 KB per session at OpenClaw
+ * size.
  */
-let newestIdText: IdText | null = null;
+const idTexts = new SessionMemo<IdText>();
 
 function engineBody(req: GenerateRequest, stream: boolean, sessionKey: string | null | undefined): { body: Uint8Array; lease: Int32Array | null } {
-  const own = sessionKey ? lastIdText.get(sessionKey) : undefined;
-  const reuse = own ?? newestIdText;
+  const own = idTexts.own(sessionKey);
+  const reuse = idTexts.nearest(sessionKey);
   if (!sessionKey) return { body: generateBody(req, stream, { reuse, shared: true }), lease: null };
   // Only the session's own last body may be written over; the newest one is another session's.
   const { body, idText, lease } = generateBody(req, stream, { reuse, keep: true, inPlace: own !== undefined });
-  lastIdText.delete(sessionKey);
-  if (idText) lastIdText.set(sessionKey, idText);
-  newestIdText = idText ?? newestIdText;
-  if (lastIdText.size > LAST_ID_TEXT_SESSIONS) lastIdText.delete(lastIdText.keys().next().value as string);
+  if (idText) idTexts.put(sessionKey, idText);
   return { body, lease };
 }
 
@@ -84,30 +101,15 @@ function refuse(code: ErrorCode, message: string, param: string | null = null): 
   return { ok: false, code, message, param };
 }
 
-/**
- * Per session, its last body as parsed (body-memo.ts), LRU, and the newest of all: a session's
- * next body usually extends its last, and a new session's first one shares its system prompt and
- * tools with the newest.
- */
-const lastBody = new Map<string, RememberedBody>();
-const LAST_BODY_SESSIONS = 64;
-let newestBody: RememberedBody | null = null;
-
-function rememberFor(sessionKey: string | null | undefined, remembered: RememberedBody | null): void {
-  if (remembered === null) return;
-  newestBody = remembered;
-  if (!sessionKey) return;
-  lastBody.delete(sessionKey);
-  lastBody.set(sessionKey, remembered);
-  if (lastBody.size > LAST_BODY_SESSIONS) lastBody.delete(lastBody.keys().next().value as string);
-}
+/** Each session's last body as parsed (body-memo.ts): a session's next body usually extends it. */
+const bodies = new SessionMemo<RememberedBody>();
 
 /**
- * The body's JSON, or why it is refused. `body` is kept (see rememberFor), so the caller must not
- * change it afterwards.
+ * The body's JSON, or why it is refused. `body` is kept (`bodies`), so the caller must not change
+ * it afterwards.
  */
 function parseBody(body: Uint8Array, sessionKey: string | null | undefined): { json: unknown } | RefusedChat {
-  const prev = (sessionKey ? lastBody.get(sessionKey) : undefined) ?? newestBody;
+  const prev = bodies.nearest(sessionKey);
   const extended = prev ? extendBody(prev, body) : null;
   if (extended !== null) {
     // The remembered members passed these checks with the body they came from.
@@ -115,7 +117,7 @@ function parseBody(body: Uint8Array, sessionKey: string | null | undefined): { j
       const problem = parsedBodyProblem(m, 3);
       if (problem !== null) return refuse('REEF_ERR_BODY', problem);
     }
-    rememberFor(sessionKey, extended.remembered);
+    if (extended.remembered !== null) bodies.put(sessionKey, extended.remembered);
     return { json: extended.json };
   }
   let json: unknown;
@@ -126,7 +128,8 @@ function parseBody(body: Uint8Array, sessionKey: string | null | undefined): { j
   }
   const problem = parsedBodyProblem(json);
   if (problem !== null) return refuse('REEF_ERR_BODY', problem);
-  rememberFor(sessionKey, rememberBody(body, json));
+  const remembered = rememberBody(body, json);
+  if (remembered !== null) bodies.put(sessionKey, remembered);
   return { json };
 }
 
