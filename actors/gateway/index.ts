@@ -98,7 +98,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   }
   // A first start, or a gateway run on its own: reef.data_dir need not exist yet.
   mkdirSync(cfg.reef.data_dir, { recursive: true });
-  const store = SqliteStore.open(join(cfg.reef.data_dir, 'records.sqlite'));
+  const metrics = new GatewayMetrics();
+  // Records come only from chat completions: with no other request in flight, none can join a commit.
+  const store = SqliteStore.open(join(cfg.reef.data_dir, 'records.sqlite'), { company: () => metrics.inflightCount > 1 });
   const engine = new EngineClient(opts.engineUrl, { name: 'rollout' });
   let pool: TokenizerPool | null = null;
   let stopPipeline = () => {};
@@ -107,7 +109,6 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     pool = t.pool;
     const info = await engine.modelInfo().catch(() => null);
     const gate = new GenerationGate(info?.weight_version ?? null);
-    const metrics = new GatewayMetrics();
     const topK = Number((cfg.training.resolved as { topK?: number }).topK ?? 4);
     const chat: ChatDeps = {
       tokenizer: t.tok,

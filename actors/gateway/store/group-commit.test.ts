@@ -51,6 +51,24 @@ describe('group commit', () => {
     await store.close();
   });
 
+  it('commits a lone append at once when no company can come, and waits a turn when it can', async () => {
+    let alone = true;
+    const store = SqliteStore.open(join(dir, 'r.db'), { company: () => !alone });
+    const reader = new Database(join(dir, 'r.db'), { readonly: true });
+    const count = () => (reader.prepare('SELECT COUNT(*) AS n FROM records').get() as { n: number }).n;
+    const first = store.append(sampleRecord(1));
+    expect(count()).toBe(1); // committed before append returned
+    await first;
+    alone = false;
+    const pending = [store.append(sampleRecord(2)), store.append(sampleRecord(3))];
+    expect(count()).toBe(1); // both wait for the same turn
+    await Promise.all(pending);
+    expect(count()).toBe(3);
+    expect(store.stats().commits).toBe(2);
+    reader.close();
+    await store.close();
+  });
+
   it('close() commits what is still queued', async () => {
     const path = join(dir, 'r.db');
     const store = SqliteStore.open(path);

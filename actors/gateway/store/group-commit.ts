@@ -43,6 +43,13 @@ export interface GroupCommitOptions {
   maxDelayMs: number;
   /** Called after each committed transaction (benchmarks, tracing). @default null */
   onCommit?: ((ms: number, records: number) => void) | null;
+  /**
+   * Whether another append may still join a lone queued one. When it answers false the append
+   * commits at once: waiting a turn of the event loop for company that cannot come only delays
+   * the receipt (~0.1 ms measured in the gateway, a quarter of its commit). The gateway answers
+   * from its count of requests in flight. @default null (always wait a turn)
+   */
+  company?: (() => boolean) | null;
 }
 
 interface Waiter<R> {
@@ -71,7 +78,7 @@ export class GroupCommitter<R> {
   enqueue(item: R): Promise<number> {
     return new Promise<number>((resolve, reject) => {
       this.queue.push({ item, resolve, reject });
-      if (this.queue.length >= this.options.maxBatch) this.flush();
+      if (this.queue.length >= this.options.maxBatch || (this.queue.length === 1 && this.options.company?.() === false)) this.flush();
       else if (this.timer === null) {
         this.timer = this.options.maxDelayMs > 0 ? setTimeout(() => this.flush(), this.options.maxDelayMs) : setImmediate(() => this.flush());
       }

@@ -106,7 +106,7 @@ export class SqliteStore implements RecordStore {
       if (background) db.pragma(`wal_autocheckpoint = ${WAL_SAFETY_PAGES}`);
       db.pragma(`journal_size_limit = ${WAL_SIZE_LIMIT}`);
       migrate(db);
-      const commit = { maxBatch: options.maxBatch ?? 256, maxDelayMs: options.maxDelayMs ?? 0, onCommit: options.onCommit ?? null };
+      const commit = { maxBatch: options.maxBatch ?? 256, maxDelayMs: options.maxDelayMs ?? 0, onCommit: options.onCommit ?? null, company: options.company ?? null };
       // Started with the first append: a store used only for offsets and state has no WAL to speak
       // of, and the worker costs tens of ms to start and stop.
       const interval = options.checkpointIntervalMs ?? 200;
