@@ -20,16 +20,41 @@ export interface RenderOptions {
   guard?: boolean;
   /** Put the ids in a SharedArrayBuffer (they cross to another thread without a copy). @default false */
   shared?: boolean;
+  /**
+   * An earlier render (`RenderResult.encoded`), usually of the same conversation one turn shorter:
+   * the ids of the text the two renders share are taken from it instead of encoded again. The
+   * result is the same either way. @default null
+   */
+  prior?: EncodedPrompt | null;
 }
 
 export interface RenderResult {
   ids: Int32Array;
   /** The rendered prompt, what `ids` decode to. */
   text: string;
+  /**
+   * What a later render may reuse (`RenderOptions.prior`). Null when this render cannot serve:
+   * control tokens in user strings (the text was split at their markers), or a tokenizer whose
+   * added tokens need its full encoder.
+   */
+  encoded: EncodedPrompt | null;
+}
+
+/**
+ * A rendered prompt, its ids, and where in it the encoding started afresh: after each added token
+ * (`cuts` holds pairs of character offset and the number of ids before it). Its ids must not be
+ * changed while it may still be reused.
+ */
+export interface EncodedPrompt {
+  readonly text: string;
+  readonly ids: Int32Array;
+  readonly cuts: Int32Array;
 }
 
 export interface ChatTokenizerStats {
   renders: number;
+  /** Renders that took ids from a prior render (`RenderOptions.prior`), and how many ids in all. */
+  reuse: { renders: number; ids: number };
   cache: PieceCacheStats;
   template: TemplateRenderStats;
 }
@@ -80,6 +105,10 @@ export class ChatTokenizer {
   private readonly marker: ControlTokenMarker;
   private readonly addedIds = new Map<string, number>();
   private readonly addedRe: RegExp;
+  /** Length of the longest added token: how far past a position the added-token scan looks. */
+  private readonly maxAddedLength: number;
+  /** Renders that took ids from a prior render, and how many. */
+  private readonly reuse = { renders: 0, ids: 0 };
   /** Added tokens that rely on normalisation or stripping cannot be split out by plain matching. */
   private readonly exactSplit: boolean;
   private readonly newlineIds: Int32Array;
@@ -110,6 +139,7 @@ export class ChatTokenizer {
     for (const t of files.addedTokens) this.addedIds.set(t.content, t.id);
     const allAdded = files.addedTokens.map((t) => t.content);
     this.addedRe = new RegExp(literalAlternation(allAdded), 'gu');
+    this.maxAddedLength = Math.max(1, ...allAdded.map((t) => t.length));
     this.exactSplit = files.addedTokens.every((t) => !t.normalized && !t.lstrip && !t.rstrip && !t.singleWord);
     const explicit = Array.isArray(files.tokenizerConfig.chat_control_tokens) ? (files.tokenizerConfig.chat_control_tokens as string[]) : null;
     this.marker = new ControlTokenMarker(controlTokens(files.addedTokens, files.chatTemplate, explicit), allAdded);
@@ -138,11 +168,57 @@ export class ChatTokenizer {
     const rendered = this.renderText(messages, tools, opts);
     this.renders++;
     const out = new IdBuilder(opts.shared === true);
-    if (!guard) {
+    // Without markers a guarded render splits into one piece, encoded exactly as an unguarded one.
+    if (guard && this.marker.hasMarkers(rendered)) return this.encodeMarked(rendered, out);
+    if (!this.exactSplit) {
       this.encodeTextInto(rendered, out);
-      return { ids: out.finish(), text: rendered };
+      return { ids: out.finish(), text: rendered, encoded: null };
     }
-    return this.encodeMarked(rendered, out);
+    const cuts: number[] = [0, 0];
+    const from = opts.prior ? this.reusable(opts.prior, rendered) : 0;
+    if (from > 0) {
+      const prior = opts.prior!;
+      let i = 0;
+      while (i < prior.cuts.length && prior.cuts[i]! <= from) i += 2;
+      out.push(prior.ids.subarray(0, prior.cuts[i - 1]!));
+      cuts.length = 0;
+      for (let j = 0; j < i; j++) cuts.push(prior.cuts[j]!);
+      this.reuse.renders++;
+      this.reuse.ids += prior.cuts[i - 1]!;
+    }
+    this.encodeTextInto(rendered, out, from, cuts);
+    const ids = out.finish();
+    return { ids, text: rendered, encoded: { text: rendered, ids, cuts: Int32Array.from(cuts) } };
+  }
+
+  /**
+   * The last cut of `prior` up to which `text` encodes to the same ids, or 0. Cuts follow an added
+   * token, where the scan for added tokens starts afresh. Every match the scan tried before a cut
+   * looked at most `maxAddedLength` characters ahead (the alternation's longest token), so when the
+   * two texts agree up to the cut plus that length, the scan found the same tokens and the same
+   * pieces between them up to the cut, and the ids up to it are the prior's.
+   */
+  private reusable(prior: EncodedPrompt, text: string): number {
+    const cuts = prior.cuts;
+    const agree = (c: number): boolean => {
+      const end = c + this.maxAddedLength;
+      // Equal slices compare with memcmp (~1 µs for 40k characters); startsWith goes a character at a time.
+      return end <= prior.text.length && end <= text.length && text.slice(0, end) === prior.text.slice(0, end);
+    };
+    // Cuts ascend and agreement only gets harder further on: the last one is tried first (a grown
+    // transcript agrees nearly to the prior's end), then a binary search for the last that agrees.
+    let hi = cuts.length / 2 - 1;
+    while (hi > 0 && cuts[2 * hi]! + this.maxAddedLength > prior.text.length) hi--;
+    if (hi <= 0) return 0;
+    if (agree(cuts[2 * hi]!)) return cuts[2 * hi]!;
+    let lo = 0;
+    hi--;
+    while (lo < hi) {
+      const mid = (lo + hi + 1) >> 1;
+      if (agree(cuts[2 * mid]!)) lo = mid;
+      else hi = mid - 1;
+    }
+    return cuts[2 * lo]!;
   }
 
   /** The chat template's output for these messages, before tokenization (what `render` tokenizes). */
@@ -239,17 +315,22 @@ export class ChatTokenizer {
     return out.finish();
   }
 
-  private encodeTextInto(text: string, out: IdBuilder): void {
+  /**
+   * Encodes `text` from `from` (0, or a cut of an earlier render, `reusable`) into `out`; with
+   * `cuts`, notes the offset and id count after each added token.
+   */
+  private encodeTextInto(text: string, out: IdBuilder, from = 0, cuts: number[] | null = null): void {
     if (!this.exactSplit) {
       out.push(Int32Array.from(this.full.encode(text, { add_special_tokens: false }).ids));
       return;
     }
-    let last = 0;
-    this.addedRe.lastIndex = 0;
+    let last = from;
+    this.addedRe.lastIndex = from;
     for (const m of text.matchAll(this.addedRe)) {
       if (m.index > last) out.push(this.encodePlain(text.slice(last, m.index)));
       out.pushOne(this.addedIds.get(m[0])!);
       last = m.index + m[0].length;
+      cuts?.push(last, out.length);
     }
     if (last < text.length) out.push(this.encodePlain(text.slice(last)));
   }
@@ -259,6 +340,7 @@ export class ChatTokenizer {
     return this.cache.getOrEncode(piece, (p) => Int32Array.from(this.plain.encode(p, { add_special_tokens: false }).ids));
   }
 
+  /** A render split at the markers of control tokens found in user strings (never reused). */
   private encodeMarked(rendered: string, out: IdBuilder): RenderResult {
     let text = '';
     for (const piece of this.marker.split(rendered)) {
@@ -273,7 +355,7 @@ export class ChatTokenizer {
       }
       out.push(ids);
     }
-    return { ids: out.finish(), text };
+    return { ids: out.finish(), text, encoded: null };
   }
 
   /**
@@ -312,7 +394,7 @@ export class ChatTokenizer {
   }
 
   stats(): ChatTokenizerStats {
-    return { renders: this.renders, cache: this.cache.stats(), template: { ...this.templateStats } };
+    return { renders: this.renders, reuse: { ...this.reuse }, cache: this.cache.stats(), template: { ...this.templateStats } };
   }
 }
 
@@ -345,6 +427,10 @@ class IdBuilder {
   pushOne(id: number): void {
     this.run.push(id);
     this.n++;
+  }
+
+  get length(): number {
+    return this.n;
   }
 
   finish(): Int32Array {

@@ -85,8 +85,13 @@ export class ControlTokenMarker {
    * the others are template text (encode normally). Lone markers vanish but still break the text.
    * Mirrors Python's `re.split` with one capture group: [text, token|None, text, token|None, ..., text].
    */
+  /** Whether a render has markers in it, i.e. `split` gives more than the one piece. */
+  hasMarkers(rendered: string): boolean {
+    return rendered.includes(MARK_START) || rendered.includes(MARK_END);
+  }
+
   split(rendered: string): { text: string; asText: boolean; first: boolean }[] {
-    if (!rendered.includes(MARK_START) && !rendered.includes(MARK_END)) return [{ text: rendered, asText: false, first: true }];
+    if (!this.hasMarkers(rendered)) return [{ text: rendered, asText: false, first: true }];
     const pieces: { text: string; asText: boolean; first: boolean }[] = [];
     let last = 0;
     let first = true;

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { tinyModelDir } from '../../../cluster/paths.js';
 import { ChatTokenizer } from './chat-tokenizer.js';
+import { normalizeMessages } from './normalize.js';
 import { prepareChat } from './prepare.js';
 import { utf8Text } from './utf8.js';
 
@@ -43,8 +44,9 @@ describe('utf8Text', () => {
 });
 
 describe('prepareChat engine bodies', () => {
-  it('a new session, and a request without one, reuse the last session\'s id text and still send exactly their own ids', async () => {
+  it('a new session, and a request without one, reuse the last session\'s id text and render and still send exactly their own ids', async () => {
     const tok = ChatTokenizer.load(tinyModelDir());
+    const fresh = ChatTokenizer.load(tinyModelDir());
     const system = { role: 'system', content: 'You are a careful agent. '.repeat(120) };
     const body = (messages: unknown[]) => Buffer.from(JSON.stringify({ messages, max_tokens: 4 }));
     const turns: Array<[string | null, unknown[]]> = [
@@ -59,8 +61,11 @@ describe('prepareChat engine bodies', () => {
       if (!out.ok) throw new Error(out.message);
       const sent = JSON.parse(Buffer.from(out.engineBody).toString('utf8')) as { input_ids: number[]; rid: string };
       expect(sent.input_ids).toEqual(Array.from(out.promptIds));
+      expect(Array.from(out.promptIds)).toEqual(Array.from(fresh.render(normalizeMessages(messages as never), null).ids));
       expect(sent.rid).toBe(params.rid);
     }
+    // The later turns took ids from the earlier renders (the check above would pass without).
+    expect(tok.stats().reuse.renders).toBeGreaterThanOrEqual(3);
   });
 });
 

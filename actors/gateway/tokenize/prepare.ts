@@ -3,7 +3,7 @@ import { generateBody, type IdText } from '../../../cluster/generate-body.js';
 import { ReefError, type ErrorCode } from '../../runtime/errors.js';
 import { parsedBodyProblem } from '../body-checks.js';
 import { parseChatRequest } from '../openai-schema.js';
-import type { ChatTokenizer } from './chat-tokenizer.js';
+import type { ChatTokenizer, EncodedPrompt } from './chat-tokenizer.js';
 import { extendBody, rememberBody, type RememberedBody } from './body-memo.js';
 import { checkContextLength, normalizeMessages } from './normalize.js';
 import { utf8Text } from './utf8.js';
@@ -97,6 +97,13 @@ function engineBody(req: GenerateRequest, stream: boolean, sessionKey: string | 
   return { body, lease };
 }
 
+/**
+ * Each session's last rendered prompt with its ids: the next turn's render shares nearly all of
+ * its text, and takes those ids from here instead of looking every piece up again (~40k
+ * characters scanned and hashed per OpenClaw turn).
+ */
+const renders = new SessionMemo<EncodedPrompt>();
+
 function refuse(code: ErrorCode, message: string, param: string | null = null): RefusedChat {
   return { ok: false, code, message, param };
 }
@@ -144,7 +151,9 @@ export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: 
   let ids: Int32Array;
   let text: string;
   try {
-    ({ ids, text } = tokenizer.render(normalizeMessages(req.messages), tools, { shared: true }));
+    const r = tokenizer.render(normalizeMessages(req.messages), tools, { shared: true, prior: renders.nearest(params.sessionKey) });
+    ({ ids, text } = r);
+    if (r.encoded !== null) renders.put(params.sessionKey, r.encoded);
   } catch (err) {
     if (err instanceof ReefError) return refuse(err.code, err.message);
     return refuse('REEF_ERR_INVALID_ARGUMENT', `cannot render the chat template: ${(err as Error).message}`);
