@@ -129,16 +129,42 @@ describe('EngineClient.generateStream', () => {
     return out;
   };
 
-  it('stops yielding at [DONE] and ignores what follows it', async () => {
+  it('yields the newest of the events that arrive together, stops at [DONE] and ignores what follows it', async () => {
+    const e = await engine((res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(event('a') + event('ab') + event('abc') + 'data: [DONE]\n\n' + event('ignored'));
+    });
+    try {
+      expect(await texts(e.client)).toEqual(['abc']);
+      expect(await texts(e.client)).toEqual(['abc']);
+    } finally {
+      await e.close();
+    }
+  });
+
+  it('yields the newest event last when events arrive apart', async () => {
     const e = await engine((res) => {
       res.writeHead(200, { 'content-type': 'text/event-stream' });
       res.write(event('a'));
-      res.write(event('ab') + 'data: [DONE]\n\n');
-      res.end(event('ignored'));
+      setTimeout(() => res.end(event('ab') + 'data: [DONE]\n\n'), 50);
     });
     try {
-      expect(await texts(e.client)).toEqual(['a', 'ab']);
-      expect(await texts(e.client)).toEqual(['a', 'ab']);
+      const out = await texts(e.client);
+      // Two reads unless the machine stalled for the whole pause; either way the newest comes last.
+      expect(out.at(-1)).toBe('ab');
+      expect(['a,ab', 'ab']).toContain(out.join(','));
+    } finally {
+      await e.close();
+    }
+  });
+
+  it('an error event is thrown even when newer events arrive with it', async () => {
+    const e = await engine((res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(event('a') + 'data: {"error": {"message": "out of memory"}}\n\n' + event('ab') + 'data: [DONE]\n\n');
+    });
+    try {
+      await expect(texts(e.client)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_DOWN', message: expect.stringContaining('out of memory') });
     } finally {
       await e.close();
     }

@@ -65,6 +65,9 @@ export interface EngineClientOptions {
 
 export { generateBody } from './generate-body.js';
 
+/** A streamed event that reports a failure (`{"error": …}`) rather than output. */
+const ERROR_EVENT = /^\{\s*"error"\s*:/;
+
 export class EngineClient {
   readonly baseUrl: string;
   readonly name: string;
@@ -129,8 +132,11 @@ export class EngineClient {
 
   /**
    * Streams a generation. Each yielded chunk is cumulative (SGLang's convention: `output_ids` and
-   * the logprob lists hold everything generated so far). Aborting `signal` closes the connection,
-   * which makes the engine stop generating.
+   * the logprob lists hold everything generated so far), so of the events that arrive together
+   * only the newest is parsed and yielded: it holds all the others do, and parsing every one of
+   * them re-reads the whole output's logprobs each time (quadratic in its length). An engine that
+   * fails mid-stream sends an `error` event; such an event is never skipped. Aborting `signal`
+   * closes the connection, which makes the engine stop generating.
    */
   async *generateStream(req: GenerateRequest | Uint8Array, signal?: AbortSignal): AsyncGenerator<GenerateResponse> {
     const res = await this.call('POST', '/generate', req instanceof Uint8Array ? req : generateBody(req, true), signal);
@@ -147,6 +153,7 @@ export class EngineClient {
     for await (const chunk of res.body) {
       if (done) continue;
       buf += typeof chunk === 'string' ? chunk : (chunk as Buffer).toString('utf8');
+      let newest: string | null = null;
       let sep: number;
       while (!done && (sep = buf.indexOf('\n\n')) >= 0) {
         const event = buf.slice(0, sep);
@@ -158,13 +165,20 @@ export class EngineClient {
             done = true;
             break;
           }
-          const parsed = JSON.parse(data) as GenerateResponse | { error: unknown };
-          if ('error' in parsed) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.name, reason: JSON.stringify(parsed.error).slice(0, 300) });
-          yield parsed;
+          if (newest !== null && ERROR_EVENT.test(newest)) this.parseEvent(newest);
+          newest = data;
         }
       }
+      if (newest !== null) yield this.parseEvent(newest);
     }
     if (!done) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.name, reason: 'stream ended without [DONE]' });
+  }
+
+  /** One streamed event's data; an `error` event is thrown as the engine being down. */
+  private parseEvent(data: string): GenerateResponse {
+    const parsed = JSON.parse(data) as GenerateResponse | { error: unknown };
+    if ('error' in parsed) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.name, reason: JSON.stringify(parsed.error).slice(0, 300) });
+    return parsed;
   }
 
   updateWeightsFromDisk(modelPath: string, weightVersion: string | null): Promise<{ success: boolean; message: string; weight_version?: string | null }> {
