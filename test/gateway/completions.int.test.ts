@@ -1,3 +1,4 @@
+import diagnostics from 'node:diagnostics_channel';
 import { request } from 'undici';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { FakeGeneration } from '../helpers/fake-engine.js';
@@ -124,6 +125,33 @@ describe.each([['inline', undefined], ['worker', 0]] as const)('gateway completi
       expect(Array.from(rec.promptIds)).toEqual(sent.input_ids);
       expect(sent.input_ids.length).toBe(rec.usage.promptTokens);
       messages.push({ role: 'assistant', content: `done ${turn}` });
+    }
+  });
+
+  it('stages a long record only once the engine request has been written, so that staging never holds it back', async () => {
+    const order: string[] = [];
+    const sent = ({ request: r }: { request: { path: string } }) => {
+      if (r.path === '/generate') order.push('engine request sent');
+    };
+    diagnostics.subscribe('undici:client:sendHeaders', sent as never);
+    const stage = s.gw.store.stage.bind(s.gw.store);
+    s.gw.store.stage = (payloads) => (order.push('staged'), stage(payloads));
+    try {
+      const messages = [{ role: 'system', content: 'You are a meticulous agent. '.repeat(200) }, { role: 'user', content: 'go' }];
+      // On a connection still to be opened the write waits for the connect; agents keep theirs open.
+      await (await postChat(s.url, { model: 'tiny', messages: [{ role: 'user', content: 'warm-up' }], max_tokens: 1 })).text();
+      for (const stream of [false, true]) {
+        for (const session of ['first', 'first']) {
+          order.length = 0;
+          const res = await postChat(s.url, { model: 'tiny', messages, max_tokens: 4, stream }, { 'x-reef-tag-session': session });
+          const text = await res.text();
+          expect(res.status, text).toBe(200);
+          expect(order).toEqual(['engine request sent', 'staged']);
+        }
+      }
+    } finally {
+      diagnostics.unsubscribe('undici:client:sendHeaders', sent as never);
+      s.gw.store.stage = stage;
     }
   });
 
