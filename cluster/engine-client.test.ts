@@ -4,6 +4,11 @@ import { describe, expect, it } from 'vitest';
 import { EngineClient, generateBody } from './engine-client.js';
 import { releaseBody } from './generate-body.js';
 
+async function waitFor(cond: () => boolean): Promise<void> {
+  for (let i = 0; i < 500 && !cond(); i++) await new Promise((resolve) => setTimeout(resolve, 10));
+  expect(cond()).toBe(true);
+}
+
 const parse = (body: Uint8Array) => JSON.parse(Buffer.from(body).toString('utf8')) as unknown;
 
 describe('generateBody', () => {
@@ -113,14 +118,21 @@ describe('EngineClient.generateStream', () => {
   const event = (text: string) => `data: ${JSON.stringify({ text, output_ids: [text.length], meta_info: { id: 'r', finish_reason: null, prompt_tokens: 1, completion_tokens: text.length, weight_version: null } })}\n\n`;
 
   /** An engine double whose /generate answers are written by `answer`. */
-  async function engine(answer: (res: ServerResponse) => void): Promise<{ client: EngineClient; close: () => Promise<void> }> {
+  async function engine(answer: (res: ServerResponse, path: string) => void, opts: { prefix?: string; connections?: number } = {}): Promise<{ client: EngineClient; close: () => Promise<void> }> {
     const server = createServer((req, res) => {
       req.resume();
-      req.on('end', () => answer(res));
+      req.on('end', () => answer(res, req.url ?? ''));
     });
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-    const client = new EngineClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
-    return { client, close: async () => (await client.close(), await new Promise<void>((resolve) => server.close(() => resolve()))) };
+    const client = new EngineClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}${opts.prefix ?? ''}`, { connections: opts.connections ?? 64 });
+    return {
+      client,
+      close: async () => {
+        await client.close();
+        server.closeAllConnections();
+        await new Promise<void>((resolve) => server.close(() => resolve()));
+      },
+    };
   }
 
   const texts = async (client: EngineClient) => {
@@ -165,6 +177,87 @@ describe('EngineClient.generateStream', () => {
     });
     try {
       await expect(texts(e.client)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_DOWN', message: expect.stringContaining('out of memory') });
+    } finally {
+      await e.close();
+    }
+  });
+
+  it('a reader slower than the engine gets the newest event, not a backlog', async () => {
+    let rest = () => {};
+    const sentAll = new Promise<void>((resolve) => {
+      rest = resolve;
+    });
+    let release = () => {};
+    const e = await engine((res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(event('a'));
+      release = () => {
+        for (const t of ['ab', 'abc', 'abcd']) res.write(event(t));
+        res.end('data: [DONE]\n\n', rest);
+      };
+    });
+    try {
+      const out: string[] = [];
+      for await (const r of e.client.generateStream({ input_ids: [1], sampling_params: {} })) {
+        out.push(r.text);
+        if (out.length > 1) continue;
+        // The reader is busy until the engine has sent everything, and a while after.
+        release();
+        await sentAll;
+        await new Promise((resolve) => setTimeout(resolve, 50));
+      }
+      expect(out).toEqual(['a', 'abcd']);
+    } finally {
+      await e.close();
+    }
+  });
+
+  it('refusals: a 4xx is the request\'s fault with the engine\'s words, a 5xx or no engine at all is the engine being down', async () => {
+    const e = await engine((res, path) => {
+      res.writeHead(path.endsWith('/generate') ? 400 : 404, { 'content-type': 'application/json' });
+      res.end('{"error": "prompt too long"}');
+    }, { prefix: '/sglang' });
+    const down = await engine((res) => {
+      res.writeHead(503);
+      res.end('overloaded');
+    });
+    try {
+      await expect(texts(e.client)).rejects.toMatchObject({ name: 'EngineRequestError', statusCode: 400, body: '{"error": "prompt too long"}' });
+      await expect(texts(down.client)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_DOWN', message: expect.stringContaining('503: overloaded') });
+    } finally {
+      await e.close();
+      await down.close();
+    }
+    const gone = new EngineClient(down.client.baseUrl);
+    await expect(texts(gone)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_DOWN' });
+    await gone.close();
+  });
+
+  it('an abort, or a reader that leaves early, closes the engine\'s connection; an abort also reaches a request still queued', async () => {
+    const closed: string[] = [];
+    const e = await engine((res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(event('a'));
+      res.on('close', () => closed.push(res.writableFinished ? 'finished' : 'cut'));
+    }, { connections: 1 });
+    try {
+      const left = e.client.generateStream({ input_ids: [1], sampling_params: {} });
+      expect((await left.next()).value?.text).toBe('a');
+      await left.return(undefined);
+      await waitFor(() => closed.length === 1);
+
+      const abort = new AbortController();
+      const holding = e.client.generateStream({ input_ids: [1], sampling_params: {} }, abort.signal);
+      expect((await holding.next()).value?.text).toBe('a');
+      // One connection, held: this one waits in undici's queue.
+      const queued = new AbortController();
+      const waiting = e.client.generateStream({ input_ids: [2], sampling_params: {} }, queued.signal).next();
+      queued.abort(new Error('client disconnected'));
+      await expect(waiting).rejects.toThrow('client disconnected');
+      abort.abort(new Error('client disconnected'));
+      await expect(holding.next()).rejects.toThrow('client disconnected');
+      await waitFor(() => closed.length === 2);
+      expect(closed).toEqual(['cut', 'cut']);
     } finally {
       await e.close();
     }
