@@ -135,7 +135,7 @@ describe('body memo', () => {
         // Key order too: compare the serialisations.
         expect(JSON.stringify(ext.json)).toBe(JSON.stringify(whole));
         expect(ext.added).toEqual((whole as { messages: unknown[] }).messages.slice(-ext.added.length || Infinity));
-        remembered = ext.remembered;
+        remembered = ext.remember();
         if (remembered !== null) expectCutsValid(remembered);
       }
     }
@@ -158,6 +158,7 @@ describe('body memo', () => {
     expect((ext.json.messages as unknown[])[0]).toBe(r1.messages[0]);
     expect(ext.json.tools).toBe(r1.json.tools);
     expect(Object.isFrozen(ext.json.tools)).toBe(true);
+    expect(ext.remember()!.json).toBe(ext.json);
     expect(() => {
       'use strict';
       ((ext.json.messages as Array<Record<string, unknown>>)[3]!).content = 'changed';

@@ -190,8 +190,11 @@ export interface ExtendedBody {
   json: Record<string, unknown>;
   /** The messages parsed now (the rest were checked with the remembered body). */
   added: unknown[];
-  /** The body remembered for the next one (`rememberBody` of it, without a scan of all of it). */
-  remembered: RememberedBody | null;
+  /**
+   * The body remembered for the next one (`rememberBody` of it, without a scan of all of it), or
+   * null. Nothing the request needs: the gateway's workers call it after they have answered.
+   */
+  remember(): RememberedBody | null;
 }
 
 /** `body` parsed as an extension of `prev`, or null (then parse it whole). */
@@ -219,11 +222,14 @@ export function extendBody(prev: RememberedBody, body: Uint8Array): ExtendedBody
   const added = more.slice(1);
   const messages = prev.messages.slice(0, count[j]).concat(added);
   const json = { ...prev.json, messages };
-  const cuts: MessageCuts = { at: at.slice(0, j + 1), count: count.slice(0, j + 1), close: end };
-  const remembered = appendCuts(B, cut, end, count[j]!, cuts) === messages.length ? { body: B, json, messages, cuts } : null;
-  // Only the new parts are unfrozen; the walk stops at the remembered ones.
-  if (remembered !== null) deepFreeze(json);
-  return { json, added, remembered };
+  const remember = (): RememberedBody | null => {
+    const cuts: MessageCuts = { at: at.slice(0, j + 1), count: count.slice(0, j + 1), close: end };
+    if (appendCuts(B, cut, end, count[j]!, cuts) !== messages.length) return null;
+    // Only the new parts are unfrozen; the walk stops at the remembered ones.
+    deepFreeze(json);
+    return { body: B, json, messages, cuts };
+  };
+  return { json, added, remember };
 }
 
 /**

@@ -109,7 +109,7 @@ describe('TokenizerPool', () => {
     }
   });
 
-  it('routes one session to one worker, where its earlier pieces hit the cache', async () => {
+  it('routes one session to one worker, where its earlier pieces hit the cache and its earlier body and render are extended', async () => {
     const before = await pool.stats();
     for (let n = 5; n < 9; n++) await pool.prepare(body(turn(n)), { ...params, sessionKey: 'session-a' });
     const after = await pool.stats();
@@ -117,6 +117,9 @@ describe('TokenizerPool', () => {
     expect([...rendered].sort()).toEqual([0, 4]);
     const busy = rendered.indexOf(4);
     expect(after[busy]!.cache.hits).toBeGreaterThan(before[busy]!.cache.hits);
+    // Remembering a body happens after the worker has answered; the next turn finds it all the same.
+    expect(after[busy]!.bodies.extended - before[busy]!.bodies.extended).toBeGreaterThanOrEqual(3);
+    expect(after[busy]!.reuse.renders - before[busy]!.reuse.renders).toBeGreaterThanOrEqual(3);
   });
 
   it('decodes, and answers a refused request with its error code and message', async () => {

@@ -7,7 +7,7 @@ import { distEntry } from '../../../cluster/paths.js';
 import { isErrorCode, ReefError } from '../../runtime/errors.js';
 import type { ChatTokenizerStats } from './chat-tokenizer.js';
 import { loadModelFiles } from './model-files.js';
-import type { PreparedChat, PrepareParams, RefusedChat } from './prepare.js';
+import type { PreparedChat, PrepareParams, PrepareStats, RefusedChat } from './prepare.js';
 import type { PrepareTask, WorkerFailure, WorkerTask } from './worker.js';
 
 /**
@@ -197,10 +197,10 @@ export class TokenizerPool {
     return out as string;
   }
 
-  /** Per-worker render counts and piece-cache hits/misses. */
-  async stats(): Promise<ChatTokenizerStats[]> {
+  /** Per worker: renders (and what they reused), piece-cache hits and misses, bodies extended or parsed whole. */
+  async stats(): Promise<Array<ChatTokenizerStats & PrepareStats>> {
     this.assertOpen();
-    return (await Promise.all(this.workers.map((w) => w.run({ op: 'stats' } satisfies WorkerTask)))) as ChatTokenizerStats[];
+    return (await Promise.all(this.workers.map((w) => w.run({ op: 'stats' } satisfies WorkerTask)))) as Array<ChatTokenizerStats & PrepareStats>;
   }
 
   /** Idempotent; waits for tasks in flight. */

@@ -27,6 +27,14 @@ export interface PrepareParams {
   sessionKey?: string | null;
 }
 
+/**
+ * Runs what only later requests need (remembering this body for the next one to extend). The
+ * tokenizer workers run it after they have answered, off the request's path; by default it runs at
+ * once.
+ */
+export type Later = (task: () => void) => void;
+const atOnce: Later = (task) => task();
+
 export interface PreparedChat {
   ok: true;
   /** In shared memory, like `engineBody`; the session's id text keeps both, so neither may change. */
@@ -111,11 +119,21 @@ function refuse(code: ErrorCode, message: string, param: string | null = null): 
 /** Each session's last body as parsed (body-memo.ts): a session's next body usually extends it. */
 const bodies = new SessionMemo<RememberedBody>();
 
+/** Bodies parsed as the extension of a remembered one, and bodies parsed whole, in this thread. */
+export interface PrepareStats {
+  bodies: { extended: number; whole: number };
+}
+const bodyCounts = { extended: 0, whole: 0 };
+
+export function prepareStats(): PrepareStats {
+  return { bodies: { ...bodyCounts } };
+}
+
 /**
  * The body's JSON, or why it is refused. `body` is kept (`bodies`), so the caller must not change
  * it afterwards.
  */
-function parseBody(body: Uint8Array, sessionKey: string | null | undefined): { json: unknown } | RefusedChat {
+function parseBody(body: Uint8Array, sessionKey: string | null | undefined, later: Later): { json: unknown } | RefusedChat {
   const prev = bodies.nearest(sessionKey);
   const extended = prev ? extendBody(prev, body) : null;
   if (extended !== null) {
@@ -124,10 +142,15 @@ function parseBody(body: Uint8Array, sessionKey: string | null | undefined): { j
       const problem = parsedBodyProblem(m, 3);
       if (problem !== null) return refuse('REEF_ERR_BODY', problem);
     }
-    if (extended.remembered !== null) bodies.put(sessionKey, extended.remembered);
+    bodyCounts.extended++;
+    later(() => {
+      const remembered = extended.remember();
+      if (remembered !== null) bodies.put(sessionKey, remembered);
+    });
     return { json: extended.json };
   }
   let json: unknown;
+  bodyCounts.whole++;
   try {
     json = JSON.parse(utf8Text(body));
   } catch (err) {
@@ -135,13 +158,15 @@ function parseBody(body: Uint8Array, sessionKey: string | null | undefined): { j
   }
   const problem = parsedBodyProblem(json);
   if (problem !== null) return refuse('REEF_ERR_BODY', problem);
-  const remembered = rememberBody(body, json);
-  if (remembered !== null) bodies.put(sessionKey, remembered);
+  later(() => {
+    const remembered = rememberBody(body, json);
+    if (remembered !== null) bodies.put(sessionKey, remembered);
+  });
   return { json };
 }
 
-export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: PrepareParams): PreparedChat | RefusedChat {
-  const parsedBody = parseBody(body, params.sessionKey);
+export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: PrepareParams, later: Later = atOnce): PreparedChat | RefusedChat {
+  const parsedBody = parseBody(body, params.sessionKey, later);
   if ('ok' in parsedBody) return parsedBody;
   const parsed = parseChatRequest(parsedBody.json);
   if (!parsed.ok) return refuse('REEF_ERR_INVALID_ARGUMENT', parsed.issue.message, parsed.issue.param);

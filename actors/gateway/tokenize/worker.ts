@@ -3,7 +3,7 @@ import { workerData } from 'piscina';
 import { ReefError } from '../../runtime/errors.js';
 import { ChatTokenizer } from './chat-tokenizer.js';
 import type { LaneReply } from './pool.js';
-import { prepareChat, type PrepareParams } from './prepare.js';
+import { prepareChat, prepareStats, type PrepareParams } from './prepare.js';
 
 /** A prepare request, as it travels on a worker's lane (pool.ts `PrepareLane`). */
 export type PrepareTask = { id: number; body: Uint8Array } & PrepareParams;
@@ -34,13 +34,25 @@ function handle(task: WorkerTask): unknown {
   switch (task.op) {
     case 'connect': {
       const port = task.port;
-      port.on('message', (m: PrepareTask) => port.postMessage(prepareReply(m)));
+      port.on('message', (m: PrepareTask) => {
+        const after: (() => void)[] = [];
+        port.postMessage(prepareReply(m, after));
+        // What only later requests need, while the event loop already has its answer. A memo
+        // that fails to update costs a later request its shortcut, never its answer.
+        for (const task of after) {
+          try {
+            task();
+          } catch (err) {
+            process.stderr.write(`reef: tokenizer worker: a memo update failed: ${(err as Error).message}\n`);
+          }
+        }
+      });
       return 'connected';
     }
     case 'decode':
       return tokenizer.decode(task.ids, { skipSpecialTokens: task.skipSpecialTokens });
     case 'stats':
-      return { ...tokenizer.stats(), contextLength: tokenizer.contextLength };
+      return { ...tokenizer.stats(), ...prepareStats(), contextLength: tokenizer.contextLength };
   }
 }
 
@@ -49,10 +61,10 @@ function handle(task: WorkerTask): unknown {
  * the engine body are in shared memory (prepare.ts): they reach the event loop uncopied and stay
  * here too, as the session's id text for its next turn.
  */
-function prepareReply(m: PrepareTask): LaneReply {
+function prepareReply(m: PrepareTask, after: (() => void)[]): LaneReply {
   const { id, body, ...params } = m;
   try {
-    return { id, out: prepareChat(tokenizer, body, params) };
+    return { id, out: prepareChat(tokenizer, body, params, (task) => after.push(task)) };
   } catch (err) {
     return { id, failure: { code: err instanceof ReefError ? err.code : null, message: err instanceof Error ? err.message : String(err) } };
   }
