@@ -9,6 +9,7 @@ import type { StreamDelta } from './ports.js';
 export interface SseSink {
   /** Writes one `data:` event; resolves once the socket took it (backpressure). */
   send(data: unknown): Promise<void>;
+  /** Writes `data: [DONE]` and ends the response with it, so that it leaves with the events before it. */
   sendDone(): Promise<void>;
   /** Aborted when the client goes away. */
   readonly signal: AbortSignal;
