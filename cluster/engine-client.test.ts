@@ -263,6 +263,22 @@ describe('EngineClient.generateStream', () => {
     }
   });
 
+  it('reads a character split between two reads of the socket whole (regression: each read was decoded alone)', async () => {
+    const e = await engine((res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      const bytes = Buffer.from(event('prix: 9 €, 気温 🌡') + 'data: [DONE]\n\n');
+      const cut = bytes.indexOf(Buffer.from('€')) + 1;
+      res.write(bytes.subarray(0, cut));
+      // Apart, so that they arrive in two reads.
+      setTimeout(() => res.end(bytes.subarray(cut)), 50);
+    });
+    try {
+      expect(await texts(e.client)).toEqual(['prix: 9 €, 気温 🌡']);
+    } finally {
+      await e.close();
+    }
+  });
+
   it('a body that ends without [DONE] is an engine failure', async () => {
     const e = await engine((res) => {
       res.writeHead(200, { 'content-type': 'text/event-stream' });

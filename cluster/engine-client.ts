@@ -1,3 +1,4 @@
+import { StringDecoder } from 'node:string_decoder';
 import { Agent, type Dispatcher } from 'undici';
 import { ReefError } from '../actors/runtime/errors.js';
 import { generateBody } from './generate-body.js';
@@ -81,6 +82,8 @@ class StreamedGeneration implements Dispatcher.DispatchHandler {
   private status = 0;
   private refusal = '';
   private buf = '';
+  /** A character can be split between two reads of the socket; decoding each read alone would mangle it. */
+  private readonly decoder = new StringDecoder('utf8');
   private newest: string | null = null;
   /** `[DONE]` arrived: nothing after it is read. */
   private done = false;
@@ -144,11 +147,11 @@ class StreamedGeneration implements Dispatcher.DispatchHandler {
 
   onResponseData(_controller: Dispatcher.DispatchController, chunk: Buffer): void {
     if (this.status >= 400) {
-      if (this.refusal.length < ERROR_BODY_CHARS) this.refusal += chunk.toString('utf8');
+      if (this.refusal.length < ERROR_BODY_CHARS) this.refusal += this.decoder.write(chunk);
       return;
     }
     if (this.done || this.failure !== null) return;
-    this.buf += chunk.toString('utf8');
+    this.buf += this.decoder.write(chunk);
     let sep: number;
     while ((sep = this.buf.indexOf('\n\n')) >= 0) {
       const event = this.buf.slice(0, sep);
