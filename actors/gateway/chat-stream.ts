@@ -25,9 +25,6 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
   const base = { id: `chatcmpl-${p.id}`, object: 'chat.completion.chunk', created: Math.floor(p.ctx.startedAt / 1000), model: p.model ?? deps.modelName };
   const chunk = (delta: StreamDelta | { role: string; content: string } | Record<string, never>, finish: string | null = null) => ({ ...base, choices: [{ index: 0, delta, finish_reason: finish, logprobs: null }] });
   const parser = deps.parser.stream({ startsInThinking: p.startsInThinking });
-  const abort = new AbortController();
-  const onClientGone = () => abort.abort(new Error('client disconnected'));
-  sink.signal.addEventListener('abort', onClientGone, { once: true });
 
   let last: GenerateResponse | null = null;
   let text = '';
@@ -41,11 +38,12 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
     }
   };
 
-  await deps.gate.enter(abort.signal);
-  // Its immediate runs once the loop below has sent the engine request and waits for an answer.
+  // A client that leaves stops the wait for a weight swap, and the engine's generation.
+  await deps.gate.enter(sink.signal);
+  // It runs once the loop below has sent the engine request and waits for an answer.
   stageRecord(deps, p);
   try {
-    for await (const res of deps.engine.generateStream(p.engineBody, abort.signal)) {
+    for await (const res of deps.engine.generateStream(p.engineBody, sink.signal)) {
       // Nothing goes out before the engine's first event, so an engine that is down or refuses
       // the request still gets the client a real status (503 with Retry-After, or 400).
       if (last === null) await sink.send(chunk({ role: 'assistant', content: '' }));
@@ -79,8 +77,6 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
     const e = err instanceof ReefError ? err : new ReefError('REEF_ERR_ENGINE_FAILED', { engine: deps.engineName, reason });
     await sink.send(errorBody(e.code, e.message));
     return { recordId: p.id, status: 'failed' };
-  } finally {
-    sink.signal.removeEventListener('abort', onClientGone);
   }
   deps.gate.leave();
 

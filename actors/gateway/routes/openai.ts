@@ -144,7 +144,7 @@ async function stream(deps: ChatDeps, p: Parameters<typeof streamCompletion>[1],
   const res = reply.raw;
   const gone = new AbortController();
   const onClose = () => {
-    if (!res.writableFinished) gone.abort();
+    if (!res.writableFinished) gone.abort(new Error('client disconnected'));
   };
   res.on('close', onClose);
   // Headers go out with the first event, so that a failure before it (engine down, engine refusal,
