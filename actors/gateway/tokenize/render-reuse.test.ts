@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { tinyModelDir } from '../../../cluster/paths.js';
 import { CORPUS } from '../../../test/parity/corpus.js';
+import { prng } from '../../runtime/prng.js';
 import { ChatTokenizer, type EncodedPrompt } from './chat-tokenizer.js';
 import { normalizeMessages } from './normalize.js';
 
@@ -33,18 +34,6 @@ function expectSameAsFresh(t: ChatTokenizer, messages: Msg[], tools: Msg[] | nul
   // What the reused render offers the next one must be as good as a fresh render's.
   if (fresh.encoded !== null) expect(Array.from(reused.encoded!.cuts)).toEqual(Array.from(fresh.encoded.cuts));
   return reused.encoded;
-}
-
-/** Deterministic pseudo-random numbers (mulberry32). */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 const FRAGMENTS = ['hello', ' ', '\n', '\n\n', 'wörld', '日本語', '🙂', '<', '>', '|', '<|im', '_end|', 'im_start', '<think', '</', 'tool_call>', '{"a": 1}', '  ', 'x'];
@@ -91,7 +80,7 @@ describe('render with a prior render', () => {
   });
 
   it('gives the fresh ids for random chats after random edits of earlier messages', () => {
-    const r = rng(7);
+    const r = prng(7);
     for (let n = 0; n < 300; n++) {
       const chat = randomChat(r);
       const tools = r() < 0.5 ? [{ type: 'function', function: { name: 'get_weather', description: randomText(r), parameters: { type: 'object', properties: {} } } }] : null;
