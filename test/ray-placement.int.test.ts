@@ -69,7 +69,13 @@ describe('placement groups and engines on a real Ray head with 7 logical GPUs', 
       ['reef-prm-0', 'CREATED'],
       ['reef-student', 'CREATED'],
     ]);
-    const status = await client.status();
+    // Ray's count of available resources comes from the raylets' periodic reports, so it can trail
+    // a placement that is already CREATED by a moment (regression: read at once, it showed 1 GPU free).
+    let status = await client.status();
+    for (let i = 0; i < 100 && (status.ray!.available.GPU ?? 0) !== 0; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      status = await client.status();
+    }
     const trainer = status.groups.find((g) => g.name === 'reef-trainer')!;
     expect(trainer.strategy).toBe('STRICT_PACK');
     expect(trainer.bundles).toHaveLength(4);

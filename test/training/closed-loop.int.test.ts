@@ -81,8 +81,10 @@ describe('judged turns → batches → training → release → rollback', () =>
     }, { what: 'two releases from two batches', timeoutMs: 300_000, intervalMs: 1000 });
     const trained = rels.filter((r) => r.rollbackOf === null).reverse();
     expect(trained.map((r) => r.batchIds)).toEqual([['default:openclawrl:1'], ['default:openclawrl:2']]);
+    // Why a push fell back to disk, from the stack's log, should it have.
+    const pushLog = () => readFileSync(join(cfg.dir, 'data', 'run', 'reef.log'), 'utf8').split('\n').filter((l) => /weight sync|pushed|trainer-push-weights/.test(l)).slice(-8).join('\n');
     for (const r of trained) {
-      expect(r.sync).toBe('distributed'); // pushed, not the disk fallback
+      expect(r.sync, pushLog()).toBe('distributed'); // pushed, not the disk fallback
       expect(Number.isFinite(r.metrics.loss)).toBe(true);
       expect(existsSync(join(r.checkpointPath, 'model.safetensors'))).toBe(true);
     }
