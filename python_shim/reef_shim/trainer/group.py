@@ -169,8 +169,7 @@ class TrainerGroup:
             # The label must be what the ranks hold: after a restart they may hold an older release.
             raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"trainer-push-weights: the trainer holds {self._version}, "
                             f"not {weight_version}")
-        master = self._gather([self._ranks[0].rendezvous.remote()], "rendezvous", SETUP_TIMEOUT_S)[0]
-        refs = [r.push_weights.remote(engine_url, weight_version, master, PUSH_TIMEOUT_S) for r in self._ranks]
+        refs = [r.push_weights.remote(engine_url, weight_version, PUSH_TIMEOUT_S) for r in self._ranks]
         first = self._gather(refs, f"trainer-push-weights {weight_version}", PUSH_TIMEOUT_S + 60)[0]
         if first["error"]:
             raise ShimError("REEF_ERR_WEIGHT_SYNC", f"weight sync into {engine_url} failed: {first['error']}")

@@ -158,8 +158,7 @@ class TrainerRank:
         # A collective: every rank takes part, only rank 0 ends up holding the (CPU) tensors.
         return get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
-    def push_weights(self, engine_url: str, weight_version: str, master: tuple[str, int],
-                     timeout_s: float) -> dict[str, Any]:
+    def push_weights(self, engine_url: str, weight_version: str, timeout_s: float) -> dict[str, Any]:
         """Every rank helps gather the full weights; rank 0 pushes them into the engine
         (`weight_push.py`). A failed push is reported, not raised: it breaks no rank."""
         started = time.monotonic()
@@ -168,6 +167,10 @@ class TrainerRank:
             return {"error": None}
         from .weight_push import WeightPusher, engine_workers
 
+        # The rendezvous port is picked only now, just before rank 0 binds it: a port picked free
+        # before the gather stayed unbound for all of it, and any process's next connection could
+        # be given it in the meantime.
+        master = self.rendezvous()
         if getattr(self.teacher.config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)  # the same tensor as the embedding; engines update it through that
         backend = "nccl" if self.device.type == "cuda" else "gloo"
