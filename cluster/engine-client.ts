@@ -177,10 +177,7 @@ class StreamedGeneration implements Dispatcher.DispatchHandler {
 
   onResponseEnd(): void {
     if (this.status >= 400) {
-      const text = this.refusal.slice(0, ERROR_BODY_CHARS);
-      this.failure ??= this.status >= 500
-        ? new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.engine, reason: `/generate answered ${this.status}: ${text.slice(0, 300)}` })
-        : new EngineRequestError(this.status, text, '/generate');
+      this.failure ??= refusal(this.engine, '/generate', this.status, this.refusal.slice(0, ERROR_BODY_CHARS));
     }
     this.finish();
   }
@@ -239,6 +236,17 @@ class CollectedAnswer implements Dispatcher.DispatchHandler {
   }
 }
 
+/**
+ * What an engine's refusal means: a 5xx is the engine being down, a 4xx the request's own fault
+ * (e.g. a prompt past the context), with the engine's words.
+ */
+function refusal(engine: string, path: string, status: number, text: string): Error {
+  return status >= 500
+    ? new ReefError('REEF_ERR_ENGINE_DOWN', { engine, reason: `${path} answered ${status}: ${text.slice(0, 300)}` })
+    : new EngineRequestError(status, text, path);
+}
+
+/** A streamed `error` event as the engine being down, its `error` member the reason. */
 function engineFailure(engine: string, data: string): ReefError {
   let reason = data;
   try {
@@ -277,7 +285,7 @@ export class EngineClient {
   private async call(method: 'GET' | 'POST', path: string, body?: unknown): Promise<{ status: number; text: string }> {
     const payload = body === undefined ? null : typeof body === 'string' || body instanceof Uint8Array ? body : JSON.stringify(body);
     const answer = new CollectedAnswer();
-    this.agent.dispatch({ origin: this.origin, path: this.pathPrefix + path, method, headers: payload === null ? {} : JSON_HEADERS, body: payload, headersTimeout: this.timeoutMs, bodyTimeout: this.timeoutMs }, answer);
+    this.dispatch(method, path, payload, answer);
     try {
       return await answer.done;
     } catch (err) {
@@ -285,14 +293,14 @@ export class EngineClient {
     }
   }
 
+  /** One request to the engine, answered to `handler`; a body is JSON. */
+  private dispatch(method: 'GET' | 'POST', path: string, body: string | Uint8Array | null, handler: Dispatcher.DispatchHandler): void {
+    this.agent.dispatch({ origin: this.origin, path: this.pathPrefix + path, method, headers: body === null ? {} : JSON_HEADERS, body, headersTimeout: this.timeoutMs, bodyTimeout: this.timeoutMs }, handler);
+  }
+
   private async json<T>(method: 'GET' | 'POST', path: string, body?: unknown): Promise<T> {
     const { status, text } = await this.call(method, path, body);
-    if (status >= 500) {
-      throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.name, reason: `${path} answered ${status}: ${text.slice(0, 300)}` });
-    }
-    if (status >= 400) {
-      throw new EngineRequestError(status, text, path);
-    }
+    if (status >= 400) throw refusal(this.name, path, status, text);
     return (text ? JSON.parse(text) : {}) as T;
   }
 
@@ -328,7 +336,7 @@ export class EngineClient {
   async *generateStream(req: GenerateRequest | Uint8Array, signal?: AbortSignal): AsyncGenerator<GenerateResponse> {
     const body = req instanceof Uint8Array ? req : generateBody(req, true);
     const s = new StreamedGeneration(this.name, signal ?? null);
-    this.agent.dispatch({ origin: this.origin, path: `${this.pathPrefix}/generate`, method: 'POST', headers: JSON_HEADERS, body, headersTimeout: this.timeoutMs, bodyTimeout: this.timeoutMs }, s);
+    this.dispatch('POST', '/generate', body, s);
     try {
       for (;;) {
         let event = s.take();
@@ -347,7 +355,7 @@ export class EngineClient {
   /** One streamed event's data; an `error` event is thrown as the engine being down. */
   private parseEvent(data: string): GenerateResponse {
     const parsed = JSON.parse(data) as GenerateResponse | { error: unknown };
-    if ('error' in parsed) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.name, reason: JSON.stringify(parsed.error).slice(0, 300) });
+    if ('error' in parsed) throw engineFailure(this.name, data);
     return parsed;
   }
 
