@@ -135,6 +135,16 @@ describe('EngineClient.generateStream', () => {
     };
   }
 
+  /** Runs `run` against an engine double (`engine`), which is closed afterwards whatever happens. */
+  async function withEngine(answer: (res: ServerResponse, path: string) => void, run: (client: EngineClient) => Promise<void>, opts: { prefix?: string; connections?: number } = {}): Promise<void> {
+    const e = await engine(answer, opts);
+    try {
+      await run(e.client);
+    } finally {
+      await e.close();
+    }
+  }
+
   const texts = async (client: EngineClient) => {
     const out: string[] = [];
     for await (const r of client.generateStream({ input_ids: [1], sampling_params: {} })) out.push(r.text);
@@ -142,44 +152,44 @@ describe('EngineClient.generateStream', () => {
   };
 
   it('yields the newest of the events that arrive together, stops at [DONE] and ignores what follows it', async () => {
-    const e = await engine((res) => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.end(event('a') + event('ab') + event('abc') + 'data: [DONE]\n\n' + event('ignored'));
-    });
-    try {
-      expect(await texts(e.client)).toEqual(['abc']);
-      expect(await texts(e.client)).toEqual(['abc']);
-    } finally {
-      await e.close();
-    }
+    await withEngine(
+      (res) => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.end(event('a') + event('ab') + event('abc') + 'data: [DONE]\n\n' + event('ignored'));
+      },
+      async (client) => {
+        expect(await texts(client)).toEqual(['abc']);
+        expect(await texts(client)).toEqual(['abc']);
+      },
+    );
   });
 
   it('yields the newest event last when events arrive apart', async () => {
-    const e = await engine((res) => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.write(event('a'));
-      setTimeout(() => res.end(event('ab') + 'data: [DONE]\n\n'), 50);
-    });
-    try {
-      const out = await texts(e.client);
-      // Two reads unless the machine stalled for the whole pause; either way the newest comes last.
-      expect(out.at(-1)).toBe('ab');
-      expect(['a,ab', 'ab']).toContain(out.join(','));
-    } finally {
-      await e.close();
-    }
+    await withEngine(
+      (res) => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(event('a'));
+        setTimeout(() => res.end(event('ab') + 'data: [DONE]\n\n'), 50);
+      },
+      async (client) => {
+        const out = await texts(client);
+        // Two reads unless the machine stalled for the whole pause; either way the newest comes last.
+        expect(out.at(-1)).toBe('ab');
+        expect(['a,ab', 'ab']).toContain(out.join(','));
+      },
+    );
   });
 
   it('an error event is thrown even when newer events arrive with it', async () => {
-    const e = await engine((res) => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.end(event('a') + 'data: {"error": {"message": "out of memory"}}\n\n' + event('ab') + 'data: [DONE]\n\n');
-    });
-    try {
-      await expect(texts(e.client)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_DOWN', message: expect.stringContaining('out of memory') });
-    } finally {
-      await e.close();
-    }
+    await withEngine(
+      (res) => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.end(event('a') + 'data: {"error": {"message": "out of memory"}}\n\n' + event('ab') + 'data: [DONE]\n\n');
+      },
+      async (client) => {
+        await expect(texts(client)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_DOWN', message: expect.stringContaining('out of memory') });
+      },
+    );
   });
 
   it('a reader slower than the engine gets the newest event, not a backlog', async () => {
@@ -188,106 +198,113 @@ describe('EngineClient.generateStream', () => {
       rest = resolve;
     });
     let release = () => {};
-    const e = await engine((res) => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.write(event('a'));
-      release = () => {
-        for (const t of ['ab', 'abc', 'abcd']) res.write(event(t));
-        res.end('data: [DONE]\n\n', rest);
-      };
-    });
-    try {
-      const out: string[] = [];
-      for await (const r of e.client.generateStream({ input_ids: [1], sampling_params: {} })) {
-        out.push(r.text);
-        if (out.length > 1) continue;
-        // The reader is busy until the engine has sent everything, and a while after.
-        release();
-        await sentAll;
-        await new Promise((resolve) => setTimeout(resolve, 50));
-      }
-      expect(out).toEqual(['a', 'abcd']);
-    } finally {
-      await e.close();
-    }
+    await withEngine(
+      (res) => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(event('a'));
+        release = () => {
+          for (const t of ['ab', 'abc', 'abcd']) res.write(event(t));
+          res.end('data: [DONE]\n\n', rest);
+        };
+      },
+      async (client) => {
+        const out: string[] = [];
+        for await (const r of client.generateStream({ input_ids: [1], sampling_params: {} })) {
+          out.push(r.text);
+          if (out.length > 1) continue;
+          // The reader is busy until the engine has sent everything, and a while after.
+          release();
+          await sentAll;
+          await new Promise((resolve) => setTimeout(resolve, 50));
+        }
+        expect(out).toEqual(['a', 'abcd']);
+      },
+    );
   });
 
   it('refusals: a 4xx is the request\'s fault with the engine\'s words, a 5xx or no engine at all is the engine being down', async () => {
-    const e = await engine((res, path) => {
-      res.writeHead(path.endsWith('/generate') ? 400 : 404, { 'content-type': 'application/json' });
-      res.end('{"error": "prompt too long"}');
-    }, { prefix: '/sglang' });
-    const down = await engine((res) => {
-      res.writeHead(503);
-      res.end('overloaded');
-    });
-    try {
-      await expect(texts(e.client)).rejects.toMatchObject({ name: 'EngineRequestError', statusCode: 400, body: '{"error": "prompt too long"}' });
-      await expect(texts(down.client)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_DOWN', message: expect.stringContaining('503: overloaded') });
-    } finally {
-      await e.close();
-      await down.close();
-    }
-    const gone = new EngineClient(down.client.baseUrl);
+    await withEngine(
+      (res, path) => {
+        res.writeHead(path.endsWith('/generate') ? 400 : 404, { 'content-type': 'application/json' });
+        res.end('{"error": "prompt too long"}');
+      },
+      async (client) => {
+        await expect(texts(client)).rejects.toMatchObject({ name: 'EngineRequestError', statusCode: 400, body: '{"error": "prompt too long"}' });
+      },
+      { prefix: '/sglang' },
+    );
+    let downUrl = '';
+    await withEngine(
+      (res) => {
+        res.writeHead(503);
+        res.end('overloaded');
+      },
+      async (client) => {
+        downUrl = client.baseUrl;
+        await expect(texts(client)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_DOWN', message: expect.stringContaining('503: overloaded') });
+      },
+    );
+    const gone = new EngineClient(downUrl);
     await expect(texts(gone)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_DOWN' });
     await gone.close();
   });
 
   it('an abort, or a reader that leaves early, closes the engine\'s connection; an abort also reaches a request still queued', async () => {
     const closed: string[] = [];
-    const e = await engine((res) => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.write(event('a'));
-      res.on('close', () => closed.push(res.writableFinished ? 'finished' : 'cut'));
-    }, { connections: 1 });
-    try {
-      const left = e.client.generateStream({ input_ids: [1], sampling_params: {} });
-      expect((await left.next()).value?.text).toBe('a');
-      await left.return(undefined);
-      await waitFor(() => closed.length === 1);
+    await withEngine(
+      (res) => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(event('a'));
+        res.on('close', () => closed.push(res.writableFinished ? 'finished' : 'cut'));
+      },
+      async (client) => {
+        const left = client.generateStream({ input_ids: [1], sampling_params: {} });
+        expect((await left.next()).value?.text).toBe('a');
+        await left.return(undefined);
+        await waitFor(() => closed.length === 1);
 
-      const abort = new AbortController();
-      const holding = e.client.generateStream({ input_ids: [1], sampling_params: {} }, abort.signal);
-      expect((await holding.next()).value?.text).toBe('a');
-      // One connection, held: this one waits in undici's queue.
-      const queued = new AbortController();
-      const waiting = e.client.generateStream({ input_ids: [2], sampling_params: {} }, queued.signal).next();
-      queued.abort(new Error('client disconnected'));
-      await expect(waiting).rejects.toThrow('client disconnected');
-      abort.abort(new Error('client disconnected'));
-      await expect(holding.next()).rejects.toThrow('client disconnected');
-      await waitFor(() => closed.length === 2);
-      expect(closed).toEqual(['cut', 'cut']);
-    } finally {
-      await e.close();
-    }
+        const abort = new AbortController();
+        const holding = client.generateStream({ input_ids: [1], sampling_params: {} }, abort.signal);
+        expect((await holding.next()).value?.text).toBe('a');
+        // One connection, held: this one waits in undici's queue.
+        const queued = new AbortController();
+        const waiting = client.generateStream({ input_ids: [2], sampling_params: {} }, queued.signal).next();
+        queued.abort(new Error('client disconnected'));
+        await expect(waiting).rejects.toThrow('client disconnected');
+        abort.abort(new Error('client disconnected'));
+        await expect(holding.next()).rejects.toThrow('client disconnected');
+        await waitFor(() => closed.length === 2);
+        expect(closed).toEqual(['cut', 'cut']);
+      },
+      { connections: 1 },
+    );
   });
 
   it('reads a character split between two reads of the socket whole (regression: each read was decoded alone)', async () => {
-    const e = await engine((res) => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      const bytes = Buffer.from(event('prix: 9 €, 気温 🌡') + 'data: [DONE]\n\n');
-      const cut = bytes.indexOf(Buffer.from('€')) + 1;
-      res.write(bytes.subarray(0, cut));
-      // Apart, so that they arrive in two reads.
-      setTimeout(() => res.end(bytes.subarray(cut)), 50);
-    });
-    try {
-      expect(await texts(e.client)).toEqual(['prix: 9 €, 気温 🌡']);
-    } finally {
-      await e.close();
-    }
+    await withEngine(
+      (res) => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        const bytes = Buffer.from(event('prix: 9 €, 気温 🌡') + 'data: [DONE]\n\n');
+        const cut = bytes.indexOf(Buffer.from('€')) + 1;
+        res.write(bytes.subarray(0, cut));
+        // Apart, so that they arrive in two reads.
+        setTimeout(() => res.end(bytes.subarray(cut)), 50);
+      },
+      async (client) => {
+        expect(await texts(client)).toEqual(['prix: 9 €, 気温 🌡']);
+      },
+    );
   });
 
   it('a body that ends without [DONE] is an engine failure', async () => {
-    const e = await engine((res) => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' });
-      res.end(event('a'));
-    });
-    try {
-      await expect(texts(e.client)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_DOWN', message: expect.stringContaining('without [DONE]') });
-    } finally {
-      await e.close();
-    }
+    await withEngine(
+      (res) => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.end(event('a'));
+      },
+      async (client) => {
+        await expect(texts(client)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_DOWN', message: expect.stringContaining('without [DONE]') });
+      },
+    );
   });
 });
