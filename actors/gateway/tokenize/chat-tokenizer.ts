@@ -174,17 +174,15 @@ export class ChatTokenizer {
       this.encodeTextInto(rendered, out);
       return { ids: out.finish(), text: rendered, encoded: null };
     }
-    const cuts: number[] = [0, 0];
-    const from = opts.prior ? this.reusable(opts.prior, rendered) : 0;
-    if (from > 0) {
-      const prior = opts.prior!;
-      let i = 0;
-      while (i < prior.cuts.length && prior.cuts[i]! <= from) i += 2;
-      out.push(prior.ids.subarray(0, prior.cuts[i - 1]!));
-      cuts.length = 0;
-      for (let j = 0; j < i; j++) cuts.push(prior.cuts[j]!);
+    const prior = opts.prior ?? null;
+    const k = prior ? this.reusable(prior, rendered) : 0;
+    // The prior's cuts up to the k-th one hold for this text too; the encoding resumes there.
+    const cuts: number[] = prior && k > 0 ? Array.from(prior.cuts.subarray(0, 2 * k + 2)) : [0, 0];
+    const [from, reused] = [cuts[2 * k]!, cuts[2 * k + 1]!];
+    if (reused > 0) {
+      out.push(prior!.ids.subarray(0, reused));
       this.reuse.renders++;
-      this.reuse.ids += prior.cuts[i - 1]!;
+      this.reuse.ids += reused;
     }
     this.encodeTextInto(rendered, out, from, cuts);
     const ids = out.finish();
@@ -192,7 +190,8 @@ export class ChatTokenizer {
   }
 
   /**
-   * The last cut of `prior` up to which `text` encodes to the same ids, or 0. Cuts follow an added
+   * The index of the last cut of `prior` up to which `text` encodes to the same ids, or 0 (the
+   * start). Cuts follow an added
    * token, where the scan for added tokens starts afresh. Every match the scan tried before a cut
    * looked at most `maxAddedLength` characters ahead (the alternation's longest token), so when the
    * two texts agree up to the cut plus that length, the scan found the same tokens and the same
@@ -210,7 +209,7 @@ export class ChatTokenizer {
     let hi = cuts.length / 2 - 1;
     while (hi > 0 && cuts[2 * hi]! + this.maxAddedLength > prior.text.length) hi--;
     if (hi <= 0) return 0;
-    if (agree(cuts[2 * hi]!)) return cuts[2 * hi]!;
+    if (agree(cuts[2 * hi]!)) return hi;
     let lo = 0;
     hi--;
     while (lo < hi) {
@@ -218,7 +217,7 @@ export class ChatTokenizer {
       if (agree(cuts[2 * mid]!)) lo = mid;
       else hi = mid - 1;
     }
-    return cuts[2 * lo]!;
+    return lo;
   }
 
   /** The chat template's output for these messages, before tokenization (what `render` tokenizes). */
