@@ -128,5 +128,9 @@ describe('render with a prior render', () => {
     // The prior as it stands before its generation prompt: the texts part right after "<|im_start|>".
     const cut = overlap.render(normalizeMessages(first as never), null, { addGenerationPrompt: true }).encoded!;
     expectSameAsFresh(overlap, [...first, { role: 'user', content: 'again' }], null, cut);
+    // A prior that goes on well past "<|im_start|>": its cut there is a candidate, and only the look
+    // past it shows that the new text has "<|im_start|>user" where the prior had an assistant turn.
+    const answered = render(overlap, [...first, { role: 'assistant', content: 'hello there, my friend' }], null, null).encoded;
+    expectSameAsFresh(overlap, [...first, { role: 'user', content: 'again' }], null, answered);
   });
 });
