@@ -150,8 +150,10 @@ async function stream(deps: ChatDeps, p: Parameters<typeof streamCompletion>[1],
   // Headers go out with the first event, so that a failure before it (engine down, engine refusal,
   // weight-swap wait timed out) can still answer with its own status.
   let started = false;
-  const start = () => {
-    if (started) return;
+  /** Whether the client can still be written to; the headers go out before the first write. */
+  const writable = (): boolean => {
+    if (gone.signal.aborted || res.destroyed) return false;
+    if (started) return true;
     started = true;
     reply.hijack();
     res.writeHead(200, {
@@ -160,12 +162,11 @@ async function stream(deps: ChatDeps, p: Parameters<typeof streamCompletion>[1],
       connection: 'keep-alive',
       'x-accel-buffering': 'no',
     });
+    return true;
   };
   const write = (s: string) =>
     new Promise<void>((resolve) => {
-      if (gone.signal.aborted || res.destroyed) return resolve();
-      start();
-      if (res.write(s)) return resolve();
+      if (!writable() || res.write(s)) return resolve();
       // Backpressure: wait for the socket to drain, or for the client to leave.
       const done = () => {
         res.off('drain', done);
@@ -180,9 +181,7 @@ async function stream(deps: ChatDeps, p: Parameters<typeof streamCompletion>[1],
     // Ended here rather than once the handler has unwound: the last write then goes out at once,
     // not after the promise chain back up to this route (~0.1 ms measured on an OpenClaw turn).
     sendDone: async () => {
-      if (gone.signal.aborted || res.destroyed) return;
-      start();
-      res.end('data: [DONE]\n\n');
+      if (writable()) res.end('data: [DONE]\n\n');
     },
     signal: gone.signal,
   };
