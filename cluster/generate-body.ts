@@ -60,6 +60,49 @@ function digitsOf(v: number): number {
   return v < 10 ? 1 : v < 100 ? 2 : v < 1000 ? 3 : v < 10_000 ? 4 : v < 100_000 ? 5 : v < 1_000_000 ? 6 : v < 10_000_000 ? 7 : v < 100_000_000 ? 8 : v < 1_000_000_000 ? 9 : 10;
 }
 
+/**
+ * The bytes of `ids[from…]` as written by `writeIds`, each id checked before a byte is written
+ * (the ids before `from` equal ones written before).
+ *
+ * This loop and `writeIds` are functions of their own so that V8 optimizes them as functions:
+ * inside `generateBody` they were entered through on-stack replacement, and that code, compiled
+ * before the rest of the function had run, was entered and thrown away again on every call.
+ */
+function idTextSize(ids: ArrayLike<number>, from: number): number {
+  let size = 0;
+  for (let i = from; i < ids.length; i++) {
+    const v = ids[i]!;
+    if (!Number.isInteger(v)) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `input_ids[${i}] is not an integer: ${v}` });
+    if (v < 0 || v > LARGEST_ID) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `input_ids[${i}] is not a token id: ${v}` });
+    size += digitsOf(v) + (i > 0 && i !== from ? 1 : 0);
+  }
+  return size;
+}
+
+/**
+ * Writes `ids[from…]` at `out[o]` as decimal numbers joined by commas (none before the first: text
+ * copied up to `from` ends with its comma), marks where every MARK_EVERY-th id starts (relative to
+ * `base`), and returns the end.
+ */
+function writeIds(ids: ArrayLike<number>, from: number, out: Uint8Array, o: number, base: number, marks: Int32Array): number {
+  for (let i = from; i < ids.length; i++) {
+    let v = ids[i]!;
+    if (i > 0 && i !== from) out[o++] = COMMA;
+    if (i % MARK_EVERY === 0) marks[i / MARK_EVERY] = o - base;
+    const digits = digitsOf(v);
+    let e = o + digits;
+    while (v >= 10) {
+      // v < 2^31, so `| 0` truncates exactly.
+      const q = (v / 10) | 0;
+      out[--e] = ZERO + v - q * 10;
+      v = q;
+    }
+    out[--e] = ZERO + v;
+    o += digits;
+  }
+  return o;
+}
+
 export interface GenerateBodyOptions {
   /** An earlier body's id text: the ids this prompt shares with it are copied as text. */
   reuse?: IdText | null;
@@ -113,15 +156,7 @@ export function generateBody(req: GenerateRequest, stream: boolean, opts?: Gener
   const m = reuse ? Math.min(Math.floor(commonPrefix(reuse.ids, ids) / MARK_EVERY), marks.length - 1, reuse.marks.length - 1) : 0;
   const from = m > 0 ? m * MARK_EVERY : 0;
   const copied = m > 0 ? reuse!.marks[m]! : 0;
-  // The exact size: what is copied, then each further id and its comma. Every id is checked here,
-  // before a byte is written (the ids before `from` equal ones written before).
-  let size = OPEN.length + copied + tail.length;
-  for (let i = from; i < ids.length; i++) {
-    const v = ids[i]!;
-    if (!Number.isInteger(v)) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `input_ids[${i}] is not an integer: ${v}` });
-    if (v < 0 || v > LARGEST_ID) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `input_ids[${i}] is not a token id: ${v}` });
-    size += digitsOf(v) + (i > 0 && i !== from ? 1 : 0);
-  }
+  const size = OPEN.length + copied + idTextSize(ids, from) + tail.length;
   const keep = opts?.keep === true;
   const arena = reuse?.arena;
   // In place: the bytes up to the resume point are this body's already.
@@ -147,21 +182,7 @@ export function generateBody(req: GenerateRequest, stream: boolean, opts?: Gener
     marks.set(reuse!.marks.subarray(0, m + 1));
     o = base + copied;
   }
-  for (let i = from; i < ids.length; i++) {
-    let v = ids[i]!;
-    if (i > 0 && i !== from) out[o++] = COMMA;
-    if (i % MARK_EVERY === 0) marks[i / MARK_EVERY] = o - base;
-    const digits = digitsOf(v);
-    let e = o + digits;
-    while (v >= 10) {
-      // v < 2^31, so `| 0` truncates exactly.
-      const q = (v / 10) | 0;
-      out[--e] = ZERO + v - q * 10;
-      v = q;
-    }
-    out[--e] = ZERO + v;
-    o += digits;
-  }
+  o = writeIds(ids, from, out, o, base, marks);
   const textEnd = o;
   out.set(tail, o);
   o += tail.length;
