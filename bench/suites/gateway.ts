@@ -23,7 +23,9 @@ import { type BenchContext, type BenchRow, type BenchSuite, type Measurement, me
  * tokenizes, forwards, parses and records (commit before the receipt) before answering.
  * `REEF_BENCH_GATEWAY_PROF=DIR` runs the gateway under `--cpu-prof` into DIR;
  * `REEF_BENCH_GATEWAY_LOG=FILE` appends the children's output to FILE, and
- * `REEF_BENCH_GATEWAY_NODE_ARGS='--trace-gc …'` passes node flags to the gateway;
+ * `REEF_BENCH_GATEWAY_NODE_ARGS='--trace-gc …'` passes node flags to the gateway (and to the A/B
+ * gateway, unless `REEF_BENCH_GATEWAY_AB_NODE_ARGS` gives it its own: with `REEF_BENCH_GATEWAY_AB`
+ * set to this checkout, that compares two sets of flags in one run);
  * `REEF_BENCH_GATEWAY_CASES=openclaw` (comma list of `short`, `openclaw`, `throughput`) runs only
  * those cases, so that a profile shows one of them alone; `REEF_BENCH_GATEWAY_WARMUP_S` sets the
  * OpenClaw case's warm-up (@default 3 s).
@@ -131,9 +133,9 @@ async function startStack(ctx: BenchContext): Promise<Stack> {
   });
   const prof = process.env.REEF_BENCH_GATEWAY_PROF;
   const nodeArgs = process.env.REEF_BENCH_GATEWAY_NODE_ARGS?.split(' ').filter(Boolean) ?? [];
-  const spawnGateway = (root: string, configPath: string, dataDir: string) => {
+  const spawnGateway = (root: string, configPath: string, dataDir: string, args = nodeArgs) => {
     mkdirSync(dataDir, { recursive: true }); // `reef up` makes it; the bare actor does not
-    return spawnLogged([...(prof ? ['--cpu-prof', `--cpu-prof-dir=${prof}`] : []), ...ACTOR_NODE_FLAGS['gateway']!, ...nodeArgs, join(root, 'dist/actors/gateway/main.js')], {
+    return spawnLogged([...(prof ? ['--cpu-prof', `--cpu-prof-dir=${prof}`] : []), ...ACTOR_NODE_FLAGS['gateway']!, ...args, join(root, 'dist/actors/gateway/main.js')], {
       REEF_ACTOR: JSON.stringify({ name: 'gateway', id: 'gateway-bench', supervisor: null, configPath, overrides: {}, heartbeatMs: null }),
       REEF_ENGINES: JSON.stringify({ rollout: engineUrl, prm: [], student: null }),
     });
@@ -144,7 +146,8 @@ async function startStack(ctx: BenchContext): Promise<Stack> {
   const otherRoot = process.env.REEF_BENCH_GATEWAY_AB || null;
   const otherPort = otherRoot ? await freePort() : 0;
   const otherCfg = otherRoot ? gatewayConfig(otherPort, join(dir, 'data-other')) : null;
-  const other = otherRoot && otherCfg ? spawnGateway(otherRoot, otherCfg.path, join(dir, 'data-other')) : null;
+  const otherArgs = process.env.REEF_BENCH_GATEWAY_AB_NODE_ARGS?.split(' ').filter(Boolean) ?? nodeArgs;
+  const other = otherRoot && otherCfg ? spawnGateway(otherRoot, otherCfg.path, join(dir, 'data-other'), otherArgs) : null;
   const stop = async () => {
     gw.child.kill('SIGTERM'); // drains, and writes the CPU profile when asked
     other?.child.kill('SIGTERM');
