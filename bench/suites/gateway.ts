@@ -126,7 +126,7 @@ async function startStack(ctx: BenchContext): Promise<Stack> {
   const port = await freePort();
   const cfg = gatewayConfig(port, join(dir, 'data'));
   const fakeJs = join(repoRoot(), 'dist/test/helpers/fake-engine.js');
-  const engine = spawnLogged(['--input-type=module', '-e', `const { startFakeEngine } = await import(${JSON.stringify(fakeJs)}); const e = await startFakeEngine(); console.log(e.url);`], {});
+  const engine = spawnLogged(['--input-type=module', '-e', `const { startFakeEngine } = await import(${JSON.stringify(fakeJs)}); const e = await startFakeEngine({ keepRequests: 0 }); console.log(e.url);`], {});
   const engineUrl = await new Promise<string>((resolve, reject) => {
     engine.child.once('exit', (code) => reject(new Error(`fake engine exited with ${code}:\n${engine.tail()}`)));
     createInterface({ input: engine.child.stdout! }).once('line', resolve);

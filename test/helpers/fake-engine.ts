@@ -30,13 +30,19 @@ export interface FakeEngineOptions {
   dieAfterTokens?: number | null;
   weightVersion?: string;
   contextLength?: number;
+  /**
+   * How many of the latest request bodies `requests` keeps. A long benchmark sends hundreds of
+   * thousands of 20k-id prompts, and keeping them all ran the double out of memory in ~80 s.
+   * @default Infinity (tests look at every request)
+   */
+  keepRequests?: number;
 }
 
 export interface FakeEngine {
   url: string;
   server: Server;
   options: FakeEngineOptions;
-  /** Bodies of every /generate and /v1/chat/completions request, in arrival order. */
+  /** Bodies of the /generate and /v1/chat/completions requests (the last `keepRequests`), in arrival order. */
   requests: Array<Record<string, unknown>>;
   paused: boolean;
   close(): Promise<void>;
@@ -97,6 +103,7 @@ export async function startFakeEngine(options: FakeEngineOptions = {}): Promise<
     if (!(req.method === 'POST' && (req.url === '/generate' || isOpenAI))) return json(404, { error: 'not found' });
     const body = await readBody(req);
     state.requests.push(body);
+    if (state.requests.length > (options.keepRequests ?? Number.POSITIVE_INFINITY)) state.requests.shift();
     if (options.failWith) return json(options.failWith, { error: { message: 'fake engine failure' } });
     const inputIds = Array.isArray(body.input_ids) ? (body.input_ids as number[]) : null;
     const g = (options.respond ?? (() => DEFAULT))({ inputIds, text: typeof body.text === 'string' ? body.text : null, messages: Array.isArray(body.messages) ? (body.messages as unknown[]) : null, body });
