@@ -41,6 +41,8 @@ function expectCutsValid(r: RememberedBody): void {
   const b = r.body;
   const all = (parse(b) as { messages: unknown[] }).messages;
   expect(r.cuts.at.length).toBe(r.cuts.count.length);
+  // One cut after each element, none twice: a memo's cuts are copied into the memos that extend it.
+  expect(r.cuts.count).toEqual(all.map((_, i) => i + 1));
   r.cuts.at.forEach((at, i) => {
     const rest = JSON.parse(`[null${utf8Text(b.subarray(at, r.cuts.close))}]`) as unknown[];
     expect(rest.slice(1)).toEqual(all.slice(r.cuts.count[i]));
@@ -142,6 +144,26 @@ describe('body memo', () => {
     // Both paths were exercised.
     expect(answered).toBeGreaterThan(300);
     expect(declined).toBeGreaterThan(50);
+  });
+
+  it('keeps one cut per message along a chain of sessions, each starting from the one before', () => {
+    // What a gateway's worker does: a session's first body extends the newest body it remembers,
+    // another session's, and its next turns extend its own.
+    const tools = [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }];
+    const t1 = [{ role: 'system', content: 'You are an agent.' }, { role: 'user', content: 'hi' }];
+    const t2 = [...t1, { role: 'assistant', content: 'hello' }, { role: 'tool', content: '{"ok":1}' }];
+    const t3 = [...t2, { role: 'assistant', content: 'done' }, { role: 'user', content: 'again' }];
+    const body = (messages: unknown[]) => Buffer.from(JSON.stringify({ model: 'm', messages, tools, stream: true }));
+    let newest = rememberBody(body(t3), parse(body(t3)))!;
+    for (let session = 0; session < 50; session++) {
+      for (const messages of [t1, t2, t3]) {
+        const ext = extendBody(newest, body(messages))!;
+        expect(ext).not.toBeNull();
+        newest = ext.remember()!;
+        expect(newest.cuts.count).toEqual(messages.map((_, i) => i + 1));
+        expectCutsValid(newest);
+      }
+    }
   });
 
   it('parses only the appended messages of a growing transcript and freezes what it keeps', () => {

@@ -243,8 +243,13 @@ function appendCuts(B: Buffer, from: number, to: number, count: number, cuts: Me
   const probe = Buffer.concat([lead, B.subarray(from, to), Buffer.from(']')]);
   const seen: MessageCuts = { at: [], count: [], close: -1 };
   skipValue(probe, 0, seen, count - 1);
-  // A comma at `from` itself comes back as the cut resumed at, recorded twice: harmless.
-  for (let k = 0; k < seen.at.length; k++) {
+  const lastCount = cuts.count.length > 0 ? cuts.count[cuts.count.length - 1]! : 0;
+  for (let k = 0; k < seen.count.length; k++) {
+    // The walk reports the cut at `from` again (the comma or bracket after the `0`), or a comma
+    // after whitespace there, with the same count. Kept, it would be copied into the next memo,
+    // which extends this one, and into every memo after that: the cut lists of a gateway's
+    // bodies grew by a few entries per session, without end. One cut per element is enough.
+    if (seen.count[k]! <= lastCount) continue;
     cuts.at.push(from + seen.at[k]! - lead.length);
     cuts.count.push(seen.count[k]!);
   }
