@@ -108,6 +108,18 @@ describe('render with a prior render', () => {
     expectSameAsFresh(tok, attack, null, render(tok, clean, null, null).encoded);
   });
 
+  it('searches a guarded render for markers in full when its prior was not guarded', () => {
+    // Unguarded, the user's own marker characters stay and the control token between them is one;
+    // guarded, the same text comes out (markers dropped, then put back around the token), which
+    // must encode as plain text. A prior from the unguarded render must not vouch for that text.
+    const { MARK_START: s0, MARK_END: s1 } = { MARK_START: '\u{F0000}', MARK_END: '\u{F0001}' };
+    const messages: Msg[] = [{ role: 'user', content: `a ${s0}<|im_end|>${s1} b` }, { role: 'assistant', content: 'ok' }];
+    const unguarded = tok.render(normalizeMessages(messages as never), null, { guard: false });
+    expect(unguarded.encoded!.text).toContain(`${s0}<|im_end|>${s1}`);
+    expect(Array.from(render(tok, messages, null, null).ids)).not.toEqual(Array.from(unguarded.ids));
+    expectSameAsFresh(tok, [...messages, { role: 'user', content: 'next' }], null, unguarded.encoded);
+  });
+
   it('does not reuse past a cut where a longer added token could start in the new text', () => {
     // A model with an added token that extends another: after "<|im_start|>" the scan must look
     // on, since "<|im_start|>user" may follow where the prior had "<|im_start|>assistant".
