@@ -291,7 +291,10 @@ export const suite: BenchSuite = {
         ctx.log(`gateway CPU per openclaw turn by thread (ms): ${threadDelta(th0, th1, turns)}`);
         rows.push(...oc);
         const addedP50Ms = (oc[5]!.p50Us ?? Number.NaN) / 1000;
-        ctx.log(`target: added p50 on openclaw turns 2-3 ≤ 2 ms: ${addedP50Ms.toFixed(2)} ms — ${addedP50Ms <= 2 ? 'met' : 'MISSED'}`);
+        // The direct call's p50 says how fast the machine was: on this shared host the same code
+        // takes ~60% more CPU per turn in its slow spells, and the added latency moves with it.
+        const directP50Ms = (oc[4]!.p50Us ?? Number.NaN) / 1000;
+        ctx.log(`target: added p50 on openclaw turns 2-3 ≤ 2 ms: ${addedP50Ms.toFixed(2)} ms — ${addedP50Ms <= 2 ? 'met' : 'MISSED'} (direct p50 ${directP50Ms.toFixed(2)} ms)`);
       }
       if (want('throughput')) {
         const cpu0 = cpuByThread(s.gatewayPid);
