@@ -200,10 +200,11 @@ function added(caseName: string, g: BenchRow, d: BenchRow): BenchRow {
 /**
  * Seconds of OpenClaw sessions run before any is measured (`REEF_BENCH_GATEWAY_WARMUP_S`). V8 goes
  * on optimizing the gateway, its tokenizer worker and the engine double for tens of seconds,
- * compiling on the same two cores. From a cold start, per 3-second window: the gateway's TurboFan
- * compilations were 114, 106, 72, 74, 38, 30, 27, 9, 11, 6, 6, and the added p50 2.82, 2.23, 2.10,
- * 1.77, 1.80, 1.56, 1.44, 1.40, 1.58, 1.54 ms (the direct calls sped up too). A gateway serves for
- * days; its warm state is the one to measure.
+ * compiling on the same two cores. From a cold start, per 3-second window, at V8's default
+ * interrupt budget (the gateway now starts with a smaller one, `ACTOR_NODE_FLAGS`): the gateway's
+ * TurboFan compilations were 114, 106, 72, 74, 38, 30, 27, 9, 11, 6, 6, and the added p50 2.82,
+ * 2.23, 2.10, 1.77, 1.80, 1.56, 1.44, 1.40, 1.58, 1.54 ms (the direct calls sped up too). A
+ * gateway serves for days; its warm state is the one to measure.
  */
 const OPENCLAW_WARMUP_S = 20;
 
