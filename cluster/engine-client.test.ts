@@ -1,13 +1,9 @@
 import { createServer, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { describe, expect, it } from 'vitest';
+import { waitFor } from '../test/helpers/wait.js';
 import { EngineClient, generateBody } from './engine-client.js';
 import { releaseBody } from './generate-body.js';
-
-async function waitFor(cond: () => boolean): Promise<void> {
-  for (let i = 0; i < 500 && !cond(); i++) await new Promise((resolve) => setTimeout(resolve, 10));
-  expect(cond()).toBe(true);
-}
 
 const parse = (body: Uint8Array) => JSON.parse(Buffer.from(body).toString('utf8')) as unknown;
 
@@ -261,7 +257,7 @@ describe('EngineClient.generateStream', () => {
         const left = client.generateStream({ input_ids: [1], sampling_params: {} });
         expect((await left.next()).value?.text).toBe('a');
         await left.return(undefined);
-        await waitFor(() => closed.length === 1);
+        await waitFor(() => closed.length === 1, { what: 'the engine to see the left stream\'s connection close' });
 
         const abort = new AbortController();
         const holding = client.generateStream({ input_ids: [1], sampling_params: {} }, abort.signal);
@@ -273,7 +269,7 @@ describe('EngineClient.generateStream', () => {
         await expect(waiting).rejects.toThrow('client disconnected');
         abort.abort(new Error('client disconnected'));
         await expect(holding.next()).rejects.toThrow('client disconnected');
-        await waitFor(() => closed.length === 2);
+        await waitFor(() => closed.length === 2, { what: 'the engine to see the aborted stream\'s connection close' });
         expect(closed).toEqual(['cut', 'cut']);
       },
       { connections: 1 },

@@ -71,11 +71,10 @@ describe('placement groups and engines on a real Ray head with 7 logical GPUs', 
     ]);
     // Ray's count of available resources comes from the raylets' periodic reports, so it can trail
     // a placement that is already CREATED by a moment (regression: read at once, it showed 1 GPU free).
-    let status = await client.status();
-    for (let i = 0; i < 100 && (status.ray!.available.GPU ?? 0) !== 0; i++) {
-      await new Promise((resolve) => setTimeout(resolve, 100));
-      status = await client.status();
-    }
+    const status = await waitFor(async () => {
+      const s = await client.status();
+      return (s.ray!.available.GPU ?? 0) === 0 ? s : null;
+    }, { what: "Ray's count of available GPUs to reach 0", timeoutMs: 10_000, intervalMs: 100 });
     const trainer = status.groups.find((g) => g.name === 'reef-trainer')!;
     expect(trainer.strategy).toBe('STRICT_PACK');
     expect(trainer.bundles).toHaveLength(4);

@@ -6,6 +6,7 @@ import { tinyModelDir } from '../../../cluster/paths.js';
 import { CORPUS } from '../../../test/parity/corpus.js';
 import { prng } from '../../runtime/prng.js';
 import { ChatTokenizer, type EncodedPrompt } from './chat-tokenizer.js';
+import { MARK_END, MARK_START } from './control-tokens.js';
 import { normalizeMessages } from './normalize.js';
 
 /**
@@ -112,7 +113,7 @@ describe('render with a prior render', () => {
     // Unguarded, the user's own marker characters stay and the control token between them is one;
     // guarded, the same text comes out (markers dropped, then put back around the token), which
     // must encode as plain text. A prior from the unguarded render must not vouch for that text.
-    const { MARK_START: s0, MARK_END: s1 } = { MARK_START: '\u{F0000}', MARK_END: '\u{F0001}' };
+    const [s0, s1] = [MARK_START, MARK_END];
     const messages: Msg[] = [{ role: 'user', content: `a ${s0}<|im_end|>${s1} b` }, { role: 'assistant', content: 'ok' }];
     const unguarded = tok.render(normalizeMessages(messages as never), null, { guard: false });
     expect(unguarded.encoded!.text).toContain(`${s0}<|im_end|>${s1}`);
