@@ -135,6 +135,12 @@ export function prepareStats(): PrepareStats {
  */
 function parseBody(body: Uint8Array, sessionKey: string | null | undefined, later: Later): { json: unknown } | RefusedChat {
   const prev = bodies.nearest(sessionKey);
+  // After the answer (`later`): this body, remembered for the session's next one to extend.
+  const keep = (remember: () => RememberedBody | null) =>
+    later(() => {
+      const remembered = remember();
+      if (remembered !== null) bodies.put(sessionKey, remembered);
+    });
   const extended = prev ? extendBody(prev, body) : null;
   if (extended !== null) {
     // The remembered members passed these checks with the body they came from.
@@ -143,10 +149,7 @@ function parseBody(body: Uint8Array, sessionKey: string | null | undefined, late
       if (problem !== null) return refuse('REEF_ERR_BODY', problem);
     }
     bodyCounts.extended++;
-    later(() => {
-      const remembered = extended.remember();
-      if (remembered !== null) bodies.put(sessionKey, remembered);
-    });
+    keep(extended.remember);
     return { json: extended.json };
   }
   let json: unknown;
@@ -158,10 +161,7 @@ function parseBody(body: Uint8Array, sessionKey: string | null | undefined, late
   }
   const problem = parsedBodyProblem(json);
   if (problem !== null) return refuse('REEF_ERR_BODY', problem);
-  later(() => {
-    const remembered = rememberBody(body, json);
-    if (remembered !== null) bodies.put(sessionKey, remembered);
-  });
+  keep(() => rememberBody(body, json));
   return { json };
 }
 
