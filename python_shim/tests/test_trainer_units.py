@@ -15,6 +15,7 @@ from reef_shim.trainer.checkpoint import Ledger, next_version
 from reef_shim.trainer.loss import combine, empty_sums
 from reef_shim.trainer.scoring import policy_logprobs, response_logits, teacher_scores
 from reef_shim.trainer.tasks import TrainTask, decode_tasks, shard
+from reef_shim.trainer.weight_push import push_backend
 from recipes.openclawrl.objective import ObjectiveConfig
 from trainer_fixtures import f32, i32
 
@@ -78,6 +79,19 @@ def test_versions_are_monotonic_across_disk_and_ledger(tmp_path: Path) -> None:
     (tmp_path / "reef_trainer_ledger.json").write_text("{not json")
     with pytest.raises(ShimError, match="cannot read the batch ledger"):
         Ledger(tmp_path)
+
+
+@pytest.mark.parametrize("trainer,engine,backend", [
+    ("cpu", "cpu", "gloo"),
+    ("cuda", "cuda", "nccl"),  # SGLang on its own GPU
+    ("cuda", "cpu", "gloo"),  # the hf engine: it cannot join an NCCL group
+    ("cuda:0", "cuda:1", "nccl"),
+    ("cpu", "cuda", "gloo"),  # CPU tensors can only go over gloo
+    ("cuda", None, "nccl"),  # an engine that does not say is taken to be where the trainer is
+    ("cpu", None, "gloo"),
+])
+def test_the_push_backend_follows_both_ends(trainer: str, engine: str | None, backend: str) -> None:
+    assert push_backend(trainer, engine) == backend
 
 
 def test_combine_weights_each_metric_by_its_own_denominator() -> None:

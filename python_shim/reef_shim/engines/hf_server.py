@@ -4,7 +4,8 @@
         [--weight-version V] [--seed S] [--max-running N] [--threads T] [--weight-sync-timeout-s S]
 
 Routes (docs/internals.md, "Engine HTTP API"): `POST /generate`, `GET /health`,
-`GET /model_info` (also `/get_model_info`), `POST /update_weights_from_disk`,
+`GET /model_info` (also `/get_model_info`), `GET /get_server_info` (tp_size and device only),
+`POST /update_weights_from_disk`,
 `POST /init_weights_update_group`, `POST /update_weights_from_distributed`,
 `POST /destroy_weights_update_group`, `POST /pause_generation`, `POST /continue_generation`,
 `POST /flush_cache`.

@@ -172,6 +172,10 @@ class EngineHandler(BaseHTTPRequestHandler):
             engine = self._engine()
             if engine is not None:
                 self._send_json(200, engine.info())
+        elif path == "/get_server_info":
+            # The two fields of SGLang's answer a weight push reads: one receiving rank, on the CPU.
+            if self._engine() is not None:
+                self._send_json(200, {"tp_size": 1, "device": "cpu"})
         else:
             self._error(404, "REEF_ERR_NOT_FOUND", f"{path} not found")
 

@@ -165,7 +165,7 @@ class TrainerRank:
         state = self._full_state()
         if self.rank != 0:
             return {"error": None}
-        from .weight_push import WeightPusher, engine_workers
+        from .weight_push import WeightPusher, engine_server_info, push_backend
 
         # The rendezvous port is picked only now, just before rank 0 binds it: a port picked free
         # before the gather stayed unbound for all of it, and any process's next connection could
@@ -173,8 +173,9 @@ class TrainerRank:
         master = self.rendezvous()
         if getattr(self.teacher.config, "tie_word_embeddings", False):
             state.pop("lm_head.weight", None)  # the same tensor as the embedding; engines update it through that
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        pusher = WeightPusher(engine_url, backend, master, engine_workers(engine_url), timeout_s=timeout_s)
+        info = engine_server_info(engine_url)
+        backend = push_backend(self.device.type, info.get("device"))
+        pusher = WeightPusher(engine_url, backend, master, int(info.get("tp_size") or 1), timeout_s=timeout_s)
         try:
             pusher.connect()
             sent = pusher.push(state.items(), weight_version)

@@ -5,9 +5,11 @@
     /update_weights_from_distributed  per bucket: names, dtypes, shapes; then one broadcast per tensor
     /destroy_weights_update_group     when the push is over
 
-The backend follows the tensors: `gloo` for CPU tensors (the trainer on a CPU machine, into the hf
-engine; run by the tests), `nccl` for CUDA tensors (the trainer on GPUs, into SGLang). The NCCL
-path is exercised only by the GPU-marked test (`tests/test_trainer_gpu.py`) and has not run yet.
+The backend follows both ends (`push_backend`): `nccl` when the trainer and the engine both hold
+CUDA tensors (the trainer on GPUs, into SGLang), else `gloo` (a CPU machine; or a trainer on a GPU
+pushing into the hf engine, which runs on the CPU). NCCL refuses two ranks on one GPU, so the NCCL
+path needs the engine on a GPU of its own; it is exercised only by the GPU-marked test
+(`tests/test_trainer_gpu.py`), which has not run yet (it needs SGLang and two GPUs).
 Both ends form the group through `weight_group.join_group`, which builds it the way SGLang's
 engine does.
 
@@ -52,13 +54,28 @@ def post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
             return {"success": False, "message": f"HTTP {e.code}: {raw[:300]!r}"}
 
 
-def engine_workers(url: str, timeout: float = 10.0) -> int:
-    """The engine's TP size (SGLang's `/get_server_info`); 1 for an engine without that route (hf)."""
+def engine_server_info(url: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The engine's `/get_server_info` (SGLang: its server args; the hf engine: tp_size and device);
+    empty for an engine without that route."""
     try:
         with urllib.request.urlopen(f"{url}/get_server_info", timeout=timeout) as r:
-            return int(json.loads(r.read()).get("tp_size") or 1)
+            info = json.loads(r.read())
+            return info if isinstance(info, dict) else {}
     except (urllib.error.URLError, ValueError, OSError):
-        return 1
+        return {}
+
+
+def engine_workers(url: str, timeout: float = 10.0) -> int:
+    """The engine's TP size; 1 for an engine that does not say."""
+    return int(engine_server_info(url, timeout).get("tp_size") or 1)
+
+
+def push_backend(trainer_device: str, engine_device: str | None) -> str:
+    """`nccl` only when both ends hold CUDA tensors. An engine on the CPU (the hf engine) cannot
+    join an NCCL group, so a trainer on a GPU pushes its gathered (CPU) weights to it over gloo.
+    SGLang reports `device: cuda`; an engine that reports nothing is taken to be where the trainer is."""
+    engine = (engine_device or trainer_device).split(":")[0]
+    return "nccl" if trainer_device.split(":")[0] == "cuda" and engine == "cuda" else "gloo"
 
 
 class _Call(threading.Thread):
