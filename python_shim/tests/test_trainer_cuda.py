@@ -1,0 +1,125 @@
+"""GPU only: the trainer group on a CUDA device, through Ray, with the tiny model.
+
+The CPU tests (`test_trainer.py`) run the same group on gloo ranks. Here one rank holds the GPU, so
+its process group is NCCL and FSDP2 shards over a CUDA mesh. The rollout engine stays the hf engine
+on the CPU: the checks are that the trainer on the GPU computes the engine's distribution (ℓθ
+before the update against the recorded ℓold, across devices), that its loss and gradient equal one
+CPU process on the same batch, and that its weights reach the running engine (over gloo, since that
+engine cannot join an NCCL group) and serve exactly what its checkpoint serves.
+
+One GPU is enough. Ray is given two logical GPUs (the layout's rollout bundle needs one) and told
+not to set CUDA_VISIBLE_DEVICES, so the rank sees the real GPU 0 whichever logical GPU it holds.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from reef_shim import tiny_model
+from reef_shim.engines.hf_engine import HFEngine
+from reef_shim.trainer.loss import local_loss
+from reef_shim.trainer.scoring import objective_batch
+from reef_shim.trainer.tasks import decode_tasks
+from recipes.openclawrl.objective import objective_from_options, openclawrl_loss
+from trainer_fixtures import HINTS, options, spec, task
+
+pytestmark = pytest.mark.gpu
+
+LAYOUT = {"trainer": {"gpus": 1}, "rollout": {"gpus": 1}, "prm": {"gpus": 1, "replicas": 0}, "student": None,
+          "cpusPerBundle": 1}
+LR = 1e-3
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    tiny_model.build(out, seed=0, quiet=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tasks(model: Path) -> list[dict[str, Any]]:
+    engine = HFEngine(str(model), weight_version="v0", seed=3)
+    return [
+        task(engine, "sampled", temperature=0.8, top_p=0.9, hints=HINTS, reward=1.0, seed=11),
+        task(engine, "greedy", temperature=0.0, hints=HINTS[:1], reward=-1.0, seed=12),
+        task(engine, "top-k-2", temperature=0.8, top_p=0.9, top_k=2, hints=[], reward=1.0, seed=13,
+             user="Name a colour."),
+    ]
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[Any]:
+    pytest.importorskip("ray", reason="Ray is not installed")
+    from reef_shim.ray_driver import RayDriver
+
+    os.environ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"  # inherited by Ray's workers
+    d = RayDriver()
+    d.init_ray(None, 4, 2, None)
+    d.create_placement(LAYOUT, 120)
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+def _load(model: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+
+
+def test_a_cuda_rank_matches_the_cpu_engine_trains_and_its_push_serves_its_checkpoint(
+        driver: Any, model: Path, tasks: list[dict[str, Any]], tmp_path: Path) -> None:
+    from test_hf_server import launch
+
+    from reef_shim.trainer import TrainerGroup
+
+    probe = {"input_ids": list(torch.frombuffer(bytearray(tasks[0]["promptIds"]), dtype=torch.int32).tolist()),
+             "return_logprob": True, "top_logprobs_num": 4,
+             "sampling_params": {"max_new_tokens": 12, "temperature": 0.8, "sampling_seed": 5, "ignore_eos": True}}
+    group = TrainerGroup(driver)
+    with launch(model, tmp_path / "engine.log", "--weight-version", "v0", "--weight-sync-timeout-s", "60") as eng:
+        try:
+            started = group.start(spec(str(model), str(tmp_path / "ckpt"), ranks=1, lr=LR))
+            base = eng.generate(**probe)
+            step = group.step("s:openclawrl:1", tasks)
+            pushed = group.push_weights(eng.url, "v1")
+            served = eng.generate(**probe)
+        finally:
+            group.stop()
+        print(f"\ncuda rank: {started}\nstep metrics: {step['metrics']}\npush: {pushed}")
+        assert started["device"].startswith("cuda") and started["worldSize"] == 1
+        m = step["metrics"]
+        assert step["trained"] is True and step["weightVersion"] == "v1"
+        # The GPU's fp32 ℓθ reproduces the CPU engine's recorded logprobs (TF32 stays off for matmuls).
+        assert m["train_rollout_logprob_abs_diff"] < 1e-3, m
+        assert m["tokens"] == 72 and m["opd_tokens"] == 48 and m["samples_with_teacher"] == 2
+
+        # The same loss and gradient as one CPU process on the whole batch.
+        ref = _load(model)
+        batch = objective_batch(ref, _load(model).requires_grad_(False), decode_tasks(tasks, 2048, 4096),
+                                torch.device("cpu"))
+        loss, _ = local_loss(batch, objective_from_options(options(lr=LR)), {"tokens": 72.0, "opd_tokens": 48.0}, 1,
+                             openclawrl_loss)
+        loss.backward()
+        ref_norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in ref.parameters() if p.grad is not None))
+        assert m["loss"] == pytest.approx(loss.item(), rel=1e-4, abs=1e-6)
+        assert m["grad_norm"] == pytest.approx(ref_norm.item(), rel=1e-3)
+
+        # Into the CPU engine over gloo (it cannot join NCCL); it then serves the checkpoint's weights.
+        assert pushed["backend"] == "gloo" and pushed["weightVersion"] == "v1"
+        ckpt = load_file(str(Path(step["checkpointPath"]) / "model.safetensors"))
+        assert pushed["bytes"] == sum(t.numel() * t.element_size() for t in ckpt.values())
+        assert served["meta_info"]["weight_version"] == "v1" and served != base
+        status, r = eng.call("/update_weights_from_disk", {"model_path": step["checkpointPath"], "weight_version": "v1-disk"})
+        assert status == 200 and r["success"], r
+        from_disk = eng.generate(**probe)
+    for key in ("output_token_logprobs", "output_top_logprobs"):
+        assert from_disk["meta_info"][key] == served["meta_info"][key]
