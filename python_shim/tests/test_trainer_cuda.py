@@ -116,6 +116,9 @@ def test_a_cuda_rank_matches_the_cpu_engine_trains_and_its_push_serves_its_check
         # Into the CPU engine over gloo (it cannot join NCCL); it then serves the checkpoint's weights.
         assert pushed["backend"] == "gloo" and pushed["weightVersion"] == "v1"
         ckpt = load_file(str(Path(step["checkpointPath"]) / "model.safetensors"))
+        base_state = load_file(str(model / "model.safetensors"))
+        assert set(ckpt) == set(base_state)  # the pinned gather names every tensor as the base model does
+        assert all(ckpt[k].dtype == base_state[k].dtype and ckpt[k].shape == base_state[k].shape for k in ckpt)
         assert pushed["bytes"] == sum(t.numel() * t.element_size() for t in ckpt.values())
         assert served["meta_info"]["weight_version"] == "v1" and served != base
         status, r = eng.call("/update_weights_from_disk", {"model_path": step["checkpointPath"], "weight_version": "v1-disk"})

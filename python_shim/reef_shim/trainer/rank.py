@@ -45,6 +45,7 @@ class TrainerRank:
         self.optimizer: Any = None
         self.cfg: Any = None
         self.options: dict[str, Any] = {}
+        self._host: dict[str, torch.Tensor] = {}  # rank 0 on a GPU: pinned copies of the full weights
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0's address and a free port on it for torch.distributed's TCP store."""
@@ -153,10 +154,37 @@ class TrainerRank:
         return float(sq.sqrt())
 
     def _full_state(self) -> dict[str, torch.Tensor]:
+        """The policy's full weights as CPU tensors on rank 0 (empty elsewhere). A collective: every
+        rank takes part."""
+        if self.device.type == "cuda":
+            return self._full_state_pinned()
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        # A collective: every rank takes part, only rank 0 ends up holding the (CPU) tensors.
         return get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def _full_state_pinned(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.tensor import DTensor
+
+        # torch's cpu_offload gather copied each tensor into fresh pageable memory, one blocking copy
+        # at a time: ~1.2 GB/s on an H200, 14 s of every step for a 4B model (docs/benchmarks.md).
+        # Here each parameter is all-gathered in turn (one full tensor on the GPU at a time) and rank
+        # 0 copies it asynchronously into a pinned buffer it keeps across steps. The buffer is
+        # overwritten by the next gather, after the step's checkpoint write or push has used it.
+        tied = bool(getattr(self.teacher.config, "tie_word_embeddings", False))
+        out: dict[str, torch.Tensor] = {}
+        for name, t in self.policy.state_dict().items():
+            if tied and name == "lm_head.weight":
+                continue  # the embedding's storage; checkpoints and pushes carry it once, as the embedding
+            full = t.full_tensor() if isinstance(t, DTensor) else t
+            if self.rank == 0:
+                host = self._host.get(name)
+                if host is None or host.shape != full.shape or host.dtype != full.dtype:
+                    host = self._host[name] = torch.empty(full.shape, dtype=full.dtype, pin_memory=True)
+                host.copy_(full.detach(), non_blocking=True)
+                out[name] = host
+            del full
+        torch.cuda.synchronize(self.device)
+        return out
 
     def push_weights(self, engine_url: str, weight_version: str, timeout_s: float) -> dict[str, Any]:
         """Every rank helps gather the full weights; rank 0 pushes them into the engine
