@@ -1,7 +1,7 @@
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { BridgeClient } from '../../bridge/client.js';
 import type { TrainingOptions } from '../../bridge/messages.js';
@@ -21,6 +21,10 @@ import { type BenchRow, type BenchSuite, toRow } from '../lib.js';
  * (`trainer-push-weights`: a gather of the full weights on both ranks, then SGLang's
  * `update_weights_from_distributed`). The baseline, measured in the same run, is the engine
  * generating the same batch: what a step costs relative to producing its data.
+ *
+ * Where `nvidia-smi` finds a GPU, `bench/gpu_train.py` adds the GPU rows: one trainer rank on
+ * Qwen3-shaped models, beside that GPU's fp32 matrix product rate (`REEF_BENCH_GPU_SIZES`, default
+ * `0.6b,1.7b,4b`; `REEF_BENCH_GPU_BUDGET_S`, default 300).
  */
 
 const TASKS = 8;
@@ -102,6 +106,7 @@ export const suite: BenchSuite = {
         row('per release', 'weight sync: update_weights_from_disk', syncs),
         row('per release', 'weight sync: update_weights_from_distributed (gloo)', pushes),
       ];
+      rows.push(...gpuRows(ctx.log));
       return rows;
     } finally {
       await bridge.shutdown().catch(() => {});
@@ -112,3 +117,26 @@ export const suite: BenchSuite = {
     }
   },
 };
+
+interface GpuRow { size: string; params: number; steps: number; step_s: number; tokens_per_s: number; of_baseline: number; gather_s: number; save_s: number; peak_gib: number }
+
+/** The GPU rows from `bench/gpu_train.py`, or none (logged why) on a machine without a GPU. */
+function gpuRows(log: (line: string) => void): BenchRow[] {
+  if (spawnSync('nvidia-smi', ['-L'], { stdio: 'ignore' }).status !== 0) {
+    log('  GPU rows: skipped, nvidia-smi finds no GPU (bench/gpu_train.py measures the trainer on one)');
+    return [];
+  }
+  const json = join(mkdtempSync(join(tmpdir(), 'reef-bench-gpu-')), 'gpu_train.json');
+  const args = [join(repoRoot(), 'bench/gpu_train.py'), '--sizes', process.env.REEF_BENCH_GPU_SIZES ?? '0.6b,1.7b,4b', '--budget-s', process.env.REEF_BENCH_GPU_BUDGET_S ?? '300', '--json', json];
+  log(`  GPU: ${pythonBin()} ${args.join(' ')}`);
+  const run = spawnSync(pythonBin(), args, { env: pythonEnv({ PYTHONUNBUFFERED: '1' }), stdio: ['ignore', 'inherit', 'inherit'] });
+  if (run.status !== 0) throw new Error(`bench/gpu_train.py exited with ${run.status ?? run.signal}`);
+  const out = JSON.parse(readFileSync(json, 'utf8')) as { baseline_tflops: number; rows: GpuRow[] };
+  const rows: BenchRow[] = [];
+  for (const r of out.rows) {
+    const steps = Array.from({ length: r.steps }, () => r.step_s * 1e6);
+    rows.push(toRow(`GPU step, Qwen3-${r.size} shape`, `1 rank fp32: ${Math.round(r.tokens_per_s)} tokens/s, ${Math.round(r.of_baseline * 100)}% of fp32 matmul (${out.baseline_tflops.toFixed(1)} TFLOP/s, baseline), peak ${r.peak_gib.toFixed(0)} GiB`, { ops: r.steps, seconds: r.step_s * r.steps, latenciesUs: steps }));
+    rows.push(toRow(`GPU per release, Qwen3-${r.size} shape`, `full-weight gather + checkpoint write`, { ops: 1, seconds: r.gather_s + r.save_s, latenciesUs: [(r.gather_s + r.save_s) * 1e6] }));
+  }
+  return rows;
+}
