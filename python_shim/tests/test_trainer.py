@@ -7,6 +7,7 @@ and top_k 2 so that top-K rows hold floor entries). One module-scoped Ray head a
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -55,13 +56,21 @@ def tasks(engine: HFEngine) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def driver() -> Iterator[RayDriver]:
+    # The ranks' env comes from the Ray head this starts: CPU ranks also on a machine with a GPU,
+    # where the logical GPUs Ray hands out would otherwise put some ranks on it and some not.
+    saved = os.environ.get("REEF_TRAINER_DEVICE")
+    os.environ["REEF_TRAINER_DEVICE"] = "cpu"
     d = RayDriver()
-    d.init_ray(None, 4, 3, None)
-    d.create_placement(LAYOUT, 120)
     try:
+        d.init_ray(None, 4, 3, None)
+        d.create_placement(LAYOUT, 120)
         yield d
     finally:
         d.close()
+        if saved is None:
+            os.environ.pop("REEF_TRAINER_DEVICE", None)
+        else:
+            os.environ["REEF_TRAINER_DEVICE"] = saved
 
 
 def _params_differ(a: Path, b: Path) -> list[str]:

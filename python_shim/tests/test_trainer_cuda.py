@@ -59,14 +59,21 @@ def driver() -> Iterator[Any]:
     pytest.importorskip("ray", reason="Ray is not installed")
     from reef_shim.ray_driver import RayDriver
 
-    os.environ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"  # inherited by Ray's workers
+    env = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "REEF_TRAINER_DEVICE": "cuda"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # inherited by the Ray head this starts, and so by the ranks
     d = RayDriver()
-    d.init_ray(None, 4, 2, None)
-    d.create_placement(LAYOUT, 120)
     try:
+        d.init_ray(None, 4, 2, None)
+        d.create_placement(LAYOUT, 120)
         yield d
     finally:
         d.close()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _load(model: Path) -> Any:

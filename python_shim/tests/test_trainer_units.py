@@ -15,6 +15,8 @@ from reef_shim.trainer.checkpoint import Ledger, next_version
 from reef_shim.trainer.loss import combine, empty_sums
 from reef_shim.trainer.scoring import policy_logprobs, response_logits, teacher_scores
 from reef_shim.trainer.tasks import TrainTask, decode_tasks, shard
+from reef_shim.trainer.group import check_devices
+from reef_shim.trainer.rank import pick_device
 from reef_shim.trainer.weight_push import push_backend
 from recipes.openclawrl.objective import ObjectiveConfig
 from trainer_fixtures import f32, i32
@@ -92,6 +94,23 @@ def test_versions_are_monotonic_across_disk_and_ledger(tmp_path: Path) -> None:
 ])
 def test_the_push_backend_follows_both_ends(trainer: str, engine: str | None, backend: str) -> None:
     assert push_backend(trainer, engine) == backend
+
+
+def test_ranks_must_agree_on_their_device() -> None:
+    assert check_devices(["cpu", "cpu"]) is None
+    assert check_devices(["cuda:0", "cuda:0", "cuda:0"]) is None
+    why = check_devices(["cuda:0", "cpu"])
+    assert why is not None and "rank 0 cuda:0, rank 1 cpu" in why and "REEF_TRAINER_DEVICE" in why
+
+
+def test_the_trainer_device_setting() -> None:
+    assert pick_device("cpu") == torch.device("cpu")
+    assert pick_device("").type == pick_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="expected auto, cpu or cuda, got 'gpu'"):
+        pick_device("gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="REEF_TRAINER_DEVICE=cuda, but this rank sees no CUDA device"):
+            pick_device("cuda")
 
 
 def test_combine_weights_each_metric_by_its_own_denominator() -> None:

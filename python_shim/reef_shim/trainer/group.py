@@ -26,12 +26,22 @@ BASE_VERSION = "v0"  # the base model's weights, before any step
 SETUP_TIMEOUT_S = 600.0
 PUSH_TIMEOUT_S = 300.0  # rank 0 gives up on the engine after this; the ranks are waited on a minute longer
 CRASH_HOOK_ENV = "REEF_TRAINER_TEST_CRASH"
+DEVICE_ENV = "REEF_TRAINER_DEVICE"  # read by each rank (rank.py); auto, cpu or cuda
 
 
 def _objective_config(options: dict[str, Any]) -> Any:
     from .rank import objective_from_options
 
     return objective_from_options(options)
+
+
+def check_devices(devices: list[str]) -> str | None:
+    """Why the ranks cannot form one group, or None: all of them must be on CUDA or all on the CPU."""
+    if len({d.split(":")[0] for d in devices}) <= 1:
+        return None
+    each = ", ".join(f"rank {i} {d}" for i, d in enumerate(devices))
+    return (f"trainer: the ranks are on different devices ({each}). A rank trains on CUDA when it sees a GPU: "
+            f"check the GPUs Ray gave each bundle (CUDA_VISIBLE_DEVICES), or set {DEVICE_ENV}=cpu or cuda")
 
 
 class TrainerGroup:
@@ -85,6 +95,11 @@ class TrainerGroup:
             ).remote(r, world, spec["seed"], int(bundles[r]["CPU"]), hook)
             for r in range(world)
         ]
+        devices = self._gather([r.device_name.remote() for r in self._ranks], "device", SETUP_TIMEOUT_S)
+        mixed = check_devices(devices)
+        if mixed is not None:
+            self.stop()  # ranks on different devices would wait in their first collective for minutes
+            raise ShimError("REEF_ERR_TRAINER", mixed)
         master = self._gather([self._ranks[0].rendezvous.remote()], "rendezvous", SETUP_TIMEOUT_S)[0]
         infos = self._gather([r.setup.remote(master, spec["modelPath"], spec["options"]) for r in self._ranks],
                              "setup", SETUP_TIMEOUT_S)

@@ -31,6 +31,22 @@ from .scoring import objective_batch  # noqa: E402
 from .tasks import TrainTask  # noqa: E402
 
 PG_TIMEOUT = timedelta(minutes=10)  # a collective stuck longer than this raises instead of hanging
+DEVICE_ENV = "REEF_TRAINER_DEVICE"
+
+
+def pick_device(want: str) -> torch.device:
+    """`cpu`, `cuda`, or (empty / `auto`) CUDA when this process sees a GPU. Ray gives each rank
+    the GPU of its bundle through CUDA_VISIBLE_DEVICES, so the rank's GPU is always its `cuda:0`."""
+    if want in ("", "auto"):
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    if want == "cpu":
+        return torch.device("cpu")
+    if want == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"{DEVICE_ENV}=cuda, but this rank sees no CUDA device "
+                               f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+        return torch.device("cuda", 0)
+    raise ValueError(f"{DEVICE_ENV}: expected auto, cpu or cuda, got {want!r}")
 
 
 class TrainerRank:
@@ -39,13 +55,16 @@ class TrainerRank:
         self.crash_hook = crash_hook
         torch.manual_seed(seed)
         torch.set_num_threads(max(1, threads))
-        self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = pick_device(os.environ.get(DEVICE_ENV, ""))
         self.policy: Any = None
         self.teacher: Any = None
         self.optimizer: Any = None
         self.cfg: Any = None
         self.options: dict[str, Any] = {}
         self._host: dict[str, torch.Tensor] = {}  # rank 0 on a GPU: pinned copies of the full weights
+
+    def device_name(self) -> str:
+        return str(self.device)
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0's address and a free port on it for torch.distributed's TCP store."""
