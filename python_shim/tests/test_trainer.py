@@ -21,11 +21,7 @@ from reef_shim.errors import ShimError
 from reef_shim.ray_driver import RayDriver
 from reef_shim.trainer import TrainerGroup
 from reef_shim.trainer.checkpoint import LEDGER
-from reef_shim.trainer.loss import local_loss
-from reef_shim.trainer.scoring import objective_batch
-from reef_shim.trainer.tasks import decode_tasks
-from recipes.openclawrl.objective import objective_from_options, openclawrl_loss
-from trainer_fixtures import HINTS, generate, options, spec, task
+from trainer_fixtures import assert_same_outputs, generate, probe, reference_step, spec, three_tasks
 
 LAYOUT = {"trainer": {"gpus": 2}, "rollout": {"gpus": 1}, "prm": {"gpus": 1, "replicas": 0}, "student": None,
           "cpusPerBundle": 1}
@@ -46,12 +42,7 @@ def engine(model: Path) -> HFEngine:
 
 @pytest.fixture(scope="module")
 def tasks(engine: HFEngine) -> list[dict[str, Any]]:
-    return [
-        task(engine, "sampled", temperature=0.8, top_p=0.9, hints=HINTS, reward=1.0, seed=11),
-        task(engine, "greedy", temperature=0.0, hints=HINTS[:1], reward=-1.0, seed=12),
-        task(engine, "top-k-2", temperature=0.8, top_p=0.9, top_k=2, hints=[], reward=1.0, seed=13,
-             user="Name a colour."),
-    ]
+    return three_tasks(engine)
 
 
 @pytest.fixture(scope="module")
@@ -99,15 +90,9 @@ def test_one_step_matches_the_engine_then_trains(driver: RayDriver, model: Path,
     assert m["tokens"] == 72 and m["opd_tokens"] == 48 and m["samples"] == 3 and m["samples_with_teacher"] == 2
 
     # The 2-rank loss and gradient equal one process on the whole batch: the global means hold.
-    ref_model = _load(model)
-    decoded = decode_tasks(tasks, 2048, 4096)
-    batch = objective_batch(ref_model, _load(model).requires_grad_(False), decoded, torch.device("cpu"))
-    cfg = objective_from_options(options(lr=LR))
-    loss, _ = local_loss(batch, cfg, {"tokens": 72.0, "opd_tokens": 48.0}, 1, openclawrl_loss)
-    loss.backward()
-    ref_norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in ref_model.parameters() if p.grad is not None))
-    assert m["loss"] == pytest.approx(loss.item(), rel=1e-4, abs=1e-6)
-    assert m["grad_norm"] == pytest.approx(ref_norm.item(), rel=1e-3)
+    loss, norm = reference_step(model, tasks, LR)
+    assert m["loss"] == pytest.approx(loss, rel=1e-4, abs=1e-6)
+    assert m["grad_norm"] == pytest.approx(norm, rel=1e-3)
 
     # A complete HF checkpoint with changed weights, which the engine loads and serves.
     path = Path(out["checkpointPath"])
@@ -124,12 +109,6 @@ def test_one_step_matches_the_engine_then_trains(driver: RayDriver, model: Path,
         assert [e[0] for e in after.token_logprobs] != [e[0] for e in before.token_logprobs]
     finally:
         engine.update_weights_from_disk(str(model), "v0")
-
-
-def _load(model: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
 
 
 def test_a_rank_killed_mid_step_fails_retryably_and_the_retry_trains_once(
@@ -173,20 +152,18 @@ def test_a_trained_step_pushed_into_a_running_engine_serves_what_its_checkpoint_
         driver: RayDriver, model: Path, tasks: list[dict[str, Any]], tmp_path: Path) -> None:
     from test_hf_server import launch
 
-    probe = {"input_ids": list(torch.frombuffer(bytearray(tasks[0]["promptIds"]), dtype=torch.int32).tolist()),
-             "return_logprob": True, "top_logprobs_num": 4,
-             "sampling_params": {"max_new_tokens": 12, "temperature": 0.8, "sampling_seed": 5, "ignore_eos": True}}
+    body = probe(tasks)
     group = TrainerGroup(driver)
     with launch(model, tmp_path / "engine.log", "--weight-version", "v0", "--weight-sync-timeout-s", "60") as eng:
         try:
             group.start(spec(str(model), str(tmp_path / "ckpt"), lr=LR))
-            base = eng.generate(**probe)
+            base = eng.generate(**body)
             with pytest.raises(ShimError) as unknown:
                 group.push_weights(eng.url, "v1")  # the ranks still hold v0
             assert unknown.value.code == "REEF_ERR_INVALID_ARGUMENT" and "holds v0" in unknown.value.message
             step = group.step("s:openclawrl:1", tasks)
             pushed = group.push_weights(eng.url, "v1")
-            served = eng.generate(**probe)
+            served = eng.generate(**body)
             # An engine that is not there: a retryable sync error, and the group stays usable.
             with pytest.raises(ShimError) as gone:
                 group.push_weights("http://127.0.0.1:9", "v1")
@@ -204,10 +181,8 @@ def test_a_trained_step_pushed_into_a_running_engine_serves_what_its_checkpoint_
             served["meta_info"]["output_token_logprobs"] != base["meta_info"]["output_token_logprobs"])
         status, r = eng.call("/update_weights_from_disk", {"model_path": step["checkpointPath"], "weight_version": "v1-disk"})
         assert status == 200 and r["success"], r
-        from_disk = eng.generate(**probe)
-    for key in ("output_token_logprobs", "output_top_logprobs"):
-        assert from_disk["meta_info"][key] == served["meta_info"][key]
-    assert from_disk["output_ids"] == served["output_ids"]
+        from_disk = eng.generate(**body)
+    assert_same_outputs(from_disk, served)
 
 
 def test_start_and_load_refuse_what_they_cannot_use(driver: RayDriver, model: Path, tmp_path: Path) -> None:

@@ -18,16 +18,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from reef_shim import tiny_model
 from reef_shim.engines.hf_engine import HFEngine
-from reef_shim.trainer.loss import local_loss
-from reef_shim.trainer.scoring import objective_batch
-from reef_shim.trainer.tasks import decode_tasks
-from recipes.openclawrl.objective import objective_from_options, openclawrl_loss
-from trainer_fixtures import HINTS, options, spec, task
+from trainer_fixtures import assert_same_outputs, probe, reference_step, spec, three_tasks
 
 pytestmark = pytest.mark.gpu
 
@@ -45,13 +40,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tasks(model: Path) -> list[dict[str, Any]]:
-    engine = HFEngine(str(model), weight_version="v0", seed=3)
-    return [
-        task(engine, "sampled", temperature=0.8, top_p=0.9, hints=HINTS, reward=1.0, seed=11),
-        task(engine, "greedy", temperature=0.0, hints=HINTS[:1], reward=-1.0, seed=12),
-        task(engine, "top-k-2", temperature=0.8, top_p=0.9, top_k=2, hints=[], reward=1.0, seed=13,
-             user="Name a colour."),
-    ]
+    return three_tasks(HFEngine(str(model), weight_version="v0", seed=3))
 
 
 @pytest.fixture(scope="module")
@@ -76,29 +65,21 @@ def driver() -> Iterator[Any]:
                 os.environ[k] = v
 
 
-def _load(model: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
-
-
 def test_a_cuda_rank_matches_the_cpu_engine_trains_and_its_push_serves_its_checkpoint(
         driver: Any, model: Path, tasks: list[dict[str, Any]], tmp_path: Path) -> None:
     from test_hf_server import launch
 
     from reef_shim.trainer import TrainerGroup
 
-    probe = {"input_ids": list(torch.frombuffer(bytearray(tasks[0]["promptIds"]), dtype=torch.int32).tolist()),
-             "return_logprob": True, "top_logprobs_num": 4,
-             "sampling_params": {"max_new_tokens": 12, "temperature": 0.8, "sampling_seed": 5, "ignore_eos": True}}
+    body = probe(tasks)
     group = TrainerGroup(driver)
     with launch(model, tmp_path / "engine.log", "--weight-version", "v0", "--weight-sync-timeout-s", "60") as eng:
         try:
             started = group.start(spec(str(model), str(tmp_path / "ckpt"), ranks=1, lr=LR))
-            base = eng.generate(**probe)
+            base = eng.generate(**body)
             step = group.step("s:openclawrl:1", tasks)
             pushed = group.push_weights(eng.url, "v1")
-            served = eng.generate(**probe)
+            served = eng.generate(**body)
         finally:
             group.stop()
         print(f"\ncuda rank: {started}\nstep metrics: {step['metrics']}\npush: {pushed}")
@@ -110,15 +91,9 @@ def test_a_cuda_rank_matches_the_cpu_engine_trains_and_its_push_serves_its_check
         assert m["tokens"] == 72 and m["opd_tokens"] == 48 and m["samples_with_teacher"] == 2
 
         # The same loss and gradient as one CPU process on the whole batch.
-        ref = _load(model)
-        batch = objective_batch(ref, _load(model).requires_grad_(False), decode_tasks(tasks, 2048, 4096),
-                                torch.device("cpu"))
-        loss, _ = local_loss(batch, objective_from_options(options(lr=LR)), {"tokens": 72.0, "opd_tokens": 48.0}, 1,
-                             openclawrl_loss)
-        loss.backward()
-        ref_norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in ref.parameters() if p.grad is not None))
-        assert m["loss"] == pytest.approx(loss.item(), rel=1e-4, abs=1e-6)
-        assert m["grad_norm"] == pytest.approx(ref_norm.item(), rel=1e-3)
+        loss, norm = reference_step(model, tasks, LR)
+        assert m["loss"] == pytest.approx(loss, rel=1e-4, abs=1e-6)
+        assert m["grad_norm"] == pytest.approx(norm, rel=1e-3)
 
         # Into the CPU engine over gloo (it cannot join NCCL); it then serves the checkpoint's weights.
         assert pushed["backend"] == "gloo" and pushed["weightVersion"] == "v1"
@@ -130,6 +105,5 @@ def test_a_cuda_rank_matches_the_cpu_engine_trains_and_its_push_serves_its_check
         assert served["meta_info"]["weight_version"] == "v1" and served != base
         status, r = eng.call("/update_weights_from_disk", {"model_path": step["checkpointPath"], "weight_version": "v1-disk"})
         assert status == 200 and r["success"], r
-        from_disk = eng.generate(**probe)
-    for key in ("output_token_logprobs", "output_top_logprobs"):
-        assert from_disk["meta_info"][key] == served["meta_info"][key]
+        from_disk = eng.generate(**body)
+    assert_same_outputs(from_disk, served)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from reef_shim.engines.hf_engine import HFEngine
 from reef_shim.engines.request import parse_generate
@@ -71,3 +73,51 @@ def options(**over: Any) -> dict[str, Any]:
 def spec(model: str, checkpoint_dir: str, ranks: int = 2, **opts: Any) -> dict[str, Any]:
     return {"modelPath": model, "ranks": ranks, "backend": "fsdp2", "options": options(**opts),
             "checkpointDir": checkpoint_dir, "seed": 0, "group": "reef-trainer"}
+
+
+def three_tasks(engine: HFEngine) -> list[dict[str, Any]]:
+    """The trainer tests' batch: sampled with two hints, greedy with one, top-k 2 with none (72
+    response tokens, 48 of them with a teacher)."""
+    return [
+        task(engine, "sampled", temperature=0.8, top_p=0.9, hints=HINTS, reward=1.0, seed=11),
+        task(engine, "greedy", temperature=0.0, hints=HINTS[:1], reward=-1.0, seed=12),
+        task(engine, "top-k-2", temperature=0.8, top_p=0.9, top_k=2, hints=[], reward=1.0, seed=13,
+             user="Name a colour."),
+    ]
+
+
+def probe(tasks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A seeded, sampled /generate body on the first task's prompt: what an engine serves after a sync."""
+    return {"input_ids": list(torch.frombuffer(bytearray(tasks[0]["promptIds"]), dtype=torch.int32).tolist()),
+            "return_logprob": True, "top_logprobs_num": 4,
+            "sampling_params": {"max_new_tokens": 12, "temperature": 0.8, "sampling_seed": 5, "ignore_eos": True}}
+
+
+def load_fp32(model: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+
+
+def reference_step(model: Path, tasks: list[dict[str, Any]], lr: float) -> tuple[float, float]:
+    """(loss, gradient norm) of one CPU process on the whole batch: what a group of any size must give."""
+    from recipes.openclawrl.objective import objective_from_options, openclawrl_loss
+    from reef_shim.trainer.loss import local_loss
+    from reef_shim.trainer.scoring import objective_batch
+    from reef_shim.trainer.tasks import decode_tasks
+
+    ref = load_fp32(model)
+    batch = objective_batch(ref, load_fp32(model).requires_grad_(False), decode_tasks(tasks, 2048, 4096),
+                            torch.device("cpu"))
+    loss, _ = local_loss(batch, objective_from_options(options(lr=lr)), {"tokens": 72.0, "opd_tokens": 48.0}, 1,
+                         openclawrl_loss)
+    loss.backward()
+    norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in ref.parameters() if p.grad is not None))
+    return loss.item(), norm.item()
+
+
+def assert_same_outputs(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """Two /generate answers with the same tokens, logprobs and top-K."""
+    for key in ("output_token_logprobs", "output_top_logprobs"):
+        assert a["meta_info"][key] == b["meta_info"][key]
+    assert a["output_ids"] == b["output_ids"]
