@@ -7,7 +7,6 @@ and top_k 2 so that top-K rows hold floor entries). One module-scoped Ray head a
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -21,7 +20,7 @@ from reef_shim.errors import ShimError
 from reef_shim.ray_driver import RayDriver
 from reef_shim.trainer import TrainerGroup
 from reef_shim.trainer.checkpoint import LEDGER
-from trainer_fixtures import assert_same_outputs, generate, probe, reference_step, spec, three_tasks
+from trainer_fixtures import assert_same_outputs, generate, probe, reference_step, scoped_env, spec, three_tasks
 
 LAYOUT = {"trainer": {"gpus": 2}, "rollout": {"gpus": 1}, "prm": {"gpus": 1, "replicas": 0}, "student": None,
           "cpusPerBundle": 1}
@@ -49,19 +48,14 @@ def tasks(engine: HFEngine) -> list[dict[str, Any]]:
 def driver() -> Iterator[RayDriver]:
     # The ranks' env comes from the Ray head this starts: CPU ranks also on a machine with a GPU,
     # where the logical GPUs Ray hands out would otherwise put some ranks on it and some not.
-    saved = os.environ.get("REEF_TRAINER_DEVICE")
-    os.environ["REEF_TRAINER_DEVICE"] = "cpu"
-    d = RayDriver()
-    try:
-        d.init_ray(None, 4, 3, None)
-        d.create_placement(LAYOUT, 120)
-        yield d
-    finally:
-        d.close()
-        if saved is None:
-            os.environ.pop("REEF_TRAINER_DEVICE", None)
-        else:
-            os.environ["REEF_TRAINER_DEVICE"] = saved
+    with scoped_env(REEF_TRAINER_DEVICE="cpu"):
+        d = RayDriver()
+        try:
+            d.init_ray(None, 4, 3, None)
+            d.create_placement(LAYOUT, 120)
+            yield d
+        finally:
+            d.close()
 
 
 def _params_differ(a: Path, b: Path) -> list[str]:

@@ -13,7 +13,6 @@ not to set CUDA_VISIBLE_DEVICES, so the rank sees the real GPU 0 whichever logic
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -22,7 +21,7 @@ from safetensors.torch import load_file
 
 from reef_shim import tiny_model
 from reef_shim.engines.hf_engine import HFEngine
-from trainer_fixtures import assert_same_outputs, probe, reference_step, spec, three_tasks
+from trainer_fixtures import assert_same_outputs, probe, reference_step, scoped_env, spec, three_tasks
 
 pytestmark = pytest.mark.gpu
 
@@ -48,21 +47,14 @@ def driver() -> Iterator[Any]:
     pytest.importorskip("ray", reason="Ray is not installed")
     from reef_shim.ray_driver import RayDriver
 
-    env = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "REEF_TRAINER_DEVICE": "cuda"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # inherited by the Ray head this starts, and so by the ranks
-    d = RayDriver()
-    try:
-        d.init_ray(None, 4, 2, None)
-        d.create_placement(LAYOUT, 120)
-        yield d
-    finally:
-        d.close()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with scoped_env(RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES="1", REEF_TRAINER_DEVICE="cuda"):
+        d = RayDriver()
+        try:
+            d.init_ray(None, 4, 2, None)
+            d.create_placement(LAYOUT, 120)
+            yield d
+        finally:
+            d.close()
 
 
 def test_a_cuda_rank_matches_the_cpu_engine_trains_and_its_push_serves_its_checkpoint(

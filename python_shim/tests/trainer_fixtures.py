@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -121,3 +123,18 @@ def assert_same_outputs(a: dict[str, Any], b: dict[str, Any]) -> None:
     for key in ("output_token_logprobs", "output_top_logprobs"):
         assert a["meta_info"][key] == b["meta_info"][key]
     assert a["output_ids"] == b["output_ids"]
+
+
+@contextmanager
+def scoped_env(**values: str) -> Iterator[None]:
+    """Set environment variables for a block (a Ray head started inside passes them to its workers)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
