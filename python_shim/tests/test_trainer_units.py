@@ -138,11 +138,42 @@ def test_right_padding_changes_no_logit(model) -> None:
     ctx = [rng.integers(0, 2048, n) for n in (5, 17)]
     resp = [rng.integers(0, 2048, n) for n in (9, 3)]
     cpu = torch.device("cpu")
+    seen: list[tuple[int, ...]] = []
+    spy = model.get_output_embeddings().register_forward_hook(lambda _m, _a, out: seen.append(tuple(out.shape)))
     with torch.no_grad():
         together = response_logits(model, ctx, resp, cpu)
+        spy.remove()
+        assert seen == [(2, 9, 2048)]  # the head ran on the longest response's 9 positions, not 22
         for i in range(2):
-            alone = response_logits(model, ctx[i:i + 1], resp[i:i + 1], cpu)[0]
-            assert torch.allclose(together[i], alone, atol=1e-5)
+            # Against the plain forward of the row alone, all its positions through the head.
+            full = model(input_ids=torch.from_numpy(np.concatenate([ctx[i], resp[i]]))[None]).logits[0]
+            assert together[i].shape == (len(resp[i]), 2048)
+            assert torch.allclose(together[i], full[len(ctx[i]) - 1:len(ctx[i]) - 1 + len(resp[i])], atol=1e-5)
+        # The head is whole again afterwards.
+        assert model(input_ids=torch.from_numpy(ctx[0])[None]).logits.shape == (1, 5, 2048)
+
+
+def test_the_response_only_head_has_the_gradient_of_the_full_one(model) -> None:
+    rng = np.random.default_rng(2)
+    ctx = [rng.integers(0, 2048, n) for n in (4, 11, 7)]
+    resp = [rng.integers(0, 2048, n) for n in (6, 2, 5)]
+    weights = [torch.from_numpy(rng.standard_normal((len(r), 2048)).astype(np.float32)) for r in resp]
+
+    def grads(loss: torch.Tensor) -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    cut = response_logits(model, ctx, resp, torch.device("cpu"))
+    got = grads(sum((lg * w).sum() for lg, w in zip(cut, weights)))
+    ref_loss = torch.zeros(())
+    for c, r, w in zip(ctx, resp, weights):
+        full = model(input_ids=torch.from_numpy(np.concatenate([c, r]))[None]).logits[0]
+        ref_loss = ref_loss + (full[len(c) - 1:len(c) - 1 + len(r)] * w).sum()
+    ref = grads(ref_loss)
+    model.zero_grad(set_to_none=True)
+    for g, r in zip(got, ref):
+        assert torch.allclose(g, r, atol=1e-4, rtol=1e-4)
 
 
 def test_policy_uses_the_engine_transform_and_the_teacher_plain_softmax(model) -> None:

@@ -13,7 +13,8 @@ attends to a later (padding) position, and position ids stay 0..n-1, so padding 
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -34,12 +35,41 @@ def _right_pad(seqs: list[np.ndarray], device: torch.device) -> torch.Tensor:
     return out.to(device)
 
 
+@contextmanager
+def _head_on_rows(model: Any, starts: torch.Tensor, width: int) -> Iterator[None]:
+    """While open, the model's output head sees only `width` positions of each row, from that row's
+    start: [B, L, H] hidden states become [B, width, H] before the vocabulary projection.
+
+    The logits of the context positions are never used, and over a large vocabulary they are most of
+    a step's memory (a [B, L, V] tensor, kept again for the backward pass) and a tenth to a quarter
+    of its FLOPs. transformers' `logits_to_keep` keeps the same positions in every row; responses
+    start at a different column in each right-padded row. The selection is made in a pre-hook of
+    the head inside the model's own forward, so a sharded (FSDP2) root still gathers its parameters
+    as usual."""
+    index = (starts[:, None] + torch.arange(width, device=starts.device)[None, :])
+
+    def select(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        hidden = args[0]
+        rows = index.clamp(max=hidden.shape[1] - 1)  # a shorter response's tail: cut off below
+        picked = hidden.gather(1, rows[:, :, None].expand(-1, -1, hidden.shape[-1]))
+        return (picked, *args[1:])
+
+    handle = model.get_output_embeddings().register_forward_pre_hook(select)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def response_logits(model: Any, contexts: list[np.ndarray], responses: list[np.ndarray],
                     device: torch.device) -> list[torch.Tensor]:
     """Logits predicting each response token given context + the response before it: [T_i, V] each."""
     ids = _right_pad([np.concatenate([c, r]) for c, r in zip(contexts, responses)], device)
-    logits = model(input_ids=ids, use_cache=False).logits
-    return [logits[i, len(c) - 1:len(c) - 1 + len(r)] for i, (c, r) in enumerate(zip(contexts, responses))]
+    starts = torch.tensor([len(c) - 1 for c in contexts], dtype=torch.long, device=device)
+    width = max(len(r) for r in responses)
+    with _head_on_rows(model, starts, width):
+        logits = model(input_ids=ids, use_cache=False).logits  # [B, width, V]
+    return [logits[i, :len(r)] for i, r in enumerate(responses)]
 
 
 def dims(tasks: list[TrainTask]) -> tuple[int, int, int]:
