@@ -174,35 +174,36 @@ class TrainerRank:
 
     def _full_state(self) -> dict[str, torch.Tensor]:
         """The policy's full weights as CPU tensors on rank 0 (empty elsewhere). A collective: every
-        rank takes part."""
-        if self.device.type == "cuda":
-            return self._full_state_pinned()
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        rank takes part, gathering one parameter at a time in the same order, so one full tensor at
+        most is on a rank's device at once.
 
-        return get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-    def _full_state_pinned(self) -> dict[str, torch.Tensor]:
+        On a GPU, rank 0 copies each one asynchronously into a pinned buffer it keeps across steps
+        and overwrites at the next gather, once the step's checkpoint write or push has used it.
+        torch's `get_model_state_dict(cpu_offload=True)`, used before, copied into fresh pageable
+        memory one blocking copy at a time: ~1.2 GB/s on an H200, 14 s of every step for a 4B model
+        against 0.3 s this way (docs/benchmarks.md). On the CPU rank 0 keeps plain copies, which
+        runs the same loop on the gloo ranks of the CI tests."""
         from torch.distributed.tensor import DTensor
 
-        # torch's cpu_offload gather copied each tensor into fresh pageable memory, one blocking copy
-        # at a time: ~1.2 GB/s on an H200, 14 s of every step for a 4B model (docs/benchmarks.md).
-        # Here each parameter is all-gathered in turn (one full tensor on the GPU at a time) and rank
-        # 0 copies it asynchronously into a pinned buffer it keeps across steps. The buffer is
-        # overwritten by the next gather, after the step's checkpoint write or push has used it.
         tied = bool(getattr(self.teacher.config, "tie_word_embeddings", False))
+        pinned = self.device.type == "cuda"
         out: dict[str, torch.Tensor] = {}
         for name, t in self.policy.state_dict().items():
             if tied and name == "lm_head.weight":
                 continue  # the embedding's storage; checkpoints and pushes carry it once, as the embedding
-            full = t.full_tensor() if isinstance(t, DTensor) else t
-            if self.rank == 0:
-                host = self._host.get(name)
-                if host is None or host.shape != full.shape or host.dtype != full.dtype:
-                    host = self._host[name] = torch.empty(full.shape, dtype=full.dtype, pin_memory=True)
-                host.copy_(full.detach(), non_blocking=True)
-                out[name] = host
-            del full
-        torch.cuda.synchronize(self.device)
+            full = (t.full_tensor() if isinstance(t, DTensor) else t).detach()
+            if self.rank != 0:
+                continue
+            if not pinned:
+                out[name] = full.clone()  # a one-rank gather may hand back the parameter's own storage
+                continue
+            host = self._host.get(name)
+            if host is None or host.shape != full.shape or host.dtype != full.dtype:
+                host = self._host[name] = torch.empty(full.shape, dtype=full.dtype, pin_memory=True)
+            host.copy_(full, non_blocking=True)
+            out[name] = host
+        if pinned:
+            torch.cuda.synchronize(self.device)
         return out
 
     def push_weights(self, engine_url: str, weight_version: str, timeout_s: float) -> dict[str, Any]:
