@@ -80,7 +80,7 @@ const ERROR_BODY_CHARS = 4096;
 class StreamedGeneration implements Dispatcher.DispatchHandler {
   private controller: Dispatcher.DispatchController | null = null;
   private status = 0;
-  private refusal = '';
+  private refusalBody = '';
   private buf = '';
   /** A character can be split between two reads of the socket; decoding each read alone would mangle it. */
   private readonly decoder = new StringDecoder('utf8');
@@ -147,7 +147,7 @@ class StreamedGeneration implements Dispatcher.DispatchHandler {
 
   onResponseData(_controller: Dispatcher.DispatchController, chunk: Buffer): void {
     if (this.status >= 400) {
-      if (this.refusal.length < ERROR_BODY_CHARS) this.refusal += this.decoder.write(chunk);
+      if (this.refusalBody.length < ERROR_BODY_CHARS) this.refusalBody += this.decoder.write(chunk);
       return;
     }
     if (this.done || this.failure !== null) return;
@@ -177,7 +177,7 @@ class StreamedGeneration implements Dispatcher.DispatchHandler {
 
   onResponseEnd(): void {
     if (this.status >= 400) {
-      this.failure ??= refusal(this.engine, '/generate', this.status, this.refusal.slice(0, ERROR_BODY_CHARS));
+      this.failure ??= refusal(this.engine, '/generate', this.status, this.refusalBody.slice(0, ERROR_BODY_CHARS));
     }
     this.finish();
   }
