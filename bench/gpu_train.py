@@ -13,8 +13,10 @@ same run, is this GPU's fp32 matrix product rate, and each step is also shown as
 
 Per size it reports: load (policy + frozen teacher), the first step (CUDA and cuBLAS warm-up), the
 mean of the timed steps, tokens/s through the models, the full-weight gather (every step: each
-step is a release) and the checkpoint write a disk weight sync costs, and the peak GPU memory. Sizes run smallest first; a size whose
-predicted time does not fit what is left of `--budget-s` is skipped, and says so.
+step is a release) and the checkpoint write a disk weight sync costs, and the peak GPU memory.
+A size that runs out of GPU memory is tried again with half the tasks (down to `--min-tasks`), so
+the largest model that fits shows up with the batch it fits with. Sizes run smallest first; a size
+whose predicted time does not fit what is left of `--budget-s` is skipped, and says so.
 """
 
 from __future__ import annotations
@@ -103,29 +105,52 @@ def synthetic_tasks(n: int, prompt: int, response: int, hint: int, k: int, seed:
 
 
 def run_size(torch: Any, size: str, args: argparse.Namespace, work: Path, baseline_tflops: float) -> dict[str, Any]:
-    from reef_shim.engine_process import pick_free_port
-    from reef_shim.trainer.rank import TrainerRank
-
+    """Build the model once; step it with `--tasks` tasks, and after running out of GPU memory with
+    half as many, down to `--min-tasks` (the row says how many fitted)."""
     model_dir = work / size
     t0 = time.monotonic()
     params = build_model(torch, size, model_dir)
     log(f"{size}: {params / 1e9:.2f} B parameters, built and written in {time.monotonic() - t0:.1f} s")
+    tasks, ooms = args.tasks, []
+    try:
+        while True:
+            try:
+                return {**train_size(torch, size, params, tasks, args, model_dir, work, baseline_tflops),
+                        "out_of_memory_at": ooms}
+            except torch.cuda.OutOfMemoryError as e:
+                ooms.append(tasks)
+                log(f"{size}: out of GPU memory with {tasks} tasks ({str(e).splitlines()[0][:120]})")
+                gc.collect()
+                torch.cuda.empty_cache()
+                if tasks // 2 < args.min_tasks:
+                    raise
+                tasks //= 2
+                log(f"{size}: again with {tasks} tasks")
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)
+
+
+def train_size(torch: Any, size: str, params: int, n_tasks: int, args: argparse.Namespace, model_dir: Path,
+               work: Path, baseline_tflops: float) -> dict[str, Any]:
+    from reef_shim.engine_process import pick_free_port
+    from reef_shim.trainer.rank import TrainerRank
+
     options = {"wRl": 1.0, "wOpd": 1.0, "clipC": 1.0, "hintSelection": "sequence_optimal", "lr": 1e-6,
                "epsLow": 0.2, "epsHigh": 0.28, "weightDecay": 0.1, "betas": [0.9, 0.98], "topK": args.k}
     torch.cuda.reset_peak_memory_stats()
     rank = TrainerRank(0, 1, seed=0, threads=8, crash_hook=None)
-    t0 = time.monotonic()
-    info = rank.setup(("127.0.0.1", pick_free_port("127.0.0.1")), str(model_dir), options)
-    load_s = time.monotonic() - t0
-    log(f"{size}: policy + teacher on {info['device']} ({info['backend']}) in {load_s:.1f} s")
-    tasks = synthetic_tasks(args.tasks, args.prompt, args.response, args.hint, args.k, seed=1)
-    totals = {"tokens": float(sum(t.T for t in tasks)), "opd_tokens": float(sum(t.T for t in tasks if t.H))}
-    policy_tokens = sum(len(t.prompt_ids) + t.T for t in tasks)
-    teacher_tokens = sum(len(p) + t.T for t in tasks for p in t.teacher_prompt_ids)
-    steps: list[float] = []
-    first_s = 0.0
-    result: dict[str, Any] = {}
-    try:
+    try:  # a rank that fails anywhere (out of memory while loading, too) must leave its process group
+        t0 = time.monotonic()
+        info = rank.setup(("127.0.0.1", pick_free_port("127.0.0.1")), str(model_dir), options)
+        load_s = time.monotonic() - t0
+        log(f"{size}: policy + teacher on {info['device']} ({info['backend']}) in {load_s:.1f} s")
+        tasks = synthetic_tasks(n_tasks, args.prompt, args.response, args.hint, args.k, seed=1)
+        totals = {"tokens": float(sum(t.T for t in tasks)), "opd_tokens": float(sum(t.T for t in tasks if t.H))}
+        policy_tokens = sum(len(t.prompt_ids) + t.T for t in tasks)
+        teacher_tokens = sum(len(p) + t.T for t in tasks for p in t.teacher_prompt_ids)
+        steps: list[float] = []
+        first_s = 0.0
+        result: dict[str, Any] = {}
         for s in range(args.steps + 1):
             last = s == args.steps
             out = str(work / f"{size}-ckpt") if last else None
@@ -149,7 +174,7 @@ def run_size(torch: Any, size: str, args: argparse.Namespace, work: Path, baseli
         step_s = float(np.mean(steps))
         flops = 6 * params * policy_tokens + 2 * params * teacher_tokens
         ckpt_bytes = (work / f"{size}-ckpt" / "model.safetensors").stat().st_size
-        result.update(size=size, params=params, tasks=args.tasks, policy_tokens=policy_tokens,
+        result.update(size=size, params=params, tasks=n_tasks, policy_tokens=policy_tokens,
                       teacher_tokens=teacher_tokens, response_tokens=int(totals["tokens"]), load_s=load_s,
                       first_step_s=first_s, step_s=step_s, steps=len(steps),
                       tokens_per_s=(policy_tokens + teacher_tokens) / step_s,
@@ -162,7 +187,6 @@ def run_size(torch: Any, size: str, args: argparse.Namespace, work: Path, baseli
         del rank
         gc.collect()
         torch.cuda.empty_cache()
-        shutil.rmtree(model_dir, ignore_errors=True)
         shutil.rmtree(work / f"{size}-ckpt", ignore_errors=True)
 
 
@@ -170,7 +194,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="0.6b,1.7b,4b", help="comma-separated, of " + ", ".join(SIZES))
     ap.add_argument("--budget-s", type=float, default=300.0, help="skip a size predicted to overrun this")
-    ap.add_argument("--tasks", type=int, default=8)
+    ap.add_argument("--tasks", type=int, default=8, help="tasks per step; halved after running out of GPU memory")
+    ap.add_argument("--min-tasks", type=int, default=2, help="the fewest tasks a size is tried with")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--response", type=int, default=256)
     ap.add_argument("--hint", type=int, default=32, help="tokens the teacher prompt adds (the hint)")
@@ -222,16 +247,17 @@ def main() -> int:
 
     print()
     print(f"fp32 matrix product baseline: {baseline:.1f} TFLOP/s")
-    print("| model | params | load s | first step s | step s | tokens/s | response tokens/s | TFLOP/s | of baseline | gather s | write s | checkpoint GB | peak GiB |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| model | params | tasks | load s | first step s | step s | tokens/s | response tokens/s | TFLOP/s | of baseline | gather s | write s | checkpoint GB | peak GiB |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        print(f"| Qwen3-{r['size']} shape | {r['params'] / 1e9:.2f} B | {r['load_s']:.1f} | {r['first_step_s']:.2f} | "
+        oom = f" (out of memory at {', '.join(map(str, r['out_of_memory_at']))})" if r["out_of_memory_at"] else ""
+        print(f"| Qwen3-{r['size']} shape | {r['params'] / 1e9:.2f} B | {r['tasks']}{oom} | {r['load_s']:.1f} | {r['first_step_s']:.2f} | "
               f"{r['step_s']:.2f} | {r['tokens_per_s']:,.0f} | {r['response_tokens_per_s']:,.0f} | {r['tflops']:.1f} | "
               f"{r['of_baseline']:.0%} | {r['gather_s']:.1f} | {r['save_s']:.1f} | {r['checkpoint_gb']:.1f} | {r['peak_gib']:.1f} |")
     for s in skipped:
         print(f"skipped {s}")
     if rows:
-        print(f"per step: {rows[0]['tasks']} tasks of {args.prompt} prompt + {args.response} response tokens, one "
+        print(f"per task: {args.prompt} prompt + {args.response} response tokens, one "
               f"teacher candidate each (+{args.hint} hint tokens), top-{args.k}; tokens/s counts policy and teacher tokens")
     if args.json:
         args.json.write_text(json.dumps({"baseline_tflops": baseline, "rows": rows, "skipped": skipped,

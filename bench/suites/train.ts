@@ -118,7 +118,7 @@ export const suite: BenchSuite = {
   },
 };
 
-interface GpuRow { size: string; params: number; steps: number; step_s: number; tokens_per_s: number; of_baseline: number; gather_s: number; save_s: number; peak_gib: number }
+interface GpuRow { size: string; params: number; tasks: number; steps: number; step_s: number; tokens_per_s: number; of_baseline: number; gather_s: number; save_s: number; peak_gib: number }
 
 /** The GPU rows from `bench/gpu_train.py`, or none (logged why) on a machine without a GPU. */
 function gpuRows(log: (line: string) => void): BenchRow[] {
@@ -135,7 +135,7 @@ function gpuRows(log: (line: string) => void): BenchRow[] {
   const rows: BenchRow[] = [];
   for (const r of out.rows) {
     const steps = Array.from({ length: r.steps }, () => r.step_s * 1e6);
-    rows.push(toRow(`GPU step, Qwen3-${r.size} shape`, `1 rank fp32: ${Math.round(r.tokens_per_s)} tokens/s, ${Math.round(r.of_baseline * 100)}% of fp32 matmul (${out.baseline_tflops.toFixed(1)} TFLOP/s, baseline), peak ${r.peak_gib.toFixed(0)} GiB`, { ops: r.steps, seconds: r.step_s * r.steps, latenciesUs: steps }));
+    rows.push(toRow(`GPU step, Qwen3-${r.size} shape, ${r.tasks} tasks`, `1 rank fp32: ${Math.round(r.tokens_per_s)} tokens/s, ${Math.round(r.of_baseline * 100)}% of fp32 matmul (${out.baseline_tflops.toFixed(1)} TFLOP/s, baseline), peak ${r.peak_gib.toFixed(0)} GiB`, { ops: r.steps, seconds: r.step_s * r.steps, latenciesUs: steps }));
     rows.push(toRow(`GPU per release, Qwen3-${r.size} shape`, `full-weight gather + checkpoint write`, { ops: 1, seconds: r.gather_s + r.save_s, latenciesUs: [(r.gather_s + r.save_s) * 1e6] }));
   }
   return rows;
