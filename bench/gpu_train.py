@@ -1,15 +1,15 @@
 """Trainer throughput on one GPU: the real trainer rank (`reef_shim.trainer.rank.TrainerRank`, FSDP2
 over a one-rank NCCL group) stepping synthetic batches on randomly initialised Qwen3-shaped models.
 
-    PYTHONPATH=python_shim python bench/gpu_train.py [--sizes 0.6b,1.7b,4b] [--budget-s 300] [--json OUT]
+    PYTHONPATH=python_shim python bench/gpu_train.py [--sizes 0.6b,1.7b,4b] [--dtype fp32|bf16] [--budget-s 300] [--json OUT]
 
 Needs CUDA; with none it says so and exits 2. `npm run bench -- train` runs it when `nvidia-smi`
 finds a GPU. No checkpoint is needed (none can be downloaded there): each model is built from a
 config with the shapes of a published Qwen3 size, and its weights are random, which changes what
-the model says but not the work of a step. The trainer's dtype policy is fp32 everywhere
-(docs/training.md: ℓθ must match the engine's recorded logprobs), so the baseline, measured in the
-same run, is this GPU's fp32 matrix product rate, and each step is also shown as a fraction of it
-(model FLOPs: 6·N per policy token, 2·N per teacher token, N the parameter count).
+the model says but not the work of a step. `--dtype` is the trainer's option of that name (fp32
+by default: docs/training.md), and the baseline, measured in the same run, is this GPU's matrix
+product rate in that dtype; each step is also shown as a fraction of it (model FLOPs: 6·N per
+policy token, 2·N per teacher token, N the parameter count).
 
 Per size it reports: load (policy + frozen teacher), the first step (CUDA and cuBLAS warm-up), the
 mean of the timed steps, tokens/s through the models, the full-weight gather (every step: each
@@ -50,11 +50,11 @@ def log(msg: str) -> None:
     print(f"[gpu-train] {msg}", flush=True)
 
 
-def fp32_matmul_tflops(torch: Any) -> float:
-    """The GPU's plain fp32 GEMM rate (TF32 off, as in the trainer): the baseline."""
+def matmul_tflops(torch: Any, dtype: Any) -> float:
+    """The GPU's GEMM rate in the trainer's compute dtype (fp32 with TF32 off, as in the trainer): the baseline."""
     n = 8192
-    a = torch.randn(n, n, device="cuda")
-    b = torch.randn(n, n, device="cuda")
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
     for _ in range(3):
         a @ b
     torch.cuda.synchronize()
@@ -136,7 +136,8 @@ def train_size(torch: Any, size: str, params: int, n_tasks: int, args: argparse.
     from reef_shim.trainer.rank import TrainerRank
 
     options = {"wRl": 1.0, "wOpd": 1.0, "clipC": 1.0, "hintSelection": "sequence_optimal", "lr": 1e-6,
-               "epsLow": 0.2, "epsHigh": 0.28, "weightDecay": 0.1, "betas": [0.9, 0.98], "topK": args.k}
+               "epsLow": 0.2, "epsHigh": 0.28, "weightDecay": 0.1, "betas": [0.9, 0.98], "topK": args.k,
+               "dtype": args.dtype}
     torch.cuda.reset_peak_memory_stats()
     rank = TrainerRank(0, 1, seed=0, threads=8, crash_hook=None)
     try:  # a rank that fails anywhere (out of memory while loading, too) must leave its process group
@@ -196,6 +197,7 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=300.0, help="skip a size predicted to overrun this")
     ap.add_argument("--tasks", type=int, default=8, help="tasks per step; halved after running out of GPU memory")
     ap.add_argument("--min-tasks", type=int, default=2, help="the fewest tasks a size is tried with")
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="the trainer's --dtype option")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--response", type=int, default=256)
     ap.add_argument("--hint", type=int, default=32, help="tokens the teacher prompt adds (the hint)")
@@ -217,8 +219,8 @@ def main() -> int:
     started = time.monotonic()
     log(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, TF32 matmul "
         f"{'on' if torch.backends.cuda.matmul.allow_tf32 else 'off'}")
-    baseline = fp32_matmul_tflops(torch)
-    log(f"baseline: fp32 matrix product (8192³) {baseline:.1f} TFLOP/s")
+    baseline = matmul_tflops(torch, torch.bfloat16 if args.dtype == "bf16" else torch.float32)
+    log(f"baseline: {args.dtype} matrix product (8192³) {baseline:.1f} TFLOP/s")
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="reef-gpu-train-"))
     work.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -246,7 +248,7 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     print()
-    print(f"fp32 matrix product baseline: {baseline:.1f} TFLOP/s")
+    print(f"trainer dtype {args.dtype}; {args.dtype} matrix product baseline: {baseline:.1f} TFLOP/s")
     print("| model | params | tasks | load s | first step s | step s | tokens/s | response tokens/s | TFLOP/s | of baseline | gather s | write s | checkpoint GB | peak GiB |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
@@ -260,7 +262,7 @@ def main() -> int:
         print(f"per task: {args.prompt} prompt + {args.response} response tokens, one "
               f"teacher candidate each (+{args.hint} hint tokens), top-{args.k}; tokens/s counts policy and teacher tokens")
     if args.json:
-        args.json.write_text(json.dumps({"baseline_tflops": baseline, "rows": rows, "skipped": skipped,
+        args.json.write_text(json.dumps({"dtype": args.dtype, "baseline_tflops": baseline, "rows": rows, "skipped": skipped,
                                          "device": torch.cuda.get_device_name(0), "torch": torch.__version__}, indent=1))
     return 0 if rows else 1
 

@@ -92,6 +92,7 @@ export const TrainingOptions = z.strictObject({
   weightDecay: z.number(),
   betas: z.tuple([z.number(), z.number()]),
   topK: int(),
+  dtype: z.enum(['fp32', 'bf16']),
 });
 
 export const TrainerSpec = z.strictObject({

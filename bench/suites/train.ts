@@ -23,8 +23,9 @@ import { type BenchRow, type BenchSuite, toRow } from '../lib.js';
  * generating the same batch: what a step costs relative to producing its data.
  *
  * Where `nvidia-smi` finds a GPU, `bench/gpu_train.py` adds the GPU rows: one trainer rank on
- * Qwen3-shaped models, beside that GPU's fp32 matrix product rate (`REEF_BENCH_GPU_SIZES`, default
- * `0.6b,1.7b,4b`; `REEF_BENCH_GPU_BUDGET_S`, default 300).
+ * Qwen3-shaped models, beside that GPU's matrix product rate in the trainer's dtype
+ * (`REEF_BENCH_GPU_SIZES`, default `0.6b,1.7b,4b`; `REEF_BENCH_GPU_DTYPE`, default fp32;
+ * `REEF_BENCH_GPU_BUDGET_S`, default 300).
  */
 
 const TASKS = 8;
@@ -127,15 +128,15 @@ function gpuRows(log: (line: string) => void): BenchRow[] {
     return [];
   }
   const json = join(mkdtempSync(join(tmpdir(), 'reef-bench-gpu-')), 'gpu_train.json');
-  const args = [join(repoRoot(), 'bench/gpu_train.py'), '--sizes', process.env.REEF_BENCH_GPU_SIZES ?? '0.6b,1.7b,4b', '--budget-s', process.env.REEF_BENCH_GPU_BUDGET_S ?? '300', '--json', json];
+  const args = [join(repoRoot(), 'bench/gpu_train.py'), '--sizes', process.env.REEF_BENCH_GPU_SIZES ?? '0.6b,1.7b,4b', '--dtype', process.env.REEF_BENCH_GPU_DTYPE ?? 'fp32', '--budget-s', process.env.REEF_BENCH_GPU_BUDGET_S ?? '300', '--json', json];
   log(`  GPU: ${pythonBin()} ${args.join(' ')}`);
   const run = spawnSync(pythonBin(), args, { env: pythonEnv({ PYTHONUNBUFFERED: '1' }), stdio: ['ignore', 'inherit', 'inherit'] });
   if (run.status !== 0) throw new Error(`bench/gpu_train.py exited with ${run.status ?? run.signal}`);
-  const out = JSON.parse(readFileSync(json, 'utf8')) as { baseline_tflops: number; rows: GpuRow[] };
+  const out = JSON.parse(readFileSync(json, 'utf8')) as { dtype: string; baseline_tflops: number; rows: GpuRow[] };
   const rows: BenchRow[] = [];
   for (const r of out.rows) {
     const steps = Array.from({ length: r.steps }, () => r.step_s * 1e6);
-    rows.push(toRow(`GPU step, Qwen3-${r.size} shape, ${r.tasks} tasks`, `1 rank fp32: ${Math.round(r.tokens_per_s)} tokens/s, ${Math.round(r.of_baseline * 100)}% of fp32 matmul (${out.baseline_tflops.toFixed(1)} TFLOP/s, baseline), peak ${r.peak_gib.toFixed(0)} GiB`, { ops: r.steps, seconds: r.step_s * r.steps, latenciesUs: steps }));
+    rows.push(toRow(`GPU step, Qwen3-${r.size} shape, ${r.tasks} tasks`, `1 rank ${out.dtype}: ${Math.round(r.tokens_per_s)} tokens/s, ${Math.round(r.of_baseline * 100)}% of ${out.dtype} matmul (${out.baseline_tflops.toFixed(1)} TFLOP/s, baseline), peak ${r.peak_gib.toFixed(0)} GiB`, { ops: r.steps, seconds: r.step_s * r.steps, latenciesUs: steps }));
     rows.push(toRow(`GPU per release, Qwen3-${r.size} shape`, `full-weight gather + checkpoint write`, { ops: 1, seconds: r.gather_s + r.save_s, latenciesUs: [(r.gather_s + r.save_s) * 1e6] }));
   }
   return rows;

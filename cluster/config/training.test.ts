@@ -7,7 +7,7 @@ const parse = (options: string[]) => parseTrainingOptions(options, OPENCLAWRL_TR
 
 describe('training.options', () => {
   it('defaults come from ARCHITECTURE.md §4', () => {
-    expect(parse([]).resolved).toEqual({ wRl: 1, wOpd: 1, clipC: 1, hintSelection: 'sequence_optimal', lr: 1e-5, epsLow: 0.2, epsHigh: 0.28, weightDecay: 0.1, betas: [0.9, 0.98], topK: 4 });
+    expect(parse([]).resolved).toEqual({ wRl: 1, wOpd: 1, clipC: 1, hintSelection: 'sequence_optimal', lr: 1e-5, epsLow: 0.2, epsHigh: 0.28, weightDecay: 0.1, betas: [0.9, 0.98], topK: 4, dtype: 'fp32' });
   });
 
   const good: { options: string[]; want: Record<string, unknown> }[] = [
@@ -19,6 +19,7 @@ describe('training.options', () => {
     { options: ['--adam-beta1=0.8', '--adam-beta2=0.95'], want: { betas: [0.8, 0.95] } },
     { options: ['--topk', '8'], want: { topK: 8 } },
     { options: ['--openclawrl-w-opd=0'], want: { wOpd: 0 } },
+    { options: ['--dtype', 'bf16'], want: { dtype: 'bf16' } },
   ];
   it.each(good)('accepts $options', ({ options, want }) => {
     const r = parse(options);
@@ -35,6 +36,7 @@ describe('training.options', () => {
     { options: ['--topk=2.5'], lines: ['training.options[0]: --topk: expected a positive integer, got "2.5"'] },
     { options: ['--adam-beta2=1'], lines: ['training.options[0]: --adam-beta2: expected a number in [0, 1), got "1"'] },
     { options: ['--openclawrl-hint-selection=best'], lines: ['training.options[0]: --openclawrl-hint-selection: expected one of sequence_optimal, token_optimal, got "best"'] },
+    { options: ['--dtype=fp16'], lines: ['training.options[0]: --dtype: expected one of fp32, bf16, got "fp16"'] },
     { options: ['--openclawrl-w-rl=-1'], lines: ['training.options[0]: --openclawrl-w-rl: expected a number >= 0, got "-1"'] },
     { options: ['--lr'], lines: ['training.options[0]: --lr needs a value'] },
     { options: ['--lr', '--topk=2'], lines: ['training.options[0]: --lr needs a value'] },

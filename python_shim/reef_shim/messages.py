@@ -253,7 +253,7 @@ RAY_STATUS = Obj({"address": Str(), "resources": MapOf(Num()), "available": MapO
 TRAINING_OPTIONS = Obj({
     "wRl": Num(), "wOpd": Num(), "clipC": Num(), "hintSelection": Lit("sequence_optimal", "token_optimal"),
     "lr": Num(), "epsLow": Num(), "epsHigh": Num(), "weightDecay": Num(), "betas": ListOf(Num(), length=2),
-    "topK": Int(),
+    "topK": Int(), "dtype": Lit("fp32", "bf16"),
 })
 TRAINER_SPEC = Obj({
     "modelPath": Str(),

@@ -365,7 +365,7 @@ def test_opd_step_pulls_toward_teacher_on_subset():
 
 def test_objective_from_options_maps_resolved_training():
     resolved = {"wRl": 0.5, "wOpd": 2, "clipC": 1.5, "hintSelection": "token_optimal", "lr": 1e-5,
-                "epsLow": 0.1, "epsHigh": 0.2, "weightDecay": 0.1, "betas": [0.9, 0.98], "topK": 4}
+                "epsLow": 0.1, "epsHigh": 0.2, "weightDecay": 0.1, "betas": [0.9, 0.98], "topK": 4, "dtype": "fp32"}
     assert objective_from_options(resolved) == ObjectiveConfig(
         w_rl=0.5, w_opd=2, eps_low=0.1, eps_high=0.2, clip_c=1.5, hint_selection="token_optimal")
 
@@ -373,7 +373,7 @@ def test_objective_from_options_maps_resolved_training():
 def test_defaults_match_the_ts_defaults():
     # cluster/config/training.test.ts: parse([]).resolved.
     ts_defaults = {"wRl": 1, "wOpd": 1, "clipC": 1, "hintSelection": "sequence_optimal", "lr": 1e-5,
-                   "epsLow": 0.2, "epsHigh": 0.28, "weightDecay": 0.1, "betas": [0.9, 0.98], "topK": 4}
+                   "epsLow": 0.2, "epsHigh": 0.28, "weightDecay": 0.1, "betas": [0.9, 0.98], "topK": 4, "dtype": "fp32"}
     assert objective_from_options(ts_defaults) == ObjectiveConfig()
     assert ObjectiveConfig() == ObjectiveConfig(1.0, 1.0, 0.2, 0.28, 1.0, "sequence_optimal")
 

@@ -179,6 +179,28 @@ def test_a_trained_step_pushed_into_a_running_engine_serves_what_its_checkpoint_
     assert_same_outputs(from_disk, served)
 
 
+def test_a_bf16_group_trains_over_fp32_master_weights(driver: RayDriver, model: Path, tasks: list[dict[str, Any]],
+                                                      tmp_path: Path) -> None:
+    group = TrainerGroup(driver)
+    try:
+        group.start(spec(str(model), str(tmp_path / "ckpt"), lr=LR, dtype="bf16"))
+        out = group.step("s:openclawrl:1", tasks)
+    finally:
+        group.stop()
+    m = out["metrics"]
+    print(f"bf16 step metrics: {m}")
+    assert out["trained"] is True and all(torch.isfinite(torch.tensor(v)) for v in m.values())
+    # bf16 rounding of the logits against the fp32 engine: far above fp32's ~1e-7, far below what a
+    # wrong transform or a wrong position gives (~1).
+    assert 1e-4 < m["train_rollout_logprob_abs_diff"] < 5e-2, m
+    loss, norm = reference_step(model, tasks, LR)
+    assert m["loss"] == pytest.approx(loss, abs=0.01) and m["grad_norm"] == pytest.approx(norm, rel=0.02)
+    # AdamW stepped the fp32 master weights: the checkpoint is fp32 and moved.
+    state = load_file(str(Path(out["checkpointPath"]) / "model.safetensors"))
+    assert {t.dtype for t in state.values()} == {torch.float32}
+    assert len(_params_differ(model, Path(out["checkpointPath"]))) > 10
+
+
 def test_start_and_load_refuse_what_they_cannot_use(driver: RayDriver, model: Path, tmp_path: Path) -> None:
     group = TrainerGroup(driver)
     with pytest.raises(ShimError, match="not started"):

@@ -68,7 +68,7 @@ def task(engine: HFEngine, task_id: str, *, temperature: float, top_p: float = 1
 
 def options(**over: Any) -> dict[str, Any]:
     base = {"wRl": 1.0, "wOpd": 1.0, "clipC": 1.0, "hintSelection": "sequence_optimal", "lr": 1e-5, "epsLow": 0.2,
-            "epsHigh": 0.28, "weightDecay": 0.1, "betas": [0.9, 0.98], "topK": 4}
+            "epsHigh": 0.28, "weightDecay": 0.1, "betas": [0.9, 0.98], "topK": 4, "dtype": "fp32"}
     return {**base, **over}
 
 

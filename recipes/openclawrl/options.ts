@@ -4,6 +4,7 @@ import { nonNegativeNumber, numberIn, oneOf, positiveInt, positiveNumber } from 
 import type { TrainingOptionSpec, TrainingOptionsSpec } from '../../cluster/config/types.js';
 
 export type HintSelection = 'sequence_optimal' | 'token_optimal';
+export type TrainerDtype = 'fp32' | 'bf16';
 
 /** `training.resolved` for this recipe. */
 export interface OpenClawRLTraining {
@@ -18,6 +19,8 @@ export interface OpenClawRLTraining {
   readonly weightDecay: number;
   readonly betas: readonly [number, number];
   readonly topK: number;
+  /** The trainer's compute dtype (docs/training.md, "Which distribution"). */
+  readonly dtype: TrainerDtype;
 }
 
 const num = (flag: string, key: string, schema: z.ZodType, dflt: number, help: string): TrainingOptionSpec => ({ flag, key, kind: 'number', schema, default: dflt, help });
@@ -34,6 +37,7 @@ const OPTIONS: readonly TrainingOptionSpec[] = [
   num('--adam-beta1', 'beta1', numberIn(0, 1), 0.9, 'AdamW β1'),
   num('--adam-beta2', 'beta2', numberIn(0, 1), 0.98, 'AdamW β2'),
   num('--topk', 'topK', positiveInt(), 4, 'K: top-K log-probs recorded at generation and used by OPD'),
+  { flag: '--dtype', key: 'dtype', kind: 'string', schema: oneOf(['fp32', 'bf16']), default: 'fp32', help: "the trainer's compute dtype: fp32 throughout, or bf16 compute over fp32 master weights with a bf16 teacher; match the rollout engine's dtype" },
 ];
 
 export const OPENCLAWRL_TRAINING_OPTIONS: TrainingOptionsSpec = {
@@ -50,6 +54,7 @@ export const OPENCLAWRL_TRAINING_OPTIONS: TrainingOptionsSpec = {
       weightDecay: v.weightDecay as number,
       betas: [v.beta1 as number, v.beta2 as number],
       topK: v.topK as number,
+      dtype: v.dtype as TrainerDtype,
     };
   },
 };

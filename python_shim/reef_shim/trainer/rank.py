@@ -61,6 +61,7 @@ class TrainerRank:
         self.optimizer: Any = None
         self.cfg: Any = None
         self.options: dict[str, Any] = {}
+        self.bf16 = False
         self._host: dict[str, torch.Tensor] = {}  # rank 0 on a GPU: pinned copies of the full weights
 
     def device_name(self) -> str:
@@ -82,9 +83,13 @@ class TrainerRank:
         dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=self.rank,
                                 world_size=self.world, timeout=PG_TIMEOUT)
         self.model_path = Path(model_path)
-        self.teacher = self._load(model_path).eval().requires_grad_(False)
-        self.policy = self._shard(self._load(model_path))
         self.options = options
+        # fp32: ℓθ matches an fp32 engine's recorded logprobs to 1e-3 (docs/training.md). bf16: the
+        # teacher is held in bf16 and the policy computes in bf16 over fp32 master weights, which
+        # the optimizer updates and checkpoints keep; gradients are reduced in fp32.
+        self.bf16 = options.get("dtype") == "bf16"
+        self.teacher = self._load(model_path, torch.bfloat16 if self.bf16 else torch.float32).eval().requires_grad_(False)
+        self.policy = self._shard(self._load(model_path, torch.float32))
         self.cfg = objective_from_options(options)
         self._new_optimizer()
         return {"pid": os.getpid(), "device": str(self.device), "backend": backend,
@@ -92,24 +97,26 @@ class TrainerRank:
                 "maxLen": int(getattr(self.teacher.config, "max_position_embeddings", 1 << 30)),
                 "tied": bool(getattr(self.teacher.config, "tie_word_embeddings", False))}
 
-    def _load(self, path: str) -> Any:
+    def _load(self, path: str, dtype: torch.dtype) -> Any:
         from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        # fp32 everywhere on CPU: ℓθ must match the engine's fp32 logprobs to 1e-3 (docs/training.md).
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(self.device)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device)
 
     def _shard(self, model: Any) -> Any:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         mesh = init_device_mesh(self.device.type, (self.world,))
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if self.bf16 \
+            else MixedPrecisionPolicy()
         layer_types = set(getattr(model, "_no_split_modules", None) or [])
         for module in model.modules():
             if type(module).__name__ in layer_types:
-                fully_shard(module, mesh=mesh)
-        fully_shard(model, mesh=mesh)  # the rest: embeddings, norm, lm_head (tied weights stay one parameter)
+                fully_shard(module, mesh=mesh, mp_policy=mp)
+        # The rest: embeddings, norm, lm_head (tied weights stay one parameter).
+        fully_shard(model, mesh=mesh, mp_policy=mp)
         return model.train()
 
     def _new_optimizer(self) -> None:
