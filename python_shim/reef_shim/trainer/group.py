@@ -26,7 +26,6 @@ BASE_VERSION = "v0"  # the base model's weights, before any step
 SETUP_TIMEOUT_S = 600.0
 PUSH_TIMEOUT_S = 300.0  # rank 0 gives up on the engine after this; the ranks are waited on a minute longer
 CRASH_HOOK_ENV = "REEF_TRAINER_TEST_CRASH"
-DEVICE_ENV = "REEF_TRAINER_DEVICE"  # read by each rank (rank.py); auto, cpu or cuda
 
 
 def _objective_config(options: dict[str, Any]) -> Any:
@@ -39,6 +38,8 @@ def check_devices(devices: list[str]) -> str | None:
     """Why the ranks cannot form one group, or None: all of them must be on CUDA or all on the CPU."""
     if len({d.split(":")[0] for d in devices}) <= 1:
         return None
+    from .rank import DEVICE_ENV  # the variable each rank reads
+
     each = ", ".join(f"rank {i} {d}" for i, d in enumerate(devices))
     return (f"trainer: the ranks are on different devices ({each}). A rank trains on CUDA when it sees a GPU: "
             f"check the GPUs Ray gave each bundle (CUDA_VISIBLE_DEVICES), or set {DEVICE_ENV}=cpu or cuda")
