@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one go: the GPU-marked pytest (the trainer on CUDA; the push into
 # SGLang, which skips with its reason where SGLang is not installed) and the trainer throughput
-# bench (bench/gpu_train.py). Everything is written under $REEF_GPU_OUT (default .cache/gpu-check).
+# bench (bench/gpu_train.py), once per trainer dtype ($REEF_GPU_BENCH_DTYPES, default "fp32 bf16";
+# each run is limited to $REEF_GPU_BENCH_BUDGET_S, default 240 s). Everything is written under
+# $REEF_GPU_OUT (default .cache/gpu-check): at most 7 files.
 #
 #   bash scripts/gpu-check.sh                       # with the project's .venv
 #   REEF_GPU_PYTHON=python3 bash scripts/gpu-check.sh   # another interpreter (torch, ray, pyzmq, pytest)
@@ -25,10 +27,14 @@ PYTHONPATH="python_shim${PYTHONPATH:+:$PYTHONPATH}" timeout "${REEF_GPU_TEST_TIM
   "$PY" -m pytest python_shim/tests -m gpu -rs -s -v -p no:cacheprovider --junitxml="$OUT/pytest.xml" 2>&1 | tee "$OUT/pytest.log"
 tests=$?
 
-echo "[gpu-check] bench/gpu_train.py"
-timeout "${REEF_GPU_BENCH_TIMEOUT_S:-400}" "$PY" bench/gpu_train.py --budget-s "${REEF_GPU_BENCH_BUDGET_S:-240}" \
-  --json "$OUT/gpu_train.json" 2>&1 | tee "$OUT/bench.log"
-bench=$?
+bench=0
+for dtype in ${REEF_GPU_BENCH_DTYPES:-fp32 bf16}; do
+  echo "[gpu-check] bench/gpu_train.py --dtype $dtype"
+  timeout "${REEF_GPU_BENCH_TIMEOUT_S:-400}" "$PY" bench/gpu_train.py --dtype "$dtype" \
+    --budget-s "${REEF_GPU_BENCH_BUDGET_S:-240}" --json "$OUT/gpu_train_$dtype.json" 2>&1 | tee "$OUT/bench_$dtype.log"
+  rc=$?
+  [ "$rc" -ne 0 ] && bench=$rc
+done
 
 echo "[gpu-check] pytest exit $tests, bench exit $bench; output in $OUT"
 [ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]

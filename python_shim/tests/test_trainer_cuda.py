@@ -99,3 +99,23 @@ def test_a_cuda_rank_matches_the_cpu_engine_trains_and_its_push_serves_its_check
         assert status == 200 and r["success"], r
         from_disk = eng.generate(**body)
     assert_same_outputs(from_disk, served)
+
+
+def test_a_cuda_rank_in_bf16_trains_over_fp32_master_weights(driver: Any, model: Path, tasks: list[dict[str, Any]],
+                                                             tmp_path: Path) -> None:
+    from reef_shim.trainer import TrainerGroup
+
+    group = TrainerGroup(driver)
+    try:
+        group.start(spec(str(model), str(tmp_path / "ckpt"), ranks=1, lr=LR, dtype="bf16"))
+        step = group.step("s:openclawrl:1", tasks)
+    finally:
+        group.stop()
+    m = step["metrics"]
+    print(f"\nbf16 step metrics: {m}")
+    # bf16 rounding against the fp32 engine, as on the CPU (test_trainer.py), not another distribution.
+    assert 1e-4 < m["train_rollout_logprob_abs_diff"] < 5e-2, m
+    loss, norm = reference_step(model, tasks, LR)
+    assert m["loss"] == pytest.approx(loss, abs=0.01) and m["grad_norm"] == pytest.approx(norm, rel=0.02)
+    ckpt = load_file(str(Path(step["checkpointPath"]) / "model.safetensors"))
+    assert {t.dtype for t in ckpt.values()} == {load_file(str(model / "model.safetensors"))["model.norm.weight"].dtype}
