@@ -20,7 +20,8 @@ from reef_shim.errors import ShimError
 from reef_shim.ray_driver import RayDriver
 from reef_shim.trainer import TrainerGroup
 from reef_shim.trainer.checkpoint import LEDGER
-from trainer_fixtures import assert_same_outputs, generate, probe, reference_step, scoped_env, spec, three_tasks
+from trainer_fixtures import (assert_same_outputs, check_bf16_step, generate, probe, reference_step, scoped_env, spec,
+                              three_tasks)
 
 LAYOUT = {"trainer": {"gpus": 2}, "rollout": {"gpus": 1}, "prm": {"gpus": 1, "replicas": 0}, "student": None,
           "cpusPerBundle": 1}
@@ -187,18 +188,7 @@ def test_a_bf16_group_trains_over_fp32_master_weights(driver: RayDriver, model: 
         out = group.step("s:openclawrl:1", tasks)
     finally:
         group.stop()
-    m = out["metrics"]
-    print(f"bf16 step metrics: {m}")
-    assert out["trained"] is True and all(torch.isfinite(torch.tensor(v)) for v in m.values())
-    # bf16 rounding of the logits against the fp32 engine: far above fp32's ~1e-7, far below what a
-    # wrong transform or a wrong position gives (~1).
-    assert 1e-4 < m["train_rollout_logprob_abs_diff"] < 5e-2, m
-    loss, norm = reference_step(model, tasks, LR)
-    assert m["loss"] == pytest.approx(loss, abs=0.01) and m["grad_norm"] == pytest.approx(norm, rel=0.02)
-    # AdamW stepped the fp32 master weights: the checkpoint is fp32 and moved.
-    state = load_file(str(Path(out["checkpointPath"]) / "model.safetensors"))
-    assert {t.dtype for t in state.values()} == {torch.float32}
-    assert len(_params_differ(model, Path(out["checkpointPath"]))) > 10
+    check_bf16_step(out, model, tasks, LR)
 
 
 def test_start_and_load_refuse_what_they_cannot_use(driver: RayDriver, model: Path, tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+import pytest
 import torch
 
 from reef_shim.engines.hf_engine import HFEngine
@@ -138,3 +139,21 @@ def scoped_env(**values: str) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def check_bf16_step(step: dict[str, Any], model: Path, tasks: list[dict[str, Any]], lr: float) -> None:
+    """A `--dtype bf16` step on `three_tasks`: bf16 rounding against the fp32 engine, not another
+    distribution; loss and gradient near fp32's; AdamW moved the fp32 master weights."""
+    from safetensors.torch import load_file
+
+    m = step["metrics"]
+    print(f"\nbf16 step metrics: {m}")
+    assert step["trained"] is True and all(torch.isfinite(torch.tensor(v)) for v in m.values())
+    # Far above fp32's ~1e-7, far below what a wrong transform or a wrong position gives (~1).
+    assert 1e-4 < m["train_rollout_logprob_abs_diff"] < 5e-2, m
+    loss, norm = reference_step(model, tasks, lr)
+    assert m["loss"] == pytest.approx(loss, abs=0.01) and m["grad_norm"] == pytest.approx(norm, rel=0.02)
+    base = load_file(str(model / "model.safetensors"))
+    saved = load_file(str(Path(step["checkpointPath"]) / "model.safetensors"))
+    assert {t.dtype for t in saved.values()} == {torch.float32}
+    assert sum(not torch.equal(saved[k], base[k]) for k in base) > 10
