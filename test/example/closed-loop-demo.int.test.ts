@@ -34,9 +34,13 @@ describe('closed-loop CPU demo (short)', () => {
     const { before, after, summary } = result;
     expect(summary.sessions).toBe(36);
     expect(summary.batches?.length ?? 0).toBeGreaterThanOrEqual(6);
-    // The base model has the habit; training removes most of it.
+    // The base model has the habit; training removes most of it. Each rate is read off 30 sampled
+    // replies, so the bound leaves room for sampling noise: a cap of 15% failed one run in several
+    // (5 of 30 bold, 17%, after 14 batches; P(≥5 of 30) is ~18% at a true rate of 10%). At most
+    // half the base rate and at most 25% (≥8 of 30: under 1% at 10%) still fails a run that did
+    // not learn, whose rate stays near the base model's ~55%.
     expect(before.bold, lines.join('\n')).toBeGreaterThanOrEqual(0.35);
-    expect(after.bold, lines.join('\n')).toBeLessThanOrEqual(Math.min(0.15, before.bold / 2));
+    expect(after.bold, lines.join('\n')).toBeLessThanOrEqual(Math.min(0.25, before.bold / 2));
     for (const f of [summary.files.rates_plot, summary.files.rewards_plot, summary.files.summary, summary.files.sessions]) expect(existsSync(f)).toBe(true);
   });
 
