@@ -42,7 +42,10 @@ describe('closed-loop CPU demo (short)', () => {
     expect(before.bold, lines.join('\n')).toBeGreaterThanOrEqual(0.35);
     expect(after.bold, lines.join('\n')).toBeLessThanOrEqual(Math.min(0.25, before.bold / 2));
     for (const f of [summary.files.rates_plot, summary.files.rewards_plot, summary.files.summary, summary.files.sessions]) expect(existsSync(f)).toBe(true);
-  });
+    // The whole loop takes 110-125 s on this 2-core machine (the same before and after this
+    // session's trainer changes: 113.9 s and 120.5 s in one A/B), too close to the suite's 120 s
+    // default for a guard against a hang.
+  }, 300_000);
 
   it("writes one record line per released batch, agreeing with the store's judged turns", async () => {
     const recordLines = readFileSync(join(out, 'prm-records.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { batch: number; batch_id: string; samples: number; rewards: Record<string, number> });
