@@ -20,8 +20,8 @@ from reef_shim.errors import ShimError
 from reef_shim.ray_driver import RayDriver
 from reef_shim.trainer import TrainerGroup
 from reef_shim.trainer.checkpoint import LEDGER
-from trainer_fixtures import (assert_same_outputs, check_bf16_step, generate, probe, reference_step, scoped_env, spec,
-                              three_tasks)
+from trainer_fixtures import (assert_same_outputs, check_bf16_step, generate, params_differ, probe, reference_step,
+                              scoped_env, spec, three_tasks)
 
 LAYOUT = {"trainer": {"gpus": 2}, "rollout": {"gpus": 1}, "prm": {"gpus": 1, "replicas": 0}, "student": None,
           "cpusPerBundle": 1}
@@ -59,12 +59,6 @@ def driver() -> Iterator[RayDriver]:
             d.close()
 
 
-def _params_differ(a: Path, b: Path) -> list[str]:
-    x, y = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
-    assert set(x) == set(y)
-    return [k for k in x if not torch.equal(x[k], y[k])]
-
-
 def test_one_step_matches_the_engine_then_trains(driver: RayDriver, model: Path, engine: HFEngine,
                                                  tasks: list[dict[str, Any]], tmp_path: Path) -> None:
     group = TrainerGroup(driver)
@@ -94,7 +88,7 @@ def test_one_step_matches_the_engine_then_trains(driver: RayDriver, model: Path,
     assert path == ckpt / "v1"
     assert {"model.safetensors", "config.json", "tokenizer.json", "reef_checkpoint.json"} <= {p.name for p in path.iterdir()}
     assert json.loads((path / "reef_checkpoint.json").read_text())["batchId"] == "s:openclawrl:1"
-    assert len(_params_differ(model, path)) > 10
+    assert len(params_differ(model, path)) > 10
     prompt = list(torch.frombuffer(bytearray(tasks[1]["promptIds"]), dtype=torch.int32).tolist())
     before = generate(engine, prompt, 0.0, 1.0, -1, 4, seed=1)
     engine.update_weights_from_disk(str(path), "v1")

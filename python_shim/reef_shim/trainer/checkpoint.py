@@ -68,9 +68,10 @@ def next_version(checkpoint_dir: Path, ledger: Ledger) -> str:
     return f"v{max(seen) + 1}"
 
 
-def save_checkpoint(state: dict[str, Any], base_model: Path, out: Path, meta: dict[str, Any],
-                    tied: bool) -> float:
-    """Write `state` (full tensors, CPU) as an HF directory at `out`; returns the seconds it took."""
+def save_checkpoint(state: dict[str, Any], base_model: Path, out: Path, meta: dict[str, Any]) -> float:
+    """Write `state` (full tensors, CPU) as an HF directory at `out`; returns the seconds it took.
+    A tied lm_head must not be in `state` (safetensors refuses tensors that share storage): the
+    rank's gather leaves it out, and loading puts the embedding back in its place."""
     from safetensors.torch import save_file
 
     started = time.monotonic()
@@ -78,8 +79,6 @@ def save_checkpoint(state: dict[str, Any], base_model: Path, out: Path, meta: di
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
-    if tied:
-        tensors.pop("lm_head.weight", None)  # the same storage as the embedding; safetensors refuses shared tensors
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     for name in COPIED:
         if (base_model / name).is_file():

@@ -62,6 +62,7 @@ class TrainerRank:
         self.cfg: Any = None
         self.options: dict[str, Any] = {}
         self.bf16 = False
+        self.tied = False  # lm_head shares the embedding's storage: gathered, saved and pushed once
         self._host: dict[str, torch.Tensor] = {}  # rank 0 on a GPU: pinned copies of the full weights
 
     def device_name(self) -> str:
@@ -90,12 +91,13 @@ class TrainerRank:
         self.bf16 = options.get("dtype") == "bf16"
         self.teacher = self._load(model_path, torch.bfloat16 if self.bf16 else torch.float32).eval().requires_grad_(False)
         self.policy = self._shard(self._load(model_path, torch.float32))
+        self.tied = bool(getattr(self.teacher.config, "tie_word_embeddings", False))
         self.cfg = objective_from_options(options)
         self._new_optimizer()
         return {"pid": os.getpid(), "device": str(self.device), "backend": backend,
                 "vocab": int(self.teacher.config.vocab_size),
                 "maxLen": int(getattr(self.teacher.config, "max_position_embeddings", 1 << 30)),
-                "tied": bool(getattr(self.teacher.config, "tie_word_embeddings", False))}
+                "tied": self.tied}
 
     def _load(self, path: str, dtype: torch.dtype) -> Any:
         from transformers import AutoModelForCausalLM
@@ -163,8 +165,7 @@ class TrainerRank:
         state = self._full_state()
         save_s = 0.0
         if self.rank == 0 and out_dir is not None:
-            save_s = save_checkpoint(state, self.model_path, Path(out_dir), meta,
-                                     tied=bool(getattr(self.teacher.config, "tie_word_embeddings", False)))
+            save_s = save_checkpoint(state, self.model_path, Path(out_dir), meta)
         return {"error": None, "sums": sums, "train_s": forward_backward_s, "save_s": save_s}
 
     def _grad_norm(self) -> float:
@@ -180,9 +181,10 @@ class TrainerRank:
         return float(sq.sqrt())
 
     def _full_state(self) -> dict[str, torch.Tensor]:
-        """The policy's full weights as CPU tensors on rank 0 (empty elsewhere). A collective: every
-        rank takes part, gathering one parameter at a time in the same order, so one full tensor at
-        most is on a rank's device at once.
+        """The policy's full weights as CPU tensors on rank 0 (empty elsewhere), a tied lm_head left
+        out: checkpoints store it once, as the embedding, and engines update it through that. A
+        collective: every rank takes part, gathering one parameter at a time in the same order, so
+        one full tensor at most is on a rank's device at once.
 
         On a GPU, rank 0 copies each one asynchronously into a pinned buffer it keeps across steps
         and overwrites at the next gather, once the step's checkpoint write or push has used it.
@@ -192,12 +194,11 @@ class TrainerRank:
         runs the same loop on the gloo ranks of the CI tests."""
         from torch.distributed.tensor import DTensor
 
-        tied = bool(getattr(self.teacher.config, "tie_word_embeddings", False))
         pinned = self.device.type == "cuda"
         out: dict[str, torch.Tensor] = {}
         for name, t in self.policy.state_dict().items():
-            if tied and name == "lm_head.weight":
-                continue  # the embedding's storage; checkpoints and pushes carry it once, as the embedding
+            if self.tied and name == "lm_head.weight":
+                continue
             full = (t.full_tensor() if isinstance(t, DTensor) else t).detach()
             if self.rank != 0:
                 continue
@@ -226,8 +227,6 @@ class TrainerRank:
         # before the gather stayed unbound for all of it, and any process's next connection could
         # be given it in the meantime.
         master = self.rendezvous()
-        if getattr(self.teacher.config, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)  # the same tensor as the embedding; engines update it through that
         info = engine_server_info(engine_url)
         backend = push_backend(self.device.type, info.get("device"))
         pusher = WeightPusher(engine_url, backend, master, int(info.get("tp_size") or 1), timeout_s=timeout_s)
@@ -249,7 +248,7 @@ class TrainerRank:
         # Checked against the unsharded teacher (same architecture) so a wrong checkpoint fails
         # before any rank has changed a weight.
         state = load_checked_state_dict(Path(path), self.teacher.config, self.teacher)
-        if getattr(self.teacher.config, "tie_word_embeddings", False):
+        if self.tied:
             state["lm_head.weight"] = state["model.embed_tokens.weight"]
         set_model_state_dict(self.policy, state, options=StateDictOptions(full_state_dict=True))
         self._new_optimizer()
