@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from reef_shim import tiny_model
 from reef_shim.engines.hf_engine import HFEngine
-from trainer_fixtures import assert_same_outputs, check_bf16_step, probe, reference_step, scoped_env, spec, three_tasks
+from trainer_fixtures import check_bf16_step, check_push_serves_its_checkpoint, probe, reference_step, scoped_env, spec, three_tasks
 
 pytestmark = pytest.mark.gpu
 
@@ -93,12 +93,8 @@ def test_a_cuda_rank_matches_the_cpu_engine_trains_and_its_push_serves_its_check
         base_state = load_file(str(model / "model.safetensors"))
         assert set(ckpt) == set(base_state)  # the pinned gather names every tensor as the base model does
         assert all(ckpt[k].dtype == base_state[k].dtype and ckpt[k].shape == base_state[k].shape for k in ckpt)
-        assert pushed["bytes"] == sum(t.numel() * t.element_size() for t in ckpt.values())
-        assert served["meta_info"]["weight_version"] == "v1" and served != base
-        status, r = eng.call("/update_weights_from_disk", {"model_path": step["checkpointPath"], "weight_version": "v1-disk"})
-        assert status == 200 and r["success"], r
-        from_disk = eng.generate(**body)
-    assert_same_outputs(from_disk, served)
+        assert served != base
+        check_push_serves_its_checkpoint(eng, body, pushed, served, step["checkpointPath"])
 
 
 def test_a_cuda_rank_in_bf16_trains_over_fp32_master_weights(driver: Any, model: Path, tasks: list[dict[str, Any]],

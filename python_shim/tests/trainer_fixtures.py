@@ -141,6 +141,21 @@ def scoped_env(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def check_push_serves_its_checkpoint(eng: Any, body: dict[str, Any], pushed: dict[str, Any], served: dict[str, Any],
+                                     checkpoint_path: str) -> None:
+    """After `pushed` (a trainer-push-weights reply) the running engine `eng` answered `body` with
+    `served`: the push carried the checkpoint's tensors (a tied lm_head once, as the embedding), the
+    engine serves its version, and loading the checkpoint from disk serves exactly the same."""
+    from safetensors.torch import load_file
+
+    assert pushed["bytes"] == sum(t.numel() * t.element_size()
+                                  for t in load_file(str(Path(checkpoint_path) / "model.safetensors")).values())
+    assert served["meta_info"]["weight_version"] == pushed["weightVersion"]
+    status, r = eng.call("/update_weights_from_disk", {"model_path": checkpoint_path, "weight_version": "disk"})
+    assert status == 200 and r["success"], r
+    assert_same_outputs(eng.generate(**body), served)
+
+
 def params_differ(a: Path, b: Path) -> list[str]:
     """The tensors two checkpoint directories hold differently (they must hold the same names)."""
     from safetensors.torch import load_file
