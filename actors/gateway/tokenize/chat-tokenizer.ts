@@ -387,6 +387,37 @@ export class ChatTokenizer {
     return this.addedIds;
   }
 
+  /**
+   * Whether a render ends inside a block the template opened with `open` and did not close with
+   * `close` (a `<think>` block: the output then starts as reasoning). Decided by the ids where both
+   * are added tokens: only the template's own markup becomes them, and the same characters in a
+   * message encode as plain text, so a user who writes "<think>" opens nothing. A render that can
+   * be reused knows where each of its added tokens is (its cuts), so only those few ids are looked
+   * at; searching the text for both tags went over an OpenClaw prompt twice (~45 µs a turn).
+   * Without such added tokens the text decides.
+   */
+  endsInsideBlock(render: RenderResult, open: string, close: string): boolean {
+    const openId = this.addedIds.get(open);
+    const closeId = this.addedIds.get(close);
+    const { ids, text, encoded } = render;
+    if (openId === undefined || closeId === undefined) return text.lastIndexOf(open) > text.lastIndexOf(close);
+    const last = (id: number | undefined): boolean | null => (id === openId ? true : id === closeId ? false : null);
+    if (encoded !== null) {
+      // Cut j > 0 follows an added token: the last of the ids before it.
+      const cuts = encoded.cuts;
+      for (let j = cuts.length / 2 - 1; j > 0; j--) {
+        const found = last(ids[cuts[2 * j + 1]! - 1]);
+        if (found !== null) return found;
+      }
+      return false;
+    }
+    for (let i = ids.length - 1; i >= 0; i--) {
+      const found = last(ids[i]);
+      if (found !== null) return found;
+    }
+    return false;
+  }
+
   /** Forget all cached pieces (benchmarks measure the cold path with it). */
   clearCache(): void {
     this.cache.clear();

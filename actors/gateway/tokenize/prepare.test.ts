@@ -1,3 +1,6 @@
+import { cpSync, mkdtempSync, readFileSync, realpathSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { tinyModelDir } from '../../../cluster/paths.js';
 import { ChatTokenizer } from './chat-tokenizer.js';
@@ -93,5 +96,65 @@ describe('prepareChat bodies of a session', () => {
     const out = prepareChat(tok, body(JSON.stringify(good)), { ...params, sessionKey: 'memo' });
     if (!out.ok) throw new Error(out.message);
     expect(Array.from(out.promptIds)).toEqual(Array.from(tok.render(good, null).ids));
+  });
+});
+
+describe('prepareChat thinking state', () => {
+  /** A copy of the tiny model with its template (and, optionally, its added tokens) changed. */
+  const variant = (name: string, edit: { template?: (t: string) => string; dropAdded?: string[] }): string => {
+    const dir = join(mkdtempSync(join(tmpdir(), 'reef-think-')), name);
+    cpSync(realpathSync(tinyModelDir()), dir, { recursive: true, dereference: true });
+    if (edit.template) {
+      const path = join(dir, 'chat_template.jinja');
+      writeFileSync(path, edit.template(readFileSync(path, 'utf8')));
+    }
+    if (edit.dropAdded) {
+      const drop = new Set(edit.dropAdded);
+      const tj = JSON.parse(readFileSync(join(dir, 'tokenizer.json'), 'utf8')) as { added_tokens: { content: string }[] };
+      tj.added_tokens = tj.added_tokens.filter((t) => !drop.has(t.content));
+      writeFileSync(join(dir, 'tokenizer.json'), JSON.stringify(tj));
+      const tc = JSON.parse(readFileSync(join(dir, 'tokenizer_config.json'), 'utf8')) as { added_tokens_decoder: Record<string, { content: string }> };
+      for (const [id, t] of Object.entries(tc.added_tokens_decoder)) if (drop.has(t.content)) delete tc.added_tokens_decoder[id];
+      writeFileSync(join(dir, 'tokenizer_config.json'), JSON.stringify(tc));
+    }
+    return dir;
+  };
+  // A generation prompt that opens the reasoning block, as DeepSeek-R1-style templates do.
+  const opensThink = (t: string) => t.replace("{{- '<|im_start|>assistant\\n' -}}\n{%- endif -%}", "{{- '<|im_start|>assistant\\n<think>\\n' -}}\n{%- endif -%}");
+  const thinking = (tok: ChatTokenizer, messages: unknown[], sessionKey: string | null = null): boolean => {
+    const out = prepareChat(tok, Buffer.from(JSON.stringify({ messages, max_tokens: 4 })), { ...params, sessionKey });
+    if (!out.ok) throw new Error(out.message);
+    return out.startsInThinking;
+  };
+  const history = [
+    { role: 'system', content: 'Think before you answer. '.repeat(40) },
+    { role: 'user', content: 'first' },
+    { role: 'assistant', content: 'one', reasoning_content: 'the first thought' },
+  ];
+
+  it('a user or tool quoting <think> opens no reasoning block; only the template\'s markup does', () => {
+    const tok = ChatTokenizer.load(tinyModelDir());
+    // Plain renders (reusable, read at their cuts) and marked ones (a control token in user text, read id by id).
+    for (const quote of ['What does the <think> tag do? <think>', 'control <|im_end|> and <think>']) {
+      expect(thinking(tok, [{ role: 'user', content: quote }])).toBe(false);
+      expect(thinking(tok, [...history, { role: 'user', content: quote }], 'quoted')).toBe(false);
+      expect(thinking(tok, [...history, { role: 'assistant', content: null, tool_calls: [{ id: 'c', type: 'function', function: { name: 'f', arguments: '{}' } }] }, { role: 'tool', tool_call_id: 'c', content: quote }])).toBe(false);
+    }
+    const opening = ChatTokenizer.load(variant('opens-think', { template: opensThink }));
+    expect(opening.renderText(normalizeMessages([{ role: 'user', content: 'hi' }]), null, {})).toMatch(/<think>\n$/);
+    expect(thinking(opening, [{ role: 'user', content: 'hi' }])).toBe(true);
+    expect(thinking(opening, [...history, { role: 'user', content: 'next' }], 'opened')).toBe(true);
+    // A user's "</think>" closes nothing the template opened.
+    expect(thinking(opening, [...history, { role: 'user', content: 'done </think>' }], 'opened')).toBe(true);
+    expect(thinking(opening, [...history, { role: 'user', content: 'done </think> <|im_start|>' }])).toBe(true);
+  });
+
+  it('a tokenizer without <think> tokens reads the rendered text', () => {
+    const drop = ['<think>', '</think>'];
+    const opening = ChatTokenizer.load(variant('no-think-tokens-opening', { template: opensThink, dropAdded: drop }));
+    expect(opening.addedTokenIds().has('<think>')).toBe(false);
+    expect(thinking(opening, [{ role: 'user', content: 'hi' }])).toBe(true);
+    const plain = ChatTokenizer.load(variant('no-think-tokens', { dropAdded: drop }));
+    expect(thinking(plain, [...history, { role: 'user', content: 'next' }])).toBe(false);
   });
 });

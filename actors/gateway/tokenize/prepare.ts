@@ -174,10 +174,11 @@ export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: 
   const tools = req.tools && req.tools.length > 0 ? req.tools : null;
 
   let ids: Int32Array;
-  let text: string;
+  let startsInThinking: boolean;
   try {
     const r = tokenizer.render(normalizeMessages(req.messages), tools, { shared: true, prior: renders.nearest(params.sessionKey) });
-    ({ ids, text } = r);
+    ids = r.ids;
+    startsInThinking = tokenizer.endsInsideBlock(r, '<think>', '</think>');
     if (r.encoded !== null) renders.put(params.sessionKey, r.encoded);
   } catch (err) {
     if (err instanceof ReefError) return refuse(err.code, err.message);
@@ -213,7 +214,7 @@ export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: 
     promptIds: ids,
     engineBody: built.body,
     bodyLease: built.lease,
-    startsInThinking: text.lastIndexOf('<think>') > text.lastIndexOf('</think>'),
+    startsInThinking,
     model: req.model ?? null,
     stream: req.stream === true,
     includeUsage: req.stream_options?.include_usage === true,
