@@ -149,6 +149,21 @@ describe('prepareChat thinking state', () => {
     expect(thinking(opening, [...history, { role: 'user', content: 'done </think> <|im_start|>' }])).toBe(true);
   });
 
+  it('a render is reused only by the tokenizer that made it', () => {
+    // Same template and text, but <tool_call> is an added token in one and plain text in the other.
+    const a = ChatTokenizer.load(tinyModelDir());
+    const b = ChatTokenizer.load(variant('no-call-tokens', { dropAdded: ['<tool_call>', '</tool_call>'] }));
+    const tools = [{ type: 'function', function: { name: 'lookup', description: 'Looks a thing up.', parameters: { type: 'object' } } }];
+    const messages = [{ role: 'system', content: 'Use the tools. '.repeat(60) }, { role: 'user', content: 'look it up' }];
+    const body = Buffer.from(JSON.stringify({ messages, tools, max_tokens: 4 }));
+    const fromA = prepareChat(a, body, params);
+    const fromB = prepareChat(b, body, params);
+    if (!fromA.ok || !fromB.ok) throw new Error('refused');
+    const fresh = b.render(normalizeMessages(messages), tools).ids;
+    expect(Array.from(fromB.promptIds)).toEqual(Array.from(fresh));
+    expect(Array.from(fromB.promptIds)).not.toEqual(Array.from(fromA.promptIds));
+  });
+
   it('a tokenizer without <think> tokens reads the rendered text', () => {
     const drop = ['<think>', '</think>'];
     const opening = ChatTokenizer.load(variant('no-think-tokens-opening', { template: opensThink, dropAdded: drop }));

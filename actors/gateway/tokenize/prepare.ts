@@ -108,9 +108,16 @@ function engineBody(req: GenerateRequest, stream: boolean, sessionKey: string | 
 /**
  * Each session's last rendered prompt with its ids: the next turn's render shares nearly all of
  * its text, and takes those ids from here instead of looking every piece up again (~40k
- * characters scanned and hashed per OpenClaw turn).
+ * characters scanned and hashed per OpenClaw turn). Kept per tokenizer: ids hold only in the
+ * vocabulary that made them, and two models can render the same text, so a thread with two
+ * tokenizers (the gateway has one per thread; tests and embedders may not) must not mix them.
  */
-const renders = new SessionMemo<EncodedPrompt>();
+const renderMemos = new WeakMap<ChatTokenizer, SessionMemo<EncodedPrompt>>();
+function rendersOf(tokenizer: ChatTokenizer): SessionMemo<EncodedPrompt> {
+  let memo = renderMemos.get(tokenizer);
+  if (memo === undefined) renderMemos.set(tokenizer, (memo = new SessionMemo<EncodedPrompt>()));
+  return memo;
+}
 
 function refuse(code: ErrorCode, message: string, param: string | null = null): RefusedChat {
   return { ok: false, code, message, param };
@@ -176,6 +183,7 @@ export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: 
   let ids: Int32Array;
   let startsInThinking: boolean;
   try {
+    const renders = rendersOf(tokenizer);
     const r = tokenizer.render(normalizeMessages(req.messages), tools, { shared: true, prior: renders.nearest(params.sessionKey) });
     ids = r.ids;
     startsInThinking = tokenizer.endsInsideBlock(r, '<think>', '</think>');
