@@ -24,7 +24,7 @@ export interface SseSink {
 export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSink): Promise<{ recordId: string; status: 'ok' | 'aborted' | 'failed' }> {
   const base = { id: `chatcmpl-${p.id}`, object: 'chat.completion.chunk', created: Math.floor(p.ctx.startedAt / 1000), model: p.model ?? deps.modelName };
   const chunk = (delta: StreamDelta | { role: string; content: string } | Record<string, never>, finish: string | null = null) => ({ ...base, choices: [{ index: 0, delta, finish_reason: finish, logprobs: null }] });
-  const parser = deps.parser.stream({ startsInThinking: p.startsInThinking });
+  const parser = deps.parser.stream({ startsInThinking: p.startsInThinking, tools: p.tools });
 
   let last: GenerateResponse | null = null;
   let text = '';
@@ -81,7 +81,7 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
   deps.gate.leave();
 
   const ids = [...streamedCallIds];
-  const message = assistantMessage(deps.parser.parse(last?.text ?? '', { startsInThinking: p.startsInThinking, newId: () => ids.shift() ?? callId() }));
+  const message = assistantMessage(deps.parser.parse(last?.text ?? '', { startsInThinking: p.startsInThinking, tools: p.tools, newId: () => ids.shift() ?? callId() }));
   const completionTokens = last?.output_ids.length ?? 0;
   if (sink.signal.aborted) {
     await commit(deps, buildRecord(deps, p, last, 'aborted', 'client disconnected', message));

@@ -156,7 +156,7 @@ export async function completeOnce(deps: ChatDeps, p: Prepared): Promise<{ recor
   } finally {
     deps.gate.leave();
   }
-  const message = assistantMessage(deps.parser.parse(res.text, { startsInThinking: p.startsInThinking }));
+  const message = assistantMessage(deps.parser.parse(res.text, { startsInThinking: p.startsInThinking, tools: p.tools }));
   const fr = finishReason(res, message.tool_calls !== undefined);
   const usage = { prompt_tokens: p.promptIds.length, completion_tokens: res.output_ids.length, total_tokens: p.promptIds.length + res.output_ids.length };
   const body = {

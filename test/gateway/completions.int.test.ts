@@ -249,6 +249,26 @@ describe.each([['inline', undefined], ['worker', 0]] as const)('gateway completi
     expect((rec.response as any).tool_calls).toEqual([{ id: calls[0].id, type: 'function', function: calls[0].function }]);
   });
 
+  it('tool-call markup stays content when the request offered no tools or said tool_choice "none", streamed and not', async () => {
+    const markup = TOOL_CALL.join('');
+    const tools = [{ type: 'function', function: { name: 'save' } }];
+    for (const extra of [{}, { tools, tool_choice: 'none' }]) {
+      const req = await scripted([{ role: 'user', content: `save x, with ${Object.keys(extra).join(' and ') || 'no tools'}` }], TOOL_CALL, extra);
+      const res = await postChat(s.url, req);
+      const body = (await res.json()) as any;
+      expect(body.choices[0].message.content).toBe(markup);
+      expect(body.choices[0].message.tool_calls).toBeUndefined();
+      expect(body.choices[0].finish_reason).toBe('stop');
+      const rec = (await s.gw.store.get(res.headers.get('x-reef-agent-record-id')!))!;
+      expect(rec.response).toEqual(body.choices[0].message);
+      const events = await readSse(await postChat(s.url, { ...req, stream: true }));
+      const chunks = events.slice(0, -1).map((e) => JSON.parse(e));
+      expect(chunks.flatMap((c) => c.choices[0]?.delta?.tool_calls ?? [])).toEqual([]);
+      expect(chunks.map((c) => c.choices[0]?.delta?.content ?? '').join('')).toBe(markup);
+      expect(chunks.find((c) => c.choices[0]?.finish_reason)?.choices[0].finish_reason).toBe('stop');
+    }
+  });
+
   it('<think> becomes reasoning_content, streamed and not', async () => {
     const req = await scripted([{ role: 'user', content: 'think first' }], THINKING);
     const body = (await (await postChat(s.url, req)).json()) as any;

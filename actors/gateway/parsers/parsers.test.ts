@@ -47,6 +47,14 @@ const CASES: Case[] = [
   { name: 'text ending in a tag prefix', text: 'a < b and x <tool', want: { reasoning_content: null, content: 'a < b and x <tool', tool_calls: [] } },
   { name: 'unicode everywhere', text: '<think>東京 🇯🇵</think>مرحبا 👋🏽\n<tool_call>{"name": "say", "arguments": {"t": "日本語 ✓"}}</tool_call>', want: { reasoning_content: '東京 🇯🇵', content: 'مرحبا 👋🏽', tool_calls: [['say', '{"t":"日本語 ✓"}']] } },
   { name: 'whitespace kept inside content', text: '\n\n  line one\n\n    indented\n  \n', want: { reasoning_content: null, content: 'line one\n\n    indented', tool_calls: [] } },
+  {
+    name: 'no tools offered: call markup stays content', text: 'Checking.\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>', opts: { tools: false },
+    want: { reasoning_content: null, content: 'Checking.\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>', tool_calls: [] },
+  },
+  {
+    name: 'no tools offered, after reasoning', text: '<think>plan</think>\n<tool_call>{"name": "f"}</tool_call> <tool', opts: { tools: false },
+    want: { reasoning_content: 'plan', content: '<tool_call>{"name": "f"}</tool_call> <tool', tool_calls: [] },
+  },
   { name: 'parameters alias', text: '<tool_call>{"name": "f", "parameters": {"k": true}}</tool_call>', want: { reasoning_content: null, content: null, tool_calls: [['f', '{"k":true}']] } },
 ];
 

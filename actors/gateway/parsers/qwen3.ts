@@ -28,7 +28,7 @@ export const qwen3Parser: OutputParser = {
     }
     let content = '';
     const toolCalls: ToolCall[] = [];
-    for (;;) {
+    for (; opts.tools !== false; ) {
       const open = rest.indexOf(CALL_OPEN);
       if (open === -1) break;
       const close = rest.indexOf(CALL_CLOSE, open + CALL_OPEN.length);
@@ -82,12 +82,14 @@ class Qwen3StreamParser implements StreamParser {
   private out: StreamDelta[] = [];
   private toolIndex = 0;
   private readonly newId: () => string;
+  private readonly tools: boolean;
   private readonly reasoning = new Trimmer((t) => this.out.push({ reasoning_content: t }));
   private readonly content = new Trimmer((t) => this.out.push({ content: t }));
 
   constructor(opts: ParseOptions) {
     this.state = opts.startsInThinking ? 'reasoning' : 'start';
     this.newId = opts.newId ?? callId;
+    this.tools = opts.tools !== false;
   }
 
   push(text: string): StreamDelta[] {
@@ -135,9 +137,9 @@ class Qwen3StreamParser implements StreamParser {
         this.pending = p.slice(end + THINK_CLOSE.length);
         this.state = 'content';
       } else if (this.state === 'content') {
-        const open = p.indexOf(CALL_OPEN);
+        const open = this.tools ? p.indexOf(CALL_OPEN) : -1;
         if (open === -1) {
-          const keep = final ? 0 : partialTagSuffix(p, CALL_OPEN);
+          const keep = final || !this.tools ? 0 : partialTagSuffix(p, CALL_OPEN);
           this.content.push(p.slice(0, p.length - keep));
           this.pending = p.slice(p.length - keep);
           return;

@@ -23,6 +23,12 @@ export type StreamDelta =
 export interface ParseOptions {
   /** The prompt ended inside a thinking block (it opened `<think>`): output starts as reasoning. @default false */
   startsInThinking?: boolean;
+  /**
+   * Tool calls are extracted: the request offered tools and did not say `tool_choice: "none"`.
+   * Otherwise tool-call markup the model writes stays in the content, as OpenAI-compatible servers
+   * leave it, since a client that offered no tools has nothing to run it with. @default true
+   */
+  tools?: boolean;
   /** Tool-call id source. @default callId */
   newId?: () => string;
 }

@@ -48,6 +48,8 @@ export interface PreparedChat {
   bodyLease: Int32Array | null;
   /** The prompt ends inside an open thinking block, so output starts as reasoning. */
   startsInThinking: boolean;
+  /** Tool calls are parsed from the output: the request offered tools, and not `tool_choice: "none"`. */
+  tools: boolean;
   model: string | null;
   stream: boolean;
   includeUsage: boolean;
@@ -223,6 +225,7 @@ export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: 
     engineBody: built.body,
     bodyLease: built.lease,
     startsInThinking,
+    tools: tools !== null && req.tool_choice !== 'none',
     model: req.model ?? null,
     stream: req.stream === true,
     includeUsage: req.stream_options?.include_usage === true,
