@@ -9,8 +9,11 @@ import type { StreamDelta } from './ports.js';
 export interface SseSink {
   /** Writes one `data:` event; resolves once the socket took it (backpressure). */
   send(data: unknown): Promise<void>;
-  /** Writes `data: [DONE]` and ends the response with it, so that it leaves with the events before it. */
-  sendDone(): Promise<void>;
+  /**
+   * Writes `events`, then `data: [DONE]`, and ends the response with them in one write, so that
+   * they leave together.
+   */
+  sendDone(events?: readonly unknown[]): Promise<void>;
   /** Aborted when the client goes away. */
   readonly signal: AbortSignal;
 }
@@ -106,9 +109,7 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
     await sink.send(errorBody(e.code, e.message));
     return { recordId: p.id, status: 'failed' };
   }
-  // Queued in one turn of the event loop, so the socket writes them at once.
-  for (const event of closing) void sink.send(event);
-  void sink.send({ ...base, choices: [], reef: { agent_record_id: recordId } });
-  await sink.sendDone();
+  closing.push({ ...base, choices: [], reef: { agent_record_id: recordId } });
+  await sink.sendDone(closing);
   return { recordId, status: 'ok' };
 }

@@ -180,8 +180,10 @@ async function stream(deps: ChatDeps, p: Parameters<typeof streamCompletion>[1],
     send: (data) => write(`data: ${JSON.stringify(data)}\n\n`),
     // Ended here rather than once the handler has unwound: the last write then goes out at once,
     // not after the promise chain back up to this route (~0.1 ms measured on an OpenClaw turn).
-    sendDone: async () => {
-      if (writable()) res.end('data: [DONE]\n\n');
+    sendDone: async (events = []) => {
+      let text = '';
+      for (const e of events) text += `data: ${JSON.stringify(e)}\n\n`;
+      if (writable()) res.end(`${text}data: [DONE]\n\n`);
     },
     signal: gone.signal,
   };
