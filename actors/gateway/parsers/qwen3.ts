@@ -28,7 +28,7 @@ export const qwen3Parser: OutputParser = {
     }
     let content = '';
     const toolCalls: ToolCall[] = [];
-    for (; opts.tools !== false; ) {
+    while (opts.tools !== false) {
       const open = rest.indexOf(CALL_OPEN);
       if (open === -1) break;
       const close = rest.indexOf(CALL_CLOSE, open + CALL_OPEN.length);
