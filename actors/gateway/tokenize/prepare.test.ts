@@ -1,8 +1,9 @@
-import { cpSync, mkdtempSync, readFileSync, realpathSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { tinyModelDir } from '../../../cluster/paths.js';
+import { copyTinyModel } from '../../../test/helpers/long-context-model.js';
 import { ChatTokenizer } from './chat-tokenizer.js';
 import { normalizeMessages } from './normalize.js';
 import { prepareChat } from './prepare.js';
@@ -100,10 +101,11 @@ describe('prepareChat bodies of a session', () => {
 });
 
 describe('prepareChat thinking state', () => {
+  const parent = mkdtempSync(join(tmpdir(), 'reef-think-'));
+  afterAll(() => rmSync(parent, { recursive: true, force: true }));
   /** A copy of the tiny model with its template (and, optionally, its added tokens) changed. */
   const variant = (name: string, edit: { template?: (t: string) => string; dropAdded?: string[] }): string => {
-    const dir = join(mkdtempSync(join(tmpdir(), 'reef-think-')), name);
-    cpSync(realpathSync(tinyModelDir()), dir, { recursive: true, dereference: true });
+    const dir = copyTinyModel(join(parent, name));
     if (edit.template) {
       const path = join(dir, 'chat_template.jinja');
       writeFileSync(path, edit.template(readFileSync(path, 'utf8')));

@@ -1,8 +1,9 @@
-import { cpSync, mkdtempSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { tinyModelDir } from '../../../cluster/paths.js';
+import { copyTinyModel } from '../../../test/helpers/long-context-model.js';
 import { CORPUS } from '../../../test/parity/corpus.js';
 import { prng } from '../../runtime/prng.js';
 import { ChatTokenizer, type EncodedPrompt } from './chat-tokenizer.js';
@@ -125,7 +126,7 @@ describe('render with a prior render', () => {
     // A model with an added token that extends another: after "<|im_start|>" the scan must look
     // on, since "<|im_start|>user" may follow where the prior had "<|im_start|>assistant".
     const modelDir = join(dir, 'overlap-model');
-    cpSync(realpathSync(tinyModelDir()), modelDir, { recursive: true, dereference: true });
+    copyTinyModel(modelDir);
     const path = join(modelDir, 'tokenizer.json');
     const spec = JSON.parse(readFileSync(path, 'utf8')) as { added_tokens: { id: number }[]; model: { vocab: Record<string, number> } };
     const id = Math.max(...spec.added_tokens.map((t) => t.id), ...Object.values(spec.model.vocab)) + 1;
