@@ -42,8 +42,9 @@ def _head_on_rows(model: Any, starts: torch.Tensor, width: int) -> Iterator[None
 
     The logits of the context positions are never used, and over a large vocabulary they are most of
     a step's activation memory (a [B, L, V] tensor, kept again for the backward pass) and, for the
-    Qwen3 shapes of bench/gpu_train.py (512-token contexts, 256-token responses), 6–17% of its FLOPs. transformers' `logits_to_keep` keeps the same positions in every row; responses
-    start at a different column in each right-padded row. The selection is made in a pre-hook of
+    Qwen3 shapes of bench/gpu_train.py (512-token contexts, 256-token responses), 6–17% of its
+    FLOPs. transformers' `logits_to_keep` keeps the same positions in every row; responses start at
+    a different column in each right-padded row. The selection is made in a pre-hook of
     the head inside the model's own forward, so a sharded (FSDP2) root still gathers its parameters
     as usual."""
     index = (starts[:, None] + torch.arange(width, device=starts.device)[None, :])
