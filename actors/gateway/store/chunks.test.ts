@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { CHUNK_BYTES, chunk, REF_BYTES, unchunk } from './chunks.js';
+import { CHUNK_BYTES, ChunkMemo, chunk, REF_BYTES, TAIL_CHUNK_MIN_BYTES, unchunk } from './chunks.js';
 import { recordDiff, sampleRecord } from './fixtures.js';
 import { SqliteStore } from './sqlite-store.js';
 import type { NewRecord, RecordRequest } from './types.js';
@@ -32,6 +32,45 @@ describe('chunk', () => {
     const b = chunk(turn2, { utf8: false });
     expect(b.refs!.subarray(0, a.refs!.length).equals(a.refs!)).toBe(true);
     expect(a.refs!.length / REF_BYTES).toBe(Math.floor((5000 * 4 - 1) / CHUNK_BYTES));
+  });
+});
+
+describe('chunk with whole', () => {
+  const ids = (n: number) => Buffer.from(Int32Array.from({ length: n }, (_, i) => i * 7 + 1).buffer);
+  const restore = (c: ReturnType<typeof chunk>) => {
+    const byHash = new Map(c.chunks.map((x) => [x.hash.toString('hex'), x.data]));
+    return unchunk(c.refs!, c.tail, (h) => byHash.get(h.toString('hex')), 'x');
+  };
+
+  it('puts a tail of TAIL_CHUNK_MIN_BYTES or more into a last chunk of its own, and keeps a shorter one', () => {
+    const long = ids(5000); // two full chunks and a 3,616-byte tail
+    const c = chunk(long, { utf8: false, whole: true });
+    expect(c.chunks.map((x) => [x.data.length, x.last ?? false])).toEqual([[CHUNK_BYTES, false], [CHUNK_BYTES, false], [5000 * 4 - 2 * CHUNK_BYTES, true]]);
+    expect(c.tail.length).toBe(0);
+    expect(restore(c).equals(long)).toBe(true);
+    // The full chunks are those of the same payload cut without `whole`.
+    expect(c.refs!.subarray(0, 2 * REF_BYTES).equals(chunk(long, { utf8: false }).refs!)).toBe(true);
+
+    const shortTail = ids(2 * (CHUNK_BYTES / 4) + TAIL_CHUNK_MIN_BYTES / 4 - 1);
+    const d = chunk(shortTail, { utf8: false, whole: true });
+    expect(d.chunks).toHaveLength(2);
+    expect(d.tail.length).toBe(TAIL_CHUNK_MIN_BYTES - 4);
+    expect(restore(d).equals(shortTail)).toBe(true);
+
+    // Below one chunk: the whole payload is the last chunk, or stays whole when short.
+    const one = ids(TAIL_CHUNK_MIN_BYTES / 4);
+    expect(chunk(one, { utf8: false, whole: true }).chunks.map((x) => x.last)).toEqual([true]);
+    expect(chunk(ids(TAIL_CHUNK_MIN_BYTES / 4 - 1), { utf8: false, whole: true }).refs).toBeNull();
+  });
+
+  it('neither finds a last chunk in the memo nor keeps one there', () => {
+    const memo = new ChunkMemo();
+    const payload = ids(3000);
+    const first = chunk(payload, { utf8: false, memo, whole: true });
+    memo.remember(first.chunks);
+    const again = chunk(payload, { utf8: false, memo, whole: true });
+    expect(again.chunks.map((x) => [x.stored, x.last ?? false])).toEqual([[true, false], [false, true]]);
+    expect(memo.find(first.chunks[1]!.data)).toBeNull();
   });
 });
 
@@ -73,7 +112,11 @@ describe('SqliteStore with chunked payloads', () => {
   });
 
   it('stage writes a record\'s chunks ahead of it, and the append then writes only the row', async () => {
-    const body = new TextEncoder().encode(JSON.stringify({ messages: [{ role: 'system', content: system }, { role: 'user', content: 'hi' }], max_tokens: 8 }));
+    const bodyWith = (pad: number) => new TextEncoder().encode(JSON.stringify({ messages: [{ role: 'system', content: system }, { role: 'user', content: `hi${' '.repeat(pad)}` }], max_tokens: 8 }));
+    // A tail long enough to be staged as a chunk of its own.
+    let pad = 0;
+    while (chunk(Buffer.from(bodyWith(pad)), { utf8: true }).tail.length < 2 * TAIL_CHUNK_MIN_BYTES) pad += 512;
+    const body = bodyWith(pad);
     const rec: NewRecord = { ...sampleRecord(4, { promptTokens: 7000 }), request: { chatBody: body } };
     const staged = store.stage({ request: { chatBody: body }, promptIds: rec.promptIds });
     expect(staged).not.toBeNull();
@@ -82,6 +125,9 @@ describe('SqliteStore with chunked payloads', () => {
     expect(stagedRows).toBeGreaterThan(5);
     const { id } = await store.append({ ...rec, staged });
     expect(chunkRows()).toBe(stagedRows);
+    // The tails were staged too: the row holds chunk references, not payload.
+    const row = db().prepare('SELECT length(CAST(request AS BLOB)) AS request, length(prompt_ids) AS ids FROM records WHERE id = ?').get(id);
+    expect(row).toEqual({ request: 0, ids: 0 });
     const got = (await store.get(id))!;
     expect(Array.from(got.promptIds)).toEqual(Array.from(rec.promptIds));
     expect(got.request.messages).toHaveLength(2);

@@ -20,6 +20,11 @@ export interface Chunk {
   data: Buffer;
   /** Known to be in the store already (ChunkMemo), so the writer need not insert it. */
   stored: boolean;
+  /**
+   * The payload's last, partial piece (`chunk` with `whole`). The next turn's payload runs on past
+   * it, so its bytes almost never come again: neither looked up in nor kept by the memo.
+   */
+  last?: true;
 }
 
 export interface Chunked {
@@ -67,7 +72,7 @@ export class ChunkMemo {
   /** Call once the transaction that inserted `chunks` has committed. */
   remember(chunks: readonly Chunk[]): void {
     for (const c of chunks) {
-      if (c.stored) continue;
+      if (c.stored || c.last) continue;
       this.byKey.set(ChunkMemo.key(c.data), { hash: c.hash, data: Buffer.from(c.data), stored: true });
       if (this.byKey.size > this.maxEntries) this.byKey.delete(this.byKey.keys().next().value as string);
     }
@@ -75,12 +80,21 @@ export class ChunkMemo {
 }
 
 /**
+ * With `whole`, a tail of at least this many bytes becomes a chunk too. Staged payloads are cut so
+ * (SqliteStore.stage): their chunks are written while the engine works, and what stays in the
+ * record row is written by the commit the receipt waits for. With an OpenClaw turn's two tails
+ * (up to 8 KiB each) in the row, that commit wrote 8–9 WAL pages; without them it writes 4. A
+ * shorter tail fits the row's own page.
+ */
+export const TAIL_CHUNK_MIN_BYTES = 1024;
+
+/**
  * Cuts `bytes` at multiples of CHUNK_BYTES. With `utf8`, each cut moves back to the start of a
  * character, so the tail is valid UTF-8 text on its own (the request column is TEXT); identical
- * prefixes still cut identically.
+ * prefixes still cut identically. With `whole`, the tail goes into a chunk of its own (marked
+ * `last`) when it is at least TAIL_CHUNK_MIN_BYTES, and the row keeps none of the payload.
  */
-export function chunk(bytes: Buffer, opts: { utf8: boolean; memo?: ChunkMemo | null }): Chunked {
-  if (bytes.length <= CHUNK_BYTES) return { refs: null, tail: bytes, chunks: [] };
+export function chunk(bytes: Buffer, opts: { utf8: boolean; memo?: ChunkMemo | null; whole?: boolean }): Chunked {
   const chunks: Chunk[] = [];
   let start = 0;
   while (bytes.length - start > CHUNK_BYTES) {
@@ -92,6 +106,12 @@ export function chunk(bytes: Buffer, opts: { utf8: boolean; memo?: ChunkMemo | n
     chunks.push({ hash: known ?? digest(data), data, stored: known !== null });
     start = end;
   }
+  if (opts.whole === true && bytes.length - start >= TAIL_CHUNK_MIN_BYTES) {
+    const data = bytes.subarray(start);
+    chunks.push({ hash: digest(data), data, stored: false, last: true });
+    start = bytes.length;
+  }
+  if (chunks.length === 0) return { refs: null, tail: bytes, chunks };
   return { refs: Buffer.concat(chunks.map((c) => c.hash)), tail: bytes.subarray(start), chunks };
 }
 

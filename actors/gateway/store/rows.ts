@@ -121,14 +121,17 @@ interface Payloads extends StagedPayloads {
   promptChunks: Chunked;
 }
 
-/** Cuts a record's request and prompt ids into chunks (chunks.ts); throws REEF_ERR_INVALID_ARGUMENT. */
-export function chunkPayloads(request: NewRecord['request'], promptIds: Int32Array, memo: ChunkMemo | null): Payloads {
+/**
+ * Cuts a record's request and prompt ids into chunks (chunks.ts); throws REEF_ERR_INVALID_ARGUMENT.
+ * `whole` also puts their tails into chunks: for payloads staged ahead of their record.
+ */
+export function chunkPayloads(request: NewRecord['request'], promptIds: Int32Array, memo: ChunkMemo | null, whole = false): Payloads {
   const { bytes, form } = requestBytes(request);
   const ids = typed(promptIds, Int32Array, 'promptIds');
   return {
     __staged: true, request, promptIds: ids, form,
-    requestChunks: chunk(bytes, { utf8: true, memo }),
-    promptChunks: chunk(blob(ids), { utf8: false, memo }),
+    requestChunks: chunk(bytes, { utf8: true, memo, whole }),
+    promptChunks: chunk(blob(ids), { utf8: false, memo, whole }),
   };
 }
 

@@ -203,17 +203,18 @@ export class SqliteStore implements RecordStore {
   }
 
   /**
-   * Cuts a record's request and prompt ids into chunks and writes the chunks not stored yet, ahead
-   * of the record itself; pass the answer as the record's `staged`. The gateway calls this while
-   * the engine works on the request, so the commit that gates the receipt writes only the record
-   * row. Chunks are content-addressed and shared, so chunks whose record never comes (the engine
-   * refused the request) are unreferenced rows, not an inconsistency. Null when there is nothing to
-   * gain or staging failed; the append then does all the work itself and reports any error.
+   * Cuts a record's request and prompt ids into chunks, their tails included (`chunk` with
+   * `whole`), and writes the chunks not stored yet, ahead of the record itself; pass the answer as
+   * the record's `staged`. The gateway calls this while the engine works on the request, so the
+   * commit that gates the receipt writes a row of chunk references and the output. Chunks are
+   * content-addressed and shared, so chunks whose record never comes (the engine refused the
+   * request) are unreferenced rows, not an inconsistency. Null when there is nothing to gain or
+   * staging failed; the append then does all the work itself and reports any error.
    */
   stage(payloads: { request: NewRecord['request']; promptIds: Int32Array }): StagedPayloads | null {
     if (this.closed) return null;
     try {
-      const staged = chunkPayloads(payloads.request, payloads.promptIds, this.chunkMemo);
+      const staged = chunkPayloads(payloads.request, payloads.promptIds, this.chunkMemo, true);
       const fresh = stagedChunks(staged).filter((c) => !c.stored);
       if (fresh.length > 0) {
         this.insertChunksTx(fresh);
