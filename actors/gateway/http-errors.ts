@@ -18,5 +18,5 @@ export function sendError(reply: FastifyReply, code: ErrorCode, message: string,
 
 export function sendReefError(reply: FastifyReply, err: ReefError, param: string | null = null): FastifyReply {
   const retryAfterS = err.status === 503 || err.status === 429 ? 1 : undefined;
-  return sendError(reply, err.code, err.message, { param, ...(retryAfterS === undefined ? {} : { retryAfterS }) });
+  return sendError(reply, err.code, err.message, { param: param ?? err.param, ...(retryAfterS === undefined ? {} : { retryAfterS }) });
 }

@@ -70,14 +70,17 @@ export class ReefError extends Error {
   readonly code: ErrorCode;
   readonly retryable: boolean;
   readonly status: number | null;
+  /** The request field at fault, for an HTTP error body's `param` (OpenAI's error shape); not sent between actors. */
+  readonly param: string | null;
 
-  constructor(code: ErrorCode, params: Record<string, unknown> = {}, options?: { cause?: unknown; message?: string }) {
+  constructor(code: ErrorCode, params: Record<string, unknown> = {}, options?: { cause?: unknown; message?: string; param?: string }) {
     const spec: ErrorSpec = ERRORS[code];
     super(options?.message ?? render(spec.message, params), options?.cause === undefined ? undefined : { cause: options.cause });
     this.name = 'ReefError';
     this.code = code;
     this.retryable = spec.retryable;
     this.status = spec.status;
+    this.param = options?.param ?? null;
   }
 
   /** The wire shape of an error reply (every key written, see STYLE.md §3). */

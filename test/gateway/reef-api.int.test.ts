@@ -32,6 +32,7 @@ describe('gateway Reef API', () => {
       const json = await res.json();
       expect(res.status, JSON.stringify(json)).toBe(400);
       expect(openAIError(json).param).toBe(param);
+      return openAIError(json).message;
     }
 
     it('takes only a finite number as score', async () => {
@@ -60,8 +61,12 @@ describe('gateway Reef API', () => {
       const [a, b] = receipts.default!;
       await rejected({ score: 1, references: 'abc' }, 'references');
       await rejected({ score: 1, references: [a, a] }, 'references');
-      await rejected({ score: 1, references: ['01ZZZZZZZZZZZZZZZZZZZZZZZZ'] }, null);
-      await rejected({ score: 1, references: [receipts.other![0]] }, null);
+      // A missing record and another scenario's get the same answer, which names neither that
+      // scenario nor whether the id exists.
+      const missing = await rejected({ score: 1, references: ['01ZZZZZZZZZZZZZZZZZZZZZZZZ'] }, 'references');
+      const foreign = await rejected({ score: 1, references: [receipts.other![0]] }, 'references');
+      expect(missing).toBe('report reference "01ZZZZZZZZZZZZZZZZZZZZZZZZ" is not a record of scenario default');
+      expect(foreign).toBe(`report reference "${receipts.other![0]}" is not a record of scenario default`);
       const res = await post('/reef/report', { score: 1, references: [a, b] });
       expect(res.status).toBe(201);
       expect(((await res.json()) as any).references).toEqual([a, b]);
@@ -87,6 +92,15 @@ describe('gateway Reef API', () => {
       expect(openAIError(await conflict.json()).type).toBe('conflict_error');
       // The same client id in another scenario is another report.
       expect((await post('/reef/report', { ...body, references: [] }, { 'x-reef-scenario': 'other' })).status).toBe(201);
+    });
+
+    it('takes as agent_record_id only what its response header can carry, and stores nothing otherwise', async () => {
+      const stored = async () => (await s.gw.store.listReports({ scenario: 'default', limit: 1000 })).items.length;
+      const before = await stored();
+      for (const id of ['run→1', 'a\nb', 'with space', '👋', '', 'x'.repeat(129)]) await rejected({ score: 1, agent_record_id: id }, 'agent_record_id');
+      expect(await stored()).toBe(before);
+      const ok = await post('/reef/report', { score: 1, agent_record_id: 'run-1:~!' });
+      expect([ok.status, ok.headers.get('x-reef-agent-record-id')]).toEqual([201, 'run-1:~!']);
     });
   });
 

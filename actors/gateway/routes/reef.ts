@@ -22,6 +22,8 @@ function isPlainObject(v: unknown): v is Record<string, unknown> {
   return v !== null && typeof v === 'object' && !Array.isArray(v);
 }
 
+const CLIENT_ID_RE = /^[\x21-\x7e]{1,128}$/;
+
 /** Checks a report body; returns the first problem as [param, message], or null. */
 export function checkReport(body: unknown): [string | null, string] | null {
   if (!isPlainObject(body)) return [null, 'request body must be a JSON object'];
@@ -34,7 +36,9 @@ export function checkReport(body: unknown): [string | null, string] | null {
     if (dup !== undefined) return ['references', `reference ${dup} appears twice`];
   }
   if (metadata !== undefined && metadata !== null && !isPlainObject(metadata)) return ['metadata', 'metadata must be an object'];
-  if (clientId !== undefined && clientId !== null && (typeof clientId !== 'string' || clientId.length === 0 || clientId.length > 128)) return ['agent_record_id', 'agent_record_id must be a non-empty string of at most 128 characters'];
+  // It goes back in the x-reef-agent-record-id header, which carries printable ASCII only; checked
+  // here, before the report is stored, so that no stored report answers every retry with a 500.
+  if (clientId !== undefined && clientId !== null && (typeof clientId !== 'string' || !CLIENT_ID_RE.test(clientId))) return ['agent_record_id', 'agent_record_id must be 1 to 128 printable ASCII characters, without spaces'];
   return null;
 }
 

@@ -100,9 +100,10 @@ export class ReportTable {
   private putInTx(input: NewReport): { report: Report; created: boolean } {
     for (const ref of input.references) {
       const row = this.recordScenario.get(ref);
-      if (row === undefined) throw invalid(`report reference ${JSON.stringify(ref)} is not a record`);
-      if (row.scenario !== input.scenario) {
-        throw invalid(`report reference ${ref} belongs to scenario ${row.scenario}, not ${input.scenario}`);
+      // One answer for both: naming the other scenario, or telling a missing id from a foreign one,
+      // would show a key limited to this scenario what it may not see.
+      if (row === undefined || row.scenario !== input.scenario) {
+        throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `report reference ${JSON.stringify(ref)} is not a record of scenario ${input.scenario}` }, { param: 'references' });
       }
     }
     if (input.clientId !== null) {
