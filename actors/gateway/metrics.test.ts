@@ -23,4 +23,18 @@ describe('metrics', () => {
     expect(text).toContain('reef_record_commit_seconds_bucket{le="+Inf"} 2');
     expect(text).toContain('reef_record_commit_seconds_count 2');
   });
+
+  it('leaves out the series of scenarios a scrape may not see', () => {
+    const m = new GatewayMetrics();
+    m.records.inc({ scenario: 'alpha', status: 'ok' });
+    m.records.inc({ scenario: 'secret-beta', status: 'ok' });
+    m.tokens.inc({ kind: 'prompt' }, 5);
+    m.latency.observe(0.01, { route: '/x', scenario: 'secret-beta' });
+    const limited = m.render((s) => s === 'alpha');
+    expect(limited).toContain('reef_records_total{scenario="alpha",status="ok"} 1');
+    expect(limited).toContain('reef_tokens_total{kind="prompt"} 5');
+    expect(limited).not.toContain('secret-beta');
+    expect(m.render()).toContain('reef_records_total{scenario="secret-beta",status="ok"} 1');
+    expect(m.render()).toContain('reef_http_request_duration_seconds_bucket{route="/x",scenario="secret-beta",le="0.01"} 1');
+  });
 });

@@ -20,19 +20,41 @@ export function labelKey(labels: Labels): string {
   return out;
 }
 
+/**
+ * Which scenarios a scrape may see; a series labelled with another scenario is left out. Scenario
+ * names are themselves what a key limited to scenarios may not learn (auth.ts `canSee`).
+ */
+export type ScenarioFilter = ((scenario: string) => boolean) | null;
+
+/** Series keys of one metric, with the `scenario` label of those that have one. */
+class SeriesScenarios {
+  private readonly byKey = new Map<string, string>();
+  note(key: string, labels: Labels): void {
+    if (labels.scenario !== undefined && !this.byKey.has(key)) this.byKey.set(key, labels.scenario);
+  }
+  hidden(key: string, visible: ScenarioFilter): boolean {
+    if (visible === null) return false;
+    const s = this.byKey.get(key);
+    return s !== undefined && !visible(s);
+  }
+}
+
 class Counter {
   private readonly values = new Map<string, number>();
+  private readonly scenarios = new SeriesScenarios();
   constructor(readonly name: string, readonly help: string) {}
   inc(labels: Labels = {}, by = 1): void {
     const k = labelKey(labels);
-    this.values.set(k, (this.values.get(k) ?? 0) + by);
+    const v = this.values.get(k);
+    if (v === undefined) this.scenarios.note(k, labels);
+    this.values.set(k, (v ?? 0) + by);
   }
   get(labels: Labels = {}): number {
     return this.values.get(labelKey(labels)) ?? 0;
   }
-  render(): string {
+  render(visible: ScenarioFilter = null): string {
     const lines = [`# HELP ${this.name} ${this.help}`, `# TYPE ${this.name} counter`];
-    for (const [k, v] of this.values) lines.push(`${this.name}${k ? `{${k}}` : ''} ${v}`);
+    for (const [k, v] of this.values) if (!this.scenarios.hidden(k, visible)) lines.push(`${this.name}${k ? `{${k}}` : ''} ${v}`);
     return lines.join('\n');
   }
 }
@@ -52,18 +74,23 @@ class Gauge {
 
 class Histogram {
   private readonly series = new Map<string, { counts: number[]; sum: number; count: number }>();
+  private readonly scenarios = new SeriesScenarios();
   constructor(readonly name: string, readonly help: string, readonly buckets: readonly number[]) {}
   observe(value: number, labels: Labels = {}): void {
     const k = labelKey(labels);
     let s = this.series.get(k);
-    if (!s) this.series.set(k, (s = { counts: this.buckets.map(() => 0), sum: 0, count: 0 }));
+    if (!s) {
+      this.series.set(k, (s = { counts: this.buckets.map(() => 0), sum: 0, count: 0 }));
+      this.scenarios.note(k, labels);
+    }
     for (let i = 0; i < this.buckets.length; i++) if (value <= this.buckets[i]!) s.counts[i]!++;
     s.sum += value;
     s.count++;
   }
-  render(): string {
+  render(visible: ScenarioFilter = null): string {
     const lines = [`# HELP ${this.name} ${this.help}`, `# TYPE ${this.name} histogram`];
     for (const [k, s] of this.series) {
+      if (this.scenarios.hidden(k, visible)) continue;
       const pre = k ? `${k},` : '';
       this.buckets.forEach((b, i) => lines.push(`${this.name}_bucket{${pre}le="${b}"} ${s.counts[i]}`));
       lines.push(`${this.name}_bucket{${pre}le="+Inf"} ${s.count}`);
@@ -97,8 +124,10 @@ export class GatewayMetrics {
     this.extra.push(render);
   }
 
-  render(): string {
-    const parts = [this.requests, this.latency, this.tokens, this.records, this.commitLatency, this.engineErrors, this.inflight].map((m) => m.render());
+  /** The text exposition; `visible` leaves out the series of scenarios the scraping key may not see. */
+  render(visible: ScenarioFilter = null): string {
+    const parts = [this.requests, this.latency, this.tokens, this.records, this.commitLatency, this.engineErrors].map((m) => m.render(visible));
+    parts.push(this.inflight.render());
     for (const r of this.extra) parts.push(r());
     return parts.join('\n') + '\n';
   }

@@ -1,5 +1,5 @@
 import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
-import { Authenticator, type Principal } from './auth.js';
+import { Authenticator, canSee, type Principal } from './auth.js';
 import type { ChatDeps } from './chat.js';
 import { sendError } from './http-errors.js';
 import { parsedBodyProblem } from './body-checks.js';
@@ -92,7 +92,10 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
   };
 
   app.get('/healthz', async () => ({ ok: true }));
-  app.get('/metrics', async (_req, reply) => reply.type('text/plain; version=0.0.4').send(metrics.render()));
+  app.get('/metrics', async (req, reply) => {
+    const p = principalOf(req);
+    return reply.type('text/plain; version=0.0.4').send(metrics.render(p.scenarios === null ? null : (s) => canSee(p, s)));
+  });
   registerOpenAIRoutes(app, opts.chat, { defaultScenario: opts.defaultScenario, principalOf });
   opts.registerReefRoutes?.(app, principalOf);
   return app;

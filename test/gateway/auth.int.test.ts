@@ -94,6 +94,11 @@ describe('gateway auth', () => {
     expect(listed.data.map((x) => x.name)).toEqual(['alpha']);
     const report = await fetch(`${s.url}/reef/report`, { method: 'POST', headers: { ...h, 'content-type': 'application/json', 'x-reef-scenario': 'beta' }, body: JSON.stringify({ score: 1, references: [betaRecord] }) });
     expect(report.status).toBe(403);
+    // Metrics too: the beta series, and so beta's name, are left out of this key's scrape.
+    const scraped = await (await fetch(`${s.url}/metrics`, { headers: h })).text();
+    expect(scraped).toContain('scenario="alpha"');
+    expect(scraped).not.toContain('scenario="beta"');
+    expect(await (await fetch(`${s.url}/metrics`, { headers: { 'x-api-key': ADMIN } })).text()).toContain('scenario="beta"');
     // The admin key sees both.
     const all = (await (await fetch(`${s.url}/reef/scenarios`, { headers: { 'x-api-key': ADMIN } })).json()) as { data: Array<{ name: string }> };
     expect(all.data.map((x) => x.name)).toEqual(expect.arrayContaining(['alpha', 'beta']));
