@@ -94,6 +94,10 @@ describe('gateway auth', () => {
     expect(listed.data.map((x) => x.name)).toEqual(['alpha']);
     const report = await fetch(`${s.url}/reef/report`, { method: 'POST', headers: { ...h, 'content-type': 'application/json', 'x-reef-scenario': 'beta' }, body: JSON.stringify({ score: 1, references: [betaRecord] }) });
     expect(report.status).toBe(403);
+    // Weights are shared by every scenario: a limited key may not roll them back, even in its own.
+    const rollback = await fetch(`${s.url}/reef/scenarios/alpha/releases/rollback`, { method: 'POST', headers: { ...h, 'content-type': 'application/json' }, body: '{}' });
+    expect(rollback.status).toBe(403);
+    expect(openAIError(await rollback.json()).message).toMatch(/not limited to scenarios/);
     // Metrics too: the beta series, and so beta's name, are left out of this key's scrape.
     const scraped = await (await fetch(`${s.url}/metrics`, { headers: h })).text();
     expect(scraped).toContain('scenario="alpha"');

@@ -133,6 +133,11 @@ export function registerReefRoutes(app: FastifyInstance, deps: ReefRouteDeps, pr
   app.post<{ Params: { s: string } }>('/reef/scenarios/:s/releases/rollback', async (request, reply) => {
     const { s } = request.params;
     if (!guard(request, reply, s)) return reply;
+    // Weights are shared: a rollback changes what every scenario is served, so a key limited to
+    // some scenarios may not order one.
+    if (principalOf(request).scenarios !== null) {
+      return sendReefError(reply, new ReefError('REEF_ERR_FORBIDDEN', {}, { message: 'a rollback changes the weights every scenario is served with, so it needs an API key that is not limited to scenarios' }));
+    }
     if (!deps.rollback) return sendError(reply, 'REEF_ERR_ACTOR_CLOSED', 'training is not running in this stack, so there is nothing to roll back', { status: 409 });
     try {
       return await deps.rollback(s, request.body);
