@@ -5,14 +5,27 @@ import { ReefError } from '../runtime/errors.js';
  * in flight to finish; `resume()` lets the waiting ones through. New requests wait instead of
  * failing, up to `admitTimeoutMs`, after which they get a retryable 503.
  */
+/**
+ * How long a pause lasts when its caller names no bound: longer than any weight swap should take
+ * (drain, push and load each bounded by minutes), short enough that a trainer-controller that died
+ * mid-swap does not stop the gateway for good.
+ */
+export const DEFAULT_MAX_PAUSE_MS = 15 * 60_000;
+
 export class GenerationGate {
   private inflightCount = 0;
   private paused = false;
+  private lease: NodeJS.Timeout | null = null;
   private waiters: Array<() => void> = [];
   private drained: Array<() => void> = [];
   private version: string | null;
 
-  constructor(initialWeightVersion: string | null, private readonly admitTimeoutMs = 60_000) {
+  /** @param onLeaseExpired told when a pause outlived its bound and the gate resumed by itself */
+  constructor(
+    initialWeightVersion: string | null,
+    private readonly admitTimeoutMs = 60_000,
+    private readonly onLeaseExpired: ((maxPauseMs: number) => void) | null = null,
+  ) {
     this.version = initialWeightVersion;
   }
 
@@ -60,9 +73,21 @@ export class GenerationGate {
     }
   }
 
-  /** Stops admitting and waits for in-flight generations; resolves with how many were still running at the deadline. */
-  async pause(drainTimeoutMs: number): Promise<{ drained: boolean; inflight: number }> {
+  /**
+   * Stops admitting and waits for in-flight generations; resolves with how many were still running
+   * at the deadline. Admission comes back with `resume()`, or by itself after `maxPauseMs` (weight
+   * version unchanged), so that a caller that dies before its resume leaves no gateway paused.
+   */
+  async pause(drainTimeoutMs: number, maxPauseMs = DEFAULT_MAX_PAUSE_MS): Promise<{ drained: boolean; inflight: number }> {
     this.paused = true;
+    if (this.lease !== null) clearTimeout(this.lease);
+    this.lease = setTimeout(() => {
+      this.lease = null;
+      this.resume(null);
+      this.onLeaseExpired?.(maxPauseMs);
+    }, maxPauseMs);
+    // A lease must not keep a gateway that is shutting down alive.
+    this.lease.unref();
     if (this.inflightCount === 0) return { drained: true, inflight: 0 };
     const ok = await new Promise<boolean>((resolve) => {
       const timer = setTimeout(() => resolve(false), drainTimeoutMs);
@@ -77,6 +102,10 @@ export class GenerationGate {
   resume(weightVersion: string | null): void {
     if (weightVersion !== null) this.version = weightVersion;
     this.paused = false;
+    if (this.lease !== null) {
+      clearTimeout(this.lease);
+      this.lease = null;
+    }
     const w = this.waiters;
     this.waiters = [];
     for (const fn of w) fn();

@@ -108,7 +108,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const t = await promptTokenizer(modelDir, opts.tokenizerThreads ?? defaultTokenizerThreads(), opts.inlinePrepareBytes ?? INLINE_PREPARE_BYTES);
     pool = t.pool;
     const info = await engine.modelInfo().catch(() => null);
-    const gate = new GenerationGate(info?.weight_version ?? null);
+    const gate = new GenerationGate(info?.weight_version ?? null, undefined, (ms) =>
+      opts.log?.(`generation was paused for ${ms} ms without a resume (did the trainer-controller stop mid-swap?); admitting requests again`),
+    );
     const topK = Number((cfg.training.resolved as { topK?: number }).topK ?? 4);
     const chat: ChatDeps = {
       tokenizer: t.tok,
@@ -152,7 +154,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const address = await app.listen(listen);
     opts.log?.(`gateway listening on ${address}`);
     const handlers: Handlers<GatewayMessage> = {
-      'pause-generation': async (msg) => gate.pause(msg.drainTimeoutMs),
+      'pause-generation': async (msg) => gate.pause(msg.drainTimeoutMs, msg.maxPauseMs),
       'resume-generation': (msg) => {
         gate.resume(msg.weightVersion);
         return { weightVersion: gate.weightVersion };

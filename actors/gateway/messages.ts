@@ -10,6 +10,11 @@ export const pauseGeneration = z.object({
   requestId: z.string(),
   /** How long to wait for in-flight generations before answering anyway. */
   drainTimeoutMs: z.number().int().positive(),
+  /**
+   * How long the pause may last before the gateway resumes by itself (weight version unchanged);
+   * absent: generation-gate.ts DEFAULT_MAX_PAUSE_MS.
+   */
+  maxPauseMs: z.number().int().positive().optional(),
 });
 
 export const resumeGeneration = z.object({

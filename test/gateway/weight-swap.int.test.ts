@@ -25,7 +25,8 @@ describe('gateway weight swap', () => {
     await s?.close();
   });
 
-  const pause = (drainTimeoutMs: number) => s.gw.handlers['pause-generation']({ type: 'pause-generation', requestId: 'p', drainTimeoutMs }, ctx('pause-generation')) as Promise<{ drained: boolean; inflight: number }>;
+  const pause = (drainTimeoutMs: number, maxPauseMs?: number) =>
+    s.gw.handlers['pause-generation']({ type: 'pause-generation', requestId: 'p', drainTimeoutMs, ...(maxPauseMs === undefined ? {} : { maxPauseMs }) }, ctx('pause-generation')) as Promise<{ drained: boolean; inflight: number }>;
   const resume = (weightVersion: string | null) => s.gw.handlers['resume-generation']({ type: 'resume-generation', requestId: 'r', weightVersion }, ctx('resume-generation')) as { weightVersion: string | null };
 
   it('pause waits for the stream in flight; a request during the pause waits and runs on the new weights after resume', async () => {
@@ -119,5 +120,26 @@ describe('gateway weight swap', () => {
     const events = await readSse(await res);
     const id = JSON.parse(events.at(-2)!).reef.agent_record_id as string;
     expect((await s.gw.store.get(id))!.weightVersion).toBe('v2');
+  });
+
+  it('a pause nobody resumes ends by itself after maxPauseMs: the waiting request runs, on the unchanged version', async () => {
+    const version = s.gw.gate.weightVersion;
+    expect(await pause(1000, 2000)).toEqual({ drained: true, inflight: 0 });
+    const res = postChat(s.url, CHAT);
+    await waitFor(() => (s.gw.metrics.inflightCount === 1 ? true : null), { what: 'the request to wait at the gate' });
+    expect(s.gw.gate.isPaused).toBe(true);
+    const done = await res;
+    expect(done.status).toBe(200);
+    expect(s.gw.gate.isPaused).toBe(false);
+    expect((await s.gw.store.get(done.headers.get('x-reef-agent-record-id')!))!.weightVersion).toBe(version);
+  });
+
+  it('a resume ends the lease: a later pause is not cut short by an earlier one', async () => {
+    await pause(1000, 200);
+    resume(null);
+    await pause(1000, 60_000);
+    await new Promise((r) => setTimeout(r, 400));
+    expect(s.gw.gate.isPaused).toBe(true);
+    resume(null);
   });
 });
