@@ -60,8 +60,10 @@ export function releasesOf(state: unknown, scenario: string): unknown[] {
 
 export function resolveApiKeys(cfg: ReefConfig, env: NodeJS.ProcessEnv = process.env): ApiKeySpec[] {
   return cfg.reef.api_keys.map((k, i) => {
-    const key = k.key ?? (k.key_env ? env[k.key_env] : undefined);
-    if (!key) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}].key_env: environment variable ${k.key_env} is not set` });
+    // Trimmed like a client's key (auth.ts extractKey): a value written with a trailing newline
+    // must still match.
+    const key = k.key ?? (k.key_env ? env[k.key_env]?.trim() : undefined);
+    if (!key) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}].key_env: environment variable ${k.key_env} is not set or is blank` });
     return { key, scenarios: k.scenarios, maxConcurrency: k.max_concurrency };
   });
 }

@@ -35,6 +35,10 @@ describe('errors name the full path', () => {
     { name: 'required', raw: { cluster: { prm: { replicas: 0 } } }, line: 'cluster.rollout.model_path: required (expected a non-empty string)' },
     { name: 'prm model needed with replicas', raw: { cluster: { rollout: { model_path: '/m' } } }, line: 'cluster.prm.model_path: required when cluster.prm.replicas > 0 (use replicas: 0 for an external PRM)' },
     { name: 'api key item', raw: { ...minimal(), reef: { api_keys: [{ key: 'k', key_env: 'K' }] } }, line: 'reef.api_keys[0]: set exactly one of key and key_env' },
+    // Names the store would refuse on every request, and a key no client could present.
+    { name: 'default scenario the store refuses', raw: { ...minimal(), reef: { default_scenario: 'Prod' } }, line: 'reef.default_scenario: expected a scenario name (lower-case letters, digits, ".", "_" and "-", starting with a letter or digit, at most 64), got "Prod"' },
+    { name: 'key scenario the store refuses', raw: { ...minimal(), reef: { api_keys: [{ key: 'k', scenarios: ['alpha', '_x'] }] } }, line: 'reef.api_keys[0].scenarios[1]: expected a scenario name (lower-case letters, digits, ".", "_" and "-", starting with a letter or digit, at most 64), got "_x"' },
+    { name: 'key with whitespace around it', raw: { ...minimal(), reef: { api_keys: [{ key: 'k\n' }] } }, line: 'reef.api_keys[0].key: must not begin or end with whitespace' },
     { name: 'num_gpus too small', raw: { ...minimal(), cluster: { ...minimal().cluster, num_gpus: 3 } }, line: 'cluster.num_gpus: the layout needs 6 GPUs, got 3' },
     { name: 'unknown recipe module', raw: { ...minimal(), recipe: { implementation: 'recipes.nope.recipe:X' } }, line: 'recipe.implementation: no module recipes.nope.recipe' },
     { name: 'unknown recipe export', raw: { ...minimal(), recipe: { implementation: 'recipes.openclawrl.recipe:Nope' } }, line: 'recipe.implementation: module recipes.openclawrl.recipe has no export Nope' },

@@ -4,6 +4,7 @@
  */
 import { isIPv4, isIPv6 } from 'node:net';
 import { z } from 'zod';
+import { SCENARIO_RE, SCENARIO_RULE } from '../../actors/runtime/scenario-name.js';
 import { envName, nonEmptyString, nonNegativeInt, oneOf, port, positiveInt, positiveNumber, section, stringList } from './kit.js';
 
 /** Runs an object-level check even when some of its fields failed, so all errors are collected. */
@@ -24,12 +25,22 @@ export function isLoopback(host: string): boolean {
   return false;
 }
 
+const scenarioName = () => {
+  const e = { error: `expected a scenario name (${SCENARIO_RULE})` };
+  return z.string(e).regex(SCENARIO_RE, e);
+};
+
 const apiKey = z
   .strictObject(
     {
-      key: nonEmptyString().nullable().default(null),
+      // A client's key is trimmed when read (auth.ts extractKey), so a configured one with spaces
+      // around it could never match.
+      key: nonEmptyString()
+        .refine((k) => k.trim() === k, { error: 'must not begin or end with whitespace' })
+        .nullable()
+        .default(null),
       key_env: envName().nullable().default(null),
-      scenarios: stringList().nullable().default(null),
+      scenarios: z.array(scenarioName(), { error: 'expected a list of scenario names' }).nullable().default(null),
       max_concurrency: positiveInt().default(64),
     },
     { error: 'expected a mapping' },
@@ -45,10 +56,7 @@ export const reefSchema = section({
   port: port().default(8600),
   api_keys: z.array(apiKey, { error: 'expected a list' }).default([]),
   data_dir: nonEmptyString().default('.reef'),
-  default_scenario: z
-    .string({ error: 'expected a scenario name (letters, digits, . _ -)' })
-    .regex(/^[A-Za-z0-9._-]{1,64}$/, { error: 'expected a scenario name (letters, digits, . _ -)' })
-    .default('default'),
+  default_scenario: scenarioName().default('default'),
   log_level: oneOf(['debug', 'info', 'warn', 'error']).default('info'),
 }).check(
   check((o, ctx) => {

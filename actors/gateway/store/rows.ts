@@ -1,5 +1,6 @@
 import { endianness } from 'node:os';
 import { ReefError } from '../../runtime/errors.js';
+import { SCENARIO_RE } from '../../runtime/scenario-name.js';
 import { parseChatRequest } from '../openai-schema.js';
 import { chunk, type Chunk, type Chunked, type ChunkMemo } from './chunks.js';
 import { isId } from './ids.js';
@@ -10,7 +11,7 @@ import type { AgentRecord, ChatBody, NewRecord, RecordRequest, RecordSummary, St
 // Typed arrays are stored as their in-memory bytes; that is only little-endian on an LE host.
 if (endianness() !== 'LE') throw new Error('the record store needs a little-endian host');
 
-export const SCENARIO_RE = /^[a-z0-9][a-z0-9._-]{0,63}$/;
+export { SCENARIO_RE };
 
 export function checkScenarioName(name: unknown): string {
   if (typeof name !== 'string' || !SCENARIO_RE.test(name)) {
