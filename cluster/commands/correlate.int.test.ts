@@ -1,4 +1,4 @@
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -84,6 +84,12 @@ describe('reef export records + reef correlate', () => {
     await expect(exportCommand(parseArgs(['export', 'records', '--scenario', 'demo', '--data-dir', join(dir, 'nope')]), c.io)).rejects.toMatchObject({ code: 'REEF_ERR_NOT_FOUND' });
     await expect(exportCommand(parseArgs(['export', 'records', '--scenario', 'absent', '--data-dir', dir]), c.io)).rejects.toMatchObject({ code: 'REEF_ERR_NOT_FOUND' });
     expect(await exportCommand(parseArgs(['export', 'records', '--data-dir', dir]), c.io)).toBe(2);
+    // A failed export leaves the file it would have replaced as it was, and nothing beside it.
+    const earlier = join(dir, 'earlier.jsonl');
+    writeFileSync(earlier, 'kept\n');
+    await expect(exportCommand(parseArgs(['export', 'records', '--scenario', 'absent', '--out', earlier, '--data-dir', dir]), c.io)).rejects.toMatchObject({ code: 'REEF_ERR_NOT_FOUND' });
+    expect(readFileSync(earlier, 'utf8')).toBe('kept\n');
+    expect(readdirSync(dir).filter((f) => f.startsWith('earlier.jsonl'))).toEqual(['earlier.jsonl']);
     expect(await correlateCommand(parseArgs(['correlate']), c.io)).toBe(2);
     await expect(correlateCommand(parseArgs(['correlate', join(dir, 'records.sqlite')]), c.io)).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
   });

@@ -1,4 +1,4 @@
-import { closeSync, existsSync, openSync, writeSync } from 'node:fs';
+import { closeSync, existsSync, openSync, renameSync, rmSync, writeSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { SqliteStore } from '../../actors/gateway/store/sqlite-store.js';
 import type { AgentRecord } from '../../actors/gateway/store/types.js';
@@ -58,9 +58,14 @@ export async function exportCommand(args: ParsedArgs, io: Io): Promise<number> {
   if (!existsSync(path)) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `record store ${path}` });
   const store = SqliteStore.open(path);
   const outPath = flagString(args, 'out');
-  const fd = outPath === null ? null : openSync(outPath, 'w');
+  // Written beside the target and renamed over it at the end: a failed export (an unknown
+  // scenario, a record that cannot be read) leaves an earlier file at that path as it was.
+  const partPath = outPath === null ? null : `${outPath}.part-${process.pid}`;
+  let fd: number | null = null;
   let count = 0;
+  let done = false;
   try {
+    if (partPath !== null) fd = openSync(partPath, 'w');
     if ((await store.getScenario(scenario)) === null) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `scenario ${scenario} in ${path}` });
     let after: string | null = null;
     do {
@@ -76,8 +81,13 @@ export async function exportCommand(args: ParsedArgs, io: Io): Promise<number> {
       count += lines.length;
       after = page.next;
     } while (after !== null);
+    done = true;
   } finally {
     if (fd !== null) closeSync(fd);
+    if (partPath !== null && outPath !== null) {
+      if (done) renameSync(partPath, outPath);
+      else rmSync(partPath, { force: true });
+    }
     await store.close();
   }
   if (outPath !== null) io.stderr(`exported ${count} records of scenario ${scenario} to ${outPath}`);
