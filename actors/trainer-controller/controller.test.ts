@@ -23,12 +23,23 @@ function world(dir: string) {
   const durable = { offset: 0, state: null as ControllerState | null };
   const trained = new Map<string, StepResult>();
   const stepsRun: string[] = [];
+  /** `batch@weights`: the weights the group held when it really trained each batch. */
+  const trainedOn: string[] = [];
   const published: string[] = [];
   let version = 0;
   let failNext = 0;
   let pushFails = 0;
+  let restartFails = 0;
+  let loadFails = 0;
+  /** What the group holds, as `restart:`/`load:` name it; `base` after a bare start. */
+  let holds = 'base';
+  /** A rank died: every call but a restart fails, as the shim answers after a dead rank. */
+  let broken = false;
+  const failing = new Map<string, () => Error>();
+  const held = new Map<string, { entered: () => void; release: Promise<void> }>();
   /** Trainer calls in order: `restart:<checkpoint|base>`, `load:<checkpoint>`, `step:<batch>`. */
   const calls: string[] = [];
+  const rankDied = () => new ReefError('REEF_ERR_TRAINER_RANK', { rank: 1, reason: 'died' });
   const ports: ControllerPorts = {
     readJudged: async (offset, limit) => log.filter((r) => r.offset >= offset).slice(0, limit),
     getRecord: async (id) => records.get(id) ?? null,
@@ -38,8 +49,26 @@ function world(dir: string) {
     },
     renderTeacher: async () => Int32Array.from([9]),
     trainer: {
-      restart: async (path) => void calls.push(`restart:${path === null ? 'base' : basename(path)}`),
-      load: async (path) => void calls.push(`load:${basename(path)}`),
+      // Like the wiring: trainer-start (base weights), then trainer-load of the checkpoint, which may fail.
+      restart: async (path) => {
+        calls.push(`restart:${path === null ? 'base' : basename(path)}`);
+        holds = 'base';
+        broken = false;
+        if (restartFails > 0) {
+          restartFails--;
+          throw rankDied();
+        }
+        if (path !== null) holds = basename(path);
+      },
+      load: async (path) => {
+        calls.push(`load:${basename(path)}`);
+        if (broken) throw rankDied();
+        if (loadFails > 0) {
+          loadFails--;
+          throw rankDied();
+        }
+        holds = basename(path);
+      },
       step: async (batchId) => {
         calls.push(`step:${batchId}`);
         if (failNext > 0) {
@@ -48,8 +77,18 @@ function world(dir: string) {
         }
         const done = trained.get(batchId);
         if (done) return { ...done, trained: false };
+        if (broken) throw rankDied();
+        const fail = failing.get(batchId);
+        if (fail) throw fail();
+        const h = held.get(batchId);
+        if (h) {
+          h.entered();
+          await h.release;
+        }
         stepsRun.push(batchId);
+        trainedOn.push(`${batchId}@${holds}`);
         const weightVersion = `v${++version}`;
+        holds = weightVersion;
         const checkpointPath = join(dir, weightVersion);
         mkdirSync(checkpointPath, { recursive: true });
         const result = { batchId, weightVersion, checkpointPath, metrics: { loss: 0.5 }, stepMs: 1, trained: true };
@@ -75,7 +114,27 @@ function world(dir: string) {
     records.set(id, rec(id, wv));
     log.push({ offset: log.length + 1, scenario: 's', turnRecordId: id, decision, reward, hints: [], counters: [`eval:${reward}`] });
   };
-  return { ports, log, add, durable, stepsRun, published, calls, failNext: (n: number) => (failNext = n), pushFails: (n: number) => (pushFails = n) };
+  /** Holds `batchId`'s step inside the trainer until `release()`; `entered` resolves once it is there. */
+  const hold = (batchId: string) => {
+    let entered!: () => void;
+    let release!: () => void;
+    const inside = new Promise<void>((r) => (entered = r));
+    held.set(batchId, { entered, release: new Promise<void>((r) => (release = r)) });
+    return { entered: inside, release };
+  };
+  return {
+    ports, log, records, add, durable, stepsRun, trainedOn, published, calls, hold,
+    get holds() {
+      return holds;
+    },
+    failNext: (n: number) => (failNext = n),
+    pushFails: (n: number) => (pushFails = n),
+    restartFails: (n: number) => (restartFails = n),
+    loadFails: (n: number) => (loadFails = n),
+    breakGroup: () => (broken = true),
+    /** Every step of `batchId` fails with `err()` (the trainer's ledger still answers one it has). */
+    failBatch: (batchId: string, err: () => Error) => failing.set(batchId, err),
+  };
 }
 
 const opts = (dir: string) => ({ batchSize: 2, maxStaleness: 1, recordFile: join(dir, 'prm.jsonl'), keepCheckpoints: 2, baseModelPath: join(dir, 'base'), maxAttempts: 3 });
@@ -193,5 +252,188 @@ describe('TrainerController', () => {
     const c = new TrainerController(w.ports, opts(dir), 0, null);
     await c.tick();
     expect(c.releases.map((r) => existsSync(r.checkpointPath))).toEqual([false, false, true, true]);
+  });
+  it('dead-letters a batch the trainer rejects as invalid, persists it, and trains the batches after it', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    for (const id of ['a', 'b', 'c', 'd']) w.add(id, 1);
+    w.failBatch('s:openclawrl:1', () => new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: 'trainer-step.tasks[1]: 114 tokens exceed the model\'s context length 100' }));
+    const c = new TrainerController(w.ports, opts(dir), 0, null);
+    await c.tick();
+    // Asked once: the same batch fails the same way every time.
+    expect(w.calls.filter((x) => x === 'step:s:openclawrl:1')).toHaveLength(1);
+    expect(w.stepsRun).toEqual(['s:openclawrl:2']);
+    expect(c.releases.map((r) => r.batchIds)).toEqual([['s:openclawrl:2']]);
+    expect(c.counters).toMatchObject({ dead_letters: 1, batches: 1 });
+    expect(c.deadLetters.map((d) => [d.batch.batchId, d.code, d.attempts])).toEqual([['s:openclawrl:1', 'REEF_ERR_INVALID_ARGUMENT', 1]]);
+    expect(c.deadLetters[0]!.message).toContain('exceed the model\'s context length');
+    expect(w.durable.state!.pending).toEqual([]);
+    expect(w.durable.state!.deadLetters.map((d) => [d.batch.batchId, d.batch.tasks.map((t) => t.turnRecordId)])).toEqual([['s:openclawrl:1', ['a', 'b']]]);
+    // A restarted controller does not take it up again.
+    w.calls.length = 0;
+    const c2 = new TrainerController(w.ports, opts(dir), w.durable.offset, w.durable.state);
+    await c2.tick();
+    expect(w.calls).toEqual([]);
+    expect(c2.deadLetters).toHaveLength(1);
+  });
+
+  it('dead-letters a batch whose loss stays non-finite after the restarts, and trains on from the last release', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    for (const id of ['a', 'b', 'c', 'd', 'e', 'f']) w.add(id, 1);
+    w.failBatch('s:openclawrl:2', () => new ReefError('REEF_ERR_TRAINER', { reason: 'batch s:openclawrl:2: non-finite loss: the batch was not applied' }));
+    const c = new TrainerController(w.ports, opts(dir), 0, null);
+    await c.tick();
+    expect(w.calls).toEqual([
+      'restart:base', 'step:s:openclawrl:1',
+      'step:s:openclawrl:2', 'restart:v1', 'step:s:openclawrl:2', 'restart:v1', 'step:s:openclawrl:2',
+      'restart:v1', 'step:s:openclawrl:3',
+    ]);
+    expect(w.trainedOn).toEqual(['s:openclawrl:1@base', 's:openclawrl:3@v1']);
+    expect(c.releases.map((r) => [r.weightVersion, r.parent, r.batchIds])).toEqual([['v1', null, ['s:openclawrl:1']], ['v2', 'v1', ['s:openclawrl:3']]]);
+    expect(c.deadLetters.map((d) => [d.batch.batchId, d.code, d.attempts])).toEqual([['s:openclawrl:2', 'REEF_ERR_TRAINER', 3]]);
+    expect(c.counters).toMatchObject({ dead_letters: 1, trainer_restarts: 2 });
+  });
+
+  it('dead-letters a batch whose record is gone instead of failing every tick on it', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    for (const id of ['a', 'b', 'c', 'd']) w.add(id, 1);
+    const c = new TrainerController(w.ports, opts(dir), 0, null);
+    const getRecord = w.ports.getRecord;
+    // Present when the batch formed, gone when it is trained.
+    w.ports.getRecord = async (id) => (id === 'b' && w.durable.state !== null ? null : getRecord(id));
+    await c.tick();
+    expect(c.deadLetters.map((d) => [d.batch.batchId, d.code, d.attempts])).toEqual([['s:openclawrl:1', 'REEF_ERR_NOT_FOUND', 0]]);
+    expect(w.stepsRun).toEqual(['s:openclawrl:2']);
+  });
+
+  it('keeps a batch pending when the trainer is down for good: that is no verdict on the batch', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    w.add('a', 1);
+    w.add('b', 1);
+    w.failNext(3);
+    const c = new TrainerController(w.ports, opts(dir), 0, null);
+    await expect(c.tick()).rejects.toThrow('rank 1 died');
+    expect(c.deadLetters).toEqual([]);
+    expect(w.durable.state!.pending.map((b) => b.batchId)).toEqual(['s:openclawrl:1']);
+    await c.tick();
+    expect(w.stepsRun).toEqual(['s:openclawrl:1']);
+  });
+
+  it('a restart that fails leaves the group not ready: the next step restarts it from the last release, not on base weights', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    for (const id of ['a', 'b', 'c', 'd']) w.add(id, 1);
+    const c = new TrainerController(w.ports, opts(dir), 0, null);
+    await c.tick();
+    expect(c.currentVersion).toBe('v2');
+    // The next batch's step fails, and so does every restart (trainer-start ok, trainer-load failed) this tick.
+    w.add('e', 1, 'anchor', 'v2');
+    w.add('f', 1, 'anchor', 'v2');
+    w.failNext(1);
+    w.restartFails(2);
+    await expect(c.tick()).rejects.toThrow();
+    expect(w.holds).toBe('base');
+    w.calls.length = 0;
+    await c.tick();
+    expect(w.calls).toEqual(['restart:v2', 'step:s:openclawrl:3']);
+    expect(w.trainedOn.at(-1)).toBe('s:openclawrl:3@v2');
+  });
+
+  it('a release whose publish failed and broke the group: the next tick restarts it and releases the batch from the trainer ledger', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    w.add('a', 1);
+    w.add('b', 1);
+    const c = new TrainerController(w.ports, opts(dir), 0, null);
+    // The release's publish fails and takes a rank with it.
+    const publish = w.ports.publish;
+    w.ports.publish = async () => {
+      w.ports.publish = publish;
+      w.breakGroup();
+      throw new Error('push broke a rank');
+    };
+    await expect(c.tick()).rejects.toThrow('push broke a rank');
+    w.calls.length = 0;
+    await c.tick();
+    expect(w.calls).toEqual(['restart:base', 'step:s:openclawrl:1', 'load:v1']);
+    expect(w.stepsRun).toEqual(['s:openclawrl:1']);
+    expect(c.releases.map((r) => r.weightVersion)).toEqual(['v1']);
+  });
+
+  it('a batch found in the trainer ledger whose load fails is retried with a restart, not given up on', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    w.add('a', 1);
+    w.add('b', 1);
+    const c1 = new TrainerController(w.ports, opts(dir), 0, null);
+    const publish = w.ports.publish;
+    w.ports.publish = async () => {
+      throw new Error('controller killed');
+    };
+    await expect(c1.tick()).rejects.toThrow('controller killed');
+    w.ports.publish = publish;
+    w.calls.length = 0;
+    w.loadFails(1);
+    const c2 = new TrainerController(w.ports, opts(dir), w.durable.offset, w.durable.state);
+    await c2.tick();
+    expect(w.calls).toEqual(['restart:base', 'step:s:openclawrl:1', 'load:v1', 'restart:base', 'step:s:openclawrl:1', 'load:v1']);
+    expect(w.stepsRun).toEqual(['s:openclawrl:1']);
+    expect(c2.releases.map((r) => r.weightVersion)).toEqual(['v1']);
+    expect(c2.counters.trainer_restarts).toBe(1);
+  });
+
+  it('a rollback asked during a step waits for its release: engine, trainer and lineage agree', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    for (const id of ['a', 'b', 'c', 'd']) w.add(id, 1);
+    const c = new TrainerController(w.ports, { ...opts(dir), keepCheckpoints: 5 }, 0, null);
+    await c.tick();
+    w.add('e', 1, 'anchor', 'v2');
+    w.add('f', 1, 'anchor', 'v2');
+    const step3 = w.hold('s:openclawrl:3');
+    const ticking = c.tick();
+    await step3.entered;
+    // The operator asks for the release before the current one (v2): v1.
+    const back = c.rollback(null);
+    await Promise.resolve();
+    expect(w.calls.at(-1)).toBe('step:s:openclawrl:3');
+    step3.release();
+    const [, rb] = await Promise.all([ticking, back]);
+    expect(w.calls.slice(-2)).toEqual(['step:s:openclawrl:3', 'load:v1']);
+    expect(w.published).toEqual(['v1', 'v2', 'v3', 'v1']);
+    expect(w.holds).toBe('v1');
+    expect(c.releases.map((r) => [r.weightVersion, r.parent, r.rollbackOf])).toEqual([['v1', null, null], ['v2', 'v1', null], ['v3', 'v2', null], ['v1', 'v3', 'release-1']]);
+    expect(rb).toMatchObject({ id: 'release-4', weightVersion: 'v1', parent: 'v3' });
+    // The next batch trains on top of the rollback.
+    w.add('g', 1, 'anchor', 'v1');
+    w.add('h', 1, 'anchor', 'v1');
+    await c.tick();
+    expect(w.trainedOn.at(-1)).toBe('s:openclawrl:4@v1');
+    expect(c.releases.at(-1)!.parent).toBe('v1');
+  });
+
+  it('a rollback whose publish fails leaves the group not ready: the next step restarts it from the last release', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    for (const id of ['a', 'b', 'c', 'd']) w.add(id, 1);
+    const c = new TrainerController(w.ports, opts(dir), 0, null);
+    await c.tick();
+    const publish = w.ports.publish;
+    w.ports.publish = async (p, v, kind) => {
+      if (kind === 'rollback') throw new Error('engine refused the reload');
+      return publish(p, v, kind);
+    };
+    await expect(c.rollback(null)).rejects.toThrow('engine refused the reload');
+    expect(w.holds).toBe('v1'); // the trainer took the rollback, the engine did not
+    expect(c.releases.map((r) => r.weightVersion)).toEqual(['v1', 'v2']);
+    w.add('e', 1, 'anchor', 'v2');
+    w.add('f', 1, 'anchor', 'v2');
+    w.calls.length = 0;
+    await c.tick();
+    expect(w.calls).toEqual(['restart:v2', 'step:s:openclawrl:3']);
+    expect(w.trainedOn.at(-1)).toBe('s:openclawrl:3@v2');
   });
 });

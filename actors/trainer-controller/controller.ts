@@ -93,29 +93,60 @@ export interface ControllerOptions {
   maxAttempts: number;
 }
 
+/** A batch given up on for good: it is never trained, and it no longer holds back the ones after it. */
+export interface DeadLetter {
+  batch: Batch;
+  /** The error's REEF_ERR_* code (callers match on it) and its message (for people). */
+  code: string;
+  message: string;
+  /** Trainer steps it was given; 0 when its tasks could not even be built. */
+  attempts: number;
+  failedAt: number;
+}
+
 export interface ControllerState {
   batcher: BatcherState;
   /** Formed batches not yet released, in order. */
   pending: Batch[];
   releases: Release[];
+  /** Absent in states saved before dead letters existed. */
+  deadLetters?: DeadLetter[];
   counters: Record<string, number>;
 }
 
+/** What the trainer answers for a batch it cannot take: the same answer every time it is sent. */
 const PERMANENT = new Set(['REEF_ERR_INVALID_ARGUMENT', 'REEF_ERR_BAD_MESSAGE', 'REEF_ERR_UNKNOWN_MESSAGE']);
 
 export function emptyState(): ControllerState {
-  return { batcher: { lastN: {}, pending: {}, judged: {} }, pending: [], releases: [], counters: {} };
+  return { batcher: { lastN: {}, pending: {}, judged: {} }, pending: [], releases: [], deadLetters: [], counters: {} };
 }
 
 export class TrainerController {
   private readonly batcher: Batcher;
   private state: ControllerState;
-  /** Whether this controller has (re)started the trainer group since it was constructed. */
+  /**
+   * Whether the group holds what the last release holds, as far as this controller knows: true only
+   * after a restart that succeeded, false after any failure on the way (a failed restart leaves
+   * the base weights loaded; a failed step or rollback leaves them unknown).
+   */
   private trainerReady = false;
+  /**
+   * Training and rollbacks take turns: the actor host runs a rollback while a tick is under way,
+   * and a rollback between a step and its publish would leave the engine, the trainer and the
+   * release lineage disagreeing on which weights are current.
+   */
+  private turn: Promise<unknown> = Promise.resolve();
 
   constructor(private readonly ports: ControllerPorts, private readonly opts: ControllerOptions, private offset: number, state: ControllerState | null) {
     this.state = state ?? emptyState();
+    this.state.deadLetters ??= [];
     this.batcher = new Batcher(opts.batchSize, this.state.batcher);
+  }
+
+  private exclusive<T>(fn: () => Promise<T>): Promise<T> {
+    const run = this.turn.then(fn);
+    this.turn = run.catch(() => {});
+    return run;
   }
 
   get currentVersion(): string | null {
@@ -135,12 +166,35 @@ export class TrainerController {
     return this.state.counters;
   }
 
+  get deadLetters(): readonly DeadLetter[] {
+    return this.state.deadLetters ?? [];
+  }
+
   private bump(name: string, by = 1): void {
     this.state.counters[name] = (this.state.counters[name] ?? 0) + by;
   }
 
-  /** Reads new judged turns into batches (persisted), then trains and releases pending batches. Returns rows read. */
+  /**
+   * Reads new judged turns into batches (persisted), then trains and releases pending batches, one
+   * at a time, so that a rollback asked meanwhile waits for one batch at most. Returns rows read.
+   */
   async tick(limit = 256): Promise<number> {
+    const read = await this.exclusive(() => this.readTurns(limit));
+    let more = true;
+    while (more) {
+      more = await this.exclusive(async () => {
+        try {
+          return await this.trainNext();
+        } catch (err) {
+          this.trainerReady = false;
+          throw err;
+        }
+      });
+    }
+    return read;
+  }
+
+  private async readTurns(limit: number): Promise<number> {
     const rows = await this.ports.readJudged(this.offset, limit);
     for (const row of rows) {
       this.batcher.count(row.scenario, row.counters);
@@ -159,7 +213,6 @@ export class TrainerController {
       if (batch) this.state.pending.push(batch);
     }
     if (rows.length > 0) await this.persist();
-    while (this.state.pending.length > 0) await this.trainNext();
     return rows.length;
   }
 
@@ -168,40 +221,63 @@ export class TrainerController {
     await this.ports.commit(this.offset, this.state);
   }
 
-  private async trainNext(): Promise<void> {
-    const batch = this.state.pending[0]!;
+  /** Restarts the group from the last release; only a restart that succeeded makes it ready. */
+  private async restartTrainer(): Promise<void> {
+    this.trainerReady = false;
+    await this.ports.trainer.restart(this.lastCheckpoint);
+    this.trainerReady = true;
+  }
+
+  /** Trains and releases the first pending batch, or dead-letters it; false when none is pending. */
+  private async trainNext(): Promise<boolean> {
+    const batch = this.state.pending[0];
+    if (!batch) return false;
     const tasks: Task[] = [];
-    for (const ref of batch.tasks) {
-      const rec = await this.ports.getRecord(ref.turnRecordId);
-      if (!rec) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `record ${ref.turnRecordId} of batch ${batch.batchId}` });
-      tasks.push(await recordToTask({ record: rec, reward: ref.reward, hints: ref.hints }, this.ports.renderTeacher));
-    }
-    if (!this.trainerReady) {
-      // A new controller (a first start, or after its own crash) cannot know what a group left
-      // running holds: start it from the last release, as after a rank crash. Starting from the
-      // base model here would have trained the next batch on the base weights.
-      await this.ports.trainer.restart(this.lastCheckpoint);
-      this.trainerReady = true;
+    try {
+      for (const ref of batch.tasks) {
+        const rec = await this.ports.getRecord(ref.turnRecordId);
+        if (!rec) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `record ${ref.turnRecordId} of batch ${batch.batchId}` });
+        tasks.push(await recordToTask({ record: rec, reward: ref.reward, hints: ref.hints }, this.ports.renderTeacher));
+      }
+    } catch (err) {
+      // A record that is gone, or that cannot be rendered, stays so: the batch could never train.
+      if (err instanceof ReefError && !err.retryable) return this.deadLetter(batch, err, 0);
+      throw err;
     }
     let result: StepResult | null = null;
     for (let attempt = 1; result === null; attempt++) {
+      let stage: 'restart' | 'step' | 'load' = 'restart';
       try {
-        result = await this.ports.trainer.step(batch.batchId, tasks);
+        // A new controller (a first start, or after its own crash) cannot know what a group left
+        // running holds, nor can one whose last restart, step or rollback failed: start it from the
+        // last release. Training on without it trained the next batch on the base weights.
+        if (!this.trainerReady) await this.restartTrainer();
+        stage = 'step';
+        const r = await this.ports.trainer.step(batch.batchId, tasks);
+        stage = 'load';
+        // A batch the trainer's ledger already holds (we crashed between its step and our commit)
+        // was not trained by this group: load its checkpoint, so the next batch trains on top of it.
+        // Inside the retries: a group broken meanwhile fails the load until it is restarted.
+        if (!r.trained) await this.ports.trainer.load(r.checkpointPath);
+        result = r;
       } catch (err) {
-        // A malformed batch fails the same way every time; anything else (a dead rank, a dead
-        // shim, a timeout) is worth a restart of the group.
-        const permanent = err instanceof ReefError && PERMANENT.has(err.code);
-        this.ports.log(`batch ${batch.batchId}: training failed (attempt ${attempt}): ${(err as Error).message}`);
-        if (permanent || attempt >= this.opts.maxAttempts) throw err;
-        // A dead rank takes the group down: start it again from the last release and retry the
-        // same batch id; the trainer's record of finished batches keeps it from training twice.
+        this.trainerReady = false;
+        const code = err instanceof ReefError ? err.code : null;
+        this.ports.log(`batch ${batch.batchId}: trainer ${stage} failed (attempt ${attempt}): ${(err as Error).message}`);
+        // Only the step's answer is a verdict on the batch; a failed restart or load is the
+        // group's trouble, and the batch waits for it in pending.
+        if (stage === 'step' && code !== null && PERMANENT.has(code)) return this.deadLetter(batch, err as ReefError, attempt);
+        if (attempt >= this.opts.maxAttempts) {
+          // REEF_ERR_TRAINER from a step (a non-finite loss) that every fresh group from the last
+          // release answered alike is the batch's. A dead rank, shim or timeout is not.
+          if (stage === 'step' && code === 'REEF_ERR_TRAINER') return this.deadLetter(batch, err as ReefError, attempt);
+          throw err;
+        }
+        // A dead rank takes the group down: the next attempt starts it again from the last
+        // release and retries the same batch id; the trainer's ledger keeps it from training twice.
         this.bump('trainer_restarts');
-        await this.ports.trainer.restart(this.lastCheckpoint);
       }
     }
-    // A batch the trainer's ledger already holds (we crashed between its step and our commit) was
-    // not trained by this group: load its checkpoint, so the next batch trains on top of it.
-    if (!result.trained) await this.ports.trainer.load(result.checkpointPath);
     const published = await this.ports.publish(result.checkpointPath, result.weightVersion, 'release');
     this.countSync(published);
     const parent = this.currentVersion;
@@ -220,10 +296,27 @@ export class TrainerController {
     this.state.pending.shift();
     this.bump('batches');
     this.bump('samples', batch.tasks.length);
+    const overlong = result.metrics.teacher_candidates_overlong ?? 0;
+    if (overlong > 0) this.bump('teacher_candidates_overlong', overlong);
     await this.persist();
     this.writeRecordLine(batch, await this.ports.correlation());
     this.pruneCheckpoints();
     this.ports.log(`released ${release.weightVersion} from ${batch.batchId} (${batch.tasks.length} samples, loss ${result.metrics.loss?.toFixed?.(4) ?? '?'}, ${Math.round(result.stepMs)} ms)`);
+    return true;
+  }
+
+  /**
+   * Gives up on the first pending batch for good, recording why with it, and moves on. Persisted
+   * with the shift, so a restarted controller does not take it up again; never trained, so no
+   * turn of it is trained twice.
+   */
+  private async deadLetter(batch: Batch, err: ReefError, attempts: number): Promise<boolean> {
+    (this.state.deadLetters ??= []).push({ batch, code: err.code, message: err.message, attempts, failedAt: Date.now() });
+    this.state.pending.shift();
+    this.bump('dead_letters');
+    await this.persist();
+    this.ports.log(`batch ${batch.batchId} dead-lettered after ${attempts} step(s), not trained: ${err.code}: ${err.message}`);
+    return true;
   }
 
   private countSync(p: Published): void {
@@ -248,32 +341,46 @@ export class TrainerController {
     }
   }
 
-  /** Puts an earlier release (default: the one before the current) back into the engine and the trainer. */
+  /**
+   * Puts an earlier release back into the engine and the trainer: `releaseId`, 'base', or null for
+   * the one before the release that was current when the rollback was asked. It waits for the
+   * batch being trained, if any, to be released first.
+   */
   async rollback(releaseId: string | null): Promise<Release> {
     const rels = this.state.releases;
-    const current = rels.at(-1) ?? null;
     const target = releaseId === null ? (rels.length >= 2 ? rels[rels.length - 2]! : null) : (rels.find((r) => r.id === releaseId) ?? null);
     const base = releaseId === 'base' || (releaseId === null && rels.length === 1);
     if (!target && !base) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `release ${releaseId ?? '(previous)'}` });
-    const path = base ? this.opts.baseModelPath : target!.checkpointPath;
-    if (!existsSync(path)) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `checkpoint ${path} (pruned by retention)` });
-    const version = base ? 'base' : target!.weightVersion;
-    await this.ports.trainer.load(path);
-    const published = await this.ports.publish(path, version, 'rollback');
-    this.countSync(published);
-    const release: Release = {
-      id: `release-${rels.length + 1}`,
-      weightVersion: version,
-      parent: current?.weightVersion ?? null,
-      batchIds: [],
-      metrics: {},
-      createdAt: Date.now(),
-      checkpointPath: path,
-      rollbackOf: base ? 'base' : target!.id,
-      sync: published.sync,
-    };
-    rels.push(release);
-    await this.persist();
-    return release;
+    return this.exclusive(async () => {
+      const path = base ? this.opts.baseModelPath : target!.checkpointPath;
+      // Checked now: retention may have pruned it while the rollback waited for its turn.
+      if (!existsSync(path)) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `checkpoint ${path} (pruned by retention)` });
+      const version = base ? 'base' : target!.weightVersion;
+      const parent = this.currentVersion;
+      try {
+        await this.ports.trainer.load(path);
+        const published = await this.ports.publish(path, version, 'rollback');
+        this.countSync(published);
+        const release: Release = {
+          id: `release-${rels.length + 1}`,
+          weightVersion: version,
+          parent,
+          batchIds: [],
+          metrics: {},
+          createdAt: Date.now(),
+          checkpointPath: path,
+          rollbackOf: base ? 'base' : target!.id,
+          sync: published.sync,
+        };
+        rels.push(release);
+        await this.persist();
+        return release;
+      } catch (err) {
+        // The trainer may hold the rollback (or, after a failed load, anything) while the
+        // releases still end at the old current: the next step restarts it from that one.
+        this.trainerReady = false;
+        throw err;
+      }
+    });
   }
 }

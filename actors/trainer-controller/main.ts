@@ -28,7 +28,8 @@ await runActor({
     store = SqliteStore.open(join(config.reef.data_dir, 'records.sqlite'));
     wiring = await createController({ config, store, shimEndpoint: engines.shim, rolloutUrl: engines.rollout, supervisor: ctx.env.supervisor, log: ctx.log });
     const c = wiring.controller;
-    // One tick at a time; a failing tick backs off instead of spinning.
+    // One tick at a time; a failing tick backs off instead of spinning. A batch that can never train
+    // does not fail ticks: the controller dead-letters it and moves on.
     loop = (async () => {
       while (!stopping) {
         let read = 0;
@@ -44,7 +45,8 @@ await runActor({
       }
     })();
     return {
-      'trainer-status': () => ({ weightVersion: c.currentVersion, releases: c.releases.length, counters: { ...c.counters }, failures }),
+      'trainer-status': () => ({ weightVersion: c.currentVersion, releases: c.releases.length, deadLetters: c.deadLetters.length, counters: { ...c.counters }, failures }),
+      // Runs while the loop ticks: the controller makes it wait for the batch being trained.
       rollback: async (msg) => ({ release: await c.rollback(msg.releaseId) }),
     };
   },
