@@ -63,7 +63,9 @@ export function defaultTimeoutMs<T extends BridgeRequestType>(type: T, fields: R
     case 'trainer-step':
       return 600_000; // a batch of 16 long turns on a real model takes minutes
     case 'trainer-load':
-      return 120_000;
+      // The shim waits up to 600 s for the ranks to load (group.py SETUP_TIMEOUT_S). A client that
+      // gave up first would send its retry behind a load still running on the shim's worker.
+      return 660_000;
     case 'trainer-push-weights':
       return 420_000; // the shim's own limit is 300 s for the engine plus 60 s for the ranks
     default:
