@@ -41,6 +41,20 @@ async function write(records: ReturnType<typeof conversation>): Promise<void> {
   for (const r of records) await store.append(r);
 }
 
+/** The test's store with some methods replaced (a full disk, a held lock). */
+function storeWith(over: Partial<JudgeOptions['store']>): JudgeOptions['store'] {
+  return {
+    readFrom: (o, n) => store.readFrom(o, n),
+    get: (id) => store.get(id),
+    getOffset: (c) => store.getOffset(c),
+    getState: (k) => store.getState(k),
+    commitConsumer: (c, o, k, s) => store.commitConsumer(c, o, k, s),
+    appendJudgedTurn: (t) => store.appendJudgedTurn(t),
+    judgedTurnIds: (ids) => store.judgedTurnIds(ids),
+    ...over,
+  };
+}
+
 const accept = { output: '[HINT_START]Answer without any bullet lists.[HINT_END] \\boxed{1}', error: null };
 const yes = { output: 'The user moved on. \\boxed{1}', error: null };
 const failed = { output: null, error: 'REEF_ERR_TIMEOUT: prm timed out' };
@@ -155,23 +169,40 @@ describe('JudgeCore', () => {
 
   it('a crash between reading and committing re-reads the same records into the same turns', async () => {
     await write(conversation(1, 3));
-    const failing: JudgeOptions['store'] = {
-      readFrom: (o, n) => store.readFrom(o, n),
-      get: (id) => store.get(id),
-      getOffset: (c) => store.getOffset(c),
-      getState: (k) => store.getState(k),
-      appendJudgedTurn: (t) => store.appendJudgedTurn(t),
-      judgedTurnIds: (ids) => store.judgedTurnIds(ids),
+    const failing = storeWith({
       commitConsumer: async () => {
         throw new Error('disk full');
       },
-    };
+    });
     const broken = await core({ store: failing });
     await expect(broken.pump()).rejects.toThrow('disk full');
     expect((await broken.lease('prm-0', 0)).turn).toBeNull(); // nothing unsaved is handed out
     const judge = await core();
     expect(await judge.pump()).toBe(3);
     expect(judge.stats()).toMatchObject({ bound: 2, pending: 2 });
+  });
+
+  it('a commit that fails once loses no turn: the retry reads the same records into the same turns', async () => {
+    await write(interleave([conversation(1, 3), conversation(2, 2)]));
+    let failures = 1;
+    const flaky = storeWith({
+      commitConsumer: async (c, o, k, s) => {
+        if (failures-- > 0) throw new Error('SQLITE_BUSY: database is locked');
+        await store.commitConsumer(c, o, k, s);
+      },
+    });
+    const judge = await core({ store: flaky });
+    await expect(judge.pump()).rejects.toThrow('SQLITE_BUSY');
+    expect(judge.stats()).toMatchObject({ next_offset: 0, tagged: 0, bound: 0, pending: 0 });
+    await judge.flush(); // the flush timer may come first: it must not save a read that was not committed
+    expect(await judge.pump()).toBe(5);
+    expect(judge.stats()).toMatchObject({ next_offset: 6, tagged: 5, bound: 3, pending: 3 });
+    const leased = [];
+    for (let t = await judge.lease('prm-0', 0); t.turn !== null; t = await judge.lease('prm-0', 0)) leased.push(t.turn.turnRecordId);
+    expect(leased).toHaveLength(3);
+    // A restart finds the same: the committed offset and state hold every turn.
+    const again = await core();
+    expect(again.stats()).toMatchObject({ next_offset: 6, bound: 3, pending: 3 });
   });
 
   it('correlate-only: sessions bind, nothing is pending or leased', async () => {

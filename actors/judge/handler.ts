@@ -90,7 +90,7 @@ export class JudgeCore {
     this.nextOffset = await store.getOffset(CONSUMER);
     const saved = (await store.getState(STATE_KEY)) as SavedState | null;
     const log = this.opts.log;
-    const corr = { ...this.opts.correlator, log };
+    const corr = this.correlatorOptions();
     this.correlator = saved === null ? new Correlator(corr) : Correlator.fromJSON(saved.correlator, corr);
     if (saved === null) return;
     this.counters = { ...zeroCounters(), ...saved.counters };
@@ -110,15 +110,25 @@ export class JudgeCore {
       if (this.closed || this.pending.size >= (this.opts.maxPending ?? 2048)) return 0;
       const records = await this.opts.store.readFrom(this.nextOffset, this.opts.batch ?? 256);
       if (records.length === 0) return 0;
+      const next = records[records.length - 1]!.offset + 1;
+      // The read counts only once it is committed. Until then the correlator can be put back, so
+      // that a failed commit (a busy or full disk) leaves nothing behind for the flush timer to
+      // save: the retry reads the same records into the same turns.
+      const before = this.correlator.toJSON();
       const fresh: Pending[] = [];
-      for (const record of records) {
-        for (const ev of this.correlator.observe(record)) {
-          if (ev.kind === 'turn-finished' && this.opts.mode === 'judge') fresh.push({ ev, leaseId: null, actorId: null, expiresAt: 0 });
+      try {
+        for (const record of records) {
+          for (const ev of this.correlator.observe(record)) {
+            if (ev.kind === 'turn-finished' && this.opts.mode === 'judge') fresh.push({ ev, leaseId: null, actorId: null, expiresAt: 0 });
+          }
         }
+        // Saved before they are handed out: a turn is never judged that a restart would not know.
+        await this.commit(fresh, next);
+      } catch (err) {
+        this.correlator = Correlator.fromJSON(before, this.correlatorOptions());
+        throw err;
       }
-      this.nextOffset = records[records.length - 1]!.offset + 1;
-      // Saved before they are handed out: a turn is never judged that a restart would not know.
-      await this.commit(fresh);
+      this.nextOffset = next;
       for (const p of fresh) if (!this.pending.has(p.ev.turnRecordId)) this.pending.set(p.ev.turnRecordId, p);
       if (fresh.length > 0) this.wake();
       return records.length;
@@ -129,7 +139,7 @@ export class JudgeCore {
   flush(idleNow: number | null = null): Promise<void> {
     return this.exclusive(async () => {
       if (idleNow !== null && this.correlator.tick(idleNow).length > 0) this.dirty = true;
-      if (this.dirty) await this.commit([]);
+      if (this.dirty) await this.commit([], this.nextOffset);
     });
   }
 
@@ -272,6 +282,10 @@ export class JudgeCore {
     return { accepted: true, offset };
   }
 
+  private correlatorOptions(): CorrelatorOptions {
+    return { ...this.opts.correlator, log: this.opts.log };
+  }
+
   private takeFree(actorId: string): Pending | null {
     const now = this.now();
     for (const p of this.pending.values()) {
@@ -310,14 +324,14 @@ export class JudgeCore {
     };
   }
 
-  private async commit(fresh: readonly Pending[]): Promise<void> {
+  private async commit(fresh: readonly Pending[], offset: number): Promise<void> {
     const pending: SavedPending[] = [];
     for (const p of this.pending.values()) pending.push([p.ev, p.leaseId, p.actorId]);
     for (const p of fresh) pending.push([p.ev, null, null]);
     const state: SavedState = { version: 1, correlator: this.correlator.toJSON(), pending, counters: this.counters };
     this.dirty = false;
     try {
-      await this.opts.store.commitConsumer(CONSUMER, this.nextOffset, STATE_KEY, state);
+      await this.opts.store.commitConsumer(CONSUMER, offset, STATE_KEY, state);
     } catch (err) {
       this.dirty = true;
       throw err;
