@@ -245,6 +245,20 @@ describe('TrainerController', () => {
     expect(w.durable.state!.releases.map((r) => r.sync)).toEqual(['disk', 'distributed', 'distributed']);
   });
 
+  it('counts the teacher candidates the trainer left out as too long', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    for (const id of ['a', 'b', 'c', 'd']) w.add(id, 1);
+    const step = w.ports.trainer.step;
+    w.ports.trainer.step = async (id, tasks) => {
+      const r = await step(id, tasks);
+      return { ...r, metrics: { ...r.metrics, teacher_candidates_overlong: 2 } };
+    };
+    const c = new TrainerController(w.ports, opts(dir), 0, null);
+    await c.tick();
+    expect(c.counters.teacher_candidates_overlong).toBe(4);
+  });
+
   it('keeps only the newest checkpoints on disk', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'tc-'));
     const w = world(dir);

@@ -19,7 +19,7 @@ from reef_shim.errors import ShimError
 from reef_shim.ray_driver import RayDriver
 from reef_shim.trainer import TrainerGroup
 from reef_shim.trainer.checkpoint import LEDGER
-from trainer_fixtures import (check_bf16_step, check_push_serves_its_checkpoint, generate, params_differ, probe,
+from trainer_fixtures import (check_bf16_step, check_push_serves_its_checkpoint, generate, i32, params_differ, probe,
                               reference_step, scoped_env, spec, three_tasks)
 
 LAYOUT = {"trainer": {"gpus": 2}, "rollout": {"gpus": 1}, "prm": {"gpus": 1, "replicas": 0}, "student": None,
@@ -58,6 +58,10 @@ def driver() -> Iterator[RayDriver]:
             d.close()
 
 
+def context_length(model: Path) -> int:
+    return json.loads((model / "config.json").read_text())["max_position_embeddings"]
+
+
 def test_one_step_matches_the_engine_then_trains(driver: RayDriver, model: Path, engine: HFEngine,
                                                  tasks: list[dict[str, Any]], tmp_path: Path) -> None:
     group = TrainerGroup(driver)
@@ -67,9 +71,16 @@ def test_one_step_matches_the_engine_then_trains(driver: RayDriver, model: Path,
         assert started["worldSize"] == 2 and started["device"] == "cpu" and started["weightVersion"] == "v0"
         assert len(set(started["pids"])) == 2
         out = group.step("s:openclawrl:1", tasks)
+        # A hint that pushes a teacher prompt past the context length costs that candidate, not the batch.
+        hinted = next(t for t in tasks if t["teacherPromptIds"])
+        too_long = i32([1] * int(context_length(model)))
+        second = group.step("s:openclawrl:2", [{**hinted, "teacherPromptIds": [*hinted["teacherPromptIds"], too_long]}])
     finally:
         group.stop()
+    assert second["trained"] is True and second["metrics"]["teacher_candidates_overlong"] == 1
+    assert second["metrics"]["samples_with_teacher"] == 1
     m = out["metrics"]
+    assert m["teacher_candidates_overlong"] == 0
     assert out["trained"] is True and out["weightVersion"] == "v1"
     # ℓθ before the update reproduces the engine's recorded logprobs (same transform, fp32).
     assert m["train_rollout_logprob_abs_diff"] < 1e-3, m

@@ -55,6 +55,18 @@ def test_decode_reads_little_endian_arrays_and_context_limit() -> None:
         decode_tasks([], 2048, 4096)
 
 
+def test_a_teacher_prompt_past_the_context_length_loses_its_candidate_not_the_batch() -> None:
+    # The turn fits (3 + 2 tokens); with a long hint the teacher's prompt does not (7 + 2 > 6).
+    hinted = wire(taskId="hinted", teacherPromptIds=[i32([1, 2, 9]), i32([1, 2, 3, 7, 7, 7, 7])])
+    only_long = wire(taskId="only-long", teacherPromptIds=[i32([1, 2, 3, 7, 7, 7, 7])])
+    a, b, c = decode_tasks([hinted, only_long, wire(taskId="plain")], 2048, 6)
+    assert [p.tolist() for p in a.teacher_prompt_ids] == [[1, 2, 9]] and a.teacher_overlong == 1
+    assert b.H == 0 and b.teacher_overlong == 1  # no distillation term left; its RL term stays
+    assert c.H == 1 and c.teacher_overlong == 0
+    with pytest.raises(ShimError, match="tasks\\[1\\]: 7 tokens exceed the model's context length 6"):
+        decode_tasks([wire(), wire(promptIds=i32([1, 2, 3, 4, 5]))], 2048, 6)
+
+
 def _task(p: int, t: int, h: int = 0) -> TrainTask:
     z = np.zeros
     return TrainTask("x", z(p, np.int64), z(t, np.int64), z(t, np.float32), z((t, 1), np.int64), z((t, 1), np.float32),

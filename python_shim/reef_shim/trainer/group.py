@@ -141,6 +141,10 @@ class TrainerGroup:
         assert self._ledger is not None
         started = time.monotonic()
         tasks = decode_tasks(raw_tasks, self._info["vocab"], self._info["maxLen"])
+        overlong = sum(t.teacher_overlong for t in tasks)
+        if overlong:
+            log.warning("trainer-step %s: %d teacher candidate(s) left out: with the hint, prompt + response exceed "
+                        "the context length %d", batch_id, overlong, self._info["maxLen"])
         shards = shard(tasks, len(self._ranks))
         totals = {"tokens": float(sum(t.T for t in tasks)), "opd_tokens": float(sum(t.T for t in tasks if t.H))}
         version = next_version(self._dir, self._ledger)
@@ -156,7 +160,8 @@ class TrainerGroup:
 
         metrics = combine([r["sums"] for r in results], self._cfg)
         metrics.update(grad_norm=results[0]["sums"]["grad_norm"], lr=float(self._spec_options()["lr"]),
-                       train_ms=results[0]["train_s"] * 1000, save_ms=results[0]["save_s"] * 1000)
+                       train_ms=results[0]["train_s"] * 1000, save_ms=results[0]["save_s"] * 1000,
+                       teacher_candidates_overlong=float(overlong))
         result = {"batchId": batch_id, "weightVersion": version, "checkpointPath": str(out), "metrics": metrics,
                   "stepMs": (time.monotonic() - started) * 1000}
         self._ledger.record(batch_id, result)

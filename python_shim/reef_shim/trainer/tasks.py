@@ -29,6 +29,7 @@ class TrainTask:
     top_p: float = 1.0
     top_k: int = -1
     weight_version: str | None = None
+    teacher_overlong: int = 0  # candidates left out: their prompt + the response exceed the context length
 
     @property
     def T(self) -> int:
@@ -98,14 +99,20 @@ def decode_task(raw: dict[str, Any], path: str, vocab: int) -> TrainTask:
 
 
 def decode_tasks(raw: list[dict[str, Any]], vocab: int, max_len: int) -> list[TrainTask]:
+    """The batch's tasks. A task whose own prompt + response exceed `max_len` fails the batch; a
+    teacher candidate that does is left out of its task (counted in `teacher_overlong`): the hint
+    makes the teacher's prompt longer than the turn the gateway admitted, so a turn that fit may
+    not fit with its hint, and that must cost the turn its distillation term, not the batch."""
     if not raw:
         raise ShimError("REEF_ERR_INVALID_ARGUMENT", "trainer-step.tasks: a batch needs at least one task")
     tasks = [decode_task(r, f"trainer-step.tasks[{i}]", vocab) for i, r in enumerate(raw)]
     for i, t in enumerate(tasks):
-        longest = max([len(t.prompt_ids)] + [len(p) for p in t.teacher_prompt_ids]) + t.T
-        if longest > max_len:
-            raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"trainer-step.tasks[{i}]: {longest} tokens exceed the "
-                            f"model's context length {max_len}")
+        if len(t.prompt_ids) + t.T > max_len:
+            raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"trainer-step.tasks[{i}]: {len(t.prompt_ids) + t.T} tokens "
+                            f"exceed the model's context length {max_len}")
+        fits = [p for p in t.teacher_prompt_ids if len(p) + t.T <= max_len]
+        t.teacher_overlong = len(t.teacher_prompt_ids) - len(fits)
+        t.teacher_prompt_ids = fits
     return tasks
 
 
