@@ -11,7 +11,7 @@ import torch
 from reef_shim import tiny_model
 from reef_shim.engines.sampling import sampling_logprobs
 from reef_shim.errors import ShimError
-from reef_shim.trainer.checkpoint import Ledger, next_version
+from reef_shim.trainer.checkpoint import Ledger, next_version, save_checkpoint
 from reef_shim.trainer.loss import combine, empty_sums
 from reef_shim.trainer.scoring import policy_logprobs, response_logits, teacher_scores
 from reef_shim.trainer.tasks import TrainTask, decode_tasks, shard
@@ -93,6 +93,52 @@ def test_versions_are_monotonic_across_disk_and_ledger(tmp_path: Path) -> None:
     (tmp_path / "reef_trainer_ledger.json").write_text("{not json")
     with pytest.raises(ShimError, match="cannot read the batch ledger"):
         Ledger(tmp_path)
+
+
+def test_a_checkpoint_and_the_ledger_are_on_disk_before_anything_points_at_them(tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    (base / "tokenizer.json").write_text("{}")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    events: list[tuple[str, str]] = []
+    real_fsync, real_rename, real_replace = os.fsync, os.rename, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def rename(src: object, dst: object) -> None:
+        events.append(("rename", str(Path(str(dst)).resolve())))
+        real_rename(src, dst)
+
+    def replace(src: object, dst: object) -> None:
+        events.append(("replace", str(Path(str(dst)).resolve())))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(os, "replace", replace)
+    out = ckpt / "v1"
+    save_checkpoint({"w": torch.ones(4)}, base, out, {"weightVersion": "v1"})
+    Ledger(ckpt).record("b:1", {"weightVersion": "v1"})
+
+    root = ckpt.resolve()
+    at = events.index(("rename", str(root / "v1")))
+    tmp = root / f".v1.{os.getpid()}.tmp"
+    synced_before = {p for kind, p in events[:at] if kind == "fsync"}
+    # Every file the checkpoint holds, and the directory with their names, before the rename.
+    assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json", "tokenizer.json", "reef_checkpoint.json"}
+    assert {str(tmp / p.name) for p in out.iterdir()} | {str(tmp)} <= synced_before
+    ledger_at = events.index(("replace", str(root / "reef_trainer_ledger.json")))
+    # The rename, before the ledger names the checkpoint; the ledger's data, then its replacement.
+    assert ("fsync", str(root)) in events[at + 1:ledger_at]
+    assert any(kind == "fsync" and Path(p).name.startswith(".reef_trainer_ledger.json.") for kind, p in events[at:ledger_at])
+    assert events[-1] == ("fsync", str(root))
 
 
 @pytest.mark.parametrize("trainer,engine,backend", [

@@ -6,7 +6,9 @@
     <checkpointDir>/reef_trainer_ledger.json    {batches: {batchId: step result}}
 
 A checkpoint is written into a hidden temporary directory and renamed into place, so a directory
-named `v<n>` is always complete; the ledger is replaced the same way (write, fsync, rename).
+named `v<n>` is always complete; the ledger is replaced the same way (write, fsync, rename). Every
+file, the directory and the rename are fsynced before the call returns: the ledger and then a
+release point at the checkpoint, and after a power loss they must not point at empty files.
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_
 _VERSION = re.compile(r"^v(\d+)$")
 
 
+def _fsync(path: Path) -> None:
+    """A file's data, or a directory's entries (which is what makes a rename in it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write_json_atomic(path: Path, value: Any) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
@@ -36,6 +47,7 @@ def _write_json_atomic(path: Path, value: Any) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    _fsync(path.parent)
 
 
 class Ledger:
@@ -84,14 +96,15 @@ def save_checkpoint(state: dict[str, Any], base_model: Path, out: Path, meta: di
         if (base_model / name).is_file():
             shutil.copyfile(base_model / name, tmp / name)
     (tmp / META).write_text(json.dumps({**meta, "createdAt": int(time.time() * 1000)}, indent=1, sort_keys=True))
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    # The directory's fsync covers its entries, not the files' contents: without these a crash
+    # after the rename could leave `v<n>` complete by name with empty or short files.
+    for f in tmp.iterdir():
+        _fsync(f)
+    _fsync(tmp)
     if out.exists():
         shutil.rmtree(out)  # a leftover of a step that crashed after its rename but before the ledger
     os.rename(tmp, out)
+    _fsync(out.parent)  # the rename: the ledger written next must not name a `v<n>` a crash could lose
     return time.monotonic() - started
 
 
