@@ -48,6 +48,7 @@ function storeWith(over: Partial<JudgeOptions['store']>): JudgeOptions['store'] 
     get: (id) => store.get(id),
     getOffset: (c) => store.getOffset(c),
     getState: (k) => store.getState(k),
+    headOffset: () => store.headOffset(),
     commitConsumer: (c, o, k, s) => store.commitConsumer(c, o, k, s),
     appendJudgedTurn: (t) => store.appendJudgedTurn(t),
     judgedTurnIds: (ids) => store.judgedTurnIds(ids),
@@ -203,6 +204,37 @@ describe('JudgeCore', () => {
     // A restart finds the same: the committed offset and state hold every turn.
     const again = await core();
     expect(again.stats()).toMatchObject({ next_offset: 6, bound: 3, pending: 3 });
+  });
+
+  it('an idle flush while records wait unread expires no session: a backlog binds as if read in one go', async () => {
+    // Written 20 minutes ago (the judge was down), TTL 15 minutes: only the records' own times count.
+    const wall = Date.now();
+    const old = interleave([conversation(1, 4, { at: wall - 1_200_000 }), conversation(2, 3, { at: wall - 1_200_000 })]);
+    await write(old);
+    const pendingOf = async (judge: JudgeCore): Promise<string[]> => {
+      const ids: string[] = [];
+      for (let t = await judge.lease('prm-0', 0); t.turn !== null; t = await judge.lease('prm-0', 0)) ids.push(`${t.turn.context} → ${t.turn.nextState.content}`);
+      return ids.sort();
+    };
+    const read = async (judge: JudgeCore, flushEach: boolean): Promise<void> => {
+      while ((await judge.pump()) > 0) if (flushEach) await judge.flush(wall);
+    };
+
+    const straight = await core({ correlator: { sessionTtlS: 900, maxOpenSessions: 100 }, batch: 2 });
+    await read(straight, false);
+    const expected = await pendingOf(straight);
+    expect(expected).toHaveLength(5);
+
+    await store.close();
+    rmSync(dir, { recursive: true, force: true });
+    dir = mkdtempSync(join(tmpdir(), 'reef-judge-'));
+    store = SqliteStore.open(join(dir, 'records.sqlite'));
+    await write(old);
+    const flushed = await core({ correlator: { sessionTtlS: 900, maxOpenSessions: 100 }, batch: 2 });
+    await read(flushed, true);
+    expect(await pendingOf(flushed)).toEqual(expected);
+    // Once the last record is read, the idle clock is wall time again: the stale sessions expired.
+    expect(flushed.stats()).toMatchObject({ bound: 5, dropped_unbound: 2, open_sessions: 0 });
   });
 
   it('correlate-only: sessions bind, nothing is pending or leased', async () => {

@@ -15,7 +15,7 @@ import { contextOf, replyOf } from './turn-text.js';
  * judged-turn log refuses a second row for it (see store `appendJudgedTurn`).
  */
 
-export type JudgeStore = Pick<RecordStore, 'readFrom' | 'get' | 'getOffset' | 'getState' | 'commitConsumer' | 'appendJudgedTurn' | 'judgedTurnIds'>;
+export type JudgeStore = Pick<RecordStore, 'readFrom' | 'headOffset' | 'get' | 'getOffset' | 'getState' | 'commitConsumer' | 'appendJudgedTurn' | 'judgedTurnIds'>;
 
 export const CONSUMER = 'judge';
 export const STATE_KEY = 'judge/state';
@@ -135,10 +135,23 @@ export class JudgeCore {
     });
   }
 
-  /** Advance the correlator's clock while no record arrives (sessions expire) and save leases. */
+  /**
+   * Save leases and completions; with `idleNow`, also advance the correlator's clock to it while no
+   * record arrives, so that idle sessions expire.
+   */
   flush(idleNow: number | null = null): Promise<void> {
     return this.exclusive(async () => {
-      if (idleNow !== null && this.correlator.tick(idleNow).length > 0) this.dirty = true;
+      // The correlator's clock is record time: sessions expire by the finishedAt of the records
+      // read. Wall time may stand in for it only when every committed record has been read: any
+      // record still to come then finishes after now (give or take the gateway's commit lag), so
+      // it would have moved the clock as far. While records wait unread (a backlog after a
+      // restart, reading held back by maxPending), ticking to wall time would close sessions that
+      // those very records continue, and drop their turns. Capping the tick at the finishedAt of
+      // the next unread record would be just as sound, but only does early what reading that
+      // record does anyway, at the price of reading it.
+      if (idleNow !== null && (await this.opts.store.headOffset()) < this.nextOffset) {
+        if (this.correlator.tick(idleNow).length > 0) this.dirty = true;
+      }
       if (this.dirty) await this.commit([], this.nextOffset);
     });
   }

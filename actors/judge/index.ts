@@ -24,7 +24,7 @@ export interface StartJudgeOptions {
   log: LogFn;
   /** How often the store is polled for new records when idle. @default 100 */
   pollMs?: number;
-  /** How often leases and completions are saved, and idle sessions expire. @default 1000 */
+  /** How often leases and completions are saved, and (once every record is read) idle sessions expire. @default 1000 */
   flushMs?: number;
   /** @default REEF_JUDGE_LEASE_MS, else 15000 */
   leaseMs?: number;
