@@ -119,7 +119,10 @@ class TrainerRank:
                 fully_shard(module, mesh=mesh, mp_policy=mp)
         # The rest: embeddings, norm, lm_head (tied weights stay one parameter).
         fully_shard(model, mesh=mesh, mp_policy=mp)
-        return model.train()
+        # Eval mode, though it trains: ℓθ must be the distribution the engine sampled from (an eval
+        # forward), and a model with dropout in its config would otherwise score ℓθ ≠ ℓold before
+        # any update. Autograd does not depend on the mode.
+        return model.eval()
 
     def _new_optimizer(self) -> None:
         o = self.options
@@ -158,7 +161,13 @@ class TrainerRank:
         if bad.item() > 0:
             return {"error": "non-finite loss: the batch was not applied", "sums": sums}
         loss.backward()
-        sums["grad_norm"] = self._grad_norm()
+        # A finite loss can still give a non-finite gradient (an overflow in backward); AdamW would
+        # write it into every weight it touches. All ranks agree before anyone steps, as above.
+        grad_norm, grads_finite = self._grad_norm()
+        if not grads_finite:
+            self.optimizer.zero_grad(set_to_none=True)
+            return {"error": "non-finite gradient: the batch was not applied", "sums": sums}
+        sums["grad_norm"] = grad_norm
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         forward_backward_s = time.monotonic() - started
@@ -168,17 +177,20 @@ class TrainerRank:
             save_s = save_checkpoint(state, self.model_path, Path(out_dir), meta)
         return {"error": None, "sums": sums, "train_s": forward_backward_s, "save_s": save_s}
 
-    def _grad_norm(self) -> float:
+    def _grad_norm(self) -> tuple[float, bool]:
+        """The gradient's global norm, and whether every rank's shard of it is finite (one all-reduce)."""
         import torch.distributed as dist
 
-        # FSDP2 grads are DTensors sharded on dim 0: the squares of the local shards add up to the total.
-        sq = torch.zeros(1, device=self.device)
+        # FSDP2 grads are DTensors sharded on dim 0: the squares of the local shards add up to the
+        # total, and a non-finite value may sit in any one rank's shard.
+        acc = torch.zeros(2, device=self.device)  # [sum of squares, non-finite entries]
         for p in self.policy.parameters():
             if p.grad is not None:
-                g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-                sq += g.float().pow(2).sum()
-        dist.all_reduce(sq)
-        return float(sq.sqrt())
+                g = (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).float()
+                acc[0] += g.pow(2).sum()
+                acc[1] += (~torch.isfinite(g)).sum()
+        dist.all_reduce(acc)
+        return float(acc[0].sqrt()), bool(acc[1].item() == 0)
 
     def _full_state(self) -> dict[str, torch.Tensor]:
         """The policy's full weights as CPU tensors on rank 0 (empty elsewhere), a tied lm_head left
