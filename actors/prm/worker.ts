@@ -1,37 +1,82 @@
 import { lookupMailbox } from '../../cluster/lookup.js';
 import { ReefError } from '../runtime/errors.js';
 import type { LogFn } from '../runtime/log.js';
-import { RpcClient } from '../runtime/rpc.js';
+import { type CallOptions, type Request, RpcClient } from '../runtime/rpc.js';
 import { completeReply, type JudgeTurn, leaseReply, renewReply } from '../judge/messages.js';
 import type { PrmCaller } from './prm-client.js';
 import { Semaphore, voteTurn } from './voter.js';
 
 /**
- * Finds the judge's mailbox through the supervisor (`lookup`), or uses a fixed endpoint; forgets
- * it when calls fail, so that a restarted judge (new port) is found again.
+ * Finds the judge's mailbox through the supervisor (`lookup`), or uses a fixed endpoint, and makes
+ * every call to it. A call that got no answer (timed out, not sent, or cut off by a closed socket)
+ * drops the client, so that the next call looks the judge up again: a restarted judge has a new
+ * port. An error reply is the judge answering: the link is fine, and the client stays, with the
+ * other calls in flight on it (a long-poll whose turn may be granted already).
  */
 export class JudgeLink {
-  private rpc: RpcClient | null = null;
+  private rpc: Promise<RpcClient> | null = null;
 
   constructor(private readonly supervisor: string | null, private readonly fixed: string | null, private readonly log: LogFn) {}
 
-  async client(): Promise<RpcClient> {
-    if (this.rpc !== null) return this.rpc;
+  async call<T>(msg: Request, options: CallOptions<T>): Promise<T> {
+    const opening = this.connect();
+    const rpc = await opening;
+    try {
+      return await rpc.call(msg, options);
+    } catch (err) {
+      if (unanswered(err)) await this.drop(opening, rpc);
+      throw err;
+    }
+  }
+
+  /** Close the client (a draining actor). */
+  async close(): Promise<void> {
+    const opening = this.rpc;
+    if (opening === null) return;
+    this.rpc = null;
+    await (await opening.catch(() => null))?.close();
+  }
+
+  /** The client, shared by concurrent callers: one lookup, one socket. */
+  private connect(): Promise<RpcClient> {
+    if (this.rpc === null) {
+      const opening = this.open();
+      this.rpc = opening;
+      // A failed lookup is not kept: the next call looks again.
+      opening.catch(() => {
+        if (this.rpc === opening) this.rpc = null;
+      });
+    }
+    return this.rpc;
+  }
+
+  private async open(): Promise<RpcClient> {
     let endpoint = this.fixed;
     if (endpoint === null) {
       if (this.supervisor === null) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: 'a PRM actor needs a supervisor or REEF_JUDGE_MAILBOX to find the judge' });
       endpoint = await lookupMailbox(this.supervisor, 'judge', { running: true, timeoutMs: 3000, log: this.log });
       if (endpoint === null) throw new ReefError('REEF_ERR_NOT_FOUND', { what: 'a running judge' });
     }
-    this.rpc = new RpcClient(endpoint, { name: 'prm→judge', defaultTimeoutMs: 10_000, log: this.log });
-    return this.rpc;
+    return new RpcClient(endpoint, { name: 'prm→judge', defaultTimeoutMs: 10_000, log: this.log });
   }
 
-  async reset(): Promise<void> {
-    const rpc = this.rpc;
-    this.rpc = null;
-    await rpc?.close();
+  /**
+   * Close the client a call failed on. Its other calls fail with it (REEF_ERR_ACTOR_CLOSED) and
+   * come here too; by then a retry may have opened a new client, which they must leave alone.
+   */
+  private async drop(opening: Promise<RpcClient>, rpc: RpcClient): Promise<void> {
+    if (this.rpc === opening) this.rpc = null;
+    await rpc.close();
   }
+}
+
+/**
+ * No answer came from the judge: the client's own timeout, its close, a full send queue, or a
+ * zeromq send error (not a ReefError). The judge's handlers reply with none of these codes.
+ */
+function unanswered(err: unknown): boolean {
+  if (!(err instanceof ReefError)) return true;
+  return err.code === 'REEF_ERR_TIMEOUT' || err.code === 'REEF_ERR_ACTOR_CLOSED' || err.code === 'REEF_ERR_QUEUE_FULL';
 }
 
 interface Job {
@@ -105,7 +150,7 @@ export class PrmWorker {
     }
     await all;
     if (this.renewer !== null) clearTimeout(this.renewer);
-    await this.o.link.reset();
+    await this.o.link.close();
   }
 
   private async pull(): Promise<void> {
@@ -117,8 +162,7 @@ export class PrmWorker {
       }
       const waitMs = this.o.waitMs ?? 2000;
       try {
-        const rpc = await this.o.link.client();
-        const reply = await rpc.call({ type: 'lease-turn', actorId: this.o.actorId, waitMs }, { timeoutMs: waitMs + 3000, schema: leaseReply });
+        const reply = await this.o.link.call({ type: 'lease-turn', actorId: this.o.actorId, waitMs }, { timeoutMs: waitMs + 3000, schema: leaseReply });
         backoff = 100;
         this.leaseMs = reply.leaseMs;
         if (reply.turn === null || reply.leaseId === null) continue;
@@ -127,8 +171,7 @@ export class PrmWorker {
         else this.run(reply.turn, reply.leaseId);
       } catch (err) {
         if (this.stopping) break;
-        this.o.log(`leasing from the judge failed (${err instanceof ReefError ? err.code : String(err)}); looking it up again in ${backoff} ms`);
-        await this.o.link.reset();
+        this.o.log(`leasing from the judge failed (${err instanceof ReefError ? err.code : String(err)}); trying again in ${backoff} ms`);
         await sleep(backoff);
         backoff = Math.min(backoff * 2, 2000);
       }
@@ -169,13 +212,11 @@ export class PrmWorker {
     // The judge may be restarting; it resumes the turn as pending, so a retry still counts.
     for (let attempt = 1; ; attempt++) {
       try {
-        const rpc = await this.o.link.client();
-        const reply = await rpc.call(msg, { timeoutMs: 10_000, schema: completeReply });
+        const reply = await this.o.link.call(msg, { timeoutMs: 10_000, schema: completeReply });
         this.counters[reply.accepted ? 'turns_completed' : 'turns_refused']++;
         return;
       } catch (err) {
         if (attempt >= 5) throw err;
-        await this.o.link.reset();
         await sleep(200 * attempt);
       }
     }
@@ -183,8 +224,7 @@ export class PrmWorker {
 
   private async giveBack(leaseIds: string[]): Promise<void> {
     try {
-      const rpc = await this.o.link.client();
-      await rpc.call({ type: 'release-lease', actorId: this.o.actorId, leaseIds }, { timeoutMs: 3000 });
+      await this.o.link.call({ type: 'release-lease', actorId: this.o.actorId, leaseIds }, { timeoutMs: 3000 });
       this.counters.leases_released += leaseIds.length;
     } catch (err) {
       // The leases then simply run out and the judge dispatches the turns again.
@@ -200,12 +240,12 @@ export class PrmWorker {
     }, Math.max(50, Math.floor(this.leaseMs / 3)));
   }
 
+
   private async renew(): Promise<void> {
     const held = [...this.jobs.values()].filter((j) => j.why === null);
     if (held.length === 0) return;
     try {
-      const rpc = await this.o.link.client();
-      const reply = await rpc.call({ type: 'renew-lease', actorId: this.o.actorId, leaseIds: held.map((j) => j.leaseId) }, { timeoutMs: Math.max(1000, this.leaseMs / 3), schema: renewReply });
+      const reply = await this.o.link.call({ type: 'renew-lease', actorId: this.o.actorId, leaseIds: held.map((j) => j.leaseId) }, { timeoutMs: Math.max(1000, this.leaseMs / 3), schema: renewReply });
       this.leaseMs = reply.leaseMs;
       for (const id of reply.lost) {
         const job = this.jobs.get(id);
@@ -216,7 +256,6 @@ export class PrmWorker {
       }
     } catch (err) {
       this.o.log(`renewing leases failed: ${String(err)}`);
-      if (err instanceof ReefError && err.code === 'REEF_ERR_TIMEOUT') await this.o.link.reset();
     }
   }
 }

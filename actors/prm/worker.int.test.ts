@@ -1,0 +1,124 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { waitFor } from '../../test/helpers/wait.js';
+import { conversation } from '../../test/judge/conversations.js';
+import { SqliteStore } from '../gateway/store/sqlite-store.js';
+import { JudgeCore } from '../judge/handler.js';
+import { type JudgeMessage, judgeMessages } from '../judge/messages.js';
+import { type Handlers, Mailbox } from '../runtime/mailbox.js';
+import type { PrmCaller } from './prm-client.js';
+import { JudgeLink, PrmWorker } from './worker.js';
+
+/**
+ * A PRM worker against a real judge mailbox (JudgeCore over a real store, real sockets) and a fake
+ * PRM whose answers the test lets through.
+ */
+
+let dir: string;
+let store: SqliteStore;
+let core: JudgeCore | null;
+let mailbox: Mailbox<typeof judgeMessages> | null;
+let worker: PrmWorker | null;
+const logs: string[] = [];
+const log = (l: string): void => void logs.push(l);
+
+beforeEach(() => {
+  dir = mkdtempSync(join(tmpdir(), 'reef-prm-'));
+  store = SqliteStore.open(join(dir, 'records.sqlite'));
+  core = null;
+  mailbox = null;
+  worker = null;
+  logs.length = 0;
+});
+afterEach(async () => {
+  core?.close(); // answers the worker's long-poll, so that its drain does not wait it out
+  await worker?.drain(0);
+  await mailbox?.close();
+  await store.close();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+/** A judge mailbox as `startJudge` wires it, with some handlers replaced. */
+async function judge(leaseMs: number, over: (c: JudgeCore) => Partial<Handlers<JudgeMessage>> = () => ({})): Promise<JudgeCore> {
+  const c = new JudgeCore({ store, mode: 'judge', correlator: { sessionTtlS: 3600, maxOpenSessions: 100 }, maxHintCandidates: 2, leaseMs, log });
+  await c.start();
+  core = c;
+  mailbox = await Mailbox.open({
+    name: 'judge',
+    schema: judgeMessages,
+    handlers: {
+      'judge-status': () => ({ stats: c.stats() }),
+      'lease-turn': async (msg) => ({ ...(await c.lease(msg.actorId, msg.waitMs)), mode: c.mode }),
+      'renew-lease': (msg) => ({ ...c.renew(msg.actorId, msg.leaseIds), leaseMs: c.leaseMs }),
+      'release-lease': (msg) => ({ released: c.release(msg.actorId, msg.leaseIds) }),
+      'complete-turn': (msg) => c.complete(msg),
+      ...over(c),
+    },
+  });
+  return c;
+}
+
+async function turns(records: ReturnType<typeof conversation>): Promise<void> {
+  for (const r of records) await store.append(r);
+  await core!.pump();
+}
+
+/** A PRM that answers `\boxed{1}` once `open()` is called (at once with `open: true`), or fails when aborted. */
+function fakePrm(o: { open: boolean }): PrmCaller & { open(): void } {
+  let release!: () => void;
+  const gate = o.open ? Promise.resolve() : new Promise<void>((resolve) => (release = resolve));
+  return {
+    api: 'sglang',
+    model: null,
+    open: () => release(),
+    async call(_prompt, { signal }) {
+      await new Promise<void>((resolve, reject) => {
+        signal?.addEventListener('abort', () => reject(new Error('aborted')));
+        void gate.then(resolve);
+      });
+      return { text: 'The user moved on. \\boxed{1}', url: 'http://prm' };
+    },
+    close: async () => {},
+  };
+}
+
+function startWorker(prm: PrmCaller, o: { concurrency: number; waitMs: number }): PrmWorker {
+  worker = new PrmWorker({ actorId: 'prm-0', link: new JudgeLink(null, mailbox!.endpoint, log), prm, m: 1, log, ...o });
+  worker.start();
+  return worker;
+}
+
+describe('PrmWorker against a judge mailbox', () => {
+  it('an error reply to one call leaves the link alone: a long-poll answered meanwhile still gets its turn', async () => {
+    let leases = 0;
+    let completions = 0;
+    let retrying!: () => void;
+    const retried = new Promise<void>((resolve) => (retrying = resolve));
+    const judged = await judge(2000, (c) => ({
+      'lease-turn': async (msg) => {
+        const lease = await c.lease(msg.actorId, msg.waitMs);
+        // The second credit's long-poll is granted its turn at once, but answered only once the
+        // worker has had the error reply.
+        if (++leases === 2) await retried;
+        return { ...lease, mode: c.mode };
+      },
+      'complete-turn': async (msg) => {
+        if (++completions === 1) throw new Error('SQLITE_BUSY: database is locked');
+        retrying();
+        return c.complete(msg);
+      },
+    }));
+    await turns(conversation(1, 3));
+    // Two credits: one turn voting, one long-poll waiting.
+    const w = startWorker(fakePrm({ open: true }), { concurrency: 4, waitMs: 5000 });
+
+    await waitFor(() => judged.stats().judged === 2, { what: 'both turns judged' });
+    expect(completions).toBe(3); // the refused completion was retried once
+    // The turn granted to the long-poll reached the worker: it never had to run out and go again.
+    expect(judged.stats()).toMatchObject({ redispatched: 0, late_completions: 0 });
+    expect(w.stats()).toMatchObject({ turns_leased: 2, turns_completed: 2 });
+    expect(logs.filter((l) => l.startsWith('leasing from the judge failed'))).toEqual([]);
+  }, 20_000);
+});
