@@ -1,5 +1,5 @@
 import { join } from 'node:path';
-import { BridgeClient } from '../../bridge/client.js';
+import { BridgeClient, defaultTimeoutMs } from '../../bridge/client.js';
 import type { TrainingOptions, TrainTask } from '../../bridge/messages.js';
 import { EngineClient } from '../../cluster/engine-client.js';
 import type { ReefConfig } from '../../cluster/config/index.js';
@@ -15,6 +15,25 @@ import { CONSUMER, STATE_KEY } from './messages.js';
 import { STATE_KEY as JUDGE_STATE_KEY } from '../judge/handler.js';
 
 /** Wires the controller to the store, the bridge (trainer group), the gateway and the engine. */
+
+/** How long `pause-generation` waits for the requests in flight before the swap goes ahead. */
+const DRAIN_TIMEOUT_MS = 30_000;
+/** The engine client's limit on one request, `update_weights_from_disk` included. */
+const ENGINE_REQUEST_TIMEOUT_MS = 300_000;
+/** On top of the swap's own limits: connecting the bridge, the gateway calls, a loaded machine. */
+const PAUSE_MARGIN_MS = 60_000;
+
+/**
+ * The `maxPauseMs` a swap asks the gateway for: after it the gateway resumes by itself, so that a
+ * controller that died mid-swap does not stop serving for good. It must outlast the longest swap a
+ * live controller can make, or the gateway would admit requests onto half-loaded weights: the
+ * drain, then a push that may run to its bridge timeout before it falls back, then the disk load
+ * to the engine client's timeout. A rollback never pushes.
+ */
+export function maxPauseMs(pushes: boolean): number {
+  const push = pushes ? defaultTimeoutMs('trainer-push-weights', { engineUrl: '', weightVersion: '' }) : 0;
+  return DRAIN_TIMEOUT_MS + push + ENGINE_REQUEST_TIMEOUT_MS + PAUSE_MARGIN_MS;
+}
 
 export interface WiringOptions {
   config: ReefConfig;
@@ -59,13 +78,33 @@ export function turnCounters(judgment: unknown, decision: string, candidates: nu
   return out;
 }
 
+/**
+ * Asks the gateway to resume, weights unchanged. Only a controller pauses the gateway, so at its
+ * start any pause is one its predecessor left when it died between pause and resume; waiting for
+ * the pause's own bound would keep requests failing for up to `maxPauseMs`. Best effort: the gateway
+ * may not be up (yet), and a start must not fail for it.
+ */
+async function resumeLeftoverPause(gatewayRpc: () => Promise<RpcClient | null>, log: (line: string) => void): Promise<void> {
+  try {
+    const gw = await gatewayRpc();
+    if (!gw) return;
+    try {
+      await gw.call({ type: 'resume-generation', weightVersion: null }, { timeoutMs: 5_000 });
+    } finally {
+      await gw.close();
+    }
+  } catch (err) {
+    log(`could not ask the gateway to resume at start (${(err as Error).message}); a pause left behind ends at its maxPauseMs`);
+  }
+}
+
 export async function createController(w: WiringOptions): Promise<{ controller: TrainerController; close(): Promise<void> }> {
   const cfg = w.config;
   const t2b = cfg.pipeline.task2batch.config as { batch_size: number; prm_record_file: string | null; max_staleness: number };
   const opts = cfg.training.resolved as unknown as TrainingOptions;
   const checkpointDir = join(cfg.reef.data_dir, 'checkpoints');
   const tokenizer = ChatTokenizer.load(cfg.cluster.rollout.model_path);
-  const engine = new EngineClient(w.rolloutUrl, { name: 'rollout' });
+  const engine = new EngineClient(w.rolloutUrl, { name: 'rollout', requestTimeoutMs: ENGINE_REQUEST_TIMEOUT_MS });
   let bridge: BridgeClient | null = null;
   const getBridge = async () => {
     if (!bridge || bridge.isDown) {
@@ -137,10 +176,11 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
       publish: async (path, version, kind): Promise<Published> => {
         // Bracket the swap with the gateway's pause/resume: requests in flight finish, new ones wait.
         const gw = await gatewayRpc();
+        const pushes = kind === 'release' && cfg.training.weight_sync === 'distributed';
         try {
-          if (gw) await gw.call({ type: 'pause-generation', drainTimeoutMs: 30_000 });
+          if (gw) await gw.call({ type: 'pause-generation', drainTimeoutMs: DRAIN_TIMEOUT_MS, maxPauseMs: maxPauseMs(pushes) });
           let published: Published = { sync: 'disk', fallback: null };
-          if (kind === 'release' && cfg.training.weight_sync === 'distributed') published = await push(version);
+          if (pushes) published = await push(version);
           if (published.sync === 'disk') {
             // The checkpoint holds the same weights: a failed (even part-way) push is made whole here.
             const r = await engine.updateWeightsFromDisk(path, version);
@@ -170,6 +210,7 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
     offset,
     (state as ControllerState | null) ?? null,
   );
+  await resumeLeftoverPause(gatewayRpc, w.log);
   return {
     controller,
     close: async () => {
