@@ -91,6 +91,28 @@ function startWorker(prm: PrmCaller, o: { concurrency: number; waitMs: number })
 }
 
 describe('PrmWorker against a judge mailbox', () => {
+  it('renews a lease shorter than the 15 s default before it runs out, from the first lease on', async () => {
+    const renewals: { renewed: string[]; lost: string[] }[] = [];
+    const judged = await judge(3000, (c) => ({
+      'renew-lease': (msg) => {
+        const r = c.renew(msg.actorId, msg.leaseIds);
+        renewals.push(r);
+        return { ...r, leaseMs: c.leaseMs };
+      },
+    }));
+    await turns(conversation(1, 2));
+    const prm = fakePrm({ open: false });
+    const w = startWorker(prm, { concurrency: 2, waitMs: 200 });
+
+    // The vote outlasts the lease: only renewals keep it.
+    await waitFor(() => renewals.length > 0, { what: 'a lease renewal', timeoutMs: 10_000 });
+    expect(renewals[0]).toEqual({ renewed: [expect.any(String)], lost: [] });
+    prm.open();
+    await waitFor(() => judged.stats().judged === 1, { what: 'the turn judged' });
+    expect(judged.stats()).toMatchObject({ redispatched: 0, late_completions: 0 });
+    expect(w.stats()).toMatchObject({ turns_leased: 1, turns_completed: 1, leases_lost: 0 });
+  }, 20_000);
+
   it('an error reply to one call leaves the link alone: a long-poll answered meanwhile still gets its turn', async () => {
     let leases = 0;
     let completions = 0;

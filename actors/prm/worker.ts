@@ -164,7 +164,7 @@ export class PrmWorker {
       try {
         const reply = await this.o.link.call({ type: 'lease-turn', actorId: this.o.actorId, waitMs }, { timeoutMs: waitMs + 3000, schema: leaseReply });
         backoff = 100;
-        this.leaseMs = reply.leaseMs;
+        this.setLeaseMs(reply.leaseMs);
         if (reply.turn === null || reply.leaseId === null) continue;
         this.counters.turns_leased++;
         if (this.stopping) await this.giveBack([reply.leaseId]);
@@ -234,12 +234,27 @@ export class PrmWorker {
 
   private scheduleRenew(): void {
     this.renewer = setTimeout(() => {
+      this.renewer = null;
       void this.renew().finally(() => {
         if (!this.stopping || this.jobs.size > 0) this.scheduleRenew();
       });
     }, Math.max(50, Math.floor(this.leaseMs / 3)));
   }
 
+  /**
+   * The judge's lease length comes with every reply. The renewal waiting now was timed for the
+   * old length (15 s before the first reply): with a shorter lease, the lease just granted would
+   * run out before it, so it is timed again. (While a renewal is in flight, it times the next one
+   * from the new length itself.)
+   */
+  private setLeaseMs(leaseMs: number): void {
+    const shorter = leaseMs < this.leaseMs;
+    this.leaseMs = leaseMs;
+    if (shorter && this.renewer !== null) {
+      clearTimeout(this.renewer);
+      this.scheduleRenew();
+    }
+  }
 
   private async renew(): Promise<void> {
     const held = [...this.jobs.values()].filter((j) => j.why === null);
