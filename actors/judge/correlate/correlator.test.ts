@@ -240,6 +240,35 @@ describe('side requests', () => {
     expect(c.counters()).toMatchObject({ side: 1, dropped_unbound: 1 });
   });
 
+  it('binds a session whose system prompt changes on every request, once a request extends one under a new prompt', () => {
+    const c = new Correlator();
+    const at = (i: number): Msg => sys(`You are a helpful agent. Current time: 10:0${i}`);
+    const history: Msg[] = [user('q0')];
+    const ev: CorrelationEvent[] = [];
+    const ask = (i: number, o: { id?: string; reply?: string } = {}): void => {
+      ev.push(...c.observe(rec(o.id ?? `r${i}`, [at(i), ...history], o.reply ?? `a${i}`, { session: 'a' })));
+    };
+    for (let i = 0; i < 3; i++) {
+      ask(i);
+      history.push(asst(`a${i}`), user(`u${i}`));
+    }
+    // r1 came under a new prompt: held like any other first message until r2 extended it, so r0
+    // is dropped as a rewrite. From then on the prompt is not compared.
+    expect(turns(ev)).toEqual(['r1→r2: u1']);
+    expect(ev.find((e) => e.kind === 'turn-dropped')).toMatchObject({ turnRecordId: 'r0', reason: 'rewrite' });
+
+    const restored = Correlator.fromJSON(JSON.parse(JSON.stringify(c.toJSON())));
+    ev.length = 0;
+    ev.push(...restored.observe(rec('r3', [at(3), ...history], 'a3', { session: 'a' })));
+    ev.push(...restored.observe(rec('r3b', [at(4), ...history], 'a3 again', { session: 'a' }))); // a retry, with a new time
+    ev.push(...restored.observe(rec('t1', [sys('Write a short title'), user('q0 / a0')], 'Title', { session: 'a' }))); // still a side request
+    history.push(asst('a3 again'), user('u3'));
+    ev.push(...restored.observe(rec('r4', [at(5), ...history], 'a4', { session: 'a' })));
+    expect(turns(ev)).toEqual(['r2→r3: u2', 'r3b→r4: u3']);
+    expect(ev.filter((e) => e.kind === 'retry' || e.kind === 'side').map((e) => e.kind === 'retry' || e.kind === 'side' ? `${e.kind} ${e.recordId}` : '')).toEqual(['retry r3b', 'side t1']);
+    expect(restored.counters()).toMatchObject({ bound: 3, retries: 1, side: 1, dropped_unbound: 1 });
+  });
+
   it('with inferSide off, a different first message is a rewrite', () => {
     const c = new Correlator({ inferSide: false });
     const ev = feed(c, [rec('r1', [S, user('hi')], 'hello', { session: 'a' }), rec('t1', [sys('title'), user('hi')], 'T', { session: 'a' })]);

@@ -18,18 +18,26 @@ import { type CorrelatorState, restoreSession, saveSession, STATE_VERSION } from
  *
  * Tag mode (`tags.session` set): requests of one tag and scenario form one session in arrival
  * order, without text matching. Each main request finishes the previous one's turn: the next
- * state is its newest user/tool message. At most four message hashes are compared (see tagMode):
- * - an exact repeat of the last request (same length, first and newest message) is a retry: the
+ * state is its newest user/tool message. At most five message hashes are compared (see tagMode).
+ * A request's root is its first message:
+ * - an exact repeat of the last request (same length, root and newest message) is a retry: the
  *   repeat becomes the pending turn (its reply is the one the client saw), the replaced one is
  *   kept as an alternative in case the next request extends its reply instead;
- * - inferred side request: a request whose first message differs from that of the session's last
- *   main request cannot extend it, nor be extended by it (transcripts that differ at their first
+ * - inferred side request: a request whose root differs from that of the session's last main
+ *   request cannot extend it, nor be extended by it (transcripts that differ at their first
  *   message are not prefixes of one another). It is held as a candidate: if the session's next
- *   request extends it after all, the session moved to a new first message (the previous pending
- *   turn is dropped as a rewrite) and the candidate is its main line; otherwise it is counted
- *   `side` and never trained. `inferSide: false` turns this off.
- * - a request that neither extends nor repeats, with the same first message, is a history
- *   rewrite (compaction, sliding window): tag mode keeps the chain.
+ *   request extends it after all (same conversation root, the first message that is not a system
+ *   or developer message, and the candidate's reply at its position), the session moved to a new
+ *   root (the previous pending turn is dropped as a rewrite) and the candidate is its main line;
+ *   otherwise it is counted `side` and never trained. `inferSide: false` turns this off.
+ * - a system prompt that changes along the main line (a timestamp, injected memory) shows as such
+ *   a promotion with the conversation root unchanged. From then on the session's root is its
+ *   conversation root: otherwise every request would be a candidate and no turn would bind. Only
+ *   the first change costs a turn. The system prompt is not ignored from the start because side
+ *   requests (summaries, memory extraction) often resend the transcript under a prompt of their
+ *   own, and would then bind as turns; in such a session they still can.
+ * - a request that neither extends nor repeats, with the same root, is a history rewrite
+ *   (compaction, sliding window): tag mode keeps the chain.
  *
  * Fallback (no tag): a request binds to the session whose last request its messages extend —
  * the same earlier messages, then that request's assistant reply, then at least one more
@@ -194,25 +202,27 @@ export class Correlator {
   }
 
   /**
-   * Tag mode hashes at most four messages, whatever the transcript's length: the first (root), the
-   * newest (retry check) and the one where the last reply would sit (extends check). In a tagged
-   * session "extends" therefore means: same first message, and the session's last reply at its
-   * position; "exact repeat": same length, same first and newest message. The tag already says
-   * which conversation a request belongs to; these checks only sort retries, side requests and
-   * which of two replies the client went on from.
+   * Tag mode hashes at most five messages, whatever the transcript's length: the first (root), the
+   * first after the system prompt (conversation root), the newest (retry check) and the one where
+   * the last reply would sit (extends check). In a tagged session "extends" therefore means: same
+   * root, and the session's last reply at its position; "exact repeat": same length, same root and
+   * newest message. The tag already says which conversation a request belongs to; these checks
+   * only sort retries, side requests and which of two replies the client went on from.
    */
   private tagMode(record: CorrelationRecord, mapKey: string, key: string, messages: unknown[], reply: number, out: CorrelationEvent[]): void {
     const n = messages.length;
     const h0 = messageHash(messages[0], this.memo);
+    const conv = this.conversationRoot(messages, h0);
     const newest = n === 1 ? h0 : messageHash(messages[n - 1], this.memo);
     const s = this.table.get(mapKey);
     if (s === undefined) {
-      this.open(record, mapKey, key, true, n, newest, reply, h0, false, out);
+      this.open(record, mapKey, key, true, n, newest, reply, h0, conv, false, out);
       return;
     }
     this.table.touch(s, this.clock, ++this.seq);
     const sc = record.scenario;
-    if (n === s.n && h0 === s.root && newest === s.full) {
+    const root = s.sysVaries ? conv : h0;
+    if (n === s.n && root === s.root && newest === s.full) {
       this.counts.retries++;
       out.push({ kind: 'retry', sessionKey: s.key, scenario: sc, recordId: record.id, ofRecordId: s.turnId });
       s.altId = s.turnId;
@@ -221,7 +231,7 @@ export class Correlator {
       s.ext = reply;
       return;
     }
-    const atLast = n >= s.n + 2 && h0 === s.root ? messageHash(messages[s.n], this.memo) : -1;
+    const atLast = n >= s.n + 2 && root === s.root ? messageHash(messages[s.n], this.memo) : -1;
     let turnId = s.turnId;
     let from = -1;
     let how: 'extends' | 'rewrite' = 'rewrite';
@@ -232,24 +242,26 @@ export class Correlator {
       turnId = s.altId;
       from = s.n;
       how = 'extends';
-    } else if (s.candId !== null && n >= s.candN + 2 && h0 === s.candRoot && messageHash(messages[s.candN], this.memo) === s.candExt) {
-      // The candidate was extended: not a side request but the session's new main line.
+    } else if (s.candId !== null && n >= s.candN + 2 && conv === s.candConv && messageHash(messages[s.candN], this.memo) === s.candExt) {
+      // The candidate was extended: not a side request but the session's new main line. With the
+      // same conversation, only the system prompt moved, and it moves along the main line.
       this.dropTurn(s, s.turnId, 'rewrite', out);
+      if (s.candConv === s.conv) s.sysVaries = true;
       turnId = s.candId;
       from = s.candN;
       how = 'extends';
       s.candId = null;
-    } else if (this.config.inferSide && h0 !== s.root) {
+    } else if (this.config.inferSide && root !== s.root) {
       this.confirmSide(s, out);
       s.candId = record.id;
       s.candN = n;
       s.candExt = reply;
-      s.candRoot = h0;
+      s.candConv = conv;
       return;
     }
     this.confirmSide(s, out);
     this.finishTurn(s, turnId, record, messages, from, out);
-    this.setLast(s, record.id, n, newest, reply, h0);
+    this.setLast(s, record.id, n, newest, reply, h0, conv);
     out.push({ kind: 'continued', sessionKey: s.key, scenario: sc, recordId: record.id, how });
   }
 
@@ -260,7 +272,7 @@ export class Correlator {
     if (original !== null && original.n === n) {
       this.counts.retries++;
       original.repeat = true;
-      const sib = this.open(record, `${sc}\u0000chain:${record.id}`, `chain:${record.id}`, false, n, full, ext, this.hs[0]!, true, null);
+      const sib = this.open(record, `${sc}\u0000chain:${record.id}`, `chain:${record.id}`, false, n, full, ext, this.hs[0]!, this.hs[0]!, true, null);
       out.push({ kind: 'retry', sessionKey: sib.key, scenario: sc, recordId: record.id, ofRecordId: original.turnId });
       return;
     }
@@ -271,19 +283,19 @@ export class Correlator {
       this.table.touch(s, this.clock, ++this.seq);
       this.finishTurn(s, s.turnId, record, messages, k, out);
       this.table.unindex(s);
-      this.setLast(s, record.id, n, full, ext, this.hs[0]!);
+      this.setLast(s, record.id, n, full, ext, this.hs[0]!, this.hs[0]!);
       this.table.index(s);
       out.push({ kind: 'continued', sessionKey: s.key, scenario: sc, recordId: record.id, how: 'extends' });
       return;
     }
-    this.open(record, `${sc}\u0000chain:${record.id}`, `chain:${record.id}`, false, n, full, ext, this.hs[0]!, false, out);
+    this.open(record, `${sc}\u0000chain:${record.id}`, `chain:${record.id}`, false, n, full, ext, this.hs[0]!, this.hs[0]!, false, out);
   }
 
-  private open(record: CorrelationRecord, mapKey: string, key: string, tagged: boolean, n: number, full: number, ext: number, root: number, repeat: boolean, out: CorrelationEvent[] | null): Session {
+  private open(record: CorrelationRecord, mapKey: string, key: string, tagged: boolean, n: number, full: number, ext: number, root: number, conv: number, repeat: boolean, out: CorrelationEvent[] | null): Session {
     const s: Session = {
       mapKey, key, scenario: record.scenario, tagged,
-      turnId: record.id, n, full, ext, root,
-      altId: null, altExt: 0, candId: null, candN: 0, candExt: 0, candRoot: 0,
+      turnId: record.id, n, full, ext, root, conv, sysVaries: false,
+      altId: null, altExt: 0, candId: null, candN: 0, candExt: 0, candConv: 0,
       repeat, lastAt: this.clock, seq: ++this.seq,
     };
     this.table.add(s);
@@ -291,14 +303,24 @@ export class Correlator {
     return s;
   }
 
-  private setLast(s: Session, id: string, n: number, full: number, ext: number, root: number): void {
+  private setLast(s: Session, id: string, n: number, full: number, ext: number, first: number, conv: number): void {
     s.turnId = id;
     s.n = n;
     s.full = full;
     s.ext = ext;
-    s.root = root;
+    s.root = s.sysVaries ? conv : first;
+    s.conv = conv;
     s.altId = null;
     s.repeat = false;
+  }
+
+  /** Hash of the first message that is not a system or developer message (`first` when that is the first, or there is none). */
+  private conversationRoot(messages: unknown[], first: number): number {
+    for (let i = 0; i < messages.length; i++) {
+      const role = roleOf(messages[i]);
+      if (role !== 'system' && role !== 'developer') return i === 0 ? first : messageHash(messages[i], this.memo);
+    }
+    return first;
   }
 
   /** Emits `turnId`'s turn with its next state from `messages` (after index `from`; -1: rewrite). */

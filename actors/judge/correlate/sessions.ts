@@ -20,16 +20,24 @@ export interface Session {
   full: number;
   /** Untagged: `full` + the assistant reply. Tagged: hash of the reply. */
   ext: number;
-  /** Hash of its first message. */
+  /** Hash of its first message; with `sysVaries`, the same as `conv`. */
   root: number;
+  /** Hash of its conversation root: the first message that is not a system or developer message. */
+  conv: number;
+  /**
+   * Tag mode: the main line has moved to another system prompt with the same conversation (a prompt
+   * that carries a timestamp or injected memory), so roots are compared without it.
+   */
+  sysVaries: boolean;
   /** Tag mode: the request an exact repeat replaced, in case the client went on from its reply. */
   altId: string | null;
   altExt: number;
-  /** Tag mode: a request with another first message, side unless the next request extends it. */
+  /** Tag mode: a request with another root, side unless the next request extends it. */
   candId: string | null;
   candN: number;
   candExt: number;
-  candRoot: number;
+  /** The candidate's conversation root. */
+  candConv: number;
   /** One of a group of identical requests: if left unextended it was a retry, not a lost turn. */
   repeat: boolean;
   lastAt: number;

@@ -23,10 +23,14 @@ export type SavedSession = [
   candId: string | null,
   candN: number,
   candExt: number,
-  candRoot: number,
+  candConv: number,
   repeat: 0 | 1,
   lastAt: number,
   seq: number,
+  // Added later, without a version bump: a state saved before resumes with `conv` = `root` and
+  // `sysVaries` off (a session whose system prompt varies learns it again, at the cost of a turn).
+  conv?: number,
+  sysVaries?: 0 | 1,
 ];
 
 export interface CorrelatorState {
@@ -40,14 +44,14 @@ export interface CorrelatorState {
 }
 
 export function saveSession(s: Session): SavedSession {
-  return [s.key, s.scenario, s.tagged ? 1 : 0, s.turnId, s.n, s.full, s.ext, s.root, s.altId, s.altExt, s.candId, s.candN, s.candExt, s.candRoot, s.repeat ? 1 : 0, s.lastAt, s.seq];
+  return [s.key, s.scenario, s.tagged ? 1 : 0, s.turnId, s.n, s.full, s.ext, s.root, s.altId, s.altExt, s.candId, s.candN, s.candExt, s.candConv, s.repeat ? 1 : 0, s.lastAt, s.seq, s.conv, s.sysVaries ? 1 : 0];
 }
 
 export function restoreSession(t: SavedSession): Session {
-  const [key, scenario, tagged, turnId, n, full, ext, root, altId, altExt, candId, candN, candExt, candRoot, repeat, lastAt, seq] = t;
+  const [key, scenario, tagged, turnId, n, full, ext, root, altId, altExt, candId, candN, candExt, candConv, repeat, lastAt, seq, conv, sysVaries] = t;
   return {
     mapKey: `${scenario}\u0000${key}`,
-    key, scenario, tagged: tagged === 1, turnId, n, full, ext, root, altId, altExt, candId, candN, candExt, candRoot,
+    key, scenario, tagged: tagged === 1, turnId, n, full, ext, root, conv: conv ?? root, sysVaries: sysVaries === 1, altId, altExt, candId, candN, candExt, candConv,
     repeat: repeat === 1, lastAt, seq,
   };
 }
