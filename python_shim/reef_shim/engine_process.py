@@ -19,6 +19,7 @@ import urllib.request
 from typing import Any, Callable
 
 from .errors import ShimError
+from .proc_tree import group_alive
 
 log = logging.getLogger("reef_shim.engine")
 
@@ -139,20 +140,35 @@ class EngineProcess:
         }
 
     def stop(self, grace_s: float = 10.0) -> bool:
-        """Stop the whole process group (engines fork workers); True if it was running."""
-        if self.proc is None or self.proc.poll() is not None:
+        """Stop the whole process group: SIGTERM, SIGKILL after `grace_s`; True if the main process was running.
+
+        The group is signalled even when the main process has already exited: engines fork
+        workers (SGLang's scheduler and detokenizer hold the GPU and ports), PDEATHSIG reaches only
+        the main process, and a worker left behind is reparented to init, where nothing ends it.
+        """
+        if self.proc is None:
             return False
+        was_running = self.proc.poll() is None
         for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
             try:
                 os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
                 break
-            try:
-                self.proc.wait(timeout=wait_s)
+            if self._wait_group_gone(wait_s):
                 break
-            except subprocess.TimeoutExpired:
-                log.warning("engine %s (pid %d) ignored %s", self.name, self.proc.pid, sig.name)
-        return True
+            log.warning("engine %s (process group %d) ignored %s", self.name, self.proc.pid, sig.name)
+        return was_running
+
+    def _wait_group_gone(self, timeout_s: float) -> bool:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.proc.poll()  # reaps the main process once it exits, so it does not linger as our zombie
+            if not group_alive(self.proc.pid):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
 
 
 def wait_healthy(name: str, probe: Callable[[], dict[str, Any]], timeout_s: float,

@@ -2,6 +2,8 @@
 
 Ray's agents can outlive `ray.shutdown()` (they hang reporting the raylet's death to a GCS that is
 already gone), so the shim notes its descendants before shutdown and ends the ones left after.
+An engine's workers are found by process group instead (`group_alive`): once the engine's main
+process has exited they are no longer below anything of ours.
 """
 
 from __future__ import annotations
@@ -14,16 +16,40 @@ import time
 log = logging.getLogger("reef_shim.ray")
 
 
-def proc_stat(pid: int) -> tuple[int, str] | None:
-    """(parent pid, start time) of a live process from /proc; None if gone or a zombie."""
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first); None if gone or a zombie."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    if fields[0] == b"Z":
-        return None
-    return int(fields[1]), fields[19].decode()
+    return None if fields[0] == b"Z" else fields
+
+
+def proc_stat(pid: int) -> tuple[int, str] | None:
+    """(parent pid, start time) of a live process from /proc; None if gone or a zombie."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[1]), fields[19].decode())
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a live process is left in process group `pgid`.
+
+    Zombies do not count: a worker reparented to an init that does not reap (a container's PID 1
+    often does not) stays a zombie in the group forever, holding nothing.
+    """
+    if not os.path.isdir("/proc"):
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat_fields(int(entry))) is not None and int(fields[2]) == pgid:
+            return True
+    return False
 
 
 def descendants(root: int) -> dict[int, str]:

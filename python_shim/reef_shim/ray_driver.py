@@ -327,7 +327,8 @@ class RayDriver:
         if record is None:
             return False
         try:
-            ray.get(record.actor.stop.remote(), timeout=30)
+            if not ray.get(record.actor.stop.remote(), timeout=30):
+                log.warning("engine %s: its main process had already exited; its process group is ended", name)
         except Exception as e:  # actor already dead: its engine got SIGTERM through PDEATHSIG
             log.warning("engine %s: stop: %s", name, e)
         ray.kill(record.actor)

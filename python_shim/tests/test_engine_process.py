@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -11,8 +13,18 @@ import pytest
 
 from reef_shim.engine_process import EngineProcess, engine_command, engine_module, pick_free_port, wait_healthy
 from reef_shim.errors import ShimError
+from reef_shim.proc_tree import proc_stat
 
 TESTS_DIR = str(Path(__file__).resolve().parent)
+
+# An engine that crashed and left a worker behind in its process group: the main process starts a
+# worker that ignores SIGTERM (so SIGKILL is needed too), writes its pid, and exits with 3.
+CRASHED_LEADER = (
+    "import subprocess, sys; "
+    "w = subprocess.Popen([sys.executable, '-c', "
+    "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(\"armed\", flush=True); time.sleep(120)']); "
+    "print('worker', w.pid, flush=True); sys.exit(3)"
+)
 
 
 @pytest.fixture
@@ -72,3 +84,28 @@ def test_health_timeout(make) -> None:
         wait_healthy("e0", engine.probe, timeout_s=0.5, interval_s=0.1)
     assert err.value.code == "REEF_ERR_ENGINE_START"
     assert "/health not ready after" in err.value.message
+
+
+def _worker_pid(engine: EngineProcess) -> int:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        words = engine.tail().split()
+        if "armed" in words and "worker" in words:
+            return int(words[words.index("worker") + 1])
+        time.sleep(0.05)
+    raise AssertionError(f"no worker pid in the engine log: {engine.tail()!r}")
+
+
+def test_stop_ends_the_workers_of_an_engine_whose_main_process_exited(tmp_path: Path) -> None:
+    engine = EngineProcess("e0", [sys.executable, "-c", CRASHED_LEADER], "127.0.0.1", 1, str(tmp_path / "e0.log"))
+    engine.start()
+    worker = None
+    try:
+        worker = _worker_pid(engine)
+        assert engine.proc is not None and engine.proc.wait(timeout=30) == 3
+        assert proc_stat(worker) is not None and os.getpgid(worker) == engine.pid
+        assert engine.stop(grace_s=0.5) is False  # the main process was not running
+        assert proc_stat(worker) is None
+    finally:
+        if worker is not None and proc_stat(worker) is not None:
+            os.kill(worker, signal.SIGKILL)
