@@ -12,8 +12,9 @@ export interface CorrelatorConfig {
   /** Above this many open sessions the least recently active are evicted. @default 4096 */
   maxOpenSessions: number;
   /**
-   * Tag mode only: treat a request whose first message differs from its session's as a side
-   * request unless the next request of the session extends it (see correlator.ts). @default true
+   * Tag mode only: treat a request whose first message differs from its session's (its first
+   * non-system message, once the session's system prompt was seen to change) as a side request
+   * unless the next request of the session extends it (see correlator.ts). @default true
    */
   inferSide: boolean;
 }
