@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { bytesToF32, bytesToI32, decode, encode, f32ToBytes, i32ToBytes } from './codec.js';
+import { ReefError } from './errors.js';
 
 describe('codec', () => {
   it('round-trips maps with null, nested arrays and unicode', () => {
@@ -23,5 +24,29 @@ describe('codec', () => {
     expect(Array.from(bytesToI32(wire.ids))).toEqual(ids);
     expect(Array.from(bytesToF32(wire.lps))).toEqual(lps);
     expect(Buffer.from(wire.ids).readInt32LE(8)).toBe(-5);
+  });
+
+  // msgpackr without moreTypes wrote Int32Array([1, 2]) as a bin of 8 bytes holding 01 02 and six
+  // bytes of stale pool memory: a record's ids sent unconverted reached the trainer corrupted.
+  it('refuses a typed array that is not bytes instead of truncating its elements', () => {
+    for (const view of [new Int32Array([1, 2]), new Float32Array([1.5, 2]), new Float64Array([1]), new Uint16Array([258]), new DataView(new ArrayBuffer(4))]) {
+      let err: unknown = null;
+      try {
+        encode({ ids: view });
+      } catch (e) {
+        err = e;
+      }
+      expect(err, view.constructor.name).toBeInstanceOf(ReefError);
+      expect(err).toMatchObject({ code: 'REEF_ERR_BAD_MESSAGE', message: expect.stringContaining(`a ${view.constructor.name} cannot be encoded`) });
+    }
+    // Bytes still go as they are, and the encoder is usable after a refusal.
+    expect(decode(encode({ b: Buffer.from([1, 2]), u: new Uint8Array([3, 4]) }))).toEqual({ b: Buffer.from([1, 2]), u: Buffer.from([3, 4]) });
+  });
+
+  it('refuses bytes that are not a whole number of 4-byte values instead of dropping the rest', () => {
+    expect(() => bytesToF32(Buffer.from([0, 0, 0xc0]))).toThrow(expect.objectContaining({ code: 'REEF_ERR_BAD_MESSAGE' }));
+    expect(() => bytesToI32(Buffer.from([1, 0, 0, 0, 2]))).toThrow(/5 bytes are not a whole number of i32 values/);
+    expect(Array.from(bytesToF32(Buffer.from([0, 0, 0xc0, 0x3f])))).toEqual([1.5]);
+    expect(bytesToI32(Buffer.alloc(0))).toHaveLength(0);
   });
 });

@@ -1,4 +1,5 @@
-import { Packr } from 'msgpackr';
+import { addExtension, Packr } from 'msgpackr';
+import { ReefError } from './errors.js';
 
 /**
  * The msgpack settings every Reef socket uses, in TypeScript and (mirrored) in Python.
@@ -15,6 +16,32 @@ const packr = new Packr({
   bundleStrings: false,
 });
 
+/**
+ * Typed-array views other than Uint8Array are refused. Without `moreTypes`, msgpackr writes such a
+ * view as a bin of `byteLength` bytes but copies it element by element, so an Int32Array([1, 2])
+ * went out as `01 02` plus six bytes of stale pool memory. Encoding the view's bytes instead would
+ * be right for an Int32Array and silently wrong for a Float64Array where the peer reads f32: the
+ * wire does not say the element type, so the sender has to pick it (`i32ToBytes`, `f32ToBytes`).
+ * msgpackr keeps extensions per module, not per Packr; this codec is its only user in Reef.
+ */
+const VIEW_CLASSES = [
+  'Int8Array', 'Uint8ClampedArray', 'Int16Array', 'Uint16Array', 'Int32Array', 'Uint32Array',
+  'Float16Array', 'Float32Array', 'Float64Array', 'BigInt64Array', 'BigUint64Array', 'DataView',
+];
+for (const name of VIEW_CLASSES) {
+  const Class = (globalThis as Record<string, unknown>)[name];
+  if (typeof Class !== 'function') continue;
+  addExtension({
+    Class: Class as new () => unknown,
+    write: () => {
+      throw new ReefError('REEF_ERR_BAD_MESSAGE', {
+        details: `a ${name} cannot be encoded: send numbers as raw little-endian bytes (i32ToBytes, f32ToBytes) or a Uint8Array`,
+      });
+    },
+  });
+}
+
+/** Throws REEF_ERR_BAD_MESSAGE for a typed-array view that is not a Uint8Array (see above). */
 export function encode(value: unknown): Buffer {
   return packr.pack(value);
 }
@@ -30,6 +57,7 @@ export function f32ToBytes(values: ArrayLike<number>): Buffer {
 }
 
 export function bytesToF32(bytes: Uint8Array): Float32Array {
+  checkWidth(bytes, 'f32');
   const copy = new Uint8Array(bytes); // aligned copy: msgpack slices may start at odd offsets
   return new Float32Array(copy.buffer, copy.byteOffset, copy.byteLength / 4);
 }
@@ -40,6 +68,14 @@ export function i32ToBytes(values: ArrayLike<number>): Buffer {
 }
 
 export function bytesToI32(bytes: Uint8Array): Int32Array {
+  checkWidth(bytes, 'i32');
   const copy = new Uint8Array(bytes);
   return new Int32Array(copy.buffer, copy.byteOffset, copy.byteLength / 4);
+}
+
+/** A length that is not a whole number of elements means the bytes are not what the caller thinks. */
+function checkWidth(bytes: Uint8Array, what: 'i32' | 'f32'): void {
+  if (bytes.byteLength % 4 !== 0) {
+    throw new ReefError('REEF_ERR_BAD_MESSAGE', { details: `${bytes.byteLength} bytes are not a whole number of ${what} values (4 bytes each)` });
+  }
 }

@@ -11,6 +11,7 @@ const messages = z.discriminatedUnion('type', [
   z.object({ type: z.literal('add'), requestId: z.string(), a: z.number(), b: z.number() }),
   z.object({ type: z.literal('fail'), requestId: z.string(), code: z.string().nullable() }),
   z.object({ type: z.literal('slow'), requestId: z.string(), ms: z.number() }),
+  z.object({ type: z.literal('typed'), requestId: z.string() }),
 ]);
 
 const cleanups: (() => Promise<void>)[] = [];
@@ -39,6 +40,7 @@ async function setUp(concurrency = 64) {
         active--;
         return { waited: msg.ms };
       },
+      typed: () => ({ ids: new Int32Array([1, 2]) }),
     },
   });
   const rpc = new RpcClient(mailbox.endpoint, { name: 'client', log: () => {} });
@@ -101,6 +103,17 @@ describe('Mailbox + RpcClient over real sockets', () => {
     const { rpc } = await setUp();
     await expect(rpc.call({ type: 'fail', code: 'widget' })).rejects.toMatchObject({ code: 'REEF_ERR_NOT_FOUND', message: 'widget not found' });
     await expect(rpc.call({ type: 'fail', code: null })).rejects.toMatchObject({ code: 'REEF_ERR_HANDLER' });
+  });
+
+  // The codec refuses typed arrays that are not bytes (they used to go out truncated): a reply
+  // holding one must reach the caller as an error, not leave it waiting for its timeout.
+  it('answers a handler whose reply holds an Int32Array with REEF_ERR_HANDLER, and refuses to send one', async () => {
+    const { rpc, mailbox } = await setUp();
+    await expect(rpc.call({ type: 'typed' }, { timeoutMs: 60_000 })).rejects.toMatchObject({ code: 'REEF_ERR_HANDLER', message: expect.stringContaining('Int32Array') });
+    await expect(rpc.call({ type: 'add', a: new Float32Array([1]), b: 2 })).rejects.toMatchObject({ code: 'REEF_ERR_BAD_MESSAGE', message: expect.stringContaining('Float32Array') });
+    expect(rpc.inFlight).toBe(0);
+    await expect(rpc.call({ type: 'add', a: 1, b: 2 })).resolves.toMatchObject({ sum: 3 });
+    expect(mailbox.stats).toMatchObject({ ok: 1, errors: 1 });
   });
 
   it('times out a slow call with REEF_ERR_TIMEOUT and drops the late reply', async () => {

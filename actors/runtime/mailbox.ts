@@ -210,8 +210,20 @@ export class Mailbox<S extends z.ZodType<{ type: string }>> {
       if (error.code === 'REEF_ERR_HANDLER') this.log(`mailbox ${this.name}: ${error.message}`);
       reply = { ...error.toReply(raw.requestId) };
     }
+    let bytes: Buffer;
     try {
-      await this.replies.send([identity, encode(reply)]);
+      bytes = encode(reply);
+    } catch (err) {
+      // A reply the codec refuses (a typed array that is not bytes) is the handler's bug; the caller
+      // hears it now rather than at its timeout.
+      if (reply.type === 'ok') this.counters.ok--;
+      this.counters.errors++;
+      const error = new ReefError('REEF_ERR_HANDLER', { messageType: raw.type, reason: `reply cannot be encoded: ${err instanceof Error ? err.message : String(err)}` });
+      this.log(`mailbox ${this.name}: ${error.message}`);
+      bytes = encode(error.toReply(raw.requestId));
+    }
+    try {
+      await this.replies.send([identity, bytes]);
     } catch (err) {
       // The caller has its own timeout; a reply we cannot send is only worth a log line.
       this.log(`mailbox ${this.name}: reply to ${raw.type || '?'} ${raw.requestId ?? ''} not sent: ${String(err)}`);

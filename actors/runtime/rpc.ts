@@ -99,6 +99,12 @@ export class RpcClient {
       return Promise.reject(new ReefError('REEF_ERR_ACTOR_CLOSED', { actor: this.name, state: this.lifecycle.state }));
     }
     const requestId = nextRequestId();
+    let payload: Buffer;
+    try {
+      payload = encode({ ...msg, requestId });
+    } catch (err) {
+      return Promise.reject(err);
+    }
     const timeoutMs = options.timeoutMs ?? this.defaultTimeoutMs;
     const reply = new Promise<Record<string, unknown>>((resolve, reject) => {
       const timer = setTimeout(() => {
@@ -107,7 +113,7 @@ export class RpcClient {
       }, timeoutMs);
       this.pending.set(requestId, { resolve, reject, timer });
     });
-    this.requests.send([encode({ ...msg, requestId })]).catch((err: unknown) => this.settle(requestId, null, err));
+    this.requests.send([payload]).catch((err: unknown) => this.settle(requestId, null, err));
     return reply.then((value) => {
       if (options.schema === undefined) return value as T;
       const parsed = options.schema.safeParse(value);
