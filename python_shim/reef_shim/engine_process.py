@@ -119,7 +119,12 @@ class EngineProcess:
         return got is not None and got[0] == 200
 
     def weight_version(self) -> str | None:
-        got = self._get("/model_info", timeout=2.0)
+        """The version of the weights the engine serves now (None if it does not say)."""
+        # SGLang serves /get_model_info in every release (/model_info only in recent ones); the
+        # hf engine answers both.
+        got = self._get("/get_model_info", timeout=2.0)
+        if got is not None and got[0] == 404:
+            got = self._get("/model_info", timeout=2.0)
         if got is None or got[0] != 200:
             return None
         try:

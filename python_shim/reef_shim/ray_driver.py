@@ -25,6 +25,7 @@ log = logging.getLogger("reef_shim.ray")
 
 DEFAULT_OBJECT_STORE_BYTES = 128 * 1024 * 1024
 ENGINE_ACTOR_CPUS = 0.1
+STATUS_PROBE_TIMEOUT_S = 3.0
 
 
 @dataclass
@@ -39,8 +40,10 @@ class _Engine:
     actor: Any
     url: str
     pid: int | None
-    healthy: bool = False
-    weight_version: str | None = None
+    started: bool = False  # start-engine saw it healthy; from then on every status probes it
+    healthy: bool = False  # the answer of the latest probe
+    weight_version: str | None = None  # as the engine last reported it
+    probe_ref: Any = None  # the status probe still in flight (an ObjectRef), if any
 
 
 class EngineActor:
@@ -75,6 +78,11 @@ class EngineActor:
 
     def weight_version(self) -> str | None:
         return self.engine.weight_version() if self.engine else None
+
+    def report(self) -> dict[str, Any]:
+        """`{healthy, weight_version}` for status; the version only from a healthy engine."""
+        healthy = self.probe()["healthy"]
+        return {"healthy": healthy, "weight_version": self.weight_version() if healthy else None}
 
     def stop(self) -> bool:
         return self.engine.stop() if self.engine else False
@@ -317,7 +325,7 @@ class RayDriver:
             if isinstance(e, ShimError):
                 raise
             raise ShimError("REEF_ERR_ENGINE_START", f"engine {name} failed to start: {e}") from e
-        record.healthy = True
+        record.healthy = record.started = True
         return self._engine_info(record)
 
     def stop_engine(self, name: str) -> bool:
@@ -350,13 +358,8 @@ class RayDriver:
         with self._lock:
             groups = list(self._groups.values())
             engines = list(self._engines.values())
-        for record in engines:
-            if record.healthy:  # a starting engine's health is the start call's to report
-                try:
-                    state = ray.get(record.actor.probe.remote(), timeout=2)
-                    record.healthy = bool(state["healthy"])
-                except Exception:
-                    record.healthy = False
+        # A starting engine's health is the start call's to report.
+        self._probe([record for record in engines if record.started])
         return {
             "ray": {"address": self._address,
                     "resources": _plain(ray.cluster_resources()),
@@ -364,6 +367,39 @@ class RayDriver:
             "groups": [self._group_status(g) for g in groups],
             "engines": [self._engine_info(e) for e in engines],
         }
+
+    def _probe(self, records: list[_Engine]) -> None:
+        """Set `healthy` and `weight_version` of `records` from one probe each, all at once.
+
+        Status is answered on the shim's socket thread, so the probes share one short deadline;
+        an engine that misses it counts as unhealthy this time. Its probe stays in flight and the
+        next status waits on it instead of queueing another behind it on the actor.
+        """
+        ray = _ray()
+        in_flight = [r.probe_ref for r in records if r.probe_ref is not None]
+        # A probe that answered after an earlier status stopped waiting is stale: ask again.
+        done = set(ray.wait(in_flight, num_returns=len(in_flight), timeout=0)[0]) if in_flight else set()
+        for record in records:
+            if record.probe_ref is None or record.probe_ref in done:
+                try:
+                    record.probe_ref = record.actor.report.remote()
+                except Exception:
+                    record.probe_ref = None
+        refs = [r.probe_ref for r in records if r.probe_ref is not None]
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=STATUS_PROBE_TIMEOUT_S)[0]) if refs else set()
+        for record in records:
+            if record.probe_ref is None or record.probe_ref not in ready:
+                record.healthy = False
+                continue
+            ref, record.probe_ref = record.probe_ref, None
+            try:
+                got = ray.get(ref, timeout=0)
+            except Exception:  # the actor died with its engine
+                record.healthy = False
+                continue
+            record.healthy = bool(got["healthy"])
+            if got["weight_version"] is not None:
+                record.weight_version = got["weight_version"]
 
     def close(self) -> None:
         """Stop every engine, remove every group, disconnect (and stop a head we started)."""

@@ -1,9 +1,13 @@
 """A stand-in engine server for the shim's own tests: stdlib HTTP, no model.
 
-It takes the engine command line (`--model-path --host --port`) and answers `GET /health` and
-`GET /model_info` like the real engines. Test knobs, all extra args:
+It takes the engine command line (`--model-path --host --port`) and answers `GET /health`,
+`GET /model_info` and `/get_model_info`, and `POST /update_weights_from_disk` (always succeeds,
+takes the body's `weight_version`) like the real engines. Test knobs, all extra args:
 `--startup-delay S` (not healthy for S seconds), `--exit-code N` (die at once with N after
-printing to stderr), `--weight-version V`.
+printing to stderr), `--weight-version V`, `--health-delay S` (each /health answers after S
+seconds: SGLang's runs a one-token generation and answers no sooner than 1 s), `--api sglang`
+(SGLang's routes: no `/model_info`, and a weight update answers without `weight_version`).
+`POST /fake/health {"code": N}` makes /health answer N from then on.
 Selected with `REEF_ENGINE_MODULE_HF=fake_engine_server` and `python_shim/tests` on PYTHONPATH.
 """
 
@@ -24,11 +28,15 @@ def main() -> int:
     p.add_argument("--startup-delay", type=float, default=0.0)
     p.add_argument("--exit-code", type=int, default=None)
     p.add_argument("--weight-version", default="v0")
+    p.add_argument("--health-delay", type=float, default=0.0)
+    p.add_argument("--api", choices=["hf", "sglang"], default="hf")
     args = p.parse_args()
     if args.exit_code is not None:
         print(f"fake engine: refusing to start (model {args.model_path})", file=sys.stderr, flush=True)
         return args.exit_code
     ready_at = time.monotonic() + args.startup_delay
+    state = {"weight_version": args.weight_version, "health": 200}
+    info_routes = ("/get_model_info",) if args.api == "sglang" else ("/model_info", "/get_model_info")
 
     class Handler(BaseHTTPRequestHandler):
         def _json(self, code: int, body: object) -> None:
@@ -43,11 +51,27 @@ def main() -> int:
             if time.monotonic() < ready_at:
                 self._json(503, {"error": "starting"})
             elif self.path == "/health":
-                self._json(200, {})
-            elif self.path == "/model_info":
+                time.sleep(args.health_delay)
+                self._json(state["health"], {})
+            elif self.path in info_routes:
                 self._json(200, {"model_path": args.model_path, "tokenizer_path": args.model_path,
-                                 "is_generation": True, "weight_version": args.weight_version,
+                                 "is_generation": True, "weight_version": state["weight_version"],
                                  "max_context_length": 256, "vocab_size": 64})
+            else:
+                self._json(404, {"error": "not found"})
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
+            if self.path == "/fake/health":
+                state["health"] = int(body["code"])
+                self._json(200, {})
+            elif self.path == "/update_weights_from_disk":
+                if body.get("weight_version") is not None:
+                    state["weight_version"] = str(body["weight_version"])
+                reply = {"success": True, "message": f"loaded {body.get('model_path')}"}
+                if args.api == "hf":
+                    reply["weight_version"] = state["weight_version"]
+                self._json(200, reply)
             else:
                 self._json(404, {"error": "not found"})
 

@@ -1,0 +1,101 @@
+"""Engines on a real Ray head with logical GPUs, as `status` reports them.
+
+The engine is the stand-in `fake_engine_server` (as the hf engine, and with `--api sglang` as
+SGLang); everything around it (actor in the bundle, subprocess, health wait, probes) is the
+production path. One Ray head for the module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from reef_shim.ray_driver import RayDriver
+from trainer_fixtures import scoped_env
+
+TESTS_DIR = Path(__file__).resolve().parent
+LAYOUT = {"trainer": {"gpus": 1}, "rollout": {"gpus": 1}, "prm": {"gpus": 1, "replicas": 0}, "student": {"gpus": 1},
+          "cpusPerBundle": 0.5}
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayDriver]:
+    # The Ray head started here hands this environment to the engine actors, and they to the engines.
+    path = os.pathsep.join([str(TESTS_DIR), str(TESTS_DIR.parent), os.environ.get("PYTHONPATH", "")])
+    with scoped_env(PYTHONPATH=path, REEF_ENGINE_MODULE_HF="fake_engine_server",
+                    REEF_ENGINE_MODULE_SGLANG="fake_engine_server",
+                    REEF_ENGINE_LOG_DIR=str(tmp_path_factory.mktemp("engine-logs"))):
+        d = RayDriver()
+        try:
+            d.init_ray(None, 2, 3, None)
+            d.create_placement(LAYOUT, 120)
+            yield d
+        finally:
+            d.close()
+
+
+def spec(kind: str, group: str, *extra: str) -> dict[str, Any]:
+    return {"name": f"{kind}-0", "role": "rollout" if group == "reef-rollout" else "student", "kind": kind,
+            "modelPath": "/models/base", "group": group, "bundleIndex": 0, "host": "127.0.0.1", "port": 0,
+            "extraArgs": ["--weight-version", "v0", *extra]}
+
+
+@pytest.fixture
+def engines(driver: RayDriver) -> Iterator[Callable[[dict[str, Any]], dict[str, Any]]]:
+    started: list[str] = []
+
+    def start(s: dict[str, Any]) -> dict[str, Any]:
+        info = driver.start_engine(s)
+        started.append(s["name"])
+        return info
+
+    yield start
+    for name in started:
+        driver.stop_engine(name)
+
+
+def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def status_until(driver: RayDriver, name: str, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The engine's status entry once `done` holds (or the last one seen, after 60 s).
+
+    A probe that misses status's deadline on a loaded machine only reports unhealthy once, so the
+    wait asks again rather than judging one answer.
+    """
+    deadline = time.monotonic() + 60
+    while True:
+        info = next(e for e in driver.status()["engines"] if e["name"] == name)
+        if done(info) or time.monotonic() > deadline:
+            return info
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("kind, group, extra", [("hf", "reef-rollout", ()), ("sglang", "reef-student", ("--api", "sglang"))])
+def test_status_reports_the_weight_version_the_engine_serves_after_an_update(
+        driver: RayDriver, engines: Callable[[dict[str, Any]], dict[str, Any]], kind: str, group: str,
+        extra: tuple[str, ...]) -> None:
+    info = engines(spec(kind, group, *extra))
+    assert (info["healthy"], info["weightVersion"]) == (True, "v0")
+    # The trainer-controller loads a release into the engine directly, not through the shim.
+    assert post(info["url"] + "/update_weights_from_disk", {"model_path": "/ckpt/v3", "weight_version": "v3"})["success"]
+    now = status_until(driver, info["name"], lambda e: e["healthy"] and e["weightVersion"] == "v3")
+    assert (now["healthy"], now["weightVersion"]) == (True, "v3")
+
+
+def test_status_probes_again_an_engine_that_failed_a_probe(
+        driver: RayDriver, engines: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    info = engines(spec("hf", "reef-rollout"))
+    post(info["url"] + "/fake/health", {"code": 503})
+    assert status_until(driver, info["name"], lambda e: not e["healthy"])["healthy"] is False
+    post(info["url"] + "/fake/health", {"code": 200})
+    assert status_until(driver, info["name"], lambda e: e["healthy"])["healthy"] is True
