@@ -25,6 +25,9 @@ log = logging.getLogger("reef_shim.engine")
 
 DEFAULT_MODULES = {"hf": "reef_shim.engines.hf_server", "sglang": "sglang.launch_server"}
 ENGINE_START_TIMEOUT_S = float(os.environ.get("REEF_ENGINE_START_TIMEOUT_S", "290"))
+# SGLang's /health runs a one-token generation and looks for its answer after a 1 s sleep, so it
+# never answers within 1 s; a busy engine takes a few seconds more.
+HEALTH_TIMEOUT_S = 5.0
 
 
 def engine_module(kind: str) -> str:
@@ -115,7 +118,7 @@ class EngineProcess:
             return None
 
     def healthy(self) -> bool:
-        got = self._get("/health")
+        got = self._get("/health", timeout=HEALTH_TIMEOUT_S)
         return got is not None and got[0] == 200
 
     def weight_version(self) -> str | None:

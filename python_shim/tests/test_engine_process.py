@@ -67,6 +67,12 @@ def test_starts_reports_health_and_weight_version(make) -> None:
     assert engine.stop() is False
 
 
+def test_an_engine_whose_health_answers_after_a_second_becomes_healthy(make) -> None:
+    engine = make("--health-delay", "1.2")  # as SGLang's /health, which runs a generation first
+    engine.start()
+    wait_healthy("e0", engine.probe, timeout_s=20, interval_s=0.1)
+
+
 def test_dead_child_fails_fast_with_its_output(make) -> None:
     engine = make("--exit-code", "3")
     engine.start()

@@ -1,7 +1,7 @@
 """Engines on a real Ray head with logical GPUs, as `status` reports them.
 
-The engine is the stand-in `fake_engine_server` (as the hf engine, and with `--api sglang` as
-SGLang); everything around it (actor in the bundle, subprocess, health wait, probes) is the
+The engine is the stand-in `fake_engine_server` (as the hf engine, and with `--api sglang` and a
+slow /health as SGLang); everything around it (actor in the bundle, subprocess, health wait, probes) is the
 production path. One Ray head for the module.
 """
 
@@ -80,7 +80,7 @@ def status_until(driver: RayDriver, name: str, done: Callable[[dict[str, Any]], 
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("kind, group, extra", [("hf", "reef-rollout", ()), ("sglang", "reef-student", ("--api", "sglang"))])
+@pytest.mark.parametrize("kind, group, extra", [("hf", "reef-rollout", ()), ("sglang", "reef-student", ("--api", "sglang", "--health-delay", "1.2"))])
 def test_status_reports_the_weight_version_the_engine_serves_after_an_update(
         driver: RayDriver, engines: Callable[[dict[str, Any]], dict[str, Any]], kind: str, group: str,
         extra: tuple[str, ...]) -> None:
