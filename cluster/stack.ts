@@ -10,7 +10,7 @@ import { freePort } from './net.js';
 import type { StackEngines } from './stack-env.js';
 import { pythonBin, pythonEnv } from './paths.js';
 import { clearRunFile, readRunFile, writeRunFile, type RunFile } from './run-file.js';
-import { ManagedProcess, readyOnJsonLine, Supervisor } from './supervisor.js';
+import { type ActorCommand, ManagedProcess, readyOnJsonLine, Supervisor } from './supervisor.js';
 
 /**
  * One running Reef stack, as `reef up` composes it: the supervisor (control socket and actor
@@ -25,6 +25,10 @@ export interface StackOptions {
   /** The `--a.b=c` overrides given on the command line, passed on to every actor. */
   overrides: readonly string[];
   log?: LogFn;
+  /** How to start the shim, given the endpoint it must bind. @default `python -m reef_shim.server` */
+  shimCommand?: (endpoint: string) => { command: string; args: string[]; env: NodeJS.ProcessEnv };
+  /** How to start an actor. @default nodeActorCommand */
+  actorCommand?: ActorCommand;
 }
 
 export interface EngineSlot {
@@ -43,6 +47,10 @@ export class Stack {
   readonly engines: EngineSlot[];
   private readonly log: LogFn;
   private replaying: Promise<void> | null = null;
+  /** Bumped on each shim restart: a replay started for an older shim runs again. */
+  private shimGeneration = 0;
+  /** Set once start-up's own replay is done; before that, a failed replay fails `up`. */
+  private started = false;
   private closed: Promise<void> | null = null;
   private resolveStopped!: () => void;
   /** Resolves once `down()` has finished, whoever asked for it. */
@@ -60,6 +68,7 @@ export class Stack {
     this.supervisor = new Supervisor({
       configPath: opts.configPath,
       overrides: actorOverrides,
+      ...(opts.actorCommand === undefined ? {} : { command: opts.actorCommand }),
       env: { REEF_ENGINES: JSON.stringify(urls) },
       log: this.log,
       control: {
@@ -71,11 +80,10 @@ export class Stack {
         },
       },
     });
+    const shim = opts.shimCommand?.(shimEndpoint) ?? { command: pythonBin(), args: ['-m', 'reef_shim.server', '--endpoint', shimEndpoint, '--log-level', 'info'], env: pythonEnv() };
     this.shim = this.supervisor.manage({
       id: 'shim',
-      command: pythonBin(),
-      args: ['-m', 'reef_shim.server', '--endpoint', shimEndpoint, '--log-level', 'info'],
-      env: pythonEnv(),
+      ...shim,
       ready: readyOnJsonLine('ready'),
       readyTimeoutMs: 60_000,
     });
@@ -125,33 +133,73 @@ export class Stack {
     this.log('step 1/4: supervisor');
     await this.supervisor.start();
     this.log('step 2/4: python shim');
-    this.shim.on('restart', () => {
-      this.log('shim restarted: replaying Ray, placement and engines');
-      this.replaying = this.bringUp().catch((err: Error) => this.log(`replay after shim restart failed: ${err.message}`));
-    });
+    this.shim.on('restart', () => this.onShimRestart());
     await this.shim.start();
     this.log('step 3/4: Ray, placement groups, engines');
-    await this.bringUp();
+    await this.replay();
+    this.started = true;
     this.log('step 4/4: actors');
     for (const name of ACTORS) await this.supervisor.scale(name, 1);
     await this.supervisor.scale('prm', cfg.cluster.prm_actors);
     writeRunFile(this.runDir, { pid: process.pid, control: this.supervisor.endpoint, startedAt: Date.now(), configPath: this.opts.configPath, gateway: `http://${cfg.reef.host}:${cfg.reef.port}` });
   }
 
-  /** Ray → placement → engines, through the bridge. Run at start and after each shim restart. */
-  private async bringUp(): Promise<void> {
+  private onShimRestart(): void {
+    // down() is stopping the shim: a child that restarted meanwhile gets no layout (and no bridge
+    // that down() would not know to close).
+    if (this.closed !== null) return;
+    this.shimGeneration++;
+    // The bridge's shim is gone: fail its pending calls now rather than at their timeouts (300 s
+    // for start-engine), so that a replay in flight moves on to the new shim.
+    void this.bridge?.close();
+    this.log('shim restarted: replaying Ray, placement and engines');
+    if (!this.started || this.replaying !== null) return;
+    this.replay().catch((err: Error) => {
+      if (this.closed !== null) return;
+      // A shim that shows running without its layout would stay that way: restart it, so that the
+      // shim's backoff paces the next attempts.
+      this.log(`replay after shim restart failed: ${err.message}; restarting the shim`);
+      this.shim.forceRestart(`replay failed: ${err.message}`);
+    });
+  }
+
+  /** One replay at a time: a shim restart during one makes it run again for the new shim. */
+  private replay(): Promise<void> {
+    this.replaying ??= (async () => {
+      for (;;) {
+        const generation = this.shimGeneration;
+        try {
+          await this.bringUp(generation);
+        } catch (err) {
+          if (generation === this.shimGeneration) throw err;
+        }
+        if (generation === this.shimGeneration) return;
+        this.log('the shim restarted during the replay: replaying again');
+      }
+    })().finally(() => (this.replaying = null));
+    return this.replaying;
+  }
+
+  /** Ray → placement → engines, through a new bridge, on the shim of `generation`. */
+  private async bringUp(generation: number): Promise<void> {
     const cfg = this.opts.config;
     await this.shim.waitReady(120_000);
+    if (generation !== this.shimGeneration) return;
     await this.bridge?.close();
-    this.bridge = await BridgeClient.connect(this.shimEndpoint, { timeoutMs: 10_000, log: this.log });
+    const bridge = await BridgeClient.connect(this.shimEndpoint, { timeoutMs: 10_000, log: this.log });
+    if (generation !== this.shimGeneration) {
+      await bridge.close();
+      return;
+    }
+    this.bridge = bridge;
     const layout = layoutFromConfig(cfg);
-    const ray = await this.bridge.initRay({ address: cfg.cluster.ray_address, numCpus: cfg.cluster.num_cpus, numGpus: cfg.cluster.num_gpus, objectStoreBytes: null });
+    const ray = await bridge.initRay({ address: cfg.cluster.ray_address, numCpus: cfg.cluster.num_cpus, numGpus: cfg.cluster.num_gpus, objectStoreBytes: null });
     this.log(`ray ${ray.startedHead ? 'head started' : 'connected'} at ${ray.address} (${JSON.stringify(ray.resources)})`);
-    this.groups = await this.bridge.createPlacement(layout, cfg.cluster.placement_timeout_s);
+    this.groups = await bridge.createPlacement(layout, cfg.cluster.placement_timeout_s);
     this.log(`placement groups: ${this.groups.map((g) => `${g.name}[${g.bundles.length}] ${g.state}`).join(', ')}`);
     for (const slot of this.engines) {
       this.log(`starting engine ${slot.spec.name} (${slot.spec.kind}, ${slot.spec.modelPath}) on port ${slot.spec.port}`);
-      slot.info = await this.bridge.startEngine(slot.spec);
+      slot.info = await bridge.startEngine(slot.spec);
       this.log(`engine ${slot.spec.name} healthy at ${slot.info.url} (weights ${slot.info.weightVersion ?? 'base'})`);
     }
   }
@@ -178,7 +226,7 @@ export class Stack {
   down(): Promise<void> {
     this.closed ??= (async () => {
       this.log('stopping: draining actors');
-      await this.replaying;
+      await this.replaying?.catch(() => {});
       const bridge = this.bridge;
       // Actors first, so nothing calls an engine that is going away.
       const stopSupervisor = async () => {
@@ -192,6 +240,8 @@ export class Stack {
       };
       for (const name of ['prm', ...ACTORS]) await this.supervisor.scale(name, 0).catch(() => {});
       await stopSupervisor();
+      // An open bridge keeps this process alive after the stack is down.
+      await this.bridge?.close();
       clearRunFile(this.runDir);
       this.log('stopped');
       this.resolveStopped();
