@@ -123,6 +123,36 @@ describe('Supervisor with real actor processes', () => {
     await expect(control.call({ type: 'scale', actor: 'echo', count: -1 })).rejects.toMatchObject({ code: 'REEF_ERR_BAD_MESSAGE' });
   });
 
+  // A restarted instance kept its dead mailbox until it registered again: `lookup` handed it out,
+  // and retiring the instance meanwhile sent `drain` there and waited drainTimeoutMs for nothing.
+  it('forgets the mailbox of a restarted instance at once, so retiring it before it registers sends no drain', async () => {
+    await sup.scale('echo', 2);
+    remember();
+    const victim = instance('echo-1');
+    expect(victim.mailbox).not.toBeNull();
+    let retired: Promise<unknown> = Promise.resolve();
+    const atRestart = new Promise<{ mailbox: string | null; pid: number | null }>((resolve) => {
+      const onRestart = (info: { id: string }): void => {
+        if (info.id !== 'echo-1') return;
+        sup.off('restart', onRestart);
+        // Emitted right after the spawn: the new process cannot have registered yet.
+        const now = instance('echo-1');
+        resolve({ mailbox: now.mailbox, pid: now.pid });
+        retired = sup.scale('echo', 1);
+      };
+      sup.on('restart', onRestart);
+    });
+    process.kill(victim.pid!, 'SIGKILL');
+    const restarted = await atRestart;
+    expect(restarted.mailbox).toBeNull();
+    expect(restarted.pid).not.toBe(victim.pid);
+    seenPids.add(restarted.pid!);
+    await retired;
+    expect(sup.status().map((a) => a.id)).toEqual(['echo-0']);
+    expect(pidAlive(restarted.pid!)).toBe(false);
+    expect(lines.filter((l) => l.includes('echo-1: drain failed'))).toEqual([]);
+  });
+
   it("tells an actor where another actor's mailboxes are (lookup)", async () => {
     const control = client(sup.endpoint);
     const reply = lookupReply.parse(await control.call({ type: 'lookup', actor: 'echo' }));

@@ -231,6 +231,12 @@ export class Supervisor extends EventEmitter {
       inst.registeredPid = null;
       inst.lastHeartbeat = null;
       inst.reported = null;
+      // The old process's mailbox died with it: `lookup` must not hand it out, and retiring the
+      // instance before it registers again must not wait drainTimeoutMs for a drain it never gets.
+      const rpc = inst.rpc;
+      inst.rpc = null;
+      inst.mailbox = null;
+      void rpc?.close();
     });
     inst.proc.on('restart', (info: object) => this.emit('restart', { id, ...info }));
     this.instances.set(id, inst);
