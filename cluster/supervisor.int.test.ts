@@ -1,7 +1,7 @@
 import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { RpcClient } from '../actors/runtime/rpc.js';
 import { pidAlive, waitFor } from '../test/helpers/wait.js';
 import { repoRoot } from './paths.js';
@@ -151,6 +151,41 @@ describe('Supervisor with real actor processes', () => {
     expect(sup.status().map((a) => a.id)).toEqual(['echo-0']);
     expect(pidAlive(restarted.pid!)).toBe(false);
     expect(lines.filter((l) => l.includes('echo-1: drain failed'))).toEqual([]);
+  });
+
+  // The watchdog compared Date.now() stamps: a stalled supervisor (Ctrl-Z, then fg) found every
+  // actor silent for the whole stall, its heartbeats still unread, and killed them all at once.
+  it('does not kill actors for heartbeats it could not read while it was stalled', async () => {
+    await sup.scale('echo', 2);
+    remember();
+    const before = sup.status().map((a) => [a.id, a.pid, a.restarts]);
+    const stalledUntil = Date.now() + 12 * 250 + 1000; // past missedHeartbeats × heartbeatMs
+    while (Date.now() < stalledUntil) {
+      // The event loop is blocked: no timer, no socket read.
+    }
+    // Heartbeats sent after the stall are read only after the watchdog's late tick ran.
+    await waitFor(() => sup.status().every((a) => a.lastHeartbeat !== null && a.lastHeartbeat > stalledUntil), { what: 'a heartbeat from each actor after the stall' });
+    expect(sup.status().map((a) => [a.id, a.pid, a.restarts])).toEqual(before);
+    expect(lines.some((l) => /^supervisor: watchdog ran \d+ ms late; not judging heartbeats missed meanwhile$/.test(l))).toBe(true);
+  });
+
+  it('does not take a wall-clock step for silence', async () => {
+    const before = sup.status().map((a) => [a.id, a.pid, a.restarts]);
+    const logged = lines.length;
+    const realNow = Date.now.bind(Date);
+    let steps = 0;
+    // Each read is an hour later than the one before: a watchdog on the wall clock sees every
+    // actor silent for an hour on its next tick. (waitFor reads Date.now too, hence a plain sleep.)
+    const spy = vi.spyOn(Date, 'now').mockImplementation(() => realNow() + ++steps * 3_600_000);
+    try {
+      await new Promise((resolve) => setTimeout(resolve, 8 * 250));
+    } finally {
+      spy.mockRestore();
+    }
+    expect(steps).toBeGreaterThan(0);
+    await waitFor(() => sup.status().every((a) => a.state === 'running'), { what: 'the actors to be running' });
+    expect(sup.status().map((a) => [a.id, a.pid, a.restarts])).toEqual(before);
+    expect(lines.slice(logged).filter((l) => l.includes('sent no heartbeat for'))).toEqual([]);
   });
 
   it("tells an actor where another actor's mailboxes are (lookup)", async () => {

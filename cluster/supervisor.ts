@@ -1,4 +1,5 @@
 import { EventEmitter } from 'node:events';
+import { performance } from 'node:perf_hooks';
 import { ReefError } from '../actors/runtime/errors.js';
 import type { LifecycleState } from '../actors/runtime/lifecycle.js';
 import { type LogFn, prefixed, stderrLog } from '../actors/runtime/log.js';
@@ -75,7 +76,10 @@ interface Instance {
   mailbox: string | null;
   rpc: RpcClient | null;
   registeredPid: number | null;
+  /** Wall-clock ms of the last register or heartbeat, for status. */
   lastHeartbeat: number | null;
+  /** The same moment on the monotonic clock, for the watchdog; null: not watched. */
+  heardAt: number | null;
   reported: LifecycleState | null;
   stats: Record<string, number>;
   onRegister: (() => void) | null;
@@ -93,6 +97,7 @@ export class Supervisor extends EventEmitter {
   private readonly heartbeatMs: number;
   private control: Mailbox<typeof supervisorMessages> | null = null;
   private watchdog: NodeJS.Timeout | null = null;
+  private lastWatchdogTick: number | null = null;
   private scaling: Promise<unknown> = Promise.resolve();
   private stopping: Promise<void> | null = null;
   private readonly killAll = (): void => {
@@ -209,7 +214,7 @@ export class Supervisor extends EventEmitter {
     };
     const env = { ...process.env, ...this.options.env, REEF_ACTOR: JSON.stringify(actorEnv) };
     const { command, args } = (this.options.command ?? nodeActorCommand)(name, id, env);
-    const inst: Instance = { id, name, index, mailbox: null, rpc: null, registeredPid: null, lastHeartbeat: null, reported: null, stats: {}, onRegister: null } as Instance;
+    const inst: Instance = { id, name, index, mailbox: null, rpc: null, registeredPid: null, lastHeartbeat: null, heardAt: null, reported: null, stats: {}, onRegister: null } as Instance;
     inst.proc = new ManagedProcess({
       id,
       command,
@@ -230,6 +235,7 @@ export class Supervisor extends EventEmitter {
     inst.proc.on('spawn', () => {
       inst.registeredPid = null;
       inst.lastHeartbeat = null;
+      inst.heardAt = null;
       inst.reported = null;
       // The old process's mailbox died with it: `lookup` must not hand it out, and retiring the
       // instance before it registers again must not wait drainTimeoutMs for a drain it never gets.
@@ -269,6 +275,7 @@ export class Supervisor extends EventEmitter {
     }
     inst.registeredPid = msg.pid;
     inst.lastHeartbeat = Date.now();
+    inst.heardAt = performance.now();
     this.log(`registered ${msg.id} (pid ${msg.pid}, mailbox ${msg.mailbox})`);
     inst.onRegister?.();
     return { heartbeatMs: this.heartbeatMs };
@@ -278,18 +285,33 @@ export class Supervisor extends EventEmitter {
     const inst = this.instances.get(msg.id);
     if (inst === undefined || inst.registeredPid === null) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `actor ${msg.id}` });
     inst.lastHeartbeat = Date.now();
+    inst.heardAt = performance.now();
     inst.reported = msg.state;
     inst.stats = msg.stats;
     return {};
   }
 
+  /** Silence is measured on the monotonic clock: a wall-clock step must not look like a hang. */
   private checkHeartbeats(): void {
     const limit = (this.options.missedHeartbeats ?? 6) * this.heartbeatMs;
+    const now = performance.now();
+    const lateMs = this.lastWatchdogTick === null ? 0 : now - this.lastWatchdogTick - this.heartbeatMs;
+    this.lastWatchdogTick = now;
+    if (lateMs > limit) {
+      // This process did not run for a while (Ctrl-Z then fg, a suspended VM, a starved machine).
+      // The actors' heartbeats of that time sit unread in the socket, and an expired timer runs
+      // before pending socket reads, so every actor would look silent and be killed at once. Skip
+      // this round and count silence from now.
+      this.log(`watchdog ran ${Math.round(lateMs)} ms late; not judging heartbeats missed meanwhile`);
+      for (const inst of this.instances.values()) if (inst.heardAt !== null) inst.heardAt = now;
+      return;
+    }
     for (const inst of this.instances.values()) {
-      if (inst.proc.state !== 'running' || inst.lastHeartbeat === null) continue;
-      const silentMs = Date.now() - inst.lastHeartbeat;
+      if (inst.proc.state !== 'running' || inst.heardAt === null) continue;
+      const silentMs = Math.round(now - inst.heardAt);
       if (silentMs <= limit) continue;
       this.log(`${inst.id} (pid ${inst.proc.pid}) sent no heartbeat for ${silentMs} ms; killing it`);
+      inst.heardAt = null;
       inst.lastHeartbeat = null;
       inst.proc.forceRestart(`missed ${this.options.missedHeartbeats ?? 6} heartbeats`);
     }
