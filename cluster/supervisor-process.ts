@@ -258,7 +258,10 @@ export class ManagedProcess extends EventEmitter {
     const started = Date.now();
     while (this.alive && Date.now() - started < ms) {
       const left = ms - (Date.now() - started);
-      await Promise.race([this.exited, new Promise((resolve) => setTimeout(resolve, Math.min(left, this.options.progressMs ?? 5000)))]);
+      let timer: NodeJS.Timeout | undefined;
+      // Cleared when the exit wins: a pending timer kept a stopped `reef up` alive for up to 5 s.
+      await Promise.race([this.exited, new Promise((resolve) => (timer = setTimeout(resolve, Math.min(left, this.options.progressMs ?? 5000))))]);
+      clearTimeout(timer);
       if (this.alive && Date.now() - started < ms) this.log(`waiting for ${this.id} (pid ${this.child?.pid}) to exit after ${what}, ${Math.round((Date.now() - started) / 1000)} s`);
     }
     return !this.alive;
