@@ -1,13 +1,19 @@
-import { existsSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, linkSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { ReefError } from '../actors/runtime/errors.js';
 
 /**
- * `<data_dir>/run/supervisor.json`: how `reef status|scale|down` find a running stack. A file whose
- * pid is gone is stale (the stack was killed) and is treated as absent.
+ * `<data_dir>/run/supervisor.json`: how `reef status|scale|down` find a stack, and what keeps two
+ * `reef up` from running on one data dir. `reef up` creates it exclusively before anything else
+ * (`state: 'starting'`, no control endpoint yet), rewrites it once everything is up
+ * (`state: 'running'`), and removes it when done, only if it is still its own. A file whose pid is
+ * gone is stale (the stack was killed) and is treated as absent.
  */
 export interface RunFile {
   pid: number;
-  control: string;
+  state: 'starting' | 'running';
+  /** The supervisor's control endpoint; null while starting. */
+  control: string | null;
   startedAt: number;
   configPath: string;
   gateway: string;
@@ -26,24 +32,79 @@ export function pidAlive(pid: number): boolean {
   }
 }
 
-export function readRunFile(runDir: string): RunFile | null {
-  const path = runFilePath(runDir);
-  if (!existsSync(path)) return null;
+function parse(path: string): RunFile | null {
   try {
     const rf = JSON.parse(readFileSync(path, 'utf8')) as RunFile;
-    return pidAlive(rf.pid) ? rf : null;
+    // A file written before `state` existed belongs to a stack that was up.
+    return { ...rf, state: rf.state === 'starting' ? 'starting' : 'running', control: rf.control ?? null };
   } catch {
     return null;
   }
 }
 
-export function writeRunFile(runDir: string, rf: RunFile): void {
+export function readRunFile(runDir: string): RunFile | null {
   const path = runFilePath(runDir);
-  // Write then rename, so a reader never sees half a file.
-  writeFileSync(`${path}.tmp`, JSON.stringify(rf, null, 2));
-  renameSync(`${path}.tmp`, path);
+  if (!existsSync(path)) return null;
+  const rf = parse(path);
+  return rf !== null && pidAlive(rf.pid) ? rf : null;
 }
 
-export function clearRunFile(runDir: string): void {
-  rmSync(runFilePath(runDir), { force: true });
+/**
+ * Create the run file of a starting stack, or fail with REEF_ERR_ALREADY_RUNNING when a live stack
+ * holds it. The file is written aside and hard-linked into place, which fails if the name exists:
+ * of two `reef up` only one gets past this point, and no reader sees half a file.
+ */
+export function claimRunFile(runDir: string, rf: RunFile): void {
+  const path = runFilePath(runDir);
+  const mine = `${path}.new-${process.pid}`;
+  writeFileSync(mine, JSON.stringify(rf, null, 2));
+  try {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        linkSync(mine, path);
+        return;
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+        const holder = parse(path);
+        if (attempt > 0 || (holder !== null && pidAlive(holder.pid))) {
+          throw new ReefError('REEF_ERR_ALREADY_RUNNING', { pid: holder?.pid ?? '?', endpoint: holder?.control ?? 'none yet: still starting' });
+        }
+        removeStale(path);
+      }
+    }
+  } finally {
+    rmSync(mine, { force: true });
+  }
+}
+
+/** Move a stale file aside first: if another `reef up` replaced it meanwhile, put that one back. */
+function removeStale(path: string): void {
+  const aside = `${path}.stale-${process.pid}`;
+  try {
+    renameSync(path, aside);
+  } catch {
+    return; // someone else removed it
+  }
+  const moved = parse(aside);
+  if (moved !== null && pidAlive(moved.pid)) {
+    try {
+      linkSync(aside, path);
+    } catch {
+      // a third one already claimed the name
+    }
+  }
+  rmSync(aside, { force: true });
+}
+
+/** Replace this process's run file (write then rename, so a reader never sees half a file). */
+export function writeRunFile(runDir: string, rf: RunFile): void {
+  const path = runFilePath(runDir);
+  writeFileSync(`${path}.tmp-${process.pid}`, JSON.stringify(rf, null, 2));
+  renameSync(`${path}.tmp-${process.pid}`, path);
+}
+
+/** Remove the run file if it is this process's (`pid`); another stack's file is left alone. */
+export function clearRunFile(runDir: string, pid: number = process.pid): void {
+  const path = runFilePath(runDir);
+  if (parse(path)?.pid === pid) rmSync(path, { force: true });
 }

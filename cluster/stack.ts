@@ -9,7 +9,7 @@ import type { ReefConfig } from './config/index.js';
 import { freePort } from './net.js';
 import type { StackEngines } from './stack-env.js';
 import { pythonBin, pythonEnv } from './paths.js';
-import { clearRunFile, readRunFile, writeRunFile, type RunFile } from './run-file.js';
+import { claimRunFile, clearRunFile, writeRunFile, type RunFile } from './run-file.js';
 import { type ActorCommand, ManagedProcess, readyOnJsonLine, Supervisor } from './supervisor.js';
 
 /**
@@ -29,6 +29,11 @@ export interface StackOptions {
   shimCommand?: (endpoint: string) => { command: string; args: string[]; env: NodeJS.ProcessEnv };
   /** How to start an actor. @default nodeActorCommand */
   actorCommand?: ActorCommand;
+  /**
+   * Aborting stops the stack (`down()`). During start-up the step in progress finishes first (a
+   * shim killed in the middle of one would orphan what it started), then `up` rejects.
+   */
+  signal?: AbortSignal;
 }
 
 export interface EngineSlot {
@@ -56,7 +61,7 @@ export class Stack {
   /** Resolves once `down()` has finished, whoever asked for it. */
   readonly stopped: Promise<void> = new Promise((resolve) => (this.resolveStopped = resolve));
 
-  private constructor(private readonly opts: StackOptions, readonly runDir: string, readonly shimEndpoint: string, engines: EngineSlot[], actorOverrides: Record<string, unknown>) {
+  private constructor(private readonly opts: StackOptions, readonly runDir: string, private readonly runFile: RunFile, readonly shimEndpoint: string, engines: EngineSlot[], actorOverrides: Record<string, unknown>) {
     this.log = opts.log ?? stderrLog;
     this.engines = engines;
     const urls: StackEngines = {
@@ -92,12 +97,32 @@ export class Stack {
   /** Brings the whole stack up, logging each step; on failure tears down what it started. */
   static async up(opts: StackOptions): Promise<Stack> {
     const cfg = opts.config;
-    const log = opts.log ?? stderrLog;
     const runDir = join(cfg.reef.data_dir, 'run');
     mkdirSync(runDir, { recursive: true });
-    const existing = readRunFile(runDir);
-    if (existing) throw new ReefError('REEF_ERR_ALREADY_RUNNING', { pid: existing.pid, endpoint: existing.control });
+    // Claimed before anything starts, so that a second `reef up` on this data dir fails now rather
+    // than after minutes of bring-up, and `reef down` can stop a stack that is still starting.
+    const runFile: RunFile = { pid: process.pid, state: 'starting', control: null, startedAt: Date.now(), configPath: opts.configPath, gateway: `http://${cfg.reef.host}:${cfg.reef.port}` };
+    claimRunFile(runDir, runFile);
+    let stack: Stack;
+    try {
+      stack = await Stack.create(opts, runDir, runFile);
+    } catch (err) {
+      clearRunFile(runDir);
+      throw err;
+    }
+    if (opts.signal?.aborted) void stack.down();
+    opts.signal?.addEventListener('abort', () => void stack.down(), { once: true });
+    try {
+      await stack.start();
+      return stack;
+    } catch (err) {
+      await stack.down().catch(() => {});
+      throw err;
+    }
+  }
 
+  private static async create(opts: StackOptions, runDir: string, runFile: RunFile): Promise<Stack> {
+    const cfg = opts.config;
     // Engines get their ports now so that actor configs and a replayed layout agree on URLs.
     const engines: EngineSlot[] = [];
     const overrides: Record<string, unknown> = {};
@@ -118,30 +143,35 @@ export class Stack {
       overrides[k!] = v.join('=');
     }
 
-    const stack = new Stack(opts, runDir, `tcp://127.0.0.1:${await freePort()}`, engines, overrides);
-    try {
-      await stack.start();
-      return stack;
-    } catch (err) {
-      await stack.down().catch(() => {});
-      throw err;
-    }
+    return new Stack(opts, runDir, runFile, `tcp://127.0.0.1:${await freePort()}`, engines, overrides);
+  }
+
+  /** Start-up stops between steps once `down()` began. */
+  private checkNotStopping(): void {
+    if (this.closed !== null) throw new ReefError('REEF_ERR_SUPERVISOR', { reason: 'the stack is stopping' });
   }
 
   private async start(): Promise<void> {
     const cfg = this.opts.config;
+    this.checkNotStopping();
     this.log('step 1/4: supervisor');
     await this.supervisor.start();
+    this.checkNotStopping();
     this.log('step 2/4: python shim');
     this.shim.on('restart', () => this.onShimRestart());
     await this.shim.start();
+    this.checkNotStopping();
     this.log('step 3/4: Ray, placement groups, engines');
     await this.replay();
     this.started = true;
     this.log('step 4/4: actors');
-    for (const name of ACTORS) await this.supervisor.scale(name, 1);
-    await this.supervisor.scale('prm', cfg.cluster.prm_actors);
-    writeRunFile(this.runDir, { pid: process.pid, control: this.supervisor.endpoint, startedAt: Date.now(), configPath: this.opts.configPath, gateway: `http://${cfg.reef.host}:${cfg.reef.port}` });
+    const counts: Array<[string, number]> = [...ACTORS.map((name): [string, number] => [name, 1]), ['prm', cfg.cluster.prm_actors]];
+    for (const [name, count] of counts) {
+      this.checkNotStopping();
+      await this.supervisor.scale(name, count);
+    }
+    this.checkNotStopping();
+    writeRunFile(this.runDir, { ...this.runFile, state: 'running', control: this.supervisor.endpoint });
   }
 
   private onShimRestart(): void {
@@ -195,9 +225,11 @@ export class Stack {
     const layout = layoutFromConfig(cfg);
     const ray = await bridge.initRay({ address: cfg.cluster.ray_address, numCpus: cfg.cluster.num_cpus, numGpus: cfg.cluster.num_gpus, objectStoreBytes: null });
     this.log(`ray ${ray.startedHead ? 'head started' : 'connected'} at ${ray.address} (${JSON.stringify(ray.resources)})`);
+    this.checkNotStopping();
     this.groups = await bridge.createPlacement(layout, cfg.cluster.placement_timeout_s);
     this.log(`placement groups: ${this.groups.map((g) => `${g.name}[${g.bundles.length}] ${g.state}`).join(', ')}`);
     for (const slot of this.engines) {
+      this.checkNotStopping();
       this.log(`starting engine ${slot.spec.name} (${slot.spec.kind}, ${slot.spec.modelPath}) on port ${slot.spec.port}`);
       slot.info = await bridge.startEngine(slot.spec);
       this.log(`engine ${slot.spec.name} healthy at ${slot.info.url} (weights ${slot.info.weightVersion ?? 'base'})`);

@@ -12,15 +12,29 @@ export async function runDirOf(args: ParsedArgs): Promise<string> {
   return resolve(await dataDirOf(args), 'run');
 }
 
-async function connect(args: ParsedArgs): Promise<{ rf: RunFile; rpc: RpcClient }> {
+async function findStack(args: ParsedArgs): Promise<RunFile> {
   const runDir = await runDirOf(args);
   const rf = readRunFile(runDir);
   if (!rf) throw new ReefError('REEF_ERR_NOT_RUNNING', { path: runDir });
-  return { rf, rpc: new RpcClient(rf.control, { name: 'reef-cli', defaultTimeoutMs: 30_000 }) };
+  return rf;
+}
+
+function connect(rf: RunFile): RpcClient {
+  return new RpcClient(rf.control!, { name: 'reef-cli', defaultTimeoutMs: 30_000 });
+}
+
+/** A stack still starting has no control socket in its run file yet. */
+function starting(rf: RunFile): string {
+  return `reef is starting (pid ${rf.pid}, for ${Math.round((Date.now() - rf.startedAt) / 1000)} s, config ${rf.configPath})`;
 }
 
 export async function statusCommand(args: ParsedArgs, io: Io): Promise<number> {
-  const { rf, rpc } = await connect(args);
+  const rf = await findStack(args);
+  if (rf.state === 'starting') {
+    io.stdout(flagBool(args, 'json') ? JSON.stringify({ supervisor: rf }, null, 2) : `${starting(rf)}; status shows more once it is up`);
+    return 0;
+  }
+  const rpc = connect(rf);
   try {
     const reply = (await rpc.call({ type: 'status' }, { timeoutMs: 15_000 })) as Record<string, unknown>;
     const { type: _t, requestId: _r, ...status } = reply;
@@ -39,7 +53,12 @@ export async function scaleCommand(args: ParsedArgs, rest: string[], io: Io): Pr
     io.stderr('usage: reef scale prm N   (N: an integer ≥ 0)');
     return 2;
   }
-  const { rpc } = await connect(args);
+  const rf = await findStack(args);
+  if (rf.state === 'starting') {
+    io.stderr(`${starting(rf)}; scale it once it is up`);
+    return 1;
+  }
+  const rpc = connect(rf);
   try {
     // Starting actors waits for them to register, which can take a while on a busy machine.
     const reply = (await rpc.call({ type: 'scale', actor, count }, { timeoutMs: 120_000 })) as { before: number; after: number };
@@ -51,13 +70,20 @@ export async function scaleCommand(args: ParsedArgs, rest: string[], io: Io): Pr
 }
 
 export async function downCommand(args: ParsedArgs, io: Io): Promise<number> {
-  const { rf, rpc } = await connect(args);
-  try {
-    await rpc.call({ type: 'down' }, { timeoutMs: 15_000 });
-  } finally {
-    await rpc.close();
+  const rf = await findStack(args);
+  if (rf.state === 'starting') {
+    // Its SIGTERM handler stops it after the start-up step in progress.
+    process.kill(rf.pid, 'SIGTERM');
+    io.stdout(`stopping reef (pid ${rf.pid}), which was still starting …`);
+  } else {
+    const rpc = connect(rf);
+    try {
+      await rpc.call({ type: 'down' }, { timeoutMs: 15_000 });
+    } finally {
+      await rpc.close();
+    }
+    io.stdout(`stopping reef (pid ${rf.pid}) …`);
   }
-  io.stdout(`stopping reef (pid ${rf.pid}) …`);
   const deadline = Date.now() + 180_000;
   let lastNote = Date.now();
   while (pidAlive(rf.pid)) {

@@ -5,8 +5,9 @@ import { flagBool, flagString, type ParsedArgs } from '../args.js';
 import type { Io } from '../cli.js';
 import { loadConfig, type ReefConfig } from '../config/index.js';
 import { repoRoot } from '../paths.js';
+import { ReefError } from '../../actors/runtime/errors.js';
 import { readRunFile } from '../run-file.js';
-import { Stack } from '../stack.js';
+import { Stack, type StackOptions } from '../stack.js';
 
 /** The line printed once everything is up: where to point an agent. */
 function endpoints(cfg: ReefConfig, stack: Stack): string {
@@ -20,7 +21,8 @@ function endpoints(cfg: ReefConfig, stack: Stack): string {
   return lines.join('\n');
 }
 
-export async function upCommand(args: ParsedArgs, io: Io): Promise<number> {
+/** `seams`: how the shim and the actors are started, for tests (see `StackOptions`). */
+export async function upCommand(args: ParsedArgs, io: Io, seams: Pick<StackOptions, 'shimCommand' | 'actorCommand'> = {}): Promise<number> {
   const configPath = flagString(args, 'config');
   if (!configPath) {
     io.stderr('usage: reef up -c FILE [--detach] [--a.b=value ...]');
@@ -29,8 +31,9 @@ export async function upCommand(args: ParsedArgs, io: Io): Promise<number> {
   const cfg = await loadConfig(configPath, args.overrides);
   if (flagBool(args, 'detach')) return detach(cfg, configPath, args, io);
 
-  const stack = await Stack.up({ config: cfg, configPath: resolve(configPath), overrides: args.overrides, log: (line) => io.stderr(`[reef] ${line}`) });
-  io.stdout(endpoints(cfg, stack));
+  // Handled from the start: `reef down` signals a stack that is still starting, and dying on the
+  // default action would leave the shim, Ray and the engines running.
+  const stop = new AbortController();
   let signals = 0;
   const onSignal = (sig: NodeJS.Signals) => {
     signals++;
@@ -40,20 +43,37 @@ export async function upCommand(args: ParsedArgs, io: Io): Promise<number> {
       return;
     }
     io.stderr(`[reef] ${sig}: draining`);
-    void stack.down();
+    stop.abort();
   };
   process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
-  await stack.stopped;
-  process.off('SIGINT', onSignal);
-  process.off('SIGTERM', onSignal);
-  return 0;
+  try {
+    let stack: Stack;
+    try {
+      stack = await Stack.up({ config: cfg, configPath: resolve(configPath), overrides: args.overrides, log: (line) => io.stderr(`[reef] ${line}`), signal: stop.signal, ...seams });
+    } catch (err) {
+      if (!stop.signal.aborted) throw err;
+      io.stderr('[reef] stopped before it was up');
+      return 130;
+    }
+    if (!stop.signal.aborted) io.stdout(endpoints(cfg, stack));
+    await stack.stopped;
+    return 0;
+  } finally {
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+  }
 }
+
+/** How long `up --detach` waits for the stack; engine starts alone may take 300 s each. */
+const DETACH_TIMEOUT_MS = 600_000;
 
 /** Starts `reef up` in the background and returns once it is up (or has failed). */
 async function detach(cfg: ReefConfig, configPath: string, args: ParsedArgs, io: Io): Promise<number> {
   const runDir = join(cfg.reef.data_dir, 'run');
   mkdirSync(runDir, { recursive: true });
+  const existing = readRunFile(runDir);
+  if (existing) throw new ReefError('REEF_ERR_ALREADY_RUNNING', { pid: existing.pid, endpoint: existing.control ?? 'none yet: still starting' });
   const logPath = join(runDir, 'reef.log');
   const fd = openSync(logPath, 'a');
   const child = spawn(process.execPath, [join(repoRoot(), 'bin', 'reef.js'), 'up', '-c', resolve(configPath), ...args.overrides], {
@@ -65,10 +85,10 @@ async function detach(cfg: ReefConfig, configPath: string, args: ParsedArgs, io:
   io.stdout(`reef starting in the background (pid ${child.pid}); log: ${logPath}`);
   let exited: number | null = null;
   child.on('exit', (code) => (exited = code ?? 1));
-  const deadline = Date.now() + 600_000;
+  const deadline = Date.now() + DETACH_TIMEOUT_MS;
   while (Date.now() < deadline) {
     const rf = readRunFile(runDir);
-    if (rf && rf.pid === child.pid) {
+    if (rf && rf.pid === child.pid && rf.state === 'running') {
       io.stdout(`reef is up: gateway ${rf.gateway}/v1, control ${rf.control}\nstop with \`reef down -c ${configPath}\``);
       return 0;
     }
@@ -78,6 +98,16 @@ async function detach(cfg: ReefConfig, configPath: string, args: ParsedArgs, io:
     }
     await new Promise((r) => setTimeout(r, 250));
   }
-  io.stderr(`reef: not up after 600 s; see ${logPath}`);
+  // Left running, it could come up later with nobody told, or hold the data dir for good.
+  if (exited === null && child.pid !== undefined) {
+    try {
+      process.kill(-child.pid, 'SIGTERM');
+      io.stderr(`reef: not up after ${DETACH_TIMEOUT_MS / 1000} s; stopping it (SIGTERM to process group ${child.pid}, which drains what it started); see ${logPath}`);
+      return 1;
+    } catch {
+      // exited just now
+    }
+  }
+  io.stderr(`reef: not up after ${DETACH_TIMEOUT_MS / 1000} s; see ${logPath}`);
   return 1;
 }
