@@ -29,7 +29,7 @@ function baseRequest(): Record<string, unknown> {
       { role: 'assistant', content: 'Done.' },
       { role: 'user', content: 'again', name: 'me' },
     ],
-    temperature: 0.5, top_p: 1, max_tokens: 16, stop: ['\n\n'], stream: true, stream_options: { include_usage: true },
+    temperature: 0.5, top_p: 1, top_k: 20, max_tokens: 16, stop: ['\n\n'], stream: true, stream_options: { include_usage: true },
     tools: structuredClone(TWELVE_TOOLS).slice(0, 3), tool_choice: 'auto', seed: 3, user: 'u',
   };
 }
@@ -126,6 +126,7 @@ describe('fastChatRequest', () => {
     const tool = (name: string) => ({ type: 'function', function: { name } });
     const edges: Array<Record<string, unknown>> = [
       { temperature: 2 }, { temperature: 2.01 }, { temperature: 0 }, { temperature: -0.1 }, { top_p: 0 }, { top_p: 1 }, { top_p: 1.01 },
+      { top_k: -1 }, { top_k: 1 }, { top_k: 0 }, { top_k: -2 }, { top_k: 2.5 }, { top_k: 2 ** 53 }, { top_k: null },
       { max_tokens: 1 }, { max_tokens: 0 }, { max_tokens: 1.5 }, { max_completion_tokens: 2 ** 53 }, { seed: -3 }, { n: 2 }, { n: null },
       { stop: ['a', 'b', 'c', 'd'] }, { stop: ['a', 'b', 'c', 'd', 'e'] }, { stop: '' }, { stop: [1] },
       { tools: [tool('a'.repeat(64))] }, { tools: [tool('a'.repeat(65))] }, { tools: [tool('')] }, { tools: [] }, { tools: null },

@@ -29,6 +29,7 @@ function request(b: unknown): Out {
   if (messages === NO) return NO;
   if (!nullish(b.temperature, (v) => isNumber(v) && v >= 0 && v <= 2)) return NO;
   if (!nullish(b.top_p, (v) => isNumber(v) && v > 0 && v <= 1)) return NO;
+  if (!nullish(b.top_k, (v) => isInt(v) && (v === -1 || v >= 1))) return NO;
   if (!nullish(b.max_tokens, isPositiveInt) || !nullish(b.max_completion_tokens, isPositiveInt)) return NO;
   if (!nullish(b.stop, (v) => isString(v) || (Array.isArray(v) && v.length <= 4 && v.every(isString)))) return NO;
   if (!nullish(b.n, isInt) || !nullish(b.seed, isInt)) return NO;
@@ -44,7 +45,7 @@ function request(b: unknown): Out {
 }
 
 /** The schema's keys, in the schema's order (openai-schema.ts). */
-const TOP_KEYS = ['model', 'messages', 'temperature', 'top_p', 'max_tokens', 'max_completion_tokens', 'stop', 'n', 'stream', 'stream_options', 'tools', 'tool_choice', 'seed', 'user'];
+const TOP_KEYS = ['model', 'messages', 'temperature', 'top_p', 'top_k', 'max_tokens', 'max_completion_tokens', 'stop', 'n', 'stream', 'stream_options', 'tools', 'tool_choice', 'seed', 'user'];
 const STREAM_OPTIONS_KEYS = ['include_usage'];
 const SYSTEM_KEYS = ['role', 'content', 'name'];
 const ASSISTANT_KEYS = ['role', 'content', 'reasoning_content', 'tool_calls', 'name'];

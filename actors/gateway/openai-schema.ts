@@ -52,11 +52,17 @@ const ToolChoice = z.union([
   z.object({ type: z.literal('function'), function: z.object({ name: z.string() }) }).loose(),
 ]);
 
+/** -1 turns top-k off, as in SGLang and the hf engine; they refuse 0 and other negatives. */
+export const isTopK = (k: number): boolean => k === -1 || k >= 1;
+const TOP_K_RULE = 'expected -1 (off) or an integer >= 1';
+
 export const ChatCompletionRequest = z.object({
   model: z.string().optional(),
   messages: z.array(ChatMessage).min(1, { message: 'messages must contain at least one message' }),
   temperature: z.number().min(0).max(2).nullable().optional(),
   top_p: z.number().gt(0).max(1).nullable().optional(),
+  // Not OpenAI's, but SGLang's and vLLM's clients send it; it reaches the engine (tokenize/prepare.ts).
+  top_k: z.int({ error: TOP_K_RULE }).refine(isTopK, { error: TOP_K_RULE }).nullable().optional(),
   max_tokens: z.number().int().min(1).nullable().optional(),
   max_completion_tokens: z.number().int().min(1).nullable().optional(),
   stop: z.union([z.string(), z.array(z.string()).max(4)]).nullable().optional(),

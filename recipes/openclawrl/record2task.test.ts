@@ -1,5 +1,9 @@
 import { describe, expect, it } from 'vitest';
+import { tinyModelDir } from '../../cluster/paths.js';
+import { requestOfChatBody } from '../../actors/gateway/store/rows.js';
 import type { AgentRecord } from '../../actors/gateway/store/types.js';
+import { ChatTokenizer } from '../../actors/gateway/tokenize/chat-tokenizer.js';
+import { prepareChat } from '../../actors/gateway/tokenize/prepare.js';
 import { HINT_MARKER, isStale, lastUserIndex, recordToTask, releaseIndex, teacherPrompts, withHint } from './record2task.js';
 
 function record(messages: unknown[], params: Record<string, unknown> = {}): AgentRecord {
@@ -53,6 +57,32 @@ describe('record2task', () => {
     expect(Array.from(task.responseIds)).toEqual([7, 8]);
     expect(Array.from(task.topkIds)).toEqual([7, 9, 8, 10]);
     expect(task).toMatchObject({ taskId: 'R1', reward: -1, topK: 2, weightVersion: 'v3', sampling: { temperature: 0.7, topP: 1, topK: -1 } });
+  });
+
+  it('trains under the distribution the engine was sent: the sampling of prepareChat\'s engine body, top_k included', async () => {
+    const tok = ChatTokenizer.load(tinyModelDir());
+    const bodies = [
+      { temperature: 0.6, top_k: 20 },
+      { temperature: 0, top_p: 0.9, top_k: 1 },
+      { top_k: -1 },
+      { top_k: null, top_p: null, temperature: null },
+      {},
+    ];
+    for (const extra of bodies) {
+      const body = JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], ...extra });
+      const out = prepareChat(tok, Buffer.from(body), { rid: 'r', topK: 2, defaultMaxTokens: 4 });
+      if (!out.ok) throw new Error(out.message);
+      const sent = (JSON.parse(Buffer.from(out.engineBody).toString('utf8')) as { sampling_params: Record<string, number> }).sampling_params;
+      const task = await recordToTask({ record: { ...record(msgs), request: requestOfChatBody(body) }, reward: 1, hints: [] }, recorder().render);
+      expect(task.sampling, body).toEqual({ temperature: sent.temperature, topP: sent.top_p, topK: sent.top_k ?? -1 });
+    }
+  });
+
+  it('a record stored before top_k was checked trains with top-k off, as its engine sampled', async () => {
+    for (const topK of [0, -5, 2.5, '20', true]) {
+      const task = await recordToTask({ record: record(msgs, { temperature: 0.6, top_k: topK }), reward: 1, hints: [] }, recorder().render);
+      expect(task.sampling).toEqual({ temperature: 0.6, topP: 1, topK: -1 });
+    }
   });
 
   it.each([

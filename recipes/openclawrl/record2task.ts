@@ -1,4 +1,5 @@
 import type { AgentRecord } from '../../actors/gateway/store/types.js';
+import { engineSampling, type RequestSampling } from '../../actors/gateway/tokenize/prepare.js';
 
 /**
  * record2task: a judged turn becomes a training task. The response is exactly the tokens the
@@ -69,7 +70,8 @@ export async function teacherPrompts(record: AgentRecord, hints: readonly string
 /** Builds the task of one judged turn. */
 export async function recordToTask(turn: JudgedTurnInput, render: TeacherRenderer): Promise<Task> {
   const r = turn.record;
-  const params = r.request.params as { temperature?: number | null; top_p?: number | null; top_k?: number | null };
+  // What the gateway sent the engine for this request, not the request's fields as such.
+  const sampling = engineSampling(r.request.params as RequestSampling);
   return {
     taskId: r.id,
     scenario: r.scenario,
@@ -81,8 +83,7 @@ export async function recordToTask(turn: JudgedTurnInput, render: TeacherRendere
     topkLogprobs: r.topkLogprobs,
     reward: turn.reward,
     teacherPromptIds: await teacherPrompts(r, turn.hints, render),
-    // The gateway sends the engine these defaults when the client sets none (chat.ts).
-    sampling: { temperature: params.temperature ?? 1.0, topP: params.top_p ?? 1.0, topK: params.top_k ?? -1 },
+    sampling: { temperature: sampling.temperature, topP: sampling.top_p, topK: sampling.top_k },
     weightVersion: r.weightVersion,
   };
 }

@@ -44,7 +44,7 @@ describe.each([['inline', undefined], ['worker', 0]] as const)('gateway completi
 
   it('non-streamed: OpenAI body, receipt header, and a record holding exactly what the engine saw and said', async () => {
     const before = s.engine.requests.length;
-    const res = await postChat(s.url, { ...CHAT, temperature: 0.5, max_tokens: 32 }, { 'x-reef-tag-session': 'abc', 'x-reef-tag-user': 'u1', 'x-reef-scenario': 'coding' });
+    const res = await postChat(s.url, { ...CHAT, temperature: 0.5, top_k: 20, max_tokens: 32 }, { 'x-reef-tag-session': 'abc', 'x-reef-tag-user': 'u1', 'x-reef-scenario': 'coding' });
     expect(res.status).toBe(200);
     const body = (await res.json()) as Record<string, any>;
     const id = res.headers.get('x-reef-agent-record-id')!;
@@ -63,6 +63,7 @@ describe.each([['inline', undefined], ['worker', 0]] as const)('gateway completi
     expect(sent.top_logprobs_num).toBe(4);
     expect(sent.return_logprob).toBe(true);
     expect(sent.sampling_params.temperature).toBe(0.5);
+    expect(sent.sampling_params.top_k).toBe(20);
     expect(sent.sampling_params.max_new_tokens).toBe(32);
 
     const rec = (await s.gw.store.get(id))!;
@@ -88,7 +89,7 @@ describe.each([['inline', undefined], ['worker', 0]] as const)('gateway completi
       response: { role: 'assistant', content: 'Hello from the fake engine.' },
     });
     expect(rec.request.messages).toEqual(CHAT.messages);
-    expect(rec.request.params).toMatchObject({ temperature: 0.5, max_tokens: 32, model: 'tiny' });
+    expect(rec.request.params).toMatchObject({ temperature: 0.5, top_k: 20, max_tokens: 32, model: 'tiny' });
     expect(rec.finishedAt).toBeGreaterThanOrEqual(rec.startedAt);
   });
 

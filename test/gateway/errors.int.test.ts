@@ -45,6 +45,8 @@ describe.each([['inline', undefined], ['worker', 0]] as const)('gateway request 
   it('wrong types', async () => {
     await expect400({ ...CHAT, temperature: 'hot' }, 'temperature', /number/);
     await expect400({ ...CHAT, max_tokens: 1.5 }, 'max_tokens', /int/);
+    await expect400({ ...CHAT, top_k: 0 }, 'top_k', /-1 \(off\) or an integer >= 1/);
+    await expect400({ ...CHAT, top_k: 2.5 }, 'top_k', /-1 \(off\) or an integer >= 1/);
     await expect400({ ...CHAT, stream: 'yes' }, 'stream', /boolean/);
     await expect400({ messages: 'hello' }, 'messages', /array/);
     await expect400({ messages: [{ role: 'user', content: 42 }] }, 'messages[0].content', /string or an array/);

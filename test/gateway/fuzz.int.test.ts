@@ -33,6 +33,7 @@ const WRONG: Array<[string[], unknown[]]> = [
   [['messages'], [null, 'hi', 42, {}, [], [null], [1, 2], [{ role: 'user' }], [{ role: 'robot', content: 'x' }], [{ role: 'user', content: 7 }], [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }]]],
   [['temperature'], ['hot', -1, 2.5, 1e308, true, [], {}]],
   [['top_p'], [0, -0.5, 1.5, 'x', false]],
+  [['top_k'], [0, -2, 2.5, '20', true, 2 ** 53]],
   [['max_tokens'], [0, -5, 1.5, 1e20, 2 ** 53, 'ten', 1e9, 5000]],
   [['max_completion_tokens'], [0, 3.3, 'x', 1e300]],
   [['n'], [2, 0, -1, 1e9, 'one', 1.5]],

@@ -175,3 +175,26 @@ describe('prepareChat thinking state', () => {
     expect(thinking(plain, [...history, { role: 'user', content: 'next' }])).toBe(false);
   });
 });
+
+describe('prepareChat sampling', () => {
+  const tok = ChatTokenizer.load(tinyModelDir());
+  const prepare = (extra: Record<string, unknown>) => prepareChat(tok, Buffer.from(JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], ...extra })), params);
+  const samplingText = (out: ReturnType<typeof prepareChat>): string => {
+    if (!out.ok) throw new Error(out.message);
+    const text = Buffer.from(out.engineBody).toString('utf8');
+    return text.slice(text.indexOf('"sampling_params":'), text.indexOf('},"return_logprob"') + 1);
+  };
+
+  it('sends the client\'s top_k to the engine, which otherwise sampled the whole vocabulary while the trainer truncated to top_k', () => {
+    expect(samplingText(prepare({ temperature: 0.6, top_k: 20 }))).toBe('"sampling_params":{"max_new_tokens":16,"temperature":0.6,"top_p":1,"top_k":20,"stop":null}');
+    // Without top_k (or with -1, "off"), the body is byte for byte what it was before top_k was sent.
+    const plain = '"sampling_params":{"max_new_tokens":16,"temperature":0.6,"top_p":1,"stop":null}';
+    expect(samplingText(prepare({ temperature: 0.6 }))).toBe(plain);
+    expect(samplingText(prepare({ temperature: 0.6, top_k: null }))).toBe(plain);
+    expect(samplingText(prepare({ temperature: 0.6, top_k: -1 }))).toBe(plain);
+  });
+
+  it.each([0, -2, 2.5, '20', true, 2 ** 53])('refuses top_k %j with an OpenAI error naming top_k', (topK) => {
+    expect(prepare({ top_k: topK })).toMatchObject({ ok: false, code: 'REEF_ERR_INVALID_ARGUMENT', param: 'top_k', message: expect.stringMatching(/^top_k: expected -1 \(off\) or an integer >= 1/) });
+  });
+});

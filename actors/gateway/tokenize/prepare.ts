@@ -2,7 +2,7 @@ import type { GenerateRequest } from '../../../cluster/engine-client.js';
 import { generateBody, type IdText } from '../../../cluster/generate-body.js';
 import { ReefError, type ErrorCode } from '../../runtime/errors.js';
 import { parsedBodyProblem } from '../body-checks.js';
-import { parseChatRequest } from '../openai-schema.js';
+import { isTopK, parseChatRequest } from '../openai-schema.js';
 import type { ChatTokenizer, EncodedPrompt } from './chat-tokenizer.js';
 import { extendBody, rememberBody, type RememberedBody } from './body-memo.js';
 import { checkContextLength, normalizeMessages } from './normalize.js';
@@ -174,6 +174,29 @@ function parseBody(body: Uint8Array, sessionKey: string | null | undefined, late
   return { json };
 }
 
+/** The sampling parameters a request states: a validated request, or a record's `params`. */
+export interface RequestSampling {
+  temperature?: number | null;
+  top_p?: number | null;
+  top_k?: number | null;
+}
+
+/**
+ * The distribution the engine samples from for a request: the client's values, else the engine's
+ * defaults (temperature 1, top-p 1, top-k -1 = off). The trainer scores a recorded turn under the
+ * same distribution (recipes/openclawrl/record2task.ts), so both take it from here: a `top_k` that
+ * the record kept but the engine was never sent made the trainer truncate what the engine had not.
+ */
+export function engineSampling(req: RequestSampling): { temperature: number; top_p: number; top_k: number } {
+  const k = req.top_k;
+  return {
+    temperature: req.temperature ?? 1.0,
+    top_p: req.top_p ?? 1.0,
+    // A record stored before top_k was checked and sent may hold any value; its engine got none.
+    top_k: typeof k === 'number' && Number.isSafeInteger(k) && isTopK(k) ? k : -1,
+  };
+}
+
 export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: PrepareParams, later: Later = atOnce): PreparedChat | RefusedChat {
   const parsedBody = parseBody(body, params.sessionKey, later);
   if ('ok' in parsedBody) return parsedBody;
@@ -205,12 +228,15 @@ export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: 
   }
   const room = ctxLen - ids.length;
   const stop = req.stop == null ? null : Array.isArray(req.stop) ? req.stop : [req.stop];
+  const sampling = engineSampling(req);
   const engineReq: GenerateRequest = {
     input_ids: ids,
     sampling_params: {
       max_new_tokens: Math.min(asked ?? params.defaultMaxTokens, room),
-      temperature: req.temperature ?? 1.0,
-      top_p: req.top_p ?? 1.0,
+      temperature: sampling.temperature,
+      top_p: sampling.top_p,
+      // Only when it truncates: a body without top_k stays the bytes it was before top_k was sent.
+      ...(sampling.top_k !== -1 ? { top_k: sampling.top_k } : {}),
       stop,
       ...(req.seed != null ? { sampling_seed: req.seed } : {}),
     },
