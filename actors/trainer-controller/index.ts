@@ -8,7 +8,8 @@ import { ReefError } from '../runtime/errors.js';
 import { RpcClient } from '../runtime/rpc.js';
 import { lookupMailbox } from '../../cluster/lookup.js';
 import type { SqliteStore } from '../gateway/store/sqlite-store.js';
-import { ChatTokenizer, normalizeMessages } from '../gateway/tokenize/index.js';
+import { ChatTokenizer } from '../gateway/tokenize/index.js';
+import { renderChat } from '../gateway/tokenize/prepare.js';
 import type { Task } from '../../recipes/openclawrl/record2task.js';
 import { TrainerController, type ControllerState, type JudgedTurnRow, type Published } from './controller.js';
 import { CONSUMER, STATE_KEY } from './messages.js';
@@ -160,7 +161,8 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
       },
       getRecord: (id) => w.store.get(id),
       commit: (next, s) => w.store.commitConsumer(CONSUMER, next, STATE_KEY, s),
-      renderTeacher: async (messages, tools) => tokenizer.render(normalizeMessages(messages), tools, { addGenerationPrompt: true }).ids,
+      // As the gateway rendered the turn's own prompt, so that the hint is the only difference.
+      renderTeacher: async (messages, tools) => renderChat(tokenizer, messages, tools, { addGenerationPrompt: true }).ids,
       trainer: {
         restart: async (checkpointPath) => {
           started = false;

@@ -1,9 +1,13 @@
-import { describe, expect, it } from 'vitest';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
 import { tinyModelDir } from '../../cluster/paths.js';
 import { requestOfChatBody } from '../../actors/gateway/store/rows.js';
 import type { AgentRecord } from '../../actors/gateway/store/types.js';
 import { ChatTokenizer } from '../../actors/gateway/tokenize/chat-tokenizer.js';
-import { prepareChat } from '../../actors/gateway/tokenize/prepare.js';
+import { prepareChat, renderChat } from '../../actors/gateway/tokenize/prepare.js';
+import { copyTinyModel } from '../../test/helpers/long-context-model.js';
 import { HINT_MARKER, isStale, lastUserIndex, recordToTask, releaseIndex, teacherPrompts, withHint } from './record2task.js';
 
 function record(messages: unknown[], params: Record<string, unknown> = {}): AgentRecord {
@@ -43,6 +47,36 @@ describe('record2task', () => {
     expect((seen[1]![3] as { content: string }).content).toBe(withHint('no bold please', 'Show steps.'));
     // Earlier messages are untouched.
     expect(seen[0]!.slice(0, 3)).toEqual(msgs.slice(0, 3));
+  });
+
+  describe('teacher prompts of a real template', () => {
+    const parent = mkdtempSync(join(tmpdir(), 'reef-teacher-'));
+    afterAll(() => rmSync(parent, { recursive: true, force: true }));
+    // Templates that test `tools is not none` (Llama 3's, header_turns in template-compiler.test.ts)
+    // open a tools section for an empty list; the gateway renders an empty list as none.
+    const dir = copyTinyModel(join(parent, 'tools-not-none'));
+    const path = join(dir, 'chat_template.jinja');
+    writeFileSync(path, readFileSync(path, 'utf8').replace('{%- if tools is defined and tools is not none and tools | length > 0 -%}', '{%- if tools is not none -%}'));
+    const tok = ChatTokenizer.load(dir);
+    // What the trainer-controller wires as its renderTeacher (actors/trainer-controller/index.ts).
+    const render = async (messages: unknown[], tools: readonly unknown[] | null) => renderChat(tok, messages, tools, { addGenerationPrompt: true }).ids;
+
+    it.each([
+      ['an empty tool list', []],
+      ['no tool list', null],
+      ['tools', [{ type: 'function', function: { name: 'f', parameters: { type: 'object' }, description: 'd' } }]],
+    ])('with %s, the teacher prompt is the student prompt of the same body with the hint in it', async (_what, tools) => {
+      const body = (content: string) => JSON.stringify({ messages: [{ role: 'system', content: 'sys' }, { role: 'user', content }], tools });
+      const prepare = (json: string) => {
+        const out = prepareChat(tok, Buffer.from(json), { rid: 'r', topK: 2, defaultMaxTokens: 4 });
+        if (!out.ok) throw new Error(out.message);
+        return out.promptIds;
+      };
+      const rec = { ...record([]), request: requestOfChatBody(body('hi')), promptIds: prepare(body('hi')) };
+      const [teacher] = await teacherPrompts(rec, ['be brief'], render);
+      expect(tok.decode(teacher!)).toBe(tok.decode(prepare(body(withHint('hi', 'be brief')))));
+      expect(Array.from(teacher!)).toEqual(Array.from(prepare(body(withHint('hi', 'be brief')))));
+    });
   });
 
   it('uses the plain prompt as the only teacher candidate of an anchor-only turn', async () => {

@@ -40,7 +40,12 @@ export interface Task {
   weightVersion: string | null;
 }
 
-export type TeacherRenderer = (messages: unknown[], tools: unknown[] | null) => Promise<Int32Array>;
+/**
+ * Renders a teacher prompt from the recorded request's messages (the hint in the last user one) and
+ * its tools as recorded; it must render them as the gateway rendered the turn's prompt
+ * (actors/gateway/tokenize/prepare.ts `renderChat`).
+ */
+export type TeacherRenderer = (messages: unknown[], tools: readonly unknown[] | null) => Promise<Int32Array>;
 
 /** The position of the last user message, or -1. */
 export function lastUserIndex(messages: readonly unknown[]): number {

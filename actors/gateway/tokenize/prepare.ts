@@ -3,7 +3,7 @@ import { generateBody, type IdText } from '../../../cluster/generate-body.js';
 import { ReefError, type ErrorCode } from '../../runtime/errors.js';
 import { parsedBodyProblem } from '../body-checks.js';
 import { isTopK, parseChatRequest } from '../openai-schema.js';
-import type { ChatTokenizer, EncodedPrompt } from './chat-tokenizer.js';
+import type { ChatTokenizer, EncodedPrompt, RenderOptions, RenderResult } from './chat-tokenizer.js';
 import { extendBody, rememberBody, type RememberedBody } from './body-memo.js';
 import { checkContextLength, normalizeMessages } from './normalize.js';
 import { utf8Text } from './utf8.js';
@@ -174,6 +174,23 @@ function parseBody(body: Uint8Array, sessionKey: string | null | undefined, late
   return { json };
 }
 
+/**
+ * The tool list a request's template is rendered with: none for an empty list, whose `tools is
+ * not none` would open a tools section in some templates (Llama 3's) while `if tools` would not.
+ */
+export function templateTools(tools: readonly unknown[] | null | undefined): readonly unknown[] | null {
+  return tools && tools.length > 0 ? tools : null;
+}
+
+/**
+ * A request's messages and tools rendered as the gateway renders its prompt. The trainer-controller
+ * renders a turn's teacher prompts with it, from the recorded request: a teacher prompt must differ
+ * from the turn's own prompt by the hint alone.
+ */
+export function renderChat(tokenizer: ChatTokenizer, messages: readonly unknown[], tools: readonly unknown[] | null | undefined, opts: RenderOptions = {}): RenderResult {
+  return tokenizer.render(normalizeMessages(messages), templateTools(tools), opts);
+}
+
 /** The sampling parameters a request states: a validated request, or a record's `params`. */
 export interface RequestSampling {
   temperature?: number | null;
@@ -203,13 +220,13 @@ export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: 
   const parsed = parseChatRequest(parsedBody.json);
   if (!parsed.ok) return refuse('REEF_ERR_INVALID_ARGUMENT', parsed.issue.message, parsed.issue.param);
   const req = parsed.value;
-  const tools = req.tools && req.tools.length > 0 ? req.tools : null;
+  const tools = templateTools(req.tools);
 
   let ids: Int32Array;
   let startsInThinking: boolean;
   try {
     const renders = rendersOf(tokenizer);
-    const r = tokenizer.render(normalizeMessages(req.messages), tools, { shared: true, prior: renders.nearest(params.sessionKey) });
+    const r = renderChat(tokenizer, req.messages, tools, { shared: true, prior: renders.nearest(params.sessionKey) });
     ids = r.ids;
     startsInThinking = tokenizer.endsInsideBlock(r, '<think>', '</think>');
     if (r.encoded !== null) renders.put(params.sessionKey, r.encoded);
