@@ -6,12 +6,13 @@ import { perFrozen } from './tokenize/frozen.js';
  * cold, between an agent's turns, zod's validation of an OpenClaw-sized request took ~0.2 ms of the
  * tokenizer worker's ~1.2 ms; this walk takes a fraction of it.
  *
- * It answers only with zod's exact result or with "ask zod": the value it returns is what
- * `ChatCompletionRequest.parse` would return, down to key order (known keys in the schema's order,
- * then the keys a loose object keeps, in the body's order), stripped keys and filled-in defaults.
- * Objects already in that form are returned as they are, the rest are copied. Anything it does not
- * settle (every error, an image part, a value of an unusual type) answers `null`, and zod gives the
- * exact error or result; the tests compare the two over thousands of generated bodies.
+ * It answers only with `parseChatRequest`'s exact result or with "ask zod": the value it returns is
+ * what `ChatCompletionRequest.parse` would return, down to key order (known keys in the schema's
+ * order, then the keys a loose object keeps, in the body's order), stripped keys and filled-in
+ * defaults, except `tools`, which is the body's own list once valid (as `parseChatRequest` puts it
+ * back). Objects already in that form are returned as they are, the rest are copied. Anything it
+ * does not settle (every error, an image part, a value of an unusual type) answers `null`, and zod
+ * gives the exact error or result; the tests compare the two over thousands of generated bodies.
  */
 export function fastChatRequest(body: unknown): ChatCompletionRequest | null {
   const out = request(body);
@@ -53,7 +54,6 @@ const TOOL_MESSAGE_KEYS = ['role', 'content', 'tool_call_id', 'name'];
 const TOOL_CALL_KEYS = ['id', 'type', 'function'];
 const FUNCTION_CALL_KEYS = ['name', 'arguments'];
 const TOOL_KEYS = ['type', 'function'];
-const FUNCTION_KEYS = ['name', 'description', 'parameters', 'strict'];
 const NAME_KEYS = ['name'];
 const TEXT_PART_KEYS = ['type', 'text'];
 
@@ -163,19 +163,19 @@ function message(v: unknown): Out {
   }
 }
 
+/** A valid tool is answered as it is, not in zod's shape: see `parseChatRequest`. */
 function tool(v: unknown): Out {
   if (!isObject(v) || v.type !== 'function') return NO;
   const f = v.function;
   if (!isObject(f) || !isString(f.name) || f.name.length < 1 || f.name.length > 64) return NO;
   if (!optional(f.description, isString) || !optional(f.parameters, isObject) || !nullish(f.strict, isBoolean)) return NO;
-  // `parameters` is a record of anything: zod's copy holds the same entries in the same order.
-  return shape(v, TOOL_KEYS, true, { function: shape(f, FUNCTION_KEYS, true, null) });
+  return v;
 }
 
 /**
  * A session's earlier messages and its tool list are the same frozen objects every turn
  * (tokenize/body-memo.ts), so each is walked once; the answers are frozen too, so the tokenizer's
- * identity caches keep working on them.
+ * identity caches keep working on them (a valid tool list is answered as the same array).
  */
 const settledMessage = perFrozen(message);
 const settledTool = perFrozen(tool);

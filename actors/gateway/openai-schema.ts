@@ -89,7 +89,11 @@ function paramOf(path: readonly PropertyKey[]): string | null {
   return out;
 }
 
-/** Validates a parsed body; returns the typed request or the first issue in OpenAI terms. */
+/**
+ * Validates a parsed body; returns the typed request or the first issue in OpenAI terms. The request
+ * is zod's result but for `tools`, which is the body's own list: what the template renders (and the
+ * record's teacher prompts are rendered from) is what the client sent.
+ */
 export function parseChatRequest(body: unknown): { ok: true; value: ChatCompletionRequest } | { ok: false; issue: RequestIssue } {
   if (body === null || typeof body !== 'object' || Array.isArray(body)) {
     return { ok: false, issue: { param: null, message: 'request body must be a JSON object' } };
@@ -104,6 +108,10 @@ export function parseChatRequest(body: unknown): { ok: true; value: ChatCompleti
       return { ok: false, issue: { param, message: `${param ?? 'body'}: ${describeIssue(first, body)}` } };
     }
     req = parsed.data;
+    // Valid, the client's tools are kept as sent (fastChatRequest answers them so too): the template
+    // prints them with `tojson`, and Python's apply_chat_template prints the client's dicts, key
+    // order included, where zod's copy puts the schema's keys first.
+    if (Array.isArray(req.tools)) req.tools = (body as { tools: Tool[] }).tools;
   }
   if (req.n != null && req.n !== 1) return { ok: false, issue: { param: 'n', message: 'n must be 1: Reef records one completion per request' } };
   for (const [i, m] of req.messages.entries()) {

@@ -6,6 +6,7 @@ import { tinyModelDir } from '../../../cluster/paths.js';
 import { copyTinyModel } from '../../../test/helpers/long-context-model.js';
 import { ChatTokenizer } from './chat-tokenizer.js';
 import { normalizeMessages } from './normalize.js';
+import { isDeepFrozen } from './frozen.js';
 import { prepareChat } from './prepare.js';
 import { utf8Text } from './utf8.js';
 
@@ -196,5 +197,25 @@ describe('prepareChat sampling', () => {
 
   it.each([0, -2, 2.5, '20', true, 2 ** 53])('refuses top_k %j with an OpenAI error naming top_k', (topK) => {
     expect(prepare({ top_k: topK })).toMatchObject({ ok: false, code: 'REEF_ERR_INVALID_ARGUMENT', param: 'top_k', message: expect.stringMatching(/^top_k: expected -1 \(off\) or an integer >= 1/) });
+  });
+});
+
+describe('prepareChat tools', () => {
+  it('a session\'s tool list reaches the template as the client sent it, and as the same frozen list every turn (the tokenizer caches its conversion by identity)', () => {
+    const tok = ChatTokenizer.load(tinyModelDir());
+    const seen: unknown[] = [];
+    const render = tok.render.bind(tok);
+    tok.render = (messages, tools, opts) => (seen.push(tools), render(messages, tools, opts));
+    // Keys out of the schema's order: zod's copy would print `description` first.
+    const tools = [{ type: 'function', function: { name: 'f', parameters: { type: 'object' }, description: 'd' } }, { function: { name: 'g' }, type: 'function' }];
+    const messages: unknown[] = [{ role: 'system', content: 'Use the tools. '.repeat(40) }, { role: 'user', content: 'first' }];
+    for (let turn = 0; turn < 3; turn++) {
+      const out = prepareChat(tok, Buffer.from(JSON.stringify({ messages, tools, max_tokens: 4 })), { ...params, sessionKey: 'tools' });
+      if (!out.ok) throw new Error(out.message);
+      messages.push({ role: 'assistant', content: `answer ${turn}` }, { role: 'user', content: `next ${turn}` });
+    }
+    expect(seen.map((t) => JSON.stringify(t))).toEqual(Array(3).fill(JSON.stringify(tools)));
+    expect(isDeepFrozen(seen[1])).toBe(true);
+    expect(seen[2]).toBe(seen[1]);
   });
 });
