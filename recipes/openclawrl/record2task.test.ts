@@ -126,6 +126,13 @@ describe('record2task', () => {
     ['v1', 'v4', 2, true],
     ['v5', 'v5', 0, false],
     ['default', 'v1', 0, true],
+    // Rolled back from v5 to v2 (or to the base): v5's turns come from weights put aside.
+    ['v5', 'v2', 2, true],
+    ['v3', 'v2', 2, true],
+    ['v1', 'base', 5, true],
+    ['v2', 'v2', 2, false],
+    ['v1', 'v2', 2, false],
+    [null, 'base', 0, false],
   ] as const)('turn from %s with current %s, max_staleness %i: stale=%s', (made, now, max, stale) => {
     expect(isStale(made, now, max)).toBe(stale);
   });

@@ -99,7 +99,14 @@ export function releaseIndex(weightVersion: string | null): number {
   return m ? Number(m[1]) : 0;
 }
 
-/** A turn generated more than `maxStaleness` releases before the current one is not trained. */
+/**
+ * A turn is not trained when it was generated more than `maxStaleness` releases before the current
+ * one, or by a release newer than the current one. Release numbers only grow (the trainer names
+ * each checkpoint one past every version it has made), so a newer release is never an ancestor of
+ * the current weights: it is one a rollback put aside, and its turns sampled from weights that are
+ * no longer trained on (after a rollback from v5 to v2, v5's turns counted as fresh).
+ */
 export function isStale(weightVersion: string | null, currentVersion: string | null, maxStaleness: number): boolean {
-  return releaseIndex(currentVersion) - releaseIndex(weightVersion) > maxStaleness;
+  const behind = releaseIndex(currentVersion) - releaseIndex(weightVersion);
+  return behind < 0 || behind > maxStaleness;
 }
