@@ -218,6 +218,30 @@ describe('TrainerController', () => {
     expect(c.counters.stale).toBe(1);
   });
 
+  it('drops turns of weights a rollback put aside, however recent', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    for (const id of ['a', 'b', 'c', 'd']) w.add(id, 1);
+    const c = new TrainerController(w.ports, opts(dir), 0, null);
+    await c.tick();
+    expect(c.currentVersion).toBe('v2');
+    await c.rollback(null);
+    expect(c.currentVersion).toBe('v1');
+    w.add('e', 1, 'anchor', 'v1');
+    w.add('f', 1, 'anchor', 'v1');
+    await c.tick();
+    expect(c.releases.map((r) => [r.weightVersion, r.parent])).toEqual([['v1', null], ['v2', 'v1'], ['v1', 'v2'], ['v3', 'v1']]);
+    // v2 is one release number from v3, but v3 was trained from v1: v2's weights were put aside.
+    w.add('put-aside', 1, 'anchor', 'v2');
+    w.add('served', 1, 'anchor', 'v1');
+    await c.tick();
+    expect(c.counters.stale ?? 0).toBe(1);
+    // Base is two steps back along the lineage (v3, v1, base): past max_staleness 1.
+    w.add('base', 1, 'anchor', null);
+    await c.tick();
+    expect(c.counters.stale).toBe(2);
+  });
+
   it('rolls back to the previous release and to the base model', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'tc-'));
     mkdirSync(join(dir, 'base'));

@@ -2,7 +2,7 @@ import { existsSync, readFileSync, appendFileSync, mkdirSync, rmSync } from 'nod
 import { dirname } from 'node:path';
 import { ReefError } from '../runtime/errors.js';
 import type { AgentRecord } from '../gateway/store/types.js';
-import { isStale, recordToTask, type Task, type TeacherRenderer } from '../../recipes/openclawrl/record2task.js';
+import { isStale, recordToTask, releaseLineage, type Task, type TeacherRenderer } from '../../recipes/openclawrl/record2task.js';
 import { Batcher, recordLine, type Batch, type BatcherState } from '../../recipes/openclawrl/task2batch.js';
 
 /**
@@ -196,6 +196,8 @@ export class TrainerController {
 
   private async readTurns(limit: number): Promise<number> {
     const rows = await this.ports.readJudged(this.offset, limit);
+    // Releases change only between reads (trainNext and rollback take turns with this).
+    const lineage = releaseLineage(this.state.releases);
     for (const row of rows) {
       this.batcher.count(row.scenario, row.counters);
       this.offset = row.offset + 1;
@@ -205,7 +207,7 @@ export class TrainerController {
         this.bump('missing_records');
         continue;
       }
-      if (isStale(rec.weightVersion, this.currentVersion, this.opts.maxStaleness)) {
+      if (isStale(rec.weightVersion, lineage, this.opts.maxStaleness)) {
         this.bump('stale');
         continue;
       }

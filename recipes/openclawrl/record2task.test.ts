@@ -8,7 +8,7 @@ import type { AgentRecord } from '../../actors/gateway/store/types.js';
 import { ChatTokenizer } from '../../actors/gateway/tokenize/chat-tokenizer.js';
 import { prepareChat, renderChat } from '../../actors/gateway/tokenize/prepare.js';
 import { copyTinyModel } from '../../test/helpers/long-context-model.js';
-import { HINT_MARKER, isStale, lastUserIndex, recordToTask, releaseIndex, teacherPrompts, withHint } from './record2task.js';
+import { HINT_MARKER, isStale, lastUserIndex, recordToTask, releaseLineage, teacherPrompts, withHint } from './record2task.js';
 
 function record(messages: unknown[], params: Record<string, unknown> = {}): AgentRecord {
   return {
@@ -119,25 +119,37 @@ describe('record2task', () => {
     }
   });
 
-  it.each([
-    [null, 'v2', 2, false],
-    [null, 'v3', 2, true],
-    ['v1', 'v3', 2, false],
-    ['v1', 'v4', 2, true],
-    ['v5', 'v5', 0, false],
-    ['default', 'v1', 0, true],
-    // Rolled back from v5 to v2 (or to the base): v5's turns come from weights put aside.
-    ['v5', 'v2', 2, true],
-    ['v3', 'v2', 2, true],
-    ['v1', 'base', 5, true],
-    ['v2', 'v2', 2, false],
-    ['v1', 'v2', 2, false],
-    [null, 'base', 0, false],
-  ] as const)('turn from %s with current %s, max_staleness %i: stale=%s', (made, now, max, stale) => {
-    expect(isStale(made, now, max)).toBe(stale);
+  // Release histories as the controller records them: [weightVersion, parent, rollbackOf].
+  const history = (...rs: [string, string | null, string | null][]) => rs.map(([weightVersion, parent, rollbackOf]) => ({ weightVersion, parent, rollbackOf }));
+  const linear = history(['v1', null, null], ['v2', 'v1', null], ['v3', 'v2', null]);
+  // v1, v2, v3, a rollback to v1, then v4 trained from v1.
+  const rolledBack = history(['v1', null, null], ['v2', 'v1', null], ['v3', 'v2', null], ['v1', 'v3', 'release-1'], ['v4', 'v1', null]);
+  const toBase = history(['v1', null, null], ['v2', 'v1', null], ['base', 'v2', 'base']);
+
+  it('follows the lineage of the current weights, past rollbacks', () => {
+    expect([...releaseLineage(linear)]).toEqual([['v3', 0], ['v2', 1], ['v1', 2], [null, 3]]);
+    expect([...releaseLineage(rolledBack)]).toEqual([['v4', 0], ['v1', 1], [null, 2]]);
+    expect([...releaseLineage(toBase)]).toEqual([[null, 0]]);
+    expect([...releaseLineage([])]).toEqual([[null, 0]]);
   });
 
-  it('reads release numbers from versions', () => {
-    expect([releaseIndex(null), releaseIndex('v12'), releaseIndex('base')]).toEqual([0, 12, 0]);
+  it.each([
+    [null, linear, 2, true],
+    [null, linear, 3, false],
+    ['v1', linear, 2, false],
+    ['v2', linear, 0, true],
+    ['v3', linear, 0, false],
+    ['default', linear, 3, false],
+    // Weights a rollback put aside: not in the lineage, however close their number.
+    ['v2', rolledBack, 5, true],
+    ['v3', rolledBack, 5, true],
+    ['v1', rolledBack, 1, false],
+    ['v4', rolledBack, 0, false],
+    ['v1', toBase, 5, true],
+    ['default', toBase, 0, false],
+    ['v9', linear, 9, true],
+  ] as const)('turn from %s, max_staleness %i: stale=%s', (made, releases, max, stale) => {
+    expect(isStale(made, releaseLineage(releases), max)).toBe(stale);
   });
+
 });

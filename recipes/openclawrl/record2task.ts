@@ -93,20 +93,49 @@ export async function recordToTask(turn: JudgedTurnInput, render: TeacherRendere
   };
 }
 
-/** `v<n>` → n; the base weights (null or any other name) are release 0. */
-export function releaseIndex(weightVersion: string | null): number {
-  const m = weightVersion ? /^v(\d+)$/.exec(weightVersion) : null;
-  return m ? Number(m[1]) : 0;
+/** What staleness needs of a release: the version it serves, the one it replaced, and whether it is a rollback. */
+export interface ReleaseLink {
+  weightVersion: string;
+  parent: string | null;
+  rollbackOf: string | null;
+}
+
+/** `vN` names a trained release; anything else (null, `base`, an engine's `default`) the base weights. */
+function versionKey(weightVersion: string | null): string | null {
+  return weightVersion !== null && /^v\d+$/.test(weightVersion) ? weightVersion : null;
 }
 
 /**
- * A turn is not trained when it was generated more than `maxStaleness` releases before the current
- * one, or by a release newer than the current one. Release numbers only grow (the trainer names
- * each checkpoint one past every version it has made), so a newer release is never an ancestor of
- * the current weights: it is one a rollback put aside, and its turns sampled from weights that are
- * no longer trained on (after a rollback from v5 to v2, v5's turns counted as fresh).
+ * The versions the current weights descend from, each with how many training steps back it lies:
+ * the current version 0, the one it was trained from 1, and so on to the base weights (key null).
+ * A rollback release serves an earlier version again, so the chain goes on from the release that
+ * first trained that version, not from what the rollback replaced: after v1, v2, v3, a rollback to
+ * v1 and a release v4 trained from it, the lineage is v4, v1, base, and v2 and v3 are not in it.
  */
-export function isStale(weightVersion: string | null, currentVersion: string | null, maxStaleness: number): boolean {
-  const behind = releaseIndex(currentVersion) - releaseIndex(weightVersion);
-  return behind < 0 || behind > maxStaleness;
+export function releaseLineage(releases: readonly ReleaseLink[]): Map<string | null, number> {
+  const trainedFrom = new Map<string, string | null>();
+  for (const r of releases) {
+    const v = versionKey(r.weightVersion);
+    if (r.rollbackOf === null && v !== null && !trainedFrom.has(v)) trainedFrom.set(v, versionKey(r.parent));
+  }
+  const lineage = new Map<string | null, number>();
+  let v = versionKey(releases.at(-1)?.weightVersion ?? null);
+  // A version seen twice would be a corrupt history; stopping there keeps this finite.
+  for (let d = 0; !lineage.has(v); d++) {
+    lineage.set(v, d);
+    if (v === null || !trainedFrom.has(v)) break;
+    v = trainedFrom.get(v)!;
+  }
+  return lineage;
+}
+
+/**
+ * A turn is not trained when it was sampled from weights more than `maxStaleness` training steps
+ * behind the current ones, or from weights the current ones do not descend from at all: a release
+ * a rollback put aside (after a rollback from v5 to v2, v5's turns, and after the next release v6,
+ * v3's to v5's too). A version that is not in the lineage is stale.
+ */
+export function isStale(weightVersion: string | null, lineage: ReadonlyMap<string | null, number>, maxStaleness: number): boolean {
+  const behind = lineage.get(versionKey(weightVersion));
+  return behind === undefined || behind > maxStaleness;
 }
