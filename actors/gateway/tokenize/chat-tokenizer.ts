@@ -133,6 +133,8 @@ export class ChatTokenizer {
       // A fresh parse: the library writes added tokens into the model's vocab tables it is given.
       this.plain = new Tokenizer({ ...(JSON.parse(text) as object), added_tokens: [] }, { ...files.tokenizerConfig, additional_special_tokens: [] });
       this.template = new Template(files.chatTemplate);
+      splitAtUnicodeWhitespace(this.full.pre_tokenizer);
+      splitAtUnicodeWhitespace(this.plain.pre_tokenizer);
     } catch (err) {
       throw new ReefError('REEF_ERR_TOKENIZER', { modelDir: files.modelDir, reason: (err as Error).message }, { cause: err });
     }
@@ -426,6 +428,25 @@ export class ChatTokenizer {
   stats(): ChatTokenizerStats {
     return { renders: this.renders, reuse: { ...this.reuse }, cache: this.cache.stats(), template: { ...this.templateStats } };
   }
+}
+
+/** @huggingface/tokenizers' ByteLevel split: its `\s` is JS's, where U+FEFF is whitespace and U+0085 is not. */
+const JS_BYTE_LEVEL_SOURCE = String.raw`'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`;
+/** The same split at Unicode White_Space, the tokenizers crate's `\s`: the other way round for exactly those two. */
+const BYTE_LEVEL_SOURCE = String.raw`'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\p{White_Space}\p{L}\p{N}]+|\p{White_Space}+(?!\P{White_Space})|\p{White_Space}+`;
+
+/**
+ * Gives the ByteLevel pre-tokenizers in `p` (alone or in a Sequence) the tokenizers crate's
+ * whitespace, once per tokenizer: the same regex with \p{White_Space} for \s costs nothing more
+ * per text. Found by shape, since the package's type declarations do not resolve under NodeNext; a
+ * pattern other than the one we know (a release that fixed it) is left alone.
+ */
+function splitAtUnicodeWhitespace(p: unknown): void {
+  // The package's pre-tokenizers are callable: functions, not plain objects.
+  if ((typeof p !== 'object' && typeof p !== 'function') || p === null) return;
+  const q = p as { tokenizers?: unknown; pattern?: unknown };
+  if (Array.isArray(q.tokenizers)) for (const t of q.tokenizers) splitAtUnicodeWhitespace(t);
+  else if (q.pattern instanceof RegExp && q.pattern.source === JS_BYTE_LEVEL_SOURCE) q.pattern = new RegExp(BYTE_LEVEL_SOURCE, 'gu');
 }
 
 /** One render's template variables; `tools` is the interpreter's form (the compiled one is `tools.plain`). */

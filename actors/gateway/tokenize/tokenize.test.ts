@@ -69,6 +69,18 @@ describe('piece cache', () => {
   });
 });
 
+describe('whitespace', () => {
+  // Ids from the tokenizers crate: its ByteLevel split's \s is Unicode White_Space, which has
+  // U+0085 and not U+FEFF; the JS package's \s has it the other way round.
+  it.each([
+    ['hi  \u0085', [71, 72, 361, 126, 227]],
+    ['a  \ufeffb', [64, 220, 220, 171, 119, 123, 65]],
+    ['x\u0085 y', [87, 126, 227, 381]],
+  ])('%j splits as in the tokenizers crate', (text, ids) => {
+    expect(Array.from(tok.encodePlain(text))).toEqual(ids);
+  });
+});
+
 describe('tool-list cache', () => {
   const tool = (name: string, description: string) => ({ type: 'function', function: { name, description, parameters: { type: 'object', properties: { q: { type: 'string', minimum: 1.5 } } } } });
   const chat = normalizeMessages([{ role: 'user', content: 'hi' }]);
