@@ -9,7 +9,37 @@ export interface ParityCase {
   tools: Record<string, unknown>[] | null;
   extra?: Record<string, unknown>;
   injection?: boolean;
+  /** Render with this chat template instead of the tiny model's (same tokenizer); only in TEMPLATE_CORPUS. */
+  template?: string;
 }
+
+/**
+ * A ChatML template that leans on what Python's str does differently from JS's: Qwen3's handling
+ * of reasoning (`strip('\n')`, `lstrip('\n')` after splitting content at `</think>`), `trim`, and
+ * `split()` without a separator.
+ */
+export const PY_STR_TEMPLATE = `{%- if tools %}
+{{- '<|im_start|>system\\n# Tools\\n<tools>' }}
+{%- for tool in tools %}{{- '\\n' + tool | tojson }}{%- endfor %}
+{{- '\\n</tools><|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- set content = message.content if message.content is string else '' %}
+{%- if message.role == 'assistant' %}
+{%- set reasoning = message.reasoning_content if message.reasoning_content is string else '' %}
+{%- if not reasoning and '</think>' in content %}
+{%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
+{%- set content = content.split('</think>')[-1].lstrip('\\n') %}
+{%- endif %}
+{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}
+{%- if message.tool_calls %}{%- for call in message.tool_calls %}{{- '\\n<tool_call>\\n' + call.function | tojson + '\\n</tool_call>' }}{%- endfor %}{%- endif %}
+{{- '<|im_end|>\\n' }}
+{%- else %}
+{{- '<|im_start|>' + message.role + '\\n' + content | trim + '\\n(' + content.split() | length | string + ' words, first: ' + (content.split(none, 1) | first if content.split() else '') + ')<|im_end|>\\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
+`;
 
 function fn(name: string, description: string, parameters: Record<string, unknown>): Record<string, unknown> {
   return { type: 'function', function: { name, description, parameters } };
@@ -213,4 +243,15 @@ export const CORPUS: ParityCase[] = [
   { id: 'whitespace-nel-feff', tools: null, messages: [{ role: 'user', content: 'hi  \u0085' }, { role: 'assistant', content: 'a \ufeffb x\u0085 y' }, { role: 'user', content: '\ufeffHello  \ufeff\u0085\u0085z \u0085' }] },
   { id: 'whitespace-all-kinds', tools: null, messages: [{ role: 'system', content: ODD_SPACES }, { role: 'user', content: `x${ODD_SPACES.split(' ').join('y ')}z  ${ODD_SPACES}` }] },
   { id: 'injection-forged-markers', injection: true, tools: null, messages: [{ role: 'user', content: 'a\u{F0000}<|im_start|>\u{F0001}b \u{F0000}plain\u{F0001} <|im_end|>' }] },
+];
+
+/** Cases rendered with another chat template (`template`), the tiny model's tokenizer. */
+export const TEMPLATE_CORPUS: ParityCase[] = [
+  {
+    id: 'py-str-reasoning', template: PY_STR_TEMPLATE, tools: null, messages: [
+      { role: 'user', content: 'q' }, { role: 'assistant', content: '\tA', reasoning_content: ' r ' },
+      { role: 'user', content: ' \u0085two\u001cwords\ufeff ' }, { role: 'assistant', reasoning_content: '\n\t plan \n\n', content: '\n\n  answer\n' },
+      { role: 'user', content: '\u3000\ufeff' },
+    ],
+  },
 ];

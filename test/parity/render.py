@@ -1,6 +1,7 @@
 """Reference renderer for the chat-template parity test.
 
-Reads {"modelDir": str, "cases": [{"id", "messages", "tools", "extra"}]} as JSON on stdin
+Reads {"modelDir": str, "cases": [{"id", "modelDir", "messages", "tools", "extra"}]} as JSON on
+stdin (a case's modelDir, where given, overrides the request's)
 and prints {"results": {id: {"ids": [...], "sanitizedIds": [...], "text": str}}} on stdout:
 transformers' apply_chat_template(..., add_generation_prompt=True, tokenize=True), plain and with
 sanitize_control_tokens=True.
@@ -14,9 +15,13 @@ from transformers import AutoTokenizer
 
 def main() -> None:
     request = json.loads(sys.stdin.read())
-    tokenizer = AutoTokenizer.from_pretrained(request["modelDir"])
+    tokenizers = {}
     results = {}
     for case in request["cases"]:
+        model_dir = case.get("modelDir") or request["modelDir"]
+        if model_dir not in tokenizers:
+            tokenizers[model_dir] = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = tokenizers[model_dir]
         kwargs = dict(case.get("extra") or {})
         common = dict(tools=case.get("tools"), add_generation_prompt=True, **kwargs)
         text = tokenizer.apply_chat_template(case["messages"], tokenize=False, **common)

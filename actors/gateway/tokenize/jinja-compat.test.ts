@@ -26,3 +26,28 @@ describe('frozen template values', () => {
     expect(indented).toBe(new Template('{{ tools | tojson(indent=2) }}').render({ tools }));
   });
 });
+
+/*
+ * What transformers' jinja2 renders (expected values printed by it): the interpreter used JS's
+ * trim, so `.strip('\n')` in the official Qwen3 template also removed spaces and tabs.
+ */
+describe('Python str methods in the interpreter', () => {
+  it.each([
+    ['strip with chars', "{{ r.strip('\\n') }}|{{ r.lstrip('\\n') }}|{{ r.rstrip('\\n') }}", { r: '\n r \n\n' }, ' r | r \n\n|\n r '],
+    ["Python's whitespace by default (U+001C-U+001F and U+0085 are, U+FEFF is not)", '[{{ s.strip() }}][{{ s.lstrip() }}][{{ s.rstrip() }}][{{ s.strip(none) }}]', { s: '\u001c\u0085 x \u00a0\ufeff' }, '[x \u00a0\ufeff][x \u00a0\ufeff][\u001c\u0085 x \u00a0\ufeff][x \u00a0\ufeff]'],
+    ['chars as a set of code points', "{{ 'xyhixy'.strip('yx') }}|{{ e.strip('😀') }}|{{ e.lstrip('a😀') }}|{{ 'abc'.strip('') }}", { e: '😀a😀' }, 'hi|a||abc'],
+    ["split() at Python's whitespace", "{{ s.split() | join('|') }}/{{ s.split(none, 1) | join('|') }}", { s: ' a\u0085b\ufeffc\u001fd  ' }, 'a|b\ufeffc|d/a|b\ufeffc\u001fd  '],
+    ['the trim filter', '[{{ s | trim }}]', { s: '\u0085\u001e x \ufeff' }, '[x \ufeff]'],
+  ])('%s', (_what, source, ctx, python) => {
+    const template = new Template(source);
+    expect(template.render(ctx)).toBe(python);
+  });
+
+  it.each([
+    ['a chars argument that is not a string', "{{ 'a'.strip(1) }}"],
+    ['two arguments', "{{ 'a'.strip('a', 'b') }}"],
+    ['a keyword argument', "{{ 'a'.rstrip(chars='a') }}"],
+  ])('%s raises, as in Python', (_what, source) => {
+    expect(() => new Template(source).render({})).toThrow();
+  });
+});

@@ -1,4 +1,5 @@
 import { Environment, Interpreter } from '@huggingface/jinja';
+import { pySplitWhitespace, pyStrip } from './py-str.js';
 import { freezePlain } from './template-compiler.js';
 
 /**
@@ -71,6 +72,9 @@ if (!envProto.__reefFrozen) {
   const interp = Interpreter.prototype as unknown as FilterApplier;
   const originalFilter = interp.applyFilter;
   interp.applyFilter = function applyFilter(this: FilterApplier, operand: object, filter: FilterNode, env: Environment): unknown {
+    if (filter.type === 'Identifier' && filter.value === 'trim' && (operand as Runtime).type === 'StringValue') {
+      return new StringValue(pyStrip((operand as Runtime<string>).value, null, true, true));
+    }
     if (!frozen.has(operand) || !isPureToJson(filter)) return originalFilter.call(this, operand, filter, env);
     let memo = tojsonMemo.get(operand);
     if (!memo) tojsonMemo.set(operand, (memo = new Map()));
@@ -93,4 +97,62 @@ export function freezeValue(value: unknown): FrozenValue {
     else if (v.value instanceof Map) stack.push(...v.value.values());
   }
   return new FrozenValue(runtime, freezePlain(value));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Python's str methods (py-str.ts)
+//
+// The interpreter uses JS's: `strip`, `lstrip` and `rstrip` ignored their argument and trimmed JS's
+// whitespace, and `split()` and `trim` split and trimmed at JS's whitespace. The official Qwen3
+// template strips reasoning with `.strip('\n')`, so reasoning that began with a space lost it and
+// the prompt's ids differed from transformers'. template-compiler.ts does the same, and must: the
+// two are compared.
+
+/** A value of the interpreter's runtime (its classes are not exported). */
+interface Runtime<T = unknown> { type: string; value: T }
+type RuntimeClass = new (value: unknown) => Runtime;
+type StringRuntime = Runtime<string> & { builtins: Map<string, Runtime>; _builtins?: Map<string, Runtime> };
+
+const sample = (value: unknown): Runtime => Environment.prototype.set.call(new Environment(), 'v', value) as Runtime;
+const aString = sample('') as StringRuntime;
+const StringValue = aString.constructor as RuntimeClass;
+const ArrayValue = sample([]).constructor as RuntimeClass;
+const FunctionValue = aString.builtins.get('strip')!.constructor as RuntimeClass;
+
+/** `str.strip([chars])` and its kin take one optional string or None, positionally; else Python raises. */
+function stripChars(name: string, args: readonly Runtime[]): string | null {
+  if (args.length > 1 || args.some((a) => a.type === 'KeywordArgumentsValue')) throw new Error(`${name}() takes at most 1 positional argument`);
+  const chars = args[0];
+  if (chars === undefined || chars.type === 'NullValue') return null;
+  if (chars.type !== 'StringValue') throw new Error(`${name} arg must be None or str`);
+  return chars.value as string;
+}
+
+type Call = (args: Runtime[], env: Environment) => Runtime;
+
+const stringProto = Object.getPrototypeOf(aString) as { __reefPyStrings?: boolean };
+if (!stringProto.__reefPyStrings) {
+  const builtins = Object.getOwnPropertyDescriptor(stringProto, 'builtins')!.get!;
+  Object.defineProperty(stringProto, 'builtins', {
+    configurable: true,
+    get(this: StringRuntime): Map<string, Runtime> {
+      const made = this._builtins !== undefined;
+      const map = builtins.call(this) as Map<string, Runtime>;
+      if (made) return map;
+      const s = this.value;
+      for (const [name, left, right] of [['strip', true, true], ['lstrip', true, false], ['rstrip', false, true]] as const) {
+        map.set(name, new FunctionValue((args: Runtime[]) => new StringValue(pyStrip(s, stripChars(name, args), left, right))));
+      }
+      const split = (map.get('split') as Runtime<Call>).value;
+      map.set('split', new FunctionValue((args: Runtime[], env: Environment) => {
+        // A separator (or a wrong argument) keeps the interpreter's split and its errors.
+        if (args[0] !== undefined && args[0].type !== 'NullValue') return split(args, env);
+        const maxsplit = args[1] ?? { type: 'IntegerValue', value: -1 };
+        if (maxsplit.type !== 'IntegerValue') throw new Error('maxsplit argument must be a number');
+        return new ArrayValue(pySplitWhitespace(s, maxsplit.value as number).map((part) => new StringValue(part)));
+      }));
+      return map;
+    },
+  });
+  stringProto.__reefPyStrings = true;
 }

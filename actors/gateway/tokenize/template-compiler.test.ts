@@ -50,6 +50,7 @@ const TEXTS = [
   'ends with </think>', 'UPPER lower Title mIxEd', 'quotes "double" and \'single\' and back\\slash', 'tab\tseparated\tvalues',
   'a', 'apple banana cherry', '\ud83d lone surrogate', 'e'.repeat(40), '{"json": [1, 2.5, null], "k": {"n": -3}}', 'mixed. sentences. here.',
   'x\u0000y\u007f\u0085z', '<|im_end|> looks like a control token', '<｜tool▁calls▁begin｜>', '   \t  ', 'a,b,,c', 'ends with a dot.',
+  '\u001c\u0085 Python-only whitespace \u3000\ufeff', '\ufeff\u001f', '😀a astral edges a😀', '\n\t reasoning with a tab \n',
 ];
 const TOOL_NAMES = ['get_weather', 'search_web', 'calculator', 'write_file', 'read_file', 'x', 'ünïcode_tool'];
 const KEYS = ['city', 'units', 'q', 'n', 'nested', 'list', 'flag', 'über', '10', '2', 'empty'];
@@ -609,14 +610,14 @@ const TEMPLATES: Record<string, { source: string; strict?: number; minCompiled: 
 {%- set ns = namespace(items=[]) -%}{%- for m in messages -%}{%- set ns.items = ns.items + [m.role] -%}{%- endfor -%}{{- '\\n' ~ ns.items | tojson -}}`,
   },
 
-  /** String methods, with the interpreter's argument handling (strip ignores its argument). */
+  /** String methods, with Python's arguments and whitespace (jinja-compat.ts gives the interpreter those). */
   string_methods: {
     minCompiled: 0.6,
     source: `
 {%- for m in messages -%}
   {%- if m.content is string -%}
     {%- set c = m.content -%}
-    {{- '\\n[' ~ c.strip() ~ '|' ~ c.lstrip() ~ '|' ~ c.rstrip() ~ '|' ~ c.strip('\\n') ~ '|' ~ c.upper() ~ '|' ~ c.lower() ~ '|' ~ c.title() ~ '|' ~ c.capitalize() ~ ']' -}}
+    {{- '\\n[' ~ c.strip() ~ '|' ~ c.lstrip() ~ '|' ~ c.rstrip() ~ '|' ~ c.strip('\\n') ~ '|' ~ c.lstrip(' \\t') ~ '|' ~ c.rstrip('.e\\n') ~ '|' ~ c.strip('😀a') ~ '|' ~ c.strip(none) ~ '|' ~ c.upper() ~ '|' ~ c.lower() ~ '|' ~ c.title() ~ '|' ~ c.capitalize() ~ ']' -}}
     {{- ' parts=' ~ c.split() | length ~ ' lines=' ~ c.split('\\n') | length ~ ' first=' ~ c.split(' ', 1)[0] ~ ' ws2=' ~ c.split(none, 2) | join('|') ~ ' ws0=' ~ c.split(none, 0) | join('|') ~ ' commas=' ~ c.split(',', 2) | join(';') -}}
     {%- if c.startswith(('<think>', '<tool_response>')) -%}{{- ' tagged' -}}{%- endif -%}
     {%- if c.endswith('.') or c.endswith('</think>') -%}{{- ' closed' -}}{%- endif -%}
@@ -734,6 +735,29 @@ describe('compile-time and run-time fallback', () => {
     const { compiled, interpreted } = render(source, ctx as Record<string, unknown>);
     expect(typeof interpreted).toBe('string');
     expect(compiled).toBe(interpreted);
+  });
+
+  /* Expected values printed by transformers' jinja2; the interpreter gets the same from jinja-compat.ts. */
+  it.each([
+    ['strip, lstrip and rstrip with chars', "{{ r.strip('\\n') }}|{{ r.lstrip('\\n') }}|{{ r.rstrip('\\n') }}", { r: '\n r \n\n' }, ' r | r \n\n|\n r '],
+    ["Python's whitespace by default", '[{{ s.strip() }}][{{ s.lstrip() }}][{{ s.rstrip() }}][{{ s.strip(none) }}]', { s: '\u001c\u0085 x \u00a0\ufeff' }, '[x \u00a0\ufeff][x \u00a0\ufeff][\u001c\u0085 x \u00a0\ufeff][x \u00a0\ufeff]'],
+    ['chars as a set of code points', "{{ 'xyhixy'.strip('yx') }}|{{ e.strip('😀') }}|{{ e.lstrip('a😀') }}|{{ 'abc'.strip('') }}", { e: '😀a😀' }, 'hi|a||abc'],
+    ["split() at Python's whitespace", "{{ s.split() | join('|') }}/{{ s.split(none, 1) | join('|') }}", { s: ' a\u0085b\ufeffc\u001fd  ' }, 'a|b\ufeffc|d/a|b\ufeffc\u001fd  '],
+    ['the trim filter', '[{{ s | trim }}]', { s: '\u0085\u001e x \ufeff' }, '[x \ufeff]'],
+  ])('%s: compiled, as Python renders it', (_what, source, ctx, python) => {
+    const { compiled, interpreted } = render(source, ctx as Record<string, unknown>);
+    expect(compiled).toBe(python);
+    expect(interpreted).toBe(python);
+  });
+
+  it.each([
+    ['a chars argument that is not a string', "{{ 'a'.strip(1) }}"],
+    ['two arguments', "{{ 'a'.strip('a', 'b') }}"],
+    ['a keyword argument', "{{ 'a'.rstrip(chars='a') }}"],
+  ])('strip with %s: Unsupported, and the interpreter raises as Python does', (_what, source) => {
+    const { compiled, interpreted } = render(source, {});
+    expect(compiled).toBeInstanceOf(Unsupported);
+    expect(interpreted).toBeInstanceOf(Error);
   });
 });
 

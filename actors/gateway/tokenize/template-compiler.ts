@@ -1,4 +1,5 @@
 import { Template } from '@huggingface/jinja';
+import { pySplitWhitespace, pyStrip } from './py-str.js';
 
 /**
  * A chat template compiled into closures over plain JS values, with the exact semantics of the
@@ -739,18 +740,7 @@ function replaceText(s: string, from: string, to: string, count: number | null):
 function splitText(s: string, sep: unknown, maxsplit: unknown): string[] {
   if (sep !== null && typeof sep !== 'string') unsupported('split separator');
   if (!isInt(maxsplit)) unsupported('split maxsplit');
-  if (sep === null) {
-    const text = s.trimStart();
-    const out: string[] = [];
-    for (const m of text.matchAll(/\S+/g)) {
-      if (maxsplit !== -1 && out.length >= maxsplit) {
-        out.push(m[0] + text.slice(m.index + m[0].length));
-        break;
-      }
-      out.push(m[0]);
-    }
-    return out;
-  }
+  if (sep === null) return pySplitWhitespace(s, maxsplit);
   if (sep === '') unsupported('empty separator');
   const out = s.split(sep);
   if (maxsplit !== -1 && out.length > maxsplit) out.push(out.splice(maxsplit).join(sep));
@@ -768,14 +758,21 @@ function affix(s: string, pattern: unknown, starts: boolean): boolean {
   return false;
 }
 
+/** Python's `str.strip([chars])`, which takes no keywords; anything else is a TypeError there. */
+function stripText(o: string, name: string, pos: readonly unknown[], kwNames: readonly string[]): string {
+  if (kwNames.length > 0 || pos.length > 1) unsupported(`${name} arguments`);
+  const chars = pos.length > 0 ? pos[0] : null;
+  if (chars !== null && typeof chars !== 'string') unsupported(`${name} argument`);
+  return pyStrip(o, chars, name !== 'rstrip', name !== 'lstrip');
+}
+
 function callStringMethod(o: string, name: string, pos: readonly unknown[], kwNames: readonly string[], kw: readonly unknown[]): unknown {
   switch (name) {
-    // The interpreter ignores arguments here: `rstrip('\n')` strips all whitespace.
     case 'upper': return o.toUpperCase();
     case 'lower': return o.toLowerCase();
-    case 'strip': return o.trim();
-    case 'lstrip': return o.trimStart();
-    case 'rstrip': return o.trimEnd();
+    case 'strip':
+    case 'lstrip':
+    case 'rstrip': return stripText(o, name, pos, kwNames);
     case 'title': return titleCase(o);
     case 'capitalize': return o.charAt(0).toUpperCase() + o.slice(1);
     case 'startswith':
@@ -904,7 +901,7 @@ function identFilter(name: string): FilterFn {
       }
       return Array.isArray(v) ? toJson(v, JSON_DEFAULT, 0, false) : unsupported('string of this type');
     };
-    case 'trim': return stringOnly(name, (s) => s.trim());
+    case 'trim': return stringOnly(name, (s) => pyStrip(s, null, true, true));
     case 'upper': return stringOnly(name, (s) => s.toUpperCase());
     case 'lower': return stringOnly(name, (s) => s.toLowerCase());
     case 'title': return stringOnly(name, titleCase);

@@ -1,0 +1,83 @@
+/**
+ * Python's str semantics where JS's differ, for chat templates: transformers renders them
+ * with jinja2 on Python strings, and the ids must match. The compiled renderer
+ * (template-compiler.ts) and the interpreter patch (jinja-compat.ts) both use these, because the
+ * compiled renderer is checked against the interpreter and the two must agree.
+ */
+
+/**
+ * Python's whitespace (`str.isspace`, and what `strip()`/`split()` without arguments remove): JS's
+ * `trim` set without U+FEFF, plus U+001C–U+001F and U+0085. None of it is astral, so UTF-16 units
+ * can be tested one at a time.
+ */
+export function isPySpace(c: number): boolean {
+  if (c <= 0x20) return c === 0x20 || (c >= 0x09 && c <= 0x0d) || c >= 0x1c;
+  if (c < 0x85) return false;
+  return c === 0x85 || c === 0xa0 || c === 0x1680 || (c >= 0x2000 && c <= 0x200a) || c === 0x2028 || c === 0x2029 || c === 0x202f || c === 0x205f || c === 0x3000;
+}
+
+const PY_SPACE_CLASS = '\\t-\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000';
+const PY_WORDS = new RegExp(`[^${PY_SPACE_CLASS}]+`, 'g');
+
+/**
+ * `s.strip(chars)` (both ends), `lstrip` (`right` false) or `rstrip` (`left` false); `chars` null
+ * strips Python's whitespace. `chars` is a set of code points, as in Python, so a character of it
+ * outside the BMP removes only its whole surrogate pair.
+ */
+export function pyStrip(s: string, chars: string | null, left: boolean, right: boolean): string {
+  let i = 0;
+  let j = s.length;
+  if (chars === null) {
+    if (left) while (i < j && isPySpace(s.charCodeAt(i))) i++;
+    if (right) while (j > i && isPySpace(s.charCodeAt(j - 1))) j--;
+    return i === 0 && j === s.length ? s : s.slice(i, j);
+  }
+  if (chars.length === 0) return s;
+  const only = chars.charCodeAt(0);
+  if (chars.length === 1 && (only < 0xd800 || only > 0xdfff)) {
+    // The common case (`strip('\n')` in Qwen templates), without building a set each call.
+    if (left) while (i < j && s.charCodeAt(i) === only) i++;
+    if (right) while (j > i && s.charCodeAt(j - 1) === only) j--;
+    return i === 0 && j === s.length ? s : s.slice(i, j);
+  }
+  const set = Array.from(chars, (c) => c.codePointAt(0)!);
+  if (left) {
+    while (i < j) {
+      const cp = s.codePointAt(i)!;
+      if (!set.includes(cp)) break;
+      i += cp > 0xffff ? 2 : 1;
+    }
+  }
+  if (right) {
+    while (j > i) {
+      let cp = s.charCodeAt(j - 1);
+      let width = 1;
+      if (cp >= 0xdc00 && cp <= 0xdfff && j - 2 >= i) {
+        const hi = s.charCodeAt(j - 2);
+        if (hi >= 0xd800 && hi <= 0xdbff) {
+          cp = ((hi - 0xd800) << 10) + (cp - 0xdc00) + 0x10000;
+          width = 2;
+        }
+      }
+      if (!set.includes(cp)) break;
+      j -= width;
+    }
+  }
+  return i === 0 && j === s.length ? s : s.slice(i, j);
+}
+
+/**
+ * `s.split()` / `s.split(None, maxsplit)`: runs of Python whitespace separate, none is kept at
+ * either end, and past `maxsplit` splits the rest is one item, without its leading whitespace.
+ */
+export function pySplitWhitespace(s: string, maxsplit: number): string[] {
+  const out: string[] = [];
+  for (const m of s.matchAll(PY_WORDS)) {
+    if (maxsplit !== -1 && out.length >= maxsplit) {
+      out.push(s.slice(m.index));
+      break;
+    }
+    out.push(m[0]);
+  }
+  return out;
+}
