@@ -1,5 +1,5 @@
 import { Environment, Interpreter } from '@huggingface/jinja';
-import { pySplitWhitespace, pyStrip } from './py-str.js';
+import { pyFloatRepr, pySplitWhitespace, pyStrip } from './py-str.js';
 import { freezePlain } from './template-compiler.js';
 
 /**
@@ -49,7 +49,10 @@ export class FrozenValue {
 }
 
 type FilterNode = { type: string; value?: unknown; callee?: { type: string; value?: unknown }; args?: Array<{ type: string; value?: unknown }> };
-type FilterApplier = { applyFilter(operand: object, filter: FilterNode, env: Environment): unknown };
+type FilterApplier = {
+  applyFilter(operand: object, filter: FilterNode, env: Environment): unknown;
+  evaluateArguments(args: unknown[], env: Environment): [Runtime[], Map<string, Runtime>];
+};
 type Settable = { set(name: string, value: unknown): unknown; declareVariable(name: string, value: unknown): unknown };
 
 const frozen = new WeakSet<object>();
@@ -75,11 +78,13 @@ if (!envProto.__reefFrozen) {
     if (filter.type === 'Identifier' && filter.value === 'trim' && (operand as Runtime).type === 'StringValue') {
       return new StringValue(pyStrip((operand as Runtime<string>).value, null, true, true));
     }
-    if (!frozen.has(operand) || !isPureToJson(filter)) return originalFilter.call(this, operand, filter, env);
+    const name = filter.type === 'Identifier' ? filter.value : filter.type === 'CallExpression' && filter.callee?.type === 'Identifier' ? filter.callee.value : null;
+    if (name !== 'tojson') return originalFilter.call(this, operand, filter, env);
+    if (!frozen.has(operand) || !isPureToJson(filter)) return tojsonFilter(this, operand as Runtime, filter, env);
     let memo = tojsonMemo.get(operand);
     if (!memo) tojsonMemo.set(operand, (memo = new Map()));
     let out = memo.get(filter);
-    if (out === undefined) memo.set(filter, (out = originalFilter.call(this, operand, filter, env)));
+    if (out === undefined) memo.set(filter, (out = tojsonFilter(this, operand as Runtime, filter, env)));
     return out;
   };
   envProto.__reefFrozen = true;
@@ -100,13 +105,13 @@ export function freezeValue(value: unknown): FrozenValue {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Python's str methods (py-str.ts)
+// Python's str methods and json.dumps floats (py-str.ts)
 //
 // The interpreter uses JS's: `strip`, `lstrip` and `rstrip` ignored their argument and trimmed JS's
-// whitespace, and `split()` and `trim` split and trimmed at JS's whitespace. The official Qwen3
-// template strips reasoning with `.strip('\n')`, so reasoning that began with a space lost it and
-// the prompt's ids differed from transformers'. template-compiler.ts does the same, and must: the
-// two are compared.
+// whitespace, `split()` and `trim` split and trimmed at JS's whitespace, and `tojson` wrote floats
+// as JS does (`1e-7` for Python's `1e-07`). The official Qwen3 template strips reasoning with
+// `.strip('\n')`, so reasoning that began with a space lost it and the prompt's ids differed from
+// transformers'. template-compiler.ts does the same, and must: the two are compared.
 
 /** A value of the interpreter's runtime (its classes are not exported). */
 interface Runtime<T = unknown> { type: string; value: T }
@@ -155,4 +160,69 @@ if (!stringProto.__reefPyStrings) {
     },
   });
   stringProto.__reefPyStrings = true;
+}
+
+interface ToJsonOptions { indent: number | null; ensureAscii: boolean; sortKeys: boolean; separators: [string, string] | null }
+
+const NON_ASCII = /[\x7f-\uffff]/g;
+function asciiOnly(s: string): string {
+  return s.replace(NON_ASCII, (c) => '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0'));
+}
+
+/** The interpreter's `toJSON`, line for line, except that a float is written as Python's json.dumps writes it. */
+function toJson(input: Runtime, o: ToJsonOptions, depth: number): string {
+  const { indent, ensureAscii, separators, sortKeys } = o;
+  const [itemSep, keySep] = separators ?? (indent ? [',', ': '] : [', ', ': ']);
+  switch (input.type) {
+    case 'NullValue':
+    case 'UndefinedValue': return 'null';
+    case 'FloatValue': return pyFloatRepr(input.value as number);
+    case 'IntegerValue':
+    case 'BooleanValue': return JSON.stringify(input.value);
+    case 'StringValue': {
+      const text = JSON.stringify(input.value);
+      return ensureAscii ? asciiOnly(text) : text;
+    }
+    case 'ArrayValue':
+    case 'NamespaceValue':
+    case 'ObjectValue': {
+      const unit = indent ? ' '.repeat(indent) : '';
+      const base = '\n' + unit.repeat(depth);
+      const child = base + unit;
+      if (input.type === 'ArrayValue') {
+        const core = (input.value as Runtime[]).map((x) => toJson(x, o, depth + 1));
+        return indent && core.length > 0 ? `[${child}${core.join(`${itemSep}${child}`)}${base}]` : `[${core.join(itemSep)}]`;
+      }
+      let entries = Array.from((input.value as Map<string, Runtime>).entries());
+      if (sortKeys) entries = entries.sort(([a], [b]) => a.localeCompare(b));
+      const core = entries.map(([key, value]) => {
+        const keyText = ensureAscii ? asciiOnly(JSON.stringify(key)) : JSON.stringify(key);
+        const item = `${keyText}${keySep}${toJson(value, o, depth + 1)}`;
+        return indent ? `${child}${item}` : item;
+      });
+      return indent && core.length > 0 ? `{${core.join(itemSep)}${base}}` : `{${core.join(itemSep)}}`;
+    }
+  }
+  throw new Error(`Cannot convert to JSON: ${input.type}`);
+}
+
+/** The interpreter's `tojson` filter, its argument checks included, writing with `toJson` above. */
+function tojsonFilter(interp: FilterApplier, operand: Runtime, filter: FilterNode, env: Environment): Runtime {
+  if (filter.type === 'Identifier') return new StringValue(toJson(operand, { indent: null, ensureAscii: false, sortKeys: false, separators: null }, 0));
+  const [, kwargs] = interp.evaluateArguments(filter.args ?? [], env);
+  const indent = kwargs.get('indent') ?? { type: 'NullValue', value: null };
+  if (indent.type !== 'IntegerValue' && indent.type !== 'NullValue') throw new Error('If set, indent must be a number');
+  const ensureAscii = kwargs.get('ensure_ascii') ?? { type: 'BooleanValue', value: false };
+  if (ensureAscii.type !== 'BooleanValue') throw new Error('If set, ensure_ascii must be a boolean');
+  const sortKeys = kwargs.get('sort_keys') ?? { type: 'BooleanValue', value: false };
+  if (sortKeys.type !== 'BooleanValue') throw new Error('If set, sort_keys must be a boolean');
+  const separatorsArg = kwargs.get('separators') ?? { type: 'NullValue', value: null };
+  let separators: [string, string] | null = null;
+  if (separatorsArg.type === 'ArrayValue' || separatorsArg.type === 'TupleValue') {
+    const pair = separatorsArg.value as Runtime[];
+    if (pair.length !== 2 || pair[0]!.type !== 'StringValue' || pair[1]!.type !== 'StringValue') throw new Error('separators must be a tuple of two strings');
+    separators = [pair[0]!.value as string, pair[1]!.value as string];
+  } else if (separatorsArg.type !== 'NullValue') throw new Error('If set, separators must be a tuple of two strings');
+  const o = { indent: indent.value as number | null, ensureAscii: ensureAscii.value as boolean, sortKeys: sortKeys.value as boolean, separators };
+  return new StringValue(toJson(operand, o, 0));
 }

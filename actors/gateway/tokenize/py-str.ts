@@ -1,5 +1,5 @@
 /**
- * Python's str semantics where JS's differ, for chat templates: transformers renders them
+ * Python's str and json semantics where JS's differ, for chat templates: transformers renders them
  * with jinja2 on Python strings, and the ids must match. The compiled renderer
  * (template-compiler.ts) and the interpreter patch (jinja-compat.ts) both use these, because the
  * compiled renderer is checked against the interpreter and the two must agree.
@@ -80,4 +80,25 @@ export function pySplitWhitespace(s: string, maxsplit: number): string[] {
     out.push(m[0]);
   }
   return out;
+}
+
+/**
+ * A float as Python's `repr` (and so `json.dumps`) writes it. The digits are the shortest that read
+ * back to the same double in both languages; only the layout differs: Python switches to an
+ * exponent below 1e-4 and from 1e16 (JS below 1e-6 and from 1e21), writes at least two exponent
+ * digits with a sign (`1e-07`, `1e+16`), and gives an integral float a `.0`.
+ */
+export function pyFloatRepr(x: number): string {
+  if (x !== x) return 'NaN';
+  if (x === Infinity) return 'Infinity';
+  if (x === -Infinity) return '-Infinity';
+  if (x === 0) return Object.is(x, -0) ? '-0.0' : '0.0';
+  const a = Math.abs(x);
+  if (a >= 1e-4 && a < 1e16) {
+    const s = String(x);
+    return Number.isInteger(x) ? s + '.0' : s;
+  }
+  const e = x.toExponential();
+  const digits = e.indexOf('e') + 2;
+  return e.length - digits === 1 ? `${e.slice(0, digits)}0${e.slice(digits)}` : e;
 }

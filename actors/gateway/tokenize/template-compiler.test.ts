@@ -54,7 +54,7 @@ const TEXTS = [
 ];
 const TOOL_NAMES = ['get_weather', 'search_web', 'calculator', 'write_file', 'read_file', 'x', 'ünïcode_tool'];
 const KEYS = ['city', 'units', 'q', 'n', 'nested', 'list', 'flag', 'über', '10', '2', 'empty'];
-const NUMBERS = [0, 1, -1, 42, 0.5, -2.25, 1e-7, 3.14159, 1e21, 2 ** 53, -0, 1.5e300, 7];
+const NUMBERS = [0, 1, -1, 42, 0.5, -2.25, 1e-7, 3.14159, 1e21, 2 ** 53, -0, 1.5e300, 7, 1e-5, -2.5e-5, 0.0001];
 
 function randomJson(r: Rand, depth = 0): unknown {
   switch (upTo(r, depth > 2 ? 4 : 7)) {
@@ -744,10 +744,18 @@ describe('compile-time and run-time fallback', () => {
     ['chars as a set of code points', "{{ 'xyhixy'.strip('yx') }}|{{ e.strip('😀') }}|{{ e.lstrip('a😀') }}|{{ 'abc'.strip('') }}", { e: '😀a😀' }, 'hi|a||abc'],
     ["split() at Python's whitespace", "{{ s.split() | join('|') }}/{{ s.split(none, 1) | join('|') }}", { s: ' a\u0085b\ufeffc\u001fd  ' }, 'a|b\ufeffc|d/a|b\ufeffc\u001fd  '],
     ['the trim filter', '[{{ s | trim }}]', { s: '\u0085\u001e x \ufeff' }, '[x \ufeff]'],
+    ['tojson floats as json.dumps', "{{ x | tojson }}|{{ x | tojson(indent=1) }}|{{ {'k': x[0]} | tojson(separators=(',', ':')) }}", { x: [1e-5, 1e-7, 0.5, 1.5e-10, 123.25, -2.5e-5, 0.0001, 3] },
+      '[1e-05, 1e-07, 0.5, 1.5e-10, 123.25, -2.5e-05, 0.0001, 3]|[\n 1e-05,\n 1e-07,\n 0.5,\n 1.5e-10,\n 123.25,\n -2.5e-05,\n 0.0001,\n 3\n]|{"k":1e-05}'],
   ])('%s: compiled, as Python renders it', (_what, source, ctx, python) => {
     const { compiled, interpreted } = render(source, ctx as Record<string, unknown>);
     expect(compiled).toBe(python);
     expect(interpreted).toBe(python);
+  });
+
+  it('printing a float keeps the interpreter\'s JS form; only tojson writes Python\'s', () => {
+    const { compiled, interpreted } = render('{{ x }} {{ [x] }} {{ [x] | string }} {{ x | tojson }}', { x: 1e-7 });
+    expect(compiled).toBe('1e-7 [1e-7] [1e-7] 1e-07');
+    expect(interpreted).toBe(compiled);
   });
 
   it.each([

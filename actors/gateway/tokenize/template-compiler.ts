@@ -1,5 +1,5 @@
 import { Template } from '@huggingface/jinja';
-import { pySplitWhitespace, pyStrip } from './py-str.js';
+import { pyFloatRepr, pySplitWhitespace, pyStrip } from './py-str.js';
 
 /**
  * A chat template compiled into closures over plain JS values, with the exact semantics of the
@@ -245,9 +245,11 @@ function catStr(v: unknown): string {
 // ---------------------------------------------------------------------------------------------
 // JSON, as the interpreter's toJSON writes it
 
-interface JsonOptions { indent: number; ascii: boolean; sortKeys: boolean; itemSep: string; keySep: string }
+/** `pyFloats`: non-integral numbers as Python's json.dumps writes them (`tojson`, patched in jinja-compat.ts); printing keeps JS's. */
+interface JsonOptions { indent: number; ascii: boolean; sortKeys: boolean; itemSep: string; keySep: string; pyFloats: boolean }
 
-const JSON_DEFAULT: JsonOptions = { indent: 0, ascii: false, sortKeys: false, itemSep: ', ', keySep: ': ' };
+const JSON_DEFAULT: JsonOptions = { indent: 0, ascii: false, sortKeys: false, itemSep: ', ', keySep: ': ', pyFloats: false };
+const JSON_TOJSON: JsonOptions = { ...JSON_DEFAULT, pyFloats: true };
 
 const NON_ASCII = /[\x7f-\uffff]/g;
 function asciiOnly(s: string): string {
@@ -257,7 +259,7 @@ function asciiOnly(s: string): string {
 function toJson(v: unknown, o: JsonOptions, depth: number, undefinedAsNull: boolean): string {
   switch (typeof v) {
     case 'string': return o.ascii ? asciiOnly(JSON.stringify(v)) : JSON.stringify(v);
-    case 'number':
+    case 'number': return o.pyFloats && !Number.isInteger(v) ? pyFloatRepr(v) : JSON.stringify(v);
     case 'boolean': return JSON.stringify(v);
     case 'undefined': return undefinedAsNull ? 'null' : 'undefined';
     case 'object': break;
@@ -330,7 +332,7 @@ function jsonOptions(indent: unknown, ascii: unknown, sortKeys: unknown, separat
     itemSep = pair[0];
     keySep = pair[1];
   }
-  return { indent: width, ascii: ascii === true, sortKeys: sortKeys === true, itemSep, keySep };
+  return { indent: width, ascii: ascii === true, sortKeys: sortKeys === true, itemSep, keySep, pyFloats: true };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -862,7 +864,7 @@ function stringOnly(name: string, f: (s: string) => unknown): FilterFn {
 function identFilter(name: string): FilterFn {
   switch (name) {
     case 'safe': return identity;
-    case 'tojson': return (v) => tojson(v, JSON_DEFAULT, TOJSON_MEMO);
+    case 'tojson': return (v) => tojson(v, JSON_TOJSON, TOJSON_MEMO);
     case 'list': return (v) => (listItems(v) !== null ? v : unsupported('list of this type'));
     case 'first': return (v) => {
       const items = listItems(v);
