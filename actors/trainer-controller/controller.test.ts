@@ -139,6 +139,32 @@ function world(dir: string) {
 
 const opts = (dir: string) => ({ batchSize: 2, maxStaleness: 1, recordFile: join(dir, 'prm.jsonl'), keepCheckpoints: 2, baseModelPath: join(dir, 'base'), maxAttempts: 3 });
 
+/** Four judged turns trained as two batches: releases v1 and v2. */
+async function twoReleases(): Promise<{ dir: string; w: ReturnType<typeof world>; c: TrainerController }> {
+  const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+  const w = world(dir);
+  for (const id of ['a', 'b', 'c', 'd']) w.add(id, 1);
+  const c = new TrainerController(w.ports, opts(dir), 0, null);
+  await c.tick();
+  return { dir, w, c };
+}
+
+/**
+ * Two judged turns (one batch), and a controller killed after its trainer step, before its release
+ * was committed: the publish throws. The world is left as such a crash leaves it, publish restored.
+ */
+async function killedAfterStep(w: ReturnType<typeof world>, dir: string): Promise<void> {
+  w.add('a', 1);
+  w.add('b', 1);
+  const c1 = new TrainerController(w.ports, opts(dir), 0, null);
+  const publish = w.ports.publish;
+  w.ports.publish = async () => {
+    throw new Error('controller killed');
+  };
+  await expect(c1.tick()).rejects.toThrow('controller killed');
+  w.ports.publish = publish;
+}
+
 describe('TrainerController', () => {
   it('batches judged turns, trains each batch once, releases it and writes one record line per batch', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'tc-'));
@@ -158,16 +184,7 @@ describe('TrainerController', () => {
   it('after a crash between a step and its commit, retrains nothing and releases the batch once', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'tc-'));
     const w = world(dir);
-    w.add('a', 1);
-    w.add('b', 1);
-    const c1 = new TrainerController(w.ports, opts(dir), 0, null);
-    // Crash: the publish after the step throws, so the release is never committed.
-    const publish = w.ports.publish;
-    w.ports.publish = async () => {
-      throw new Error('controller killed');
-    };
-    await expect(c1.tick()).rejects.toThrow('controller killed');
-    w.ports.publish = publish;
+    await killedAfterStep(w, dir);
     const c2 = new TrainerController(w.ports, opts(dir), w.durable.offset, w.durable.state);
     await c2.tick();
     expect(w.stepsRun).toEqual(['s:openclawrl:1']);
@@ -206,11 +223,7 @@ describe('TrainerController', () => {
   });
 
   it('drops turns generated more than max_staleness releases back', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
-    const w = world(dir);
-    for (const id of ['a', 'b', 'c', 'd']) w.add(id, 1);
-    const c = new TrainerController(w.ports, opts(dir), 0, null);
-    await c.tick();
+    const { w, c } = await twoReleases();
     expect(c.currentVersion).toBe('v2');
     w.add('old', 1, 'anchor', null);
     w.add('new', 1, 'anchor', 'v2');
@@ -219,11 +232,7 @@ describe('TrainerController', () => {
   });
 
   it('drops turns of weights a rollback put aside, however recent', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
-    const w = world(dir);
-    for (const id of ['a', 'b', 'c', 'd']) w.add(id, 1);
-    const c = new TrainerController(w.ports, opts(dir), 0, null);
-    await c.tick();
+    const { w, c } = await twoReleases();
     expect(c.currentVersion).toBe('v2');
     await c.rollback(null);
     expect(c.currentVersion).toBe('v1');
@@ -361,11 +370,7 @@ describe('TrainerController', () => {
   });
 
   it('a restart that fails leaves the group not ready: the next step restarts it from the last release, not on base weights', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
-    const w = world(dir);
-    for (const id of ['a', 'b', 'c', 'd']) w.add(id, 1);
-    const c = new TrainerController(w.ports, opts(dir), 0, null);
-    await c.tick();
+    const { w, c } = await twoReleases();
     expect(c.currentVersion).toBe('v2');
     // The next batch's step fails, and so does every restart (trainer-start ok, trainer-load failed) this tick.
     w.add('e', 1, 'anchor', 'v2');
@@ -404,15 +409,7 @@ describe('TrainerController', () => {
   it('a batch found in the trainer ledger whose load fails is retried with a restart, not given up on', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'tc-'));
     const w = world(dir);
-    w.add('a', 1);
-    w.add('b', 1);
-    const c1 = new TrainerController(w.ports, opts(dir), 0, null);
-    const publish = w.ports.publish;
-    w.ports.publish = async () => {
-      throw new Error('controller killed');
-    };
-    await expect(c1.tick()).rejects.toThrow('controller killed');
-    w.ports.publish = publish;
+    await killedAfterStep(w, dir);
     w.calls.length = 0;
     w.loadFails(1);
     const c2 = new TrainerController(w.ports, opts(dir), w.durable.offset, w.durable.state);
@@ -454,11 +451,7 @@ describe('TrainerController', () => {
   });
 
   it('a rollback whose publish fails leaves the group not ready: the next step restarts it from the last release', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
-    const w = world(dir);
-    for (const id of ['a', 'b', 'c', 'd']) w.add(id, 1);
-    const c = new TrainerController(w.ports, opts(dir), 0, null);
-    await c.tick();
+    const { w, c } = await twoReleases();
     const publish = w.ports.publish;
     w.ports.publish = async (p, v, kind) => {
       if (kind === 'rollback') throw new Error('engine refused the reload');
