@@ -26,6 +26,10 @@ function world(dir: string) {
   /** `batch@weights`: the weights the group held when it really trained each batch. */
   const trainedOn: string[] = [];
   const published: string[] = [];
+  const publishedKinds: string[] = [];
+  /** What the rollout engine serves: the last weights published into it (`default` when started from the base). */
+  let served: string | null = 'default';
+  let engineDown = false;
   let version = 0;
   let failNext = 0;
   let pushFails = 0;
@@ -100,12 +104,18 @@ function world(dir: string) {
     // and a push that fails falls back to disk.
     publish: async (_path, v, kind) => {
       published.push(v);
-      if (kind === 'rollback') return { sync: 'disk', fallback: null };
+      publishedKinds.push(kind);
+      served = v;
+      if (kind !== 'release') return { sync: 'disk', fallback: null };
       if (pushFails > 0) {
         pushFails--;
         return { sync: 'disk', fallback: 'engine refused' };
       }
       return { sync: 'distributed', fallback: null };
+    },
+    servedVersion: async () => {
+      if (engineDown) throw new Error('connect ECONNREFUSED');
+      return served;
     },
     correlation: async () => ({ bound: log.length }),
     log: () => {},
@@ -127,6 +137,10 @@ function world(dir: string) {
     get holds() {
       return holds;
     },
+    publishedKinds,
+    /** The engine restarts from the layout, with the base weights. */
+    restartEngine: () => (served = 'default'),
+    setEngineDown: (down: boolean) => (engineDown = down),
     failNext: (n: number) => (failNext = n),
     pushFails: (n: number) => (pushFails = n),
     restartFails: (n: number) => (restartFails = n),
@@ -137,7 +151,7 @@ function world(dir: string) {
   };
 }
 
-const opts = (dir: string) => ({ batchSize: 2, maxStaleness: 1, recordFile: join(dir, 'prm.jsonl'), keepCheckpoints: 2, baseModelPath: join(dir, 'base'), maxAttempts: 3 });
+const opts = (dir: string) => ({ batchSize: 2, maxStaleness: 1, recordFile: join(dir, 'prm.jsonl'), keepCheckpoints: 2, baseModelPath: join(dir, 'base'), maxAttempts: 3, engineCheckMs: 0 });
 
 /** Four judged turns trained as two batches: releases v1 and v2. */
 async function twoReleases(): Promise<{ dir: string; w: ReturnType<typeof world>; c: TrainerController }> {
@@ -229,6 +243,31 @@ describe('TrainerController', () => {
     w.add('new', 1, 'anchor', 'v2');
     await c.tick();
     expect(c.counters.stale).toBe(1);
+  });
+
+  it('puts the current release back into an engine that came up with the base weights, and trains on', async () => {
+    const { dir, w } = await twoReleases();
+    expect(w.published).toEqual(['v1', 'v2']);
+    // reef down / reef up on the same data dir, or a shim restart: the engine starts from the base.
+    w.restartEngine();
+    const c2 = new TrainerController(w.ports, opts(dir), w.durable.offset, w.durable.state);
+    await c2.tick();
+    expect([w.published.at(-1), w.publishedKinds.at(-1)]).toEqual(['v2', 'restore']);
+    expect(c2.counters.engine_restores).toBe(1);
+    // Turns the restored engine samples are fresh, and train.
+    w.add('e', 1, 'anchor', 'v2');
+    w.add('f', 1, 'anchor', 'v2');
+    await c2.tick();
+    expect(c2.currentVersion).toBe('v3');
+    expect(c2.counters.stale ?? 0).toBe(0);
+    // Asked again each check, nothing to do while the engine serves the current release.
+    await c2.tick();
+    expect(c2.counters.engine_restores).toBe(1);
+    // An engine that cannot be asked is left alone until it can.
+    w.setEngineDown(true);
+    await c2.tick();
+    w.setEngineDown(false);
+    expect(c2.counters.engine_restores).toBe(1);
   });
 
   it('drops turns of weights a rollback put aside, however recent', async () => {

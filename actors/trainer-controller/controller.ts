@@ -71,10 +71,12 @@ export interface ControllerPorts {
   };
   /**
    * Puts weights into the rollout engine, bracketed by the gateway's pause/resume. A `release`
-   * (the trainer holds exactly these weights) may be pushed from the trainer; a `rollback` is
-   * always loaded from its checkpoint.
+   * (the trainer holds exactly these weights) may be pushed from the trainer; a `rollback`, or the
+   * `restore` of the current release into an engine that lost it, is loaded from its checkpoint.
    */
-  publish(checkpointPath: string, weightVersion: string, kind: 'release' | 'rollback'): Promise<Published>;
+  publish(checkpointPath: string, weightVersion: string, kind: 'release' | 'rollback' | 'restore'): Promise<Published>;
+  /** The weight version the rollout engine serves now; throws when the engine cannot be asked. */
+  servedVersion(): Promise<string | null>;
   /** Cumulative correlation counters for the record line. */
   correlation(): Promise<Record<string, number>>;
   log(line: string): void;
@@ -87,6 +89,11 @@ export interface ControllerOptions {
   recordFile: string | null;
   /** Checkpoints kept on disk (older ones are deleted; releases stay listed). @default 5 */
   keepCheckpoints: number;
+  /**
+   * How often (ms) to check that the rollout engine serves the current release (`restoreEngine`).
+   * @default 5000
+   */
+  engineCheckMs?: number;
   /** Base model directory: release 0, the target of a rollback to the start. */
   baseModelPath: string;
   /** Trainer failures tolerated per batch before giving up on this pass. @default 3 */
@@ -136,6 +143,8 @@ export class TrainerController {
    * release lineage disagreeing on which weights are current.
    */
   private turn: Promise<unknown> = Promise.resolve();
+  /** When `restoreEngine` last asked the engine (ms since the epoch); 0: not yet. */
+  private engineCheckedAt = 0;
 
   constructor(private readonly ports: ControllerPorts, private readonly opts: ControllerOptions, private offset: number, state: ControllerState | null) {
     this.state = state ?? emptyState();
@@ -179,6 +188,7 @@ export class TrainerController {
    * at a time, so that a rollback asked meanwhile waits for one batch at most. Returns rows read.
    */
   async tick(limit = 256): Promise<number> {
+    await this.exclusive(() => this.restoreEngine());
     const read = await this.exclusive(() => this.readTurns(limit));
     let more = true;
     while (more) {
@@ -192,6 +202,33 @@ export class TrainerController {
       });
     }
     return read;
+  }
+
+  /**
+   * Puts the current release back into the rollout engine when the engine serves other weights.
+   * An engine started from the layout comes up with the base weights: `reef up` on a data dir with
+   * releases, or an engine restarted with its shim. The agent would then get the base model's
+   * replies while every release stays listed as current, and each new turn, sampled from the base,
+   * would be stale, so training would never resume.
+   */
+  private async restoreEngine(): Promise<void> {
+    const now = Date.now();
+    if (now - this.engineCheckedAt < (this.opts.engineCheckMs ?? 5000)) return;
+    this.engineCheckedAt = now;
+    const current = this.state.releases.at(-1);
+    if (!current) return;
+    let served: string | null;
+    try {
+      served = await this.ports.servedVersion();
+    } catch (err) {
+      this.ports.log(`could not ask the rollout engine which weights it serves (${(err as Error).message}); asking again in a while`);
+      return;
+    }
+    if (served === current.weightVersion) return;
+    this.ports.log(`the rollout engine serves ${served ?? 'weights without a version'}, not the current release ${current.weightVersion}: loading ${current.checkpointPath} into it`);
+    await this.ports.publish(current.checkpointPath, current.weightVersion, 'restore');
+    this.bump('engine_restores');
+    await this.persist();
   }
 
   private async readTurns(limit: number): Promise<number> {

@@ -197,6 +197,7 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
           await gw?.close();
         }
       },
+      servedVersion: async () => (await engine.modelInfo()).weight_version ?? null,
       // The judge saves its correlator (with the cumulative counters) under this key (actors/judge/handler.ts).
       correlation: async () => ((await w.store.getState(JUDGE_STATE_KEY)) as { correlator?: { counters?: Record<string, number> } } | null)?.correlator?.counters ?? {},
       log: w.log,
