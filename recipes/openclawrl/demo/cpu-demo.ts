@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { stringify } from 'yaml';
 import { loadConfig } from '../../../cluster/config/index.js';
@@ -160,6 +160,10 @@ export async function evalHabit(gateway: string, problems: readonly Problem[], n
 
 export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   mkdirSync(o.out, { recursive: true });
+  // Each run measures learning from the base weights: a data dir left by an earlier run would
+  // bring back its releases, its judged turns and its trainer state.
+  const dataDir = join(o.out, 'data');
+  rmSync(dataDir, { recursive: true, force: true });
   const t0 = performance.now();
   o.log(`closed-loop CPU demo: ${o.sessions} sessions, w_rl=${o.wRl}, w_opd=${o.wOpd}, batch ${o.batchSize}, lr ${o.lr}; output in ${o.out}`);
   const prm = await startRulePrm(o.modelDir, o.log);
