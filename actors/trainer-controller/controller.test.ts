@@ -141,6 +141,7 @@ function world(dir: string) {
     /** The engine restarts from the layout, with the base weights. */
     restartEngine: () => (served = 'default'),
     setEngineDown: (down: boolean) => (engineDown = down),
+    setServed: (v: string | null) => (served = v),
     failNext: (n: number) => (failNext = n),
     pushFails: (n: number) => (pushFails = n),
     restartFails: (n: number) => (restartFails = n),
@@ -263,10 +264,13 @@ describe('TrainerController', () => {
     // Asked again each check, nothing to do while the engine serves the current release.
     await c2.tick();
     expect(c2.counters.engine_restores).toBe(1);
-    // An engine that cannot be asked is left alone until it can.
+    // An engine that cannot be asked is left alone until it can; one that reports no version too.
     w.setEngineDown(true);
     await c2.tick();
     w.setEngineDown(false);
+    w.setServed(null);
+    await c2.tick();
+    await c2.tick();
     expect(c2.counters.engine_restores).toBe(1);
   });
 

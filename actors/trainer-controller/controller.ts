@@ -145,6 +145,7 @@ export class TrainerController {
   private turn: Promise<unknown> = Promise.resolve();
   /** When `restoreEngine` last asked the engine (ms since the epoch); 0: not yet. */
   private engineCheckedAt = 0;
+  private engineVersionless = false;
 
   constructor(private readonly ports: ControllerPorts, private readonly opts: ControllerOptions, private offset: number, state: ControllerState | null) {
     this.state = state ?? emptyState();
@@ -225,6 +226,12 @@ export class TrainerController {
       return;
     }
     if (served === current.weightVersion) return;
+    if (served === null) {
+      // Such an engine would be reloaded at every check: say so once and leave it alone.
+      if (!this.engineVersionless) this.ports.log('the rollout engine reports no weight version, so whether it serves the current release cannot be checked');
+      this.engineVersionless = true;
+      return;
+    }
     this.ports.log(`the rollout engine serves ${served ?? 'weights without a version'}, not the current release ${current.weightVersion}: loading ${current.checkpointPath} into it`);
     await this.ports.publish(current.checkpointPath, current.weightVersion, 'restore');
     this.bump('engine_restores');
