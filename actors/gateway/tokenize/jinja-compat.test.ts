@@ -1,6 +1,7 @@
 import { Template } from '@huggingface/jinja';
 import { describe, expect, it } from 'vitest';
 import { freezeValue } from './jinja-compat.js';
+import { PYTHON_RENDERED } from './python-rendered.fixtures.js';
 
 describe('frozen template values', () => {
   const tools = [{ name: 'a', n: 1.5, nested: { list: [1, 'two', null] } }];
@@ -34,13 +35,7 @@ describe('frozen template values', () => {
  */
 describe('Python str methods and json floats in the interpreter', () => {
   it.each([
-    ['strip with chars', "{{ r.strip('\\n') }}|{{ r.lstrip('\\n') }}|{{ r.rstrip('\\n') }}", { r: '\n r \n\n' }, ' r | r \n\n|\n r '],
-    ["Python's whitespace by default (U+001C-U+001F and U+0085 are, U+FEFF is not)", '[{{ s.strip() }}][{{ s.lstrip() }}][{{ s.rstrip() }}][{{ s.strip(none) }}]', { s: '\u001c\u0085 x \u00a0\ufeff' }, '[x \u00a0\ufeff][x \u00a0\ufeff][\u001c\u0085 x \u00a0\ufeff][x \u00a0\ufeff]'],
-    ['chars as a set of code points', "{{ 'xyhixy'.strip('yx') }}|{{ e.strip('😀') }}|{{ e.lstrip('a😀') }}|{{ 'abc'.strip('') }}", { e: '😀a😀' }, 'hi|a||abc'],
-    ["split() at Python's whitespace", "{{ s.split() | join('|') }}/{{ s.split(none, 1) | join('|') }}", { s: ' a\u0085b\ufeffc\u001fd  ' }, 'a|b\ufeffc|d/a|b\ufeffc\u001fd  '],
-    ['the trim filter', '[{{ s | trim }}]', { s: '\u0085\u001e x \ufeff' }, '[x \ufeff]'],
-    ['tojson floats as json.dumps', "{{ x | tojson }}|{{ x | tojson(indent=1) }}|{{ {'k': x[0]} | tojson(separators=(',', ':')) }}", { x: [1e-5, 1e-7, 0.5, 1.5e-10, 123.25, -2.5e-5, 0.0001, 3] },
-      '[1e-05, 1e-07, 0.5, 1.5e-10, 123.25, -2.5e-05, 0.0001, 3]|[\n 1e-05,\n 1e-07,\n 0.5,\n 1.5e-10,\n 123.25,\n -2.5e-05,\n 0.0001,\n 3\n]|{"k":1e-05}'],
+    ...PYTHON_RENDERED,
     ['tojson of an integral float', '{{ (3 / 2 * 2) | tojson }}', {}, '3.0'],
   ])('%s', (_what, source, ctx, python) => {
     const template = new Template(source);
