@@ -1,6 +1,6 @@
 import { Environment, Interpreter } from '@huggingface/jinja';
 import { pyFloatRepr, pySplitWhitespace, pyStrip } from './py-str.js';
-import { freezePlain } from './template-compiler.js';
+import { asciiOnly, freezePlain } from './template-compiler.js';
 
 /**
  * Python's jinja2 iterates an undefined value as an empty sequence; @huggingface/jinja throws.
@@ -163,11 +163,6 @@ if (!stringProto.__reefPyStrings) {
 }
 
 interface ToJsonOptions { indent: number | null; ensureAscii: boolean; sortKeys: boolean; separators: [string, string] | null }
-
-const NON_ASCII = /[\x7f-\uffff]/g;
-function asciiOnly(s: string): string {
-  return s.replace(NON_ASCII, (c) => '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0'));
-}
 
 /** The interpreter's `toJSON`, line for line, except that a float is written as Python's json.dumps writes it. */
 function toJson(input: Runtime, o: ToJsonOptions, depth: number): string {

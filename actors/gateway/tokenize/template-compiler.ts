@@ -252,7 +252,8 @@ const JSON_DEFAULT: JsonOptions = { indent: 0, ascii: false, sortKeys: false, it
 const JSON_TOJSON: JsonOptions = { ...JSON_DEFAULT, pyFloats: true };
 
 const NON_ASCII = /[\x7f-\uffff]/g;
-function asciiOnly(s: string): string {
+/** JSON text with `ensure_ascii`, as the interpreter escapes it; jinja-compat.ts's `tojson` too. */
+export function asciiOnly(s: string): string {
   return s.replace(NON_ASCII, (c) => '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0'));
 }
 
