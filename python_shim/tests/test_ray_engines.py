@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from reef_shim.ray_driver import RayDriver
-from trainer_fixtures import scoped_env
+from trainer_fixtures import placed_driver
 
 TESTS_DIR = Path(__file__).resolve().parent
 LAYOUT = {"trainer": {"gpus": 1}, "rollout": {"gpus": 1}, "prm": {"gpus": 1, "replicas": 0}, "student": {"gpus": 1},
@@ -28,16 +28,10 @@ LAYOUT = {"trainer": {"gpus": 1}, "rollout": {"gpus": 1}, "prm": {"gpus": 1, "re
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayDriver]:
     # The Ray head started here hands this environment to the engine actors, and they to the engines.
     path = os.pathsep.join([str(TESTS_DIR), str(TESTS_DIR.parent), os.environ.get("PYTHONPATH", "")])
-    with scoped_env(PYTHONPATH=path, REEF_ENGINE_MODULE_HF="fake_engine_server",
-                    REEF_ENGINE_MODULE_SGLANG="fake_engine_server",
-                    REEF_ENGINE_LOG_DIR=str(tmp_path_factory.mktemp("engine-logs"))):
-        d = RayDriver()
-        try:
-            d.init_ray(None, 2, 3, None)
-            d.create_placement(LAYOUT, 120)
-            yield d
-        finally:
-            d.close()
+    with placed_driver(LAYOUT, 2, 3, PYTHONPATH=path, REEF_ENGINE_MODULE_HF="fake_engine_server",
+                       REEF_ENGINE_MODULE_SGLANG="fake_engine_server",
+                       REEF_ENGINE_LOG_DIR=str(tmp_path_factory.mktemp("engine-logs"))) as d:
+        yield d
 
 
 def spec(kind: str, group: str, *extra: str) -> dict[str, Any]:

@@ -19,8 +19,8 @@ from reef_shim.errors import ShimError
 from reef_shim.ray_driver import RayDriver
 from reef_shim.trainer import TrainerGroup
 from reef_shim.trainer.checkpoint import LEDGER
-from trainer_fixtures import (check_bf16_step, check_push_serves_its_checkpoint, generate, i32, params_differ, probe,
-                              reference_step, scoped_env, spec, three_tasks)
+from trainer_fixtures import (check_bf16_step, check_push_serves_its_checkpoint, generate, i32, params_differ,
+                              placed_driver, probe, reference_step, spec, three_tasks)
 
 LAYOUT = {"trainer": {"gpus": 2}, "rollout": {"gpus": 1}, "prm": {"gpus": 1, "replicas": 0}, "student": None,
           "cpusPerBundle": 1}
@@ -48,14 +48,8 @@ def tasks(engine: HFEngine) -> list[dict[str, Any]]:
 def driver() -> Iterator[RayDriver]:
     # The ranks' env comes from the Ray head this starts: CPU ranks also on a machine with a GPU,
     # where the logical GPUs Ray hands out would otherwise put some ranks on it and some not.
-    with scoped_env(REEF_TRAINER_DEVICE="cpu"):
-        d = RayDriver()
-        try:
-            d.init_ray(None, 4, 3, None)
-            d.create_placement(LAYOUT, 120)
-            yield d
-        finally:
-            d.close()
+    with placed_driver(LAYOUT, 4, 3, REEF_TRAINER_DEVICE="cpu") as d:
+        yield d
 
 
 def context_length(model: Path) -> int:

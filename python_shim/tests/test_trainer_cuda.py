@@ -21,7 +21,8 @@ from safetensors.torch import load_file
 
 from reef_shim import tiny_model
 from reef_shim.engines.hf_engine import HFEngine
-from trainer_fixtures import check_bf16_step, check_push_serves_its_checkpoint, probe, reference_step, scoped_env, spec, three_tasks
+from trainer_fixtures import (check_bf16_step, check_push_serves_its_checkpoint, placed_driver, probe, reference_step,
+                              spec, three_tasks)
 
 pytestmark = pytest.mark.gpu
 
@@ -45,16 +46,8 @@ def tasks(model: Path) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def driver() -> Iterator[Any]:
     pytest.importorskip("ray", reason="Ray is not installed")
-    from reef_shim.ray_driver import RayDriver
-
-    with scoped_env(RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES="1", REEF_TRAINER_DEVICE="cuda"):
-        d = RayDriver()
-        try:
-            d.init_ray(None, 4, 2, None)
-            d.create_placement(LAYOUT, 120)
-            yield d
-        finally:
-            d.close()
+    with placed_driver(LAYOUT, 4, 2, RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES="1", REEF_TRAINER_DEVICE="cuda") as d:
+        yield d
 
 
 def test_a_cuda_rank_matches_the_cpu_engine_trains_and_its_push_serves_its_checkpoint(

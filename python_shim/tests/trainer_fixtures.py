@@ -141,6 +141,22 @@ def scoped_env(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
+@contextmanager
+def placed_driver(layout: dict[str, Any], num_cpus: int, num_gpus: int, **env: str) -> Iterator[Any]:
+    """A RayDriver with a local head (`num_cpus`, logical `num_gpus`) and `layout` placed, started
+    inside `env` (which the head hands to its actors); closed after the block."""
+    from reef_shim.ray_driver import RayDriver  # needs ray: imported by the tests that have it
+
+    with scoped_env(**env):
+        d = RayDriver()
+        try:
+            d.init_ray(None, num_cpus, num_gpus, None)
+            d.create_placement(layout, 120)
+            yield d
+        finally:
+            d.close()
+
+
 def check_push_serves_its_checkpoint(eng: Any, body: dict[str, Any], pushed: dict[str, Any], served: dict[str, Any],
                                      checkpoint_path: str) -> None:
     """After `pushed` (a trainer-push-weights reply) the running engine `eng` answered `body` with
