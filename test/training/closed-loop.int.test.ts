@@ -36,7 +36,7 @@ describe('judged turns → batches → training → release → rollback', () =>
 
   const chat = (session: string, messages: unknown[], extra: Record<string, unknown> = {}) => sessionChat(base(), session, messages, extra);
   const releases = async (): Promise<Release[]> => ((await (await fetch(`${base()}/reef/scenarios/default/releases`)).json()) as { data: Release[] }).data;
-  const record = async (id: string) => (await (await fetch(`${base()}/reef/scenarios/default/records/${id}`)).json()) as { outputIds: number[]; weightVersion: string | null };
+  const record = async (id: string) => (await (await fetch(`${base()}/reef/scenarios/default/records/${id}`)).json()) as { outputIds: number[]; logprobs: number[]; weightVersion: string | null };
   const probeRecord = async () => record((await chat('probe', [{ role: 'user', content: 'Tell me about the sea.' }], { seed: 1234, max_tokens: 16 })).id);
   const probe = async () => (await probeRecord()).outputIds;
 
@@ -62,7 +62,8 @@ describe('judged turns → batches → training → release → rollback', () =>
     const up = await runReef(['up', '-c', cfg.path, '--detach'], { timeoutMs: 600_000, env: { REEF_TEST_PRM_KEY: 'prm-secret' } });
     expect(up.code, `${up.stdout}\n${up.stderr}`).toBe(0);
 
-    const before = await probe();
+    const baseProbe = await probeRecord();
+    const before = baseProbe.outputIds;
     expect(await probe()).toEqual(before); // the same seed gives the same tokens
 
     // Two conversations of three requests: each later user message is the next state of a turn.
@@ -112,7 +113,12 @@ describe('judged turns → batches → training → release → rollback', () =>
     // The version a reply carries is the one the engine reports serving (meta_info.weight_version).
     const after = await probeRecord();
     expect(after.weightVersion).toBe(latest);
-    expect(after.outputIds).not.toEqual(before);
+    // The tiny model is close to uniform, so two small steps flip only a few of the 16 sampled
+    // tokens, and now and then none: then the same tokens must come with other logprobs.
+    if (after.outputIds.join() === before.join()) {
+      const moved = Math.max(...after.logprobs.map((lp, i) => Math.abs(lp - baseProbe.logprobs[i]!)));
+      expect(moved, 'the same tokens with the same logprobs: the engine still serves the base weights').toBeGreaterThan(1e-3);
+    }
 
     // Each batch wrote one record line that agrees with the store.
     const lines = readFileSync(join(cfg.dir, 'prm-records.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, any>);
