@@ -48,7 +48,6 @@ export function testConfig(patch: (cfg: Record<string, any>) => void = () => {})
   return { path, dir };
 }
 
-/** Every live descendant of `pid` (children, grandchildren, …), from one `ps` snapshot. */
 /**
  * A `reef up` config for a closed training loop on CPU: one PRM actor judging through the PRM at
  * `prmUrl` (OpenAI API, key from REEF_TEST_PRM_KEY), batches of two, distributed weight sync, and a
@@ -79,6 +78,7 @@ export async function sessionChat(baseUrl: string, session: string, messages: un
   return { id: res.headers.get('x-reef-agent-record-id')!, content: body.choices[0]!.message.content ?? '' };
 }
 
+/** Every live descendant of `pid` (children, grandchildren, …), from one `ps` snapshot. */
 export function descendants(pid: number): number[] {
   const out = execFileSync('ps', ['-eo', 'pid=,ppid='], { encoding: 'utf8' });
   const children = new Map<number, number[]>();
