@@ -42,6 +42,14 @@ export interface ShimProcessHandle {
   readonly child?: { readonly signalCode: NodeJS.Signals | null };
 }
 
+/** The shim's budget for starting one engine: REEF_ENGINE_START_TIMEOUT_S, which it reads too. */
+export function engineStartTimeoutS(env: NodeJS.ProcessEnv = process.env): number {
+  const raw = env.REEF_ENGINE_START_TIMEOUT_S;
+  const s = raw === undefined || raw.trim() === '' ? 290 : Number(raw);
+  if (!Number.isFinite(s) || s <= 0) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `REEF_ENGINE_START_TIMEOUT_S must be a positive number of seconds, got ${JSON.stringify(raw)}` });
+  return s;
+}
+
 /**
  * Default per-call timeouts. Long calls run one at a time on the shim's worker thread, so a call
  * queued behind a slow one waits for it; `ping` and `status` are answered alongside.
@@ -55,11 +63,15 @@ export function defaultTimeoutMs<T extends BridgeRequestType>(type: T, fields: R
     case 'create-placement':
       return (fields as unknown as RequestFields<'create-placement'>).timeoutS * 1000 + 10_000;
     case 'start-engine':
-      return 300_000;
+      // The shim gives an engine ENGINE_START_TIMEOUT_S (engine_process.py) for launch and health
+      // together, then up to 30 s to read its weight version, and stops a failed one.
+      return (engineStartTimeoutS() + 60) * 1000;
     case 'plan-placement':
       return 10_000;
     case 'trainer-start':
-      return 300_000; // N rank processes import torch and load two models each
+      // N rank processes import torch and load two models each; the shim gives the whole start
+      // 600 s (group.py SETUP_TIMEOUT_S), after stopping a group it replaces (up to 15 s).
+      return 660_000;
     case 'trainer-step':
       return 600_000; // a batch of 16 long turns on a real model takes minutes
     case 'trainer-load':

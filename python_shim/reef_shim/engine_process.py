@@ -180,9 +180,11 @@ class EngineProcess:
 
 
 def wait_healthy(name: str, probe: Callable[[], dict[str, Any]], timeout_s: float,
-                 cancelled: Callable[[], bool] = lambda: False, interval_s: float = 1.0) -> None:
-    """Poll `probe` until the engine answers /health; fail fast, with its log tail, if it dies."""
-    start = time.monotonic()
+                 cancelled: Callable[[], bool] = lambda: False, interval_s: float = 1.0,
+                 since: float | None = None) -> None:
+    """Poll `probe` until the engine answers /health, `timeout_s` after `since` (monotonic; default
+    now) at the latest; fail fast, with its log tail, if it dies."""
+    start = time.monotonic() if since is None else since
     next_log = 0.0
     while True:
         state = probe()

@@ -306,9 +306,13 @@ class RayDriver:
                 placement_group=group.pg, placement_group_bundle_index=spec["bundleIndex"]),
         ).remote(name)
         log.info("engine %s: starting %s in %s bundle %d", name, module, spec["group"], spec["bundleIndex"])
+        # One budget for launch and health together: the bridge client's timeout for start-engine
+        # (bridge/client.ts) is ENGINE_START_TIMEOUT_S plus a margin, and must not run out first.
+        started = time.monotonic()
         try:
             launched = ray.get(actor.launch.remote(module, spec["modelPath"], spec["host"], spec["port"],
-                                                   spec["extraArgs"], _engine_log_dir()), timeout=120)
+                                                   spec["extraArgs"], _engine_log_dir()),
+                               timeout=min(120.0, ENGINE_START_TIMEOUT_S))
         except Exception as e:
             ray.kill(actor)
             raise ShimError("REEF_ERR_ENGINE_START", f"engine {name} failed to start: {e}") from e
@@ -318,7 +322,7 @@ class RayDriver:
         log.info("engine %s: pid %s, url %s, log %s", name, launched["pid"], launched["url"], launched["log"])
         try:
             wait_healthy(name, lambda: ray.get(actor.probe.remote(), timeout=30), ENGINE_START_TIMEOUT_S,
-                         cancelled=self.closing.is_set)
+                         cancelled=self.closing.is_set, since=started)
             record.weight_version = ray.get(actor.weight_version.remote(), timeout=30)
         except Exception as e:
             self.stop_engine(name)

@@ -92,6 +92,19 @@ def test_health_timeout(make) -> None:
     assert "/health not ready after" in err.value.message
 
 
+def test_health_budget_counts_from_the_launch() -> None:
+    # The launch already spent the budget: the first unhealthy probe ends the wait.
+    probes: list[float] = []
+
+    def probe() -> dict:
+        probes.append(time.monotonic())
+        return {"healthy": False, "alive": True, "returncode": None, "tail": ""}
+
+    with pytest.raises(ShimError, match="/health not ready after 5 s"):
+        wait_healthy("e0", probe, timeout_s=5, interval_s=0.1, since=time.monotonic() - 6)
+    assert len(probes) == 1
+
+
 def _worker_pid(engine: EngineProcess) -> int:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -7,6 +7,7 @@ and top_k 2 so that top-K rows hold floor entries). One module-scoped Ray head a
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -19,6 +20,7 @@ from reef_shim.errors import ShimError
 from reef_shim.ray_driver import RayDriver
 from reef_shim.trainer import TrainerGroup
 from reef_shim.trainer.checkpoint import LEDGER
+from reef_shim.trainer.group import _Deadline
 from trainer_fixtures import (check_bf16_step, check_push_serves_its_checkpoint, generate, i32, params_differ,
                               placed_driver, probe, reference_step, spec, three_tasks)
 
@@ -139,6 +141,24 @@ def test_a_rank_killed_mid_step_fails_retryably_and_the_retry_trains_once(
     ledger = json.loads((ckpt / LEDGER).read_text())["batches"]
     assert sorted(ledger) == ["s:openclawrl:1", "s:openclawrl:2"]
     assert sorted(p.name for p in ckpt.iterdir() if not p.name.startswith(".")) == [LEDGER, "v1", "v2"]
+
+
+def test_a_wait_on_the_ranks_ends_at_its_deadline_however_much_budget_it_had(driver: RayDriver) -> None:
+    # trainer-start's phases share one deadline (the bridge client's timeout covers one budget,
+    # not one per phase): a phase that starts after the budget is spent fails at once rather
+    # than waiting out the budget anew, which here would hang the test.
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def never() -> None:
+        time.sleep(3600)
+
+    ref = never.remote()
+    try:
+        with pytest.raises(ShimError, match="trainer rank 0 failed: setup: no answer within 1000 s"):
+            TrainerGroup(driver)._gather([ref], "setup", _Deadline(1000, since=time.monotonic() - 1001))
+    finally:
+        ray.cancel(ref, force=True)
 
 
 def test_a_trained_step_pushed_into_a_running_engine_serves_what_its_checkpoint_serves(

@@ -28,6 +28,14 @@ PUSH_TIMEOUT_S = 300.0  # rank 0 gives up on the engine after this; the ranks ar
 CRASH_HOOK_ENV = "REEF_TRAINER_TEST_CRASH"
 
 
+class _Deadline:
+    """When a wait on the ranks gives up: `budget_s` after `since` (monotonic; default now)."""
+
+    def __init__(self, budget_s: float, since: float | None = None) -> None:
+        self.budget_s = budget_s
+        self.at = (time.monotonic() if since is None else since) + budget_s
+
+
 def _objective_config(options: dict[str, Any]) -> Any:
     from .rank import objective_from_options
 
@@ -96,14 +104,17 @@ class TrainerGroup:
             ).remote(r, world, spec["seed"], int(bundles[r]["CPU"]), hook)
             for r in range(world)
         ]
-        devices = self._gather([r.device_name.remote() for r in self._ranks], "device", SETUP_TIMEOUT_S)
+        # One deadline for the whole start, not one per phase: the bridge client's timeout for
+        # trainer-start (bridge/client.ts) is this plus a margin, and must not run out first.
+        deadline = _Deadline(SETUP_TIMEOUT_S, started)
+        devices = self._gather([r.device_name.remote() for r in self._ranks], "device", deadline)
         mixed = check_devices(devices)
         if mixed is not None:
             self.stop()  # ranks on different devices would wait in their first collective for minutes
             raise ShimError("REEF_ERR_TRAINER", mixed)
-        master = self._gather([self._ranks[0].rendezvous.remote()], "rendezvous", SETUP_TIMEOUT_S)[0]
+        master = self._gather([self._ranks[0].rendezvous.remote()], "rendezvous", deadline)[0]
         infos = self._gather([r.setup.remote(master, spec["modelPath"], spec["options"]) for r in self._ranks],
-                             "setup", SETUP_TIMEOUT_S)
+                             "setup", deadline)
         self._spec, self._info, self._cfg = spec, infos[0], cfg
         self._ledger, self._dir, self._version, self._broken = ledger, directory, BASE_VERSION, None
         log.info("trainer: %d rank(s) on %s (%s) ready in %.1f s, pids %s", world, infos[0]["device"],
@@ -178,7 +189,7 @@ class TrainerGroup:
         spec = self._require()
         path = Path(checkpoint_path)
         _check_checkpoint(path, Path(spec["modelPath"]))
-        self._gather([r.load.remote(str(path)) for r in self._ranks], f"trainer-load {path}", SETUP_TIMEOUT_S)
+        self._gather([r.load.remote(str(path)) for r in self._ranks], f"trainer-load {path}", _Deadline(SETUP_TIMEOUT_S))
         self._version = checkpoint_version(path)
         log.info("trainer: loaded %s (%s); optimizer state reset", path, self._version)
         return {"weightVersion": self._version}
@@ -191,7 +202,7 @@ class TrainerGroup:
             raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"trainer-push-weights: the trainer holds {self._version}, "
                             f"not {weight_version}")
         refs = [r.push_weights.remote(engine_url, weight_version, PUSH_TIMEOUT_S) for r in self._ranks]
-        first = self._gather(refs, f"trainer-push-weights {weight_version}", PUSH_TIMEOUT_S + 60)[0]
+        first = self._gather(refs, f"trainer-push-weights {weight_version}", _Deadline(PUSH_TIMEOUT_S + 60))[0]
         if first["error"]:
             raise ShimError("REEF_ERR_WEIGHT_SYNC", f"weight sync into {engine_url} failed: {first['error']}")
         log.info("trainer-push-weights %s → %s: %.1f MB over %s in %.2f s", weight_version, engine_url,
@@ -201,7 +212,7 @@ class TrainerGroup:
 
     # --- waiting on ranks -----------------------------------------------------------------------
 
-    def _gather(self, refs: list[Any], what: str, timeout_s: float | None) -> list[Any]:
+    def _gather(self, refs: list[Any], what: str, deadline: _Deadline | None) -> list[Any]:
         """All results, or: kill the group at the first failed rank and raise REEF_ERR_TRAINER_RANK."""
         import ray
 
@@ -224,10 +235,10 @@ class TrainerGroup:
             if self.driver.closing.is_set():
                 self._kill_all()
                 raise ShimError("REEF_ERR_SHIM", f"python shim failed: shutting down during {what}")
-            if timeout_s is not None and now - started > timeout_s:
+            if deadline is not None and now > deadline.at:
                 self._kill_all()
                 raise ShimError("REEF_ERR_TRAINER_RANK", f"trainer rank {refs.index(pending[0])} failed: "
-                                f"{what}: no answer within {timeout_s:.0f} s")
+                                f"{what}: no answer within {deadline.budget_s:.0f} s")
             if pending and now - logged >= 10:
                 log.info("%s: waiting for %d of %d rank(s) (%.0f s)", what, len(pending), len(refs), now - started)
                 logged = now
