@@ -43,12 +43,33 @@ export interface DemoOptions {
   /** Fresh first replies sampled before and after the sessions to measure the habit. @default 40 */
   evalSamples: number;
   log: (line: string) => void;
+  /** Aborting stops the run: the stack is taken down and the rule PRM stopped before runDemo rejects. */
+  signal?: AbortSignal;
+}
+
+/** Where a run keeps its state. Every one of these is removed when a run starts. */
+export function runStatePaths(out: string): { dataDir: string; prmRecordFile: string } {
+  return { dataDir: join(out, 'data'), prmRecordFile: join(out, 'prm-records.jsonl') };
+}
+
+/**
+ * Each run measures learning from the base weights: a data dir left by an earlier run would bring
+ * back its releases, its judged turns and its trainer state, and its record lines would stand in
+ * for this run's (batch ids restart at 1 and the trainer-controller writes an id's line once).
+ */
+export function clearRunState(out: string): void {
+  const p = runStatePaths(out);
+  rmSync(p.dataDir, { recursive: true, force: true });
+  rmSync(p.prmRecordFile, { force: true });
 }
 
 export function demoOptions(argv: readonly string[], log: (line: string) => void): DemoOptions {
   const o: DemoOptions = { wRl: 1, wOpd: 1, sessions: 100, batchSize: 16, lr: 3e-4, out: resolve('results/cpu-demo'), evalSamples: 40, modelDir: process.env.REEF_DEMO_MODEL ?? join(repoRoot(), '.cache', 'demo-model'), log };
   for (let i = 0; i < argv.length; i++) {
-    const [flag, inline] = argv[i]!.split('=', 2) as [string, string | undefined];
+    // Split at the first '=' only: split('=', 2) would drop the rest of a value such as a path with '='.
+    const eq = argv[i]!.indexOf('=');
+    const flag = eq < 0 ? argv[i]! : argv[i]!.slice(0, eq);
+    const inline = eq < 0 ? undefined : argv[i]!.slice(eq + 1);
     const value = inline ?? argv[++i];
     if (value === undefined) throw new Error(`${flag} needs a value`);
     const num = () => {
@@ -74,7 +95,7 @@ export function demoOptions(argv: readonly string[], log: (line: string) => void
 const ACCEPT_HINT = 'Write plain sentences without bold text or lists, and show each calculation step.';
 
 /** Starts the rule-following PRM double and waits until it answers /health. */
-async function startRulePrm(modelDir: string, log: (l: string) => void): Promise<{ url: string; child: ChildProcess }> {
+async function startRulePrm(modelDir: string, log: (l: string) => void, signal?: AbortSignal): Promise<{ url: string; child: ChildProcess }> {
   const port = await freePort();
   // An accepted plain reply also gets a hint, so accepted turns distil toward the hinted teacher
   // rather than toward the base model's habit (see rule_prm_server --accept-hint).
@@ -84,12 +105,17 @@ async function startRulePrm(modelDir: string, log: (l: string) => void): Promise
   const client = new EngineClient(url, { name: 'rule-prm' });
   try {
     for (let i = 0; ; i++) {
+      signal?.throwIfAborted();
       if (child.exitCode !== null) throw new Error(`the rule PRM exited with code ${child.exitCode}`);
       if (await client.health()) break;
       if (i > 600) throw new Error('the rule PRM did not become healthy in 60 s');
       if (i % 50 === 49) log(`waiting for the rule PRM on ${url} …`);
       await new Promise((r) => setTimeout(r, 100));
     }
+  } catch (err) {
+    // The caller only stops a PRM it got back: one that never became healthy must not outlive the demo.
+    child.kill('SIGTERM');
+    throw err;
   } finally {
     await client.close();
   }
@@ -99,7 +125,7 @@ async function startRulePrm(modelDir: string, log: (l: string) => void): Promise
 /** Writes the demo's serve.yaml: the CPU layout with the demo model and the rule PRM. */
 function writeConfig(o: DemoOptions, prmUrl: string, port: number): string {
   const cfg = {
-    reef: { host: '127.0.0.1', port, data_dir: join(o.out, 'data'), default_scenario: 'homework' },
+    reef: { host: '127.0.0.1', port, data_dir: runStatePaths(o.out).dataDir, default_scenario: 'homework' },
     cluster: {
       num_gpus: 3,
       num_cpus: 8,
@@ -111,7 +137,7 @@ function writeConfig(o: DemoOptions, prmUrl: string, port: number): string {
     pipeline: {
       record2record: { config: { prm_url: prmUrl, prm_api: 'sglang', prm_tokenizer_path: o.modelDir, prm_m: 1, prm_max_tokens: 256, prm_timeout_s: 60 } },
       record2task: {},
-      task2batch: { config: { batch_size: o.batchSize, prm_record_file: join(o.out, 'prm-records.jsonl'), max_staleness: 4 } },
+      task2batch: { config: { batch_size: o.batchSize, prm_record_file: runStatePaths(o.out).prmRecordFile, max_staleness: 4 } },
     },
     training: { options: [`--openclawrl-w-rl=${o.wRl}`, `--openclawrl-w-opd=${o.wOpd}`, `--lr=${o.lr}`] },
   };
@@ -139,7 +165,7 @@ export interface DemoResult {
  * The habit measured directly: first replies to fresh homework requests, sampled the way the agent
  * samples. They are side requests of their own scenario, so they are recorded but never trained.
  */
-export async function evalHabit(gateway: string, problems: readonly Problem[], n: number, round: string): Promise<HabitEval> {
+export async function evalHabit(gateway: string, problems: readonly Problem[], n: number, round: string, signal?: AbortSignal): Promise<HabitEval> {
   let bold = 0;
   let list = 0;
   for (let i = 0; i < n; i++) {
@@ -148,6 +174,7 @@ export async function evalHabit(gateway: string, problems: readonly Problem[], n
       method: 'POST',
       headers: { 'content-type': 'application/json', 'x-reef-scenario': 'eval', 'x-reef-tag-session': `eval-${round}-${i}`, 'x-reef-tag-turn-type': 'side' },
       body: JSON.stringify({ messages: [{ role: 'system', content: AGENT_SYSTEM_PROMPT }, { role: 'user', content: `Can you help me with my homework? ${problem.question}` }], tools: [SAVE_TOOL], temperature: 0.7, seed: 9000 + i, max_tokens: 200 }),
+      ...(signal ? { signal } : {}),
     });
     if (res.status !== 200) throw new Error(`eval request answered ${res.status}: ${await res.text()}`);
     const body = (await res.json()) as { choices: Array<{ message: { content: string | null } }> };
@@ -160,26 +187,26 @@ export async function evalHabit(gateway: string, problems: readonly Problem[], n
 
 export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   mkdirSync(o.out, { recursive: true });
-  // Each run measures learning from the base weights: a data dir left by an earlier run would
-  // bring back its releases, its judged turns and its trainer state.
-  const dataDir = join(o.out, 'data');
-  rmSync(dataDir, { recursive: true, force: true });
+  clearRunState(o.out);
+  const paths = runStatePaths(o.out);
+  const signal = o.signal;
   const t0 = performance.now();
   o.log(`closed-loop CPU demo: ${o.sessions} sessions, w_rl=${o.wRl}, w_opd=${o.wOpd}, batch ${o.batchSize}, lr ${o.lr}; output in ${o.out}`);
-  const prm = await startRulePrm(o.modelDir, o.log);
+  const prm = await startRulePrm(o.modelDir, o.log, signal);
   let stack: Stack | null = null;
   const stores: SqliteStore[] = [];
   try {
     const port = await freePort();
     const configPath = writeConfig(o, prm.url, port);
     const config = await loadConfig(configPath);
-    stack = await Stack.up({ config, configPath, overrides: [], log: (l) => o.log(`  [reef] ${l}`) });
+    stack = await Stack.up({ config, configPath, overrides: [], log: (l) => o.log(`  [reef] ${l}`), ...(signal ? { signal } : {}) });
+    signal?.throwIfAborted();
     o.log(`stack up in ${((performance.now() - t0) / 1000).toFixed(0)} s; running sessions`);
-    const store = SqliteStore.open(join(o.out, 'data', 'records.sqlite'));
+    const store = SqliteStore.open(join(paths.dataDir, 'records.sqlite'));
     stores.push(store);
     const gateway = `http://127.0.0.1:${port}`;
     const problems = generateProblems(72);
-    const before = await evalHabit(gateway, problems, o.evalSamples, 'before');
+    const before = await evalHabit(gateway, problems, o.evalSamples, 'before', signal);
     o.log(`base weights: bold in ${Math.round(before.bold * 100)}% of ${before.samples} fresh first replies`);
     const summary = await runSessions({
       gateway,
@@ -188,12 +215,15 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
       sessions: o.sessions,
       student: new ScriptedStudent(),
       outputDir: o.out,
-      prmRecordFile: join(o.out, 'prm-records.jsonl'),
+      prmRecordFile: paths.prmRecordFile,
       onProgress: (p) => o.log(p.line),
-      beforeSession: () => trainingCaughtUp(store, o.log),
+      beforeSession: () => trainingCaughtUp(store, o.log, signal),
+      ...(signal ? { signal } : {}),
     });
-    await trainingCaughtUp(store, o.log);
-    const after = await evalHabit(gateway, problems, o.evalSamples, 'after');
+    // runSessions stops early on abort and returns a partial summary: not a result of this demo.
+    signal?.throwIfAborted();
+    await trainingCaughtUp(store, o.log, signal);
+    const after = await evalHabit(gateway, problems, o.evalSamples, 'after', signal);
     o.log(`after ${summary.batches?.length ?? 0} batches: bold in ${Math.round(after.bold * 100)}% of ${after.samples} fresh first replies`);
     const rel = (await (await fetch(`${gateway}/reef/scenarios/homework/releases`)).json()) as { data: Array<{ batchIds: string[] }> };
     const releasedBatches = rel.data.slice().reverse().flatMap((r) => r.batchIds);
@@ -212,10 +242,11 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
  * would outrun training instead. So before each session, wait (bounded) until the judge has caught
  * up with the records and the trainer-controller with the judged turns, with no batch in flight.
  */
-async function trainingCaughtUp(store: SqliteStore, log: (l: string) => void, timeoutMs = 120_000): Promise<void> {
+async function trainingCaughtUp(store: SqliteStore, log: (l: string) => void, signal?: AbortSignal, timeoutMs = 120_000): Promise<void> {
   const t0 = Date.now();
   let said = false;
   for (;;) {
+    signal?.throwIfAborted();
     const [head, judgeNext, judge, judgedHead, trainerNext, state] = await Promise.all([
       store.headOffset(),
       store.getOffset(JUDGE),

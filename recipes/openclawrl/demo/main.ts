@@ -1,11 +1,42 @@
-import { demoOptions, describeSummary, runDemo } from './cpu-demo.js';
+import { demoOptions, describeSummary, runDemo, type DemoOptions } from './cpu-demo.js';
 
 /** `node dist/recipes/openclawrl/demo/main.js [--w-rl 1] [--w-opd 1] [--sessions 60] ...` */
 const log = (line: string) => process.stdout.write(`${line}\n`);
+let options: DemoOptions | null = null;
 try {
-  const summary = await runDemo(demoOptions(process.argv.slice(2), log));
-  log(describeSummary(summary));
+  options = demoOptions(process.argv.slice(2), log);
 } catch (err) {
-  process.stderr.write(`demo failed: ${(err as Error).stack ?? String(err)}\n`);
-  process.exitCode = 1;
+  process.stderr.write(`demo: ${(err as Error).message}\n`);
+  process.exitCode = 2;
+}
+if (options !== null) {
+  // Dying on the default action would skip runDemo's clean-up: the actors, the shim, Ray and the
+  // engines run in process groups of their own, so Ctrl-C in the terminal does not reach them.
+  const stop = new AbortController();
+  let signals = 0;
+  const onSignal = (sig: NodeJS.Signals) => {
+    signals++;
+    if (signals === 1) {
+      process.stderr.write(`demo: ${sig}: stopping the stack (Ctrl-C twice more quits at once and may leave processes behind)\n`);
+      stop.abort(new Error(`interrupted by ${sig}`));
+    } else if (signals === 2) process.stderr.write('demo: still stopping, please wait\n');
+    else process.exit(130);
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+  try {
+    const summary = await runDemo({ ...options, signal: stop.signal });
+    log(describeSummary(summary));
+  } catch (err) {
+    if (stop.signal.aborted) {
+      process.stderr.write('demo: stopped\n');
+      process.exitCode = 130;
+    } else {
+      process.stderr.write(`demo failed: ${(err as Error).stack ?? String(err)}\n`);
+      process.exitCode = 1;
+    }
+  } finally {
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+  }
 }

@@ -1,0 +1,78 @@
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { clearRunState, demoOptions, runDemo, runStatePaths } from './cpu-demo.js';
+
+const dir = mkdtempSync(join(tmpdir(), 'reef-cpu-demo-'));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+const alive = (pid: number): boolean => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+};
+
+describe('demo options', () => {
+  it('keeps everything after the first = of an inline value', () => {
+    expect(demoOptions(['--out=/tmp/a=b', '--lr=1e-3'], () => {}).out).toBe('/tmp/a=b');
+    expect(demoOptions(['--lr=1e-3'], () => {}).lr).toBe(1e-3);
+  });
+
+  it.each([
+    [['--sessions'], /--sessions needs a value/],
+    [['--lr', 'fast'], /--lr: expected a non-negative number, got fast/],
+    [['--w-rl', '-1'], /--w-rl: expected a non-negative number/],
+    [['--wrl', '1'], /unknown option --wrl \(known: /],
+  ])('%j is refused: %s', (argv, message) => {
+    expect(() => demoOptions(argv, () => {})).toThrow(message);
+  });
+});
+
+describe('run state', () => {
+  it('a new run starts without the data dir and the record lines of the last one', () => {
+    const out = join(dir, 'again');
+    const p = runStatePaths(out);
+    mkdirSync(join(p.dataDir, 'run'), { recursive: true });
+    writeFileSync(join(p.dataDir, 'records.sqlite'), 'old');
+    // Regression: this file survived, and batch ids restart at 1, so the trainer-controller skipped
+    // this run's lines as already written and the report counted the earlier run's batches.
+    writeFileSync(p.prmRecordFile, '{"batch":1,"batch_id":"homework:openclawrl:1"}\n');
+    mkdirSync(join(out, 'results'), { recursive: true });
+    clearRunState(out);
+    expect(existsSync(p.dataDir)).toBe(false);
+    expect(existsSync(p.prmRecordFile)).toBe(false);
+    expect(existsSync(join(out, 'results'))).toBe(true);
+    clearRunState(join(dir, 'never-ran'));
+  });
+});
+
+describe('stopping the demo', () => {
+  it('an abort while the rule PRM starts stops it and rejects', async () => {
+    const pidFile = join(dir, 'prm.pid');
+    const fake = join(dir, 'fake-python');
+    // A rule PRM that never answers /health.
+    writeFileSync(fake, `#!/bin/sh\necho $$ > '${pidFile}'\nexec sleep 300\n`);
+    chmodSync(fake, 0o755);
+    const prior = process.env.REEF_PYTHON;
+    process.env.REEF_PYTHON = fake;
+    const stop = new AbortController();
+    try {
+      const run = runDemo({ ...demoOptions(['--out', join(dir, 'out')], () => {}), signal: stop.signal });
+      const settled = run.then(() => 'resolved', (err: Error) => err.message);
+      while (!existsSync(pidFile) || readFileSync(pidFile, 'utf8').trim() === '') await new Promise((r) => setTimeout(r, 20));
+      const pid = Number(readFileSync(pidFile, 'utf8'));
+      expect(alive(pid)).toBe(true);
+      stop.abort(new Error('interrupted by SIGINT'));
+      expect(await settled).toBe('interrupted by SIGINT');
+      for (let i = 0; i < 250 && alive(pid); i++) await new Promise((r) => setTimeout(r, 20));
+      expect(alive(pid)).toBe(false);
+    } finally {
+      if (prior === undefined) delete process.env.REEF_PYTHON;
+      else process.env.REEF_PYTHON = prior;
+    }
+  });
+});
