@@ -2,10 +2,10 @@ import { loadConfig } from '../../cluster/config/index.js';
 import { stackEngines } from '../../cluster/stack-env.js';
 import { ReefError } from '../runtime/errors.js';
 import { runActor } from '../runtime/actor-host.js';
-import { RpcClient } from '../runtime/rpc.js';
 import { lookupMailbox } from '../../cluster/lookup.js';
 import { startGateway, type Gateway } from './index.js';
 import { gatewayMessages } from './messages.js';
+import { callRollback } from './rollback-rpc.js';
 
 let gateway: Gateway | null = null;
 
@@ -28,13 +28,7 @@ await runActor({
             rollback: async (scenario: string, releaseId: string | null) => {
               const mailbox = await lookupMailbox(supervisor, 'trainer-controller');
               if (!mailbox) throw new ReefError('REEF_ERR_ACTOR_CLOSED', { actor: 'trainer-controller', state: 'not running' });
-              const rpc = new RpcClient(mailbox, { name: 'gateway→trainer-controller', defaultTimeoutMs: 300_000 });
-              try {
-                const { type: _t, requestId: _r, ...reply } = (await rpc.call({ type: 'rollback', scenario, releaseId })) as Record<string, unknown>;
-                return reply;
-              } finally {
-                await rpc.close();
-              }
+              return callRollback(mailbox, scenario, releaseId);
             },
           }
         : {}),
