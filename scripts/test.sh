@@ -16,8 +16,9 @@ ts_rc=$?
 echo "[test] pytest"
 PYTHONPATH=python_shim .venv/bin/python -m pytest python_shim/tests -q -rs --junitxml=.cache/test-results/pytest.xml
 py_rc=$?
-# pytest exits 5 when it collects nothing; that is a failure of the suite here, not a pass.
 
-node scripts/test-summary.mjs .cache/test-results/vitest.json .cache/test-results/pytest.xml
+# The exit codes go in too: a failure that names no test (an unhandled error, pytest's exit 5 when
+# it collects nothing) must not close with "0 failed".
+node scripts/test-summary.mjs .cache/test-results/vitest.json .cache/test-results/pytest.xml "$ts_rc" "$py_rc"
 sum_rc=$?
 if [ $ts_rc -ne 0 ] || [ $py_rc -ne 0 ] || [ $sum_rc -ne 0 ]; then exit 1; fi
