@@ -42,11 +42,13 @@ class GenState:
 
 
 def request_generator(req: GenRequest, server_seed: int | None) -> torch.Generator:
-    """Per-request RNG: `sampling_seed` if given, else derived from (server seed, rid), else random."""
+    """Per-request RNG: `sampling_seed` if given, else derived from (server seed, rid) when both are
+    set, else random."""
     g = torch.Generator(device="cpu")
     if req.sampling_seed is not None:
         g.manual_seed(req.sampling_seed)
-    elif server_seed is not None:
+    elif server_seed is not None and req.rid is not None:
+        # Without a rid every request would share one seed and draw the same sample.
         digest = hashlib.sha256(f"{server_seed}:{req.rid}".encode()).digest()
         g.manual_seed(int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF)
     else:
