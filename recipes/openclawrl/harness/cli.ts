@@ -4,8 +4,10 @@
  * gateway with the built-in agent and a simulated student, printing one progress line per session
  * and, at the end, the learning curve and where the results are.
  */
+import { realpathSync } from 'node:fs';
 import { resolve } from 'node:path';
-import { parseArgs } from 'node:util';
+import { fileURLToPath } from 'node:url';
+import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { ReefError } from '../../../actors/runtime/errors.js';
 import { loadConfig, type ReefConfig } from '../../../cluster/config/index.js';
 import { generateProblems, loadGsm8k } from './problems.js';
@@ -53,8 +55,18 @@ function configKey(cfg: ReefConfig, env: NodeJS.ProcessEnv): string | null {
   return k.key ?? (k.key_env ? (env[k.key_env] ?? null) : null);
 }
 
+/** parseArgs, with its errors (unknown option, missing value) as argument errors: usage, exit 2. */
+function parseCliArgs<T extends ParseArgsConfig>(config: T): ReturnType<typeof parseArgs<T>> {
+  try {
+    return parseArgs(config);
+  } catch (err) {
+    if ((err as { code?: string }).code?.startsWith('ERR_PARSE_ARGS_')) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `${(err as Error).message} (--help lists the options)` });
+    throw err;
+  }
+}
+
 export async function parseCli(argv: string[], env: NodeJS.ProcessEnv = process.env): Promise<CliOptions | null> {
-  const { values: v } = parseArgs({
+  const { values: v } = parseCliArgs({
     args: argv,
     options: {
       config: { type: 'string', short: 'c' },
@@ -163,8 +175,21 @@ async function main(argv: string[]): Promise<number> {
   return 0;
 }
 
-const invokedDirectly = process.argv[1] !== undefined && import.meta.url === new URL(`file://${resolve(process.argv[1])}`).href;
-if (invokedDirectly) {
+/**
+ * Whether `script` (process.argv[1]) names the module at `moduleUrl`. Node loads the main module by
+ * its real path and percent-encodes its URL, so a path through a symlink or with `#` or `%` in it
+ * only matches once both are real paths.
+ */
+export function isMainModule(script: string | undefined, moduleUrl: string): boolean {
+  if (script === undefined) return false;
+  try {
+    return realpathSync(script) === realpathSync(fileURLToPath(moduleUrl));
+  } catch {
+    return false;
+  }
+}
+
+if (isMainModule(process.argv[1], import.meta.url)) {
   main(process.argv.slice(2)).then(
     (code) => process.exit(code),
     (err) => {
