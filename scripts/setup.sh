@@ -7,7 +7,8 @@ root=$(pwd)
 step() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
 # --- npm ---------------------------------------------------------------------------------------
-lock_hash=$(sha256sum package-lock.json | cut -c1-16)
+# Node's version is in the key: native modules (better-sqlite3, zeromq) are built for one Node ABI.
+lock_hash=$( (cat package-lock.json; node --version) | sha256sum | cut -c1-16)
 if [ ! -f node_modules/.reef-lock-hash ] || [ "$(cat node_modules/.reef-lock-hash)" != "$lock_hash" ]; then
   step "npm ci (package-lock $lock_hash)"
   npm ci --no-audit --no-fund --loglevel=error
@@ -30,6 +31,8 @@ if [ ! -f "$venv/.complete" ]; then
 else
   step "Python venv cached at $venv"
 fi
+# ln -sfn would put the link inside a real .venv directory (a venv made by hand) and keep using that.
+if [ -d .venv ] && [ ! -L .venv ]; then step "replacing the .venv directory with a link to $venv"; rm -rf .venv; fi
 ln -sfn "$venv" .venv
 
 # --- TypeScript build ---------------------------------------------------------------------------
