@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from reef_shim.engines.hf_engine import request_generator
-from reef_shim.engines.request import parse_generate
+from reef_shim.engines.request import RequestError, parse_generate
+from reef_shim.engines.sampling import pick_token, sampling_logprobs
 
 
 def draws(body: dict, server_seed: int | None) -> list[float]:
@@ -19,3 +21,19 @@ def test_a_server_seed_alone_does_not_give_every_request_the_same_draws() -> Non
     assert draws({**body, "rid": "r"}, 7) != draws({**body, "rid": "s"}, 7)
     assert draws({**body, "sampling_params": {"sampling_seed": 3}}, None) == draws(
         {**body, "sampling_params": {"sampling_seed": 3}}, 7)
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": float("nan")}, {"temperature": float("inf")},
+                                      {"sampling_seed": 1 << 64}, {"sampling_seed": -(1 << 63) - 1}])
+def test_values_that_cannot_be_sampled_with_are_refused(sampling: dict) -> None:
+    with pytest.raises(RequestError):
+        parse_generate({"text": "x", "sampling_params": sampling})
+
+
+def test_a_temperature_below_sglangs_epsilon_is_greedy() -> None:
+    logits = torch.tensor([3.0, -2.0, 7.5, 7.0, -40.0])
+    greedy = sampling_logprobs(logits, 0.0)
+    for t in (1e-40, 1e-7):
+        lp = sampling_logprobs(logits, t, top_k=2, top_p=0.5)
+        assert torch.equal(lp, greedy)
+        assert pick_token(lp, t, torch.Generator().manual_seed(0)) == 2

@@ -162,6 +162,14 @@ def test_logprobs_match_a_full_forward_recomputation(engine: Engine, models: tup
         assert float(lp[t, out[t]]) > float("-inf")
 
 
+def test_a_temperature_too_small_to_divide_by_is_greedy(engine: Engine) -> None:
+    body = {"text": PROMPT, "return_logprob": True, "top_logprobs_num": 3}
+    greedy = engine.generate(**body, sampling_params={"max_new_tokens": 6, "temperature": 0})
+    tiny = engine.generate(**body, sampling_params={"max_new_tokens": 6, "temperature": 1e-40})
+    assert tiny["output_ids"] == greedy["output_ids"]
+    assert tiny["meta_info"]["output_top_logprobs"] == greedy["meta_info"]["output_top_logprobs"]
+
+
 def test_sampling_seed_and_server_seed_with_rid_fix_the_output(engine: Engine) -> None:
     params = {"max_new_tokens": 10, "temperature": 1.0}
     a = engine.generate(text=PROMPT, sampling_params={**params, "sampling_seed": 11})
@@ -218,7 +226,10 @@ def test_client_leaving_a_stream_stops_its_generation(engine: Engine) -> None:
 
 def test_bad_requests_are_400_with_a_code(engine: Engine) -> None:
     for body in ({"input_ids": [1] * 4096}, {"input_ids": [5000]}, {}, {"text": "x", "input_ids": [1]},
-                 {"text": "x", "sampling_params": {"top_k": 0}}, {"text": "x", "sampling_params": {"max_new_tokens": "9"}}):
+                 {"text": "x", "sampling_params": {"top_k": 0}}, {"text": "x", "sampling_params": {"max_new_tokens": "9"}},
+                 {"text": "x", "sampling_params": {"temperature": float("nan")}},
+                 {"text": "x", "sampling_params": {"temperature": float("inf")}},
+                 {"text": "x", "sampling_params": {"sampling_seed": 1 << 70}}):
         status, reply = engine.call("/generate", body)
         assert status == 400, body
         assert reply["error"]["code"] == "REEF_ERR_INVALID_ARGUMENT" and reply["error"]["message"]

@@ -14,8 +14,9 @@ Behaviour a client can rely on:
 - One request generates at a time (KV-cached, fp32, `torch.inference_mode`); others queue, at most
   `--max-running` admitted at once (more → 503 `REEF_ERR_ENGINE_DOWN`, retryable).
 - Sampling: see `sampling.py`. The reported logprobs and top-K are those of the distribution the
-  token was drawn from (temperature, then top-k, then top-p, renormalised; temperature 0 = greedy
-  on the raw log-softmax). `sampling_logprobs` recomputes them from (prompt, output).
+  token was drawn from (temperature, then top-k, then top-p, renormalised; a temperature below
+  1e-6 = greedy on the raw log-softmax, as SGLang). `sampling_logprobs` recomputes them from
+  (prompt, output).
 - Randomness: each request gets its own `torch.Generator`, seeded by `sampling_params.sampling_seed`
   when given, else by sha256(f"{--seed}:{rid}") when the server has a seed and the client a rid,
   else randomly. So (seed, rid, weights, prompt, params) fixes the output.

@@ -6,6 +6,7 @@ top_p 1.0, top_k -1 (off). Extra keys are ignored, as SGLang ignores what it doe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,12 +101,15 @@ def parse_sampling(sp: dict[str, Any]) -> Sampling:
     )
     if out.max_new_tokens < 0:
         raise RequestError("sampling_params.max_new_tokens: must be >= 0")
-    if out.temperature < 0:
-        raise RequestError("sampling_params.temperature: must be >= 0")
+    # A JSON NaN, Infinity or 1e999 parses to a non-finite float; it would sample from NaNs.
+    if not math.isfinite(out.temperature) or out.temperature < 0:
+        raise RequestError("sampling_params.temperature: must be a finite number >= 0")
     if not 0 < out.top_p <= 1:
         raise RequestError("sampling_params.top_p: must be in (0, 1]")
     if out.top_k == 0 or out.top_k < -1:
         raise RequestError("sampling_params.top_k: must be -1 (off) or a positive integer")
+    if out.sampling_seed is not None and not -(1 << 63) <= out.sampling_seed < (1 << 64):
+        raise RequestError("sampling_params.sampling_seed: must fit in 64 bits")
     return out
 
 

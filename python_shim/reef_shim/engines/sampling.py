@@ -3,8 +3,9 @@
 `sampling_logprobs(logits, temperature, top_k, top_p)` returns, for every position, the log
 probabilities of the distribution the engine samples the next token from:
 
-1. temperature <= 0 (greedy): `log_softmax(logits)` of the raw logits; no top-k / top-p. The
-   engine picks the argmax (lowest id on an exact tie).
+1. temperature < `GREEDY_BELOW` (1e-6; SGLang's `_SAMPLING_EPS`) is greedy: `log_softmax(logits)`
+   of the raw logits; no top-k / top-p. The engine picks the argmax (lowest id on an exact tie).
+   (Dividing by such a temperature overflows fp32 to inf, and the softmax to NaN.)
 2. otherwise `z = logits / temperature`;
 3. top-k (when 0 < top_k < vocab): tokens whose `z` is below the k-th largest `z` are removed
    (ties with the k-th value are kept);
@@ -25,12 +26,13 @@ from __future__ import annotations
 import torch
 
 LOGPROB_FLOOR = -1.0e4
+GREEDY_BELOW = 1.0e-6
 
 
 def sampling_logprobs(logits: torch.Tensor, temperature: float, top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
     """Log-probabilities `[..., V]` of the distribution sampled from (see the module docstring)."""
     logits = logits.float()
-    if temperature <= 0:
+    if temperature < GREEDY_BELOW:
         return torch.log_softmax(logits, dim=-1)
     z = logits / temperature
     vocab = z.shape[-1]
@@ -50,7 +52,7 @@ def sampling_logprobs(logits: torch.Tensor, temperature: float, top_k: int = -1,
 
 def pick_token(lp: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
     """Draw one token id from a 1-D row of `sampling_logprobs`."""
-    if temperature <= 0:
+    if temperature < GREEDY_BELOW:
         return int(torch.argmax(lp).item())
     return int(torch.multinomial(lp.exp(), 1, generator=generator).item())
 
