@@ -43,10 +43,12 @@ npx tsc -p tsconfig.json
 # Each builder skips a directory that already holds its current build (reef_build.json).
 models="$cache_dir/models"
 mkdir -p "$models" .cache
+# Not --quiet: the first build of the demo model pre-trains for minutes, and its step lines are the
+# only sign of progress; a current build prints one "up to date" line.
 build_model() { # module name
   local module=$1 name=$2
   step "model $name (python -m reef_shim.$module)"
-  PYTHONPATH="$root/python_shim" .venv/bin/python -m "reef_shim.$module" --out "$models/$name" --quiet
+  PYTHONPATH="$root/python_shim" .venv/bin/python -m "reef_shim.$module" --out "$models/$name"
   if [ -d ".cache/$name" ] && [ ! -L ".cache/$name" ]; then rm -rf ".cache/$name"; fi
   ln -sfn "$models/$name" ".cache/$name"
 }
