@@ -25,6 +25,17 @@ describe('chunk', () => {
     expect(unchunk(c.refs!, c.tail, (h) => byHash.get(h.toString('hex')), 'x').toString('utf8')).toBe(text);
   });
 
+  it('cuts a run of bytes that is not UTF-8 where it stands (backing up through it looped for ever)', () => {
+    // A lead byte 5 bytes before the boundary, then more continuation bytes than any character has.
+    const odd = Buffer.concat([Buffer.alloc(CHUNK_BYTES - 5, 0x61), Buffer.from([0xe2]), Buffer.alloc(30, 0x80), Buffer.alloc(100, 0x61)]);
+    const c = chunk(odd, { utf8: true });
+    expect(c.chunks.map((x) => x.data.length)).toEqual([CHUNK_BYTES]);
+    const byHash = new Map(c.chunks.map((x) => [x.hash.toString('hex'), x.data]));
+    expect(unchunk(c.refs!, c.tail, (h) => byHash.get(h.toString('hex')), 'x').equals(odd)).toBe(true);
+    const run = chunk(Buffer.alloc(3 * CHUNK_BYTES, 0x80), { utf8: true, whole: true });
+    expect(run.chunks.map((x) => x.data.length)).toEqual([CHUNK_BYTES, CHUNK_BYTES, CHUNK_BYTES]);
+  });
+
   it('cuts a grown payload at the same places, so the earlier full chunks are shared', () => {
     const turn1 = Buffer.from(Int32Array.from({ length: 5000 }, (_, i) => i * 31).buffer);
     const turn2 = Buffer.concat([turn1, Buffer.from(Int32Array.from({ length: 3000 }, (_, i) => i).buffer)]);
@@ -138,6 +149,24 @@ describe('SqliteStore with chunked payloads', () => {
     const body2 = new TextEncoder().encode(JSON.stringify({ messages: [{ role: 'user', content: 'different '.repeat(2000) }] }));
     const third = await store.append({ ...rec, id: undefined, request: { chatBody: body2 }, staged });
     expect((await store.get(third.id))!.request.messages).toEqual([{ role: 'user', content: 'different '.repeat(2000) }]);
+  });
+
+  it('stores a body with runs of bytes that are not UTF-8 across its cuts, staged or not, and reads it back as the gateway decoded it', async () => {
+    // The gateway's decoder turns each stray byte into U+FFFD and serves the request; its record must commit.
+    // The first cut falls inside a run of stray bytes that starts after a lead byte, so the tail and
+    // a later chunk begin with them too.
+    const head = Buffer.from('{"messages":[{"role":"user","content":"');
+    const stray = Buffer.concat([Buffer.alloc(CHUNK_BYTES - 5 - head.length, 0x61), Buffer.from([0xe2]), Buffer.alloc(CHUNK_BYTES + 40, 0x80)]);
+    const body = new Uint8Array(Buffer.concat([head, stray, Buffer.from('"}]}')]));
+    const promptIds = new Int32Array(3 * CHUNK_BYTES);
+    const staged = store.stage({ request: { chatBody: body }, promptIds });
+    expect(staged).not.toBeNull();
+    for (const s of [staged, null]) {
+      const { id } = await store.append({ ...sampleRecord(6, { promptTokens: 0 }), promptIds, request: { chatBody: body }, staged: s });
+      const got = (await store.get(id))!;
+      expect(got.request.messages).toEqual([{ role: 'user', content: new TextDecoder().decode(stray) }]);
+      expect(got.promptIds.length).toBe(promptIds.length);
+    }
   });
 
   it('stage answers null, leaving the append to report, when there is nothing it can do', async () => {

@@ -99,8 +99,15 @@ export function chunk(bytes: Buffer, opts: { utf8: boolean; memo?: ChunkMemo | n
   let start = 0;
   while (bytes.length - start > CHUNK_BYTES) {
     let end = start + CHUNK_BYTES;
-    // 0b10xxxxxx is a continuation byte: back up to the byte that starts the character.
-    if (opts.utf8) while (end > start && (bytes[end]! & 0xc0) === 0x80) end--;
+    // 0b10xxxxxx is a continuation byte: back up to the byte that starts the character. A character
+    // has at most 3 of them; a longer run is not UTF-8 (the gateway stores a client's body as sent,
+    // and its decoder only replaced such bytes) and is cut where it stands: backing up through all
+    // of it reached `start` and cut nothing, for ever.
+    if (opts.utf8) {
+      let back = end;
+      while (back > end - 3 && (bytes[back]! & 0xc0) === 0x80) back--;
+      if ((bytes[back]! & 0xc0) !== 0x80) end = back;
+    }
     const data = bytes.subarray(start, end);
     const known = opts.memo?.find(data) ?? null;
     chunks.push({ hash: known ?? digest(data), data, stored: known !== null });
