@@ -222,4 +222,14 @@ describe('SqliteStore consumer state', () => {
     await expect(store.getOffset('x')).rejects.toMatchObject({ code: 'REEF_ERR_STORE_CLOSED' });
     store = SqliteStore.open(join(dir, 'records.db'));
   });
+
+  it('answers a second close() made while the first is under way only once the file is closed', async () => {
+    await store.append(sampleRecord(1)); // starts the checkpoint worker, which the first close() waits for
+    const db = (store as unknown as { db: { open: boolean } }).db;
+    const first = store.close();
+    await store.close();
+    expect(db.open).toBe(false);
+    await first;
+    store = SqliteStore.open(join(dir, 'records.db'));
+  });
 });

@@ -82,6 +82,7 @@ const toScenario = (r: ScenarioRow): Scenario => ({ name: r.name, createdAt: r.c
 
 export class SqliteStore implements RecordStore {
   private closed = false;
+  private closing: Promise<void> | null = null;
   private checkpointer: Checkpointer | null = null;
   private readonly committer: GroupCommitter<RecordRow>;
   private readonly chunkMemo = new ChunkMemo();
@@ -412,8 +413,14 @@ export class SqliteStore implements RecordStore {
     return { ...this.committer.snapshot(), checkpoints: cp?.checkpoints ?? 0, checkpointErrors: cp?.errors ?? 0 };
   }
 
-  async close(): Promise<void> {
-    if (this.closed) return;
+  close(): Promise<void> {
+    // Every caller gets the one close in progress: a second caller that got an early answer went on
+    // (removed the directory, opened the file again) while the worker and the connection were still open.
+    this.closing ??= this.shutdown();
+    return this.closing;
+  }
+
+  private async shutdown(): Promise<void> {
     this.closed = true;
     this.committer.flush();
     await this.checkpointer?.stop();
