@@ -236,6 +236,46 @@ def test_bad_requests_are_400_with_a_code(engine: Engine) -> None:
     assert engine.call("/nope")[0] == 404
 
 
+def raw_exchange(engine: Engine, data: bytes) -> list[tuple[int, Any]]:
+    """Send bytes as they are, then read every (JSON, Content-Length) response until the engine closes."""
+    import socket
+
+    host, port = engine.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        stream = sock.makefile("rb")
+        replies = []
+        while status_line := stream.readline():
+            headers = {}
+            while (line := stream.readline().decode()) not in ("\r\n", ""):
+                name, value = line.split(":", 1)
+                headers[name.strip().lower()] = value.strip()
+            replies.append((int(status_line.split()[1]), json.loads(stream.read(int(headers["content-length"])))))
+        return replies
+
+
+def test_a_body_that_cannot_be_read_is_4xx_and_the_engine_keeps_serving(engine: Engine) -> None:
+    for head, body, status, code in [
+        (b"Content-Length: many", b"{}", 400, "REEF_ERR_BODY"),
+        (b"Content-Length: 99999999999", b"{}", 413, "REEF_ERR_TOO_LARGE"),
+        (b"Content-Length: 200000", b"[" * 100_000 + b"]" * 100_000, 400, "REEF_ERR_INVALID_ARGUMENT"),
+    ]:
+        replies = raw_exchange(engine, b"POST /generate HTTP/1.1\r\nHost: e\r\n%s\r\n\r\n%s" % (head, body))
+        assert [(s, r["error"]["code"]) for s, r in replies] == [(status, code)], head
+    assert engine.call("/health")[0] == 200
+
+
+def test_a_chunked_body_is_read_whole_and_the_connection_stays_usable(engine: Engine) -> None:
+    body = json.dumps({"text": PROMPT, "sampling_params": {"max_new_tokens": 3, "temperature": 0}}).encode()
+    chunked = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:10], body[10:])) + b"0\r\n\r\n"
+    replies = raw_exchange(engine, b"POST /generate HTTP/1.1\r\nHost: e\r\nTransfer-Encoding: chunked\r\n\r\n"
+                           + chunked + b"GET /health HTTP/1.1\r\nHost: e\r\nConnection: close\r\n\r\n")
+    assert [s for s, _ in replies] == [200, 200], replies
+    assert replies[0][1]["output_ids"] == engine.generate(text=PROMPT, sampling_params={
+        "max_new_tokens": 3, "temperature": 0})["output_ids"]
+
+
 def test_update_weights_changes_outputs_and_reload_restores_them(engine: Engine, models: tuple[Path, Path]) -> None:
     body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 8, "temperature": 0}, "return_logprob": True}
     before = engine.generate(**body)

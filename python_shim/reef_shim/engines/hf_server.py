@@ -41,7 +41,8 @@ Behaviour a client can rely on:
   is refused (the weights live on the CPU). `--weight-sync-timeout-s` (300) bounds the join and
   each transfer.
 - Errors: `{error: {message, code}}` with a Reef code; 400 for a bad request or an input at or
-  past the context length, 503 while loading.
+  past the context length, 413 for a body over 64 MiB, 503 while loading. A body is read by
+  Content-Length or chunked; one that cannot be read closes the connection after the error.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ from .request import GenRequest, RequestError, parse_generate
 from .weights import WeightError
 
 log = logging.getLogger("reef_shim.hf_server")
+# A 128k-token prompt is ~1 MiB of JSON; a body far past that is a mistake, not a prompt to buffer.
+MAX_BODY_BYTES = 64 << 20
 
 
 class ServerState:
@@ -141,14 +143,61 @@ class EngineHandler(BaseHTTPRequestHandler):
         self._send_json(status, {"error": {"message": message, "code": code}})
 
     def _body(self) -> Any:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length > 0 else b""
+        try:
+            raw = self._raw_body()
+        except RequestError:
+            # The rest of the body is unread: it would be parsed as the next request.
+            self.close_connection = True
+            raise
         if not raw:
             return {}
         try:
             return json.loads(raw)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
             raise RequestError(f"the body is not JSON: {e}") from e
+
+    def _raw_body(self) -> bytes:
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            return self._chunked_body()
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            raise RequestError("Content-Length is not a byte count", "REEF_ERR_BODY")
+        if length > MAX_BODY_BYTES:
+            raise RequestError(f"request body is larger than {MAX_BODY_BYTES} bytes", "REEF_ERR_TOO_LARGE", 413)
+        raw = self.rfile.read(length) if length else b""
+        if len(raw) < length:
+            raise ClientGone()
+        return raw
+
+    def _chunked_body(self) -> bytes:
+        parts: list[bytes] = []
+        total = 0
+        while True:
+            line = self.rfile.readline(1024)
+            if not line:
+                raise ClientGone()
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise RequestError("a malformed chunk in the request body", "REEF_ERR_BODY") from None
+            if size < 0:
+                raise RequestError("a malformed chunk in the request body", "REEF_ERR_BODY")
+            if size == 0:
+                break
+            total += size
+            if total > MAX_BODY_BYTES:
+                raise RequestError(f"request body is larger than {MAX_BODY_BYTES} bytes", "REEF_ERR_TOO_LARGE", 413)
+            chunk = self.rfile.read(size)
+            if len(chunk) < size:
+                raise ClientGone()
+            parts.append(chunk)
+            self.rfile.readline(1024)  # the CRLF after the chunk
+        while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+            pass  # trailer fields
+        return b"".join(parts)
 
     def _engine(self) -> HFEngine | None:
         if self.st.engine is None:
