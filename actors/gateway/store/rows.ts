@@ -56,6 +56,23 @@ function finite(value: unknown, field: string): number {
   return value;
 }
 
+/** ms since the epoch: the columns are INTEGER, and STRICT refuses a fraction only at commit. */
+function millis(value: unknown, field: string): number {
+  if (!Number.isSafeInteger(value)) throw invalid(`record.${field} must be an integer (ms since the epoch)`);
+  return value as number;
+}
+
+function json(value: unknown, field: string): string {
+  let text: string | undefined;
+  try {
+    text = JSON.stringify(value);
+  } catch {
+    text = undefined;
+  }
+  if (text === undefined) throw invalid(`record.${field} must be JSON-serialisable`);
+  return text;
+}
+
 function count(value: unknown, field: string): number {
   if (!Number.isSafeInteger(value) || (value as number) < 0) throw invalid(`record.${field} must be a non-negative integer`);
   return value as number;
@@ -153,7 +170,7 @@ export function toRow(r: NewRecord, id: string, memo: ChunkMemo | null = null): 
   if (r.status !== 'ok' && r.status !== 'aborted' && r.status !== 'failed') {
     throw invalid(`record.status must be ok, aborted or failed, got ${JSON.stringify(r.status)}`);
   }
-  if (r.tags === null || typeof r.tags !== 'object' || Object.values(r.tags).some((v) => typeof v !== 'string')) {
+  if (r.tags === null || typeof r.tags !== 'object' || Array.isArray(r.tags) || Object.values(r.tags).some((v) => typeof v !== 'string')) {
     throw invalid('record.tags must map names to strings');
   }
   // Staged payloads are used only for the very bytes and ids they were cut from.
@@ -174,8 +191,8 @@ export function toRow(r: NewRecord, id: string, memo: ChunkMemo | null = null): 
     id,
     r.scenario,
     r.status,
-    finite(r.startedAt, 'startedAt'),
-    finite(r.finishedAt, 'finishedAt'),
+    millis(r.startedAt, 'startedAt'),
+    millis(r.finishedAt, 'finishedAt'),
     finite(r.latencyMs, 'latencyMs'),
     text(r.engine, 'engine', false),
     text(r.weightVersion, 'weightVersion', true),
@@ -186,7 +203,7 @@ export function toRow(r: NewRecord, id: string, memo: ChunkMemo | null = null): 
     text(r.error, 'error', true),
     JSON.stringify(r.tags),
     request.tail,
-    JSON.stringify(r.response ?? null),
+    json(r.response ?? null, 'response'),
     prompt.tail,
     blob(outputIds),
     blob(logprobs),

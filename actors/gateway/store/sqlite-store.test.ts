@@ -103,6 +103,21 @@ describe('SqliteStore records', () => {
     expect(await store.headOffset()).toBe(0);
   });
 
+  it('rejects what the row cannot hold as REEF_ERR_INVALID_ARGUMENT, not as a failed commit (fractional times, a tag list, a response JSON cannot write)', async () => {
+    const r = sampleRecord(1);
+    for (const [field, bad] of [
+      ['startedAt', { startedAt: r.startedAt + 0.5 }],
+      ['finishedAt', { finishedAt: 1e300 }],
+      ['tags', { tags: ['a'] as unknown as Record<string, string> }],
+      ['response', { response: { n: 1n } }],
+      ['response', { response: () => 1 }],
+    ] as const) {
+      await expect(store.append({ ...r, ...bad })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT', message: expect.stringContaining(field) });
+    }
+    expect(store.stats().commits).toBe(0);
+    expect(await store.headOffset()).toBe(0);
+  });
+
   it('records aborted and failed streams whole, with their status and reason', async () => {
     const aborted = await store.markAborted({ ...sampleRecord(5), finishReason: null }, 'client disconnected');
     const failed = await store.markFailed(sampleRecord(6, { outputTokens: 0 }), 'engine returned 500');
