@@ -11,7 +11,9 @@ import { loadConfig } from '../config/index.js';
  * `reef export records --scenario S [--out FILE] [-c FILE | --data-dir DIR]`: one JSON record per
  * line, oldest first, every field of the stored record. Token payloads (`promptIds`, `outputIds`,
  * `logprobs`, `topkIds`, `topkLogprobs`) are JSON arrays; a masked candidate's logprob
- * (-Infinity, which JSON cannot write) is `null` — `recordFromJson` reads it back.
+ * (-Infinity, which JSON cannot write) is `null`, the other values JSON cannot write are the
+ * strings `"NaN"` (the gateway's logprob of a token the engine gave none for) and `"Infinity"`;
+ * `recordFromJson` reads them all back.
  */
 const PAYLOADS = ['promptIds', 'outputIds', 'logprobs', 'topkIds', 'topkLogprobs'] as const;
 const PAGE = 500;
@@ -25,17 +27,29 @@ export async function dataDirOf(args: ParsedArgs): Promise<string> {
   return resolve('.reef');
 }
 
+// A missing logprob (NaN) written as null came back as -Infinity: a token the engine gave no
+// logprob for read as one it could never have sampled.
+function toJsonNumber(x: number): number | string | null {
+  if (Number.isFinite(x)) return x;
+  return x === Number.NEGATIVE_INFINITY ? null : String(x);
+}
+
+function fromJsonNumber(x: unknown): number {
+  if (x === null) return Number.NEGATIVE_INFINITY;
+  return typeof x === 'string' ? Number(x) : (x as number);
+}
+
 /** One exported line (without its newline). */
 export function recordToJson(r: AgentRecord): string {
   const out: Record<string, unknown> = { ...r };
-  for (const k of PAYLOADS) out[k] = Array.from(r[k], (x) => (Number.isFinite(x) ? x : null));
+  for (const k of PAYLOADS) out[k] = Array.from(r[k], toJsonNumber);
   return JSON.stringify(out);
 }
 
 /** The record of an exported line, payloads as typed arrays again. */
 export function recordFromJson(line: string): AgentRecord {
   const raw = JSON.parse(line) as Record<string, unknown>;
-  const nums = (k: string): number[] => (Array.isArray(raw[k]) ? (raw[k] as (number | null)[]).map((x) => x ?? -Infinity) : []);
+  const nums = (k: string): number[] => (Array.isArray(raw[k]) ? (raw[k] as unknown[]).map(fromJsonNumber) : []);
   return {
     ...(raw as unknown as AgentRecord),
     promptIds: Int32Array.from(nums('promptIds')),
