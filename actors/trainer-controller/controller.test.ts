@@ -1,4 +1,4 @@
-import { mkdtempSync, readFileSync, mkdirSync, existsSync } from 'node:fs';
+import { mkdtempSync, readFileSync, mkdirSync, existsSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -208,6 +208,33 @@ describe('TrainerController', () => {
     expect(w.calls).toEqual(['restart:base', 'step:s:openclawrl:1', 'restart:base', 'step:s:openclawrl:1', 'load:v1']);
     expect(c2.releases.map((r) => r.batchIds[0])).toEqual(['s:openclawrl:1']);
     expect(readFileSync(join(dir, 'prm.jsonl'), 'utf8').trim().split('\n')).toHaveLength(1);
+  });
+
+  it('a new run (fresh data dir, same record file) writes its own lines, though its batch ids start at 1 again', async () => {
+    const { dir } = await twoReleases();
+    const w2 = world(dir);
+    for (const id of ['e', 'f']) w2.add(id, -1);
+    await new TrainerController(w2.ports, opts(dir), 0, null).tick();
+    const lines = readFileSync(join(dir, 'prm.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    expect(lines.map((l) => [l.batch_id, l.rewards['-1']])).toEqual([['s:openclawrl:1', 0], ['s:openclawrl:2', 0], ['s:openclawrl:1', 2]]);
+    expect(lines[2].run).not.toBe(lines[0].run);
+    expect(lines[1].run).toBe(lines[0].run);
+  });
+
+  it('a crash between a release and its record line is healed when the controller starts again, once', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    w.add('a', 1);
+    w.add('b', -1);
+    // The release is saved; the process dies before the line is appended (here: it cannot be).
+    mkdirSync(join(dir, 'prm.jsonl'));
+    await expect(new TrainerController(w.ports, opts(dir), 0, null).tick()).rejects.toThrow();
+    rmSync(join(dir, 'prm.jsonl'), { recursive: true });
+    expect(w.durable.state!.releases.map((r) => r.batchIds)).toEqual([['s:openclawrl:1']]);
+    new TrainerController(w.ports, opts(dir), w.durable.offset, w.durable.state);
+    new TrainerController(w.ports, opts(dir), w.durable.offset, w.durable.state);
+    const lines = readFileSync(join(dir, 'prm.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    expect(lines.map((l) => [l.batch_id, l.rewards])).toEqual([['s:openclawrl:1', { '1': 1, '-1': 1, '0': 0 }]]);
   });
 
   it('a restarted controller starts the trainer group from the last release, not from the base model', async () => {

@@ -1,4 +1,5 @@
 import { existsSync, readFileSync, appendFileSync, mkdirSync, rmSync } from 'node:fs';
+import { randomUUID } from 'node:crypto';
 import { dirname } from 'node:path';
 import { ReefError } from '../runtime/errors.js';
 import type { AgentRecord } from '../gateway/store/types.js';
@@ -119,10 +120,29 @@ export interface ControllerState {
   /** Absent in states saved before dead letters existed. */
   deadLetters?: DeadLetter[];
   counters: Record<string, number>;
+  /**
+   * Names this history in the record file's lines: batch ids start again at 1 in a new data dir,
+   * while the record file (relative to the config) may hold an earlier run's lines. Given to a
+   * state saved without one on load.
+   */
+  run?: string;
+  /** The record line of the last release, saved with it, so that a crash before the append is healed at the next start. */
+  lastLine?: Record<string, unknown> | null;
 }
 
 /** What the trainer answers for a batch it cannot take: the same answer every time it is sent. */
 const PERMANENT = new Set(['REEF_ERR_INVALID_ARGUMENT', 'REEF_ERR_BAD_MESSAGE', 'REEF_ERR_UNKNOWN_MESSAGE']);
+
+/** Whether a line of the record file is `line`'s (its run and batch id); a torn or foreign line is not. */
+function sameLine(text: string, line: Record<string, unknown>): boolean {
+  if (!text.includes(String(line.batch_id))) return false;
+  try {
+    const parsed = JSON.parse(text) as Record<string, unknown>;
+    return parsed.run === line.run && parsed.batch_id === line.batch_id;
+  } catch {
+    return false;
+  }
+}
 
 export function emptyState(): ControllerState {
   return { batcher: { lastN: {}, pending: {}, judged: {} }, pending: [], releases: [], deadLetters: [], counters: {} };
@@ -150,7 +170,9 @@ export class TrainerController {
   constructor(private readonly ports: ControllerPorts, private readonly opts: ControllerOptions, private offset: number, state: ControllerState | null) {
     this.state = state ?? emptyState();
     this.state.deadLetters ??= [];
+    this.state.run ??= randomUUID();
     this.batcher = new Batcher(opts.batchSize, this.state.batcher);
+    if (this.state.lastLine) this.writeRecordLine(this.state.lastLine);
   }
 
   private exclusive<T>(fn: () => Promise<T>): Promise<T> {
@@ -344,8 +366,10 @@ export class TrainerController {
     this.bump('samples', batch.tasks.length);
     const overlong = result.metrics.teacher_candidates_overlong ?? 0;
     if (overlong > 0) this.bump('teacher_candidates_overlong', overlong);
+    const line = this.opts.recordFile ? { ...recordLine(batch, await this.ports.correlation()), run: this.state.run } : null;
+    this.state.lastLine = line;
     await this.persist();
-    this.writeRecordLine(batch, await this.ports.correlation());
+    if (line) this.writeRecordLine(line);
     this.pruneCheckpoints();
     this.ports.log(`released ${release.weightVersion} from ${batch.batchId} (${batch.tasks.length} samples, loss ${result.metrics.loss?.toFixed?.(4) ?? '?'}, ${Math.round(result.stepMs)} ms)`);
     return true;
@@ -370,13 +394,17 @@ export class TrainerController {
     if (p.fallback !== null) this.bump('weight_sync_fallbacks');
   }
 
-  /** Appends the batch's line once: a crash between the commit and the append is healed on the next line. */
-  private writeRecordLine(batch: Batch, correlation: Record<string, number>): void {
+  /**
+   * Appends a release's line unless the file has it: written after the release is saved, and again
+   * at the next start should the process have died in between. Lines are told apart by run and
+   * batch id, so another run's line with the same batch id is not this one.
+   */
+  private writeRecordLine(line: Record<string, unknown>): void {
     const file = this.opts.recordFile;
     if (!file) return;
     mkdirSync(dirname(file), { recursive: true });
-    if (existsSync(file) && readFileSync(file, 'utf8').split('\n').some((l) => l.includes(`"batch_id":${JSON.stringify(batch.batchId)}`))) return;
-    appendFileSync(file, `${JSON.stringify(recordLine(batch, correlation))}\n`);
+    if (existsSync(file) && readFileSync(file, 'utf8').split('\n').some((l) => sameLine(l, line))) return;
+    appendFileSync(file, `${JSON.stringify(line)}\n`);
   }
 
   private pruneCheckpoints(): void {

@@ -44,6 +44,13 @@ describe('prm record file', () => {
     ]);
     expect(readPrmRecords(join(dir, 'none.jsonl'))).toEqual([]);
   });
+
+  it('counts only the last run of a file that several runs wrote to', () => {
+    const f = join(dir, 'runs.jsonl');
+    const line = (run: string, n: number, plus: number) => JSON.stringify({ batch: n, batch_id: `hw:openclawrl:${n}`, run, rewards: { '1': plus, '-1': 0, '0': 0 } });
+    writeFileSync(f, [line('r1', 1, 5), line('r1', 2, 6), line('r2', 1, 7), ''].join('\n'));
+    expect(readPrmRecords(f)).toEqual([{ batch: 'hw:openclawrl:1', rewards: { '1': 7, '-1': 0, '0': 0 } }]);
+  });
 });
 
 describe('summary and plots', () => {

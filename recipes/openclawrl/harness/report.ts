@@ -61,11 +61,13 @@ const count = (v: unknown): number => (typeof v === 'number' && Number.isFinite(
 /**
  * Reads the batch lines of a prm_record_file. A line names its batch as `batch` (or `batch_id`)
  * and its split as `rewards` (or `reward_split`): `{"1": n, "-1": n, "0": n}`. A missing file is
- * no batches yet; a line that is not JSON (a write in progress) is skipped.
+ * no batches yet; a line that is not JSON (a write in progress) is skipped. Reef's lines name the
+ * controller's history as `run`; when a file holds several (the same config on a new data dir),
+ * only the last run's batches count: the others are not this run's.
  */
 export function readPrmRecords(path: string): BatchRewards[] {
   if (!existsSync(path)) return [];
-  const out: BatchRewards[] = [];
+  const out: Array<BatchRewards & { run: unknown }> = [];
   for (const line of readFileSync(path, 'utf8').split('\n')) {
     if (line.trim() === '') continue;
     let rec: Record<string, unknown>;
@@ -78,9 +80,10 @@ export function readPrmRecords(path: string): BatchRewards[] {
     const batch = typeof rec.batch_id === 'string' ? rec.batch_id : rec.batch;
     const split = (rec.rewards ?? rec.reward_split) as Record<string, unknown> | undefined;
     if (typeof batch !== 'string' || typeof split !== 'object' || split === null) continue;
-    out.push({ batch, rewards: { '1': count(split['1']), '-1': count(split['-1']), '0': count(split['0']) } });
+    out.push({ batch, rewards: { '1': count(split['1']), '-1': count(split['-1']), '0': count(split['0']) }, run: rec.run });
   }
-  return out;
+  const last = out.at(-1)?.run;
+  return out.filter((b) => b.run === last).map(({ run: _run, ...b }) => b);
 }
 
 export function summarize(results: readonly SessionResult[], opts: { wallTimeS: number; batches: BatchRewards[] | null; dir: string; window?: number }): RunSummary {
