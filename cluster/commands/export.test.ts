@@ -1,7 +1,27 @@
-import { describe, expect, it } from 'vitest';
+import * as fs from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import { sampleRecord } from '../../actors/gateway/store/fixtures.js';
+import { SqliteStore } from '../../actors/gateway/store/sqlite-store.js';
 import type { AgentRecord } from '../../actors/gateway/store/types.js';
-import { recordFromJson, recordToJson } from './export.js';
+import { parseArgs } from '../args.js';
+import type { Io } from '../cli.js';
+import { exportCommand, recordFromJson, recordToJson } from './export.js';
+
+// write(2) may write less than it was asked to without an error (a file size limit, a disk filling
+// up); this one always does, at most 1000 bytes a call.
+vi.mock('node:fs', async (importOriginal) => {
+  const real = await importOriginal<typeof fs>();
+  const writeSync = (fd: number, data: string | NodeJS.ArrayBufferView, offset?: number, length?: number) => {
+    const bytes = typeof data === 'string' ? Buffer.from(data) : Buffer.from(data.buffer, data.byteOffset, data.byteLength);
+    const from = typeof data === 'string' ? 0 : (offset ?? 0);
+    const upTo = typeof data === 'string' || length === undefined ? bytes.length : from + length;
+    return real.writeSync(fd, bytes, from, Math.min(1000, upTo - from));
+  };
+  return { ...real, writeSync };
+});
 
 describe('reef export lines', () => {
   it('read back every logprob as recorded: a missing one (NaN) does not come back as a masked one (-Infinity)', () => {
@@ -18,5 +38,23 @@ describe('reef export lines', () => {
     expect(Array.from(back.promptIds)).toEqual(Array.from(record.promptIds));
     // A masked candidate stays null, as earlier exports wrote it.
     expect(JSON.parse(recordToJson(record)).topkLogprobs[1]).toBeNull();
+  });
+});
+
+describe('reef export records --out', () => {
+  let dir: string;
+  afterEach(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('writes every line when the file takes less than each write offered (it reported all records and kept a cut file)', async () => {
+    dir = mkdtempSync(join(tmpdir(), 'reef-export-'));
+    const store = SqliteStore.open(join(dir, 'records.sqlite'));
+    for (let i = 0; i < 5; i++) await store.append(sampleRecord(i, { promptTokens: 200 }));
+    await store.close();
+    const out = join(dir, 'out.jsonl');
+    const io: Io = { stdout: () => undefined, stderr: () => undefined };
+    expect(await exportCommand(parseArgs(['export', 'records', '--scenario', 'default', '--out', out, '--data-dir', dir]), io)).toBe(0);
+    const lines = readFileSync(out, 'utf8').split('\n');
+    expect(lines.pop()).toBe('');
+    expect(lines.map((l) => recordFromJson(l).tags.seed)).toEqual(['0', '1', '2', '3', '4']);
   });
 });

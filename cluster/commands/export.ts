@@ -1,4 +1,4 @@
-import { closeSync, existsSync, openSync, renameSync, rmSync, writeSync } from 'node:fs';
+import { closeSync, existsSync, fsyncSync, openSync, renameSync, rmSync, writeSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { SqliteStore } from '../../actors/gateway/store/sqlite-store.js';
 import type { AgentRecord } from '../../actors/gateway/store/types.js';
@@ -60,6 +60,21 @@ export function recordFromJson(line: string): AgentRecord {
   };
 }
 
+/**
+ * write(2) may take fewer bytes than it is given without an error (a file size limit, a disk
+ * filling up; the next write then fails): one writeSync per page cut the file short mid-record
+ * and the export still reported every record.
+ */
+function writeAll(fd: number, text: string): void {
+  const bytes = Buffer.from(text);
+  for (let at = 0; at < bytes.length;) {
+    const n = writeSync(fd, bytes, at, bytes.length - at);
+    // As an fs error would be: this command reports its file's I/O failures as they come.
+    if (n <= 0) throw new Error(`export file: a write of ${bytes.length - at} bytes took none`);
+    at += n;
+  }
+}
+
 export async function exportCommand(args: ParsedArgs, io: Io): Promise<number> {
   const [what] = args.positionals.slice(1);
   const scenario = flagString(args, 'scenario');
@@ -90,11 +105,13 @@ export async function exportCommand(args: ParsedArgs, io: Io): Promise<number> {
         if (record !== null) lines.push(recordToJson(record));
       }
       if (fd !== null) {
-        if (lines.length > 0) writeSync(fd, `${lines.join('\n')}\n`);
+        if (lines.length > 0) writeAll(fd, `${lines.join('\n')}\n`);
       } else for (const line of lines) io.stdout(line);
       count += lines.length;
       after = page.next;
     } while (after !== null);
+    // On disk before the rename puts it in place of an earlier file, which a crash must not leave empty.
+    if (fd !== null) fsyncSync(fd);
     done = true;
   } finally {
     if (fd !== null) closeSync(fd);
