@@ -172,6 +172,13 @@ describe('SqliteStore records', () => {
     await expect(store.list({ scenario: 'a', after: 'garbage' })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
   });
 
+  it('refuses an order other than asc or desc, for records and reports alike (reports threw a TypeError, records listed oldest first)', async () => {
+    const order = 'DESC' as 'desc';
+    await expect(store.list({ scenario: 'a', order })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT', message: expect.stringContaining('order') });
+    await expect(store.listReports({ scenario: 'a', order })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT', message: expect.stringContaining('order') });
+    expect((await store.listReports({ scenario: 'a', order: 'desc' })).items).toEqual([]);
+  });
+
   it('returns null for an unknown id', async () => {
     expect(await store.get('01ARZ3NDEKTSV4RRFFQ69G5FAV')).toBeNull();
   });

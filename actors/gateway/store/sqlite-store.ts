@@ -57,6 +57,12 @@ function pageLimit(limit: number | undefined): number {
   return Math.min(limit, MAX_PAGE);
 }
 
+function pageOrder(order: unknown): 'asc' | 'desc' {
+  if (order === undefined || order === null) return 'asc';
+  if (order !== 'asc' && order !== 'desc') throw invalid(`order must be asc or desc, got ${JSON.stringify(order)}`);
+  return order;
+}
+
 function checkOffset(offset: unknown): number {
   if (!Number.isSafeInteger(offset) || (offset as number) < 0) throw invalid('offset must be a non-negative integer');
   return offset as number;
@@ -281,7 +287,7 @@ export class SqliteStore implements RecordStore {
     this.live();
     const scenario = checkScenarioName(options.scenario);
     const limit = pageLimit(options.limit);
-    const desc = options.order === 'desc';
+    const desc = pageOrder(options.order) === 'desc';
     const after = parseCursor(options.after) ?? (desc ? Number.MAX_SAFE_INTEGER : 0);
     const rows = (desc ? this.sql.listDesc : this.sql.listAsc).all(scenario, after, limit + 1);
     const items = rows.slice(0, limit);
@@ -405,7 +411,7 @@ export class SqliteStore implements RecordStore {
   async listReports(options: ListOptions): Promise<Page<Report>> {
     this.live();
     const scenario = checkScenarioName(options.scenario);
-    return this.reports.list(scenario, parseCursor(options.after), pageLimit(options.limit), options.order ?? 'asc');
+    return this.reports.list(scenario, parseCursor(options.after), pageLimit(options.limit), pageOrder(options.order));
   }
 
   stats(): StoreStats {
