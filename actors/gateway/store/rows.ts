@@ -104,10 +104,20 @@ function requestBytes(request: NewRecord['request']): { bytes: Buffer; form: num
     const bytes = blob(request.chatBody);
     // The gateway parsed these bytes as a JSON object before it got here (after a byte-order mark,
     // which its decoder drops, and JSON whitespace); a cheap shape check.
-    if (withoutBom(bytes.toString('latin1', 0, 64), '\u00ef\u00bb\u00bf').replace(/^[ \t\n\r]+/, '')[0] !== '{') throw invalid('record.request.chatBody must be the UTF-8 JSON of a chat-completion request');
+    if (bytes[firstJsonByte(bytes)] !== 0x7b) throw invalid('record.request.chatBody must be the UTF-8 JSON of a chat-completion request');
     return { bytes, form: REQUEST_FORM.chatBody };
   }
   return { bytes: requestJsonBytes(request), form: REQUEST_FORM.reef };
+}
+
+/**
+ * Where the JSON value starts: after a byte-order mark and any amount of JSON whitespace, as
+ * JSON.parse takes it (a check of the first 64 bytes refused bodies the gateway had served).
+ */
+function firstJsonByte(bytes: Buffer): number {
+  let i = bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf ? 3 : 0;
+  while (bytes[i] === 0x20 || bytes[i] === 0x09 || bytes[i] === 0x0a || bytes[i] === 0x0d) i++;
+  return i;
 }
 
 function isChatBody(request: NewRecord['request']): request is ChatBody {

@@ -69,10 +69,13 @@ describe('SqliteStore records', () => {
     expect((await store.get(bom.id))!.request.messages).toEqual([{ role: 'user', content: 'hi' }]);
     const bomThenSpace = await store.append({ ...input, request: { chatBody: Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from('\n {"messages": [{"role": "user", "content": "hi"}]}')]) } });
     expect((await store.get(bomThenSpace.id))!.request.messages).toEqual([{ role: 'user', content: 'hi' }]);
+    // JSON allows any amount of whitespace first; the shape check looked at 64 bytes only.
+    const longSpace = await store.append({ ...input, request: { chatBody: Buffer.from(`${' \t\r\n'.repeat(40)}{"messages": [{"role": "user", "content": "hi"}]}`) } });
+    expect((await store.get(longSpace.id))!.request.messages).toEqual([{ role: 'user', content: 'hi' }]);
     // Without tools, `tools` reads as null, as for requests stored as {messages, tools, params}.
     const bare = await store.append({ ...input, request: { chatBody: new TextEncoder().encode('{"messages": [{"role": "user", "content": "hi"}]}') } });
     expect((await store.get(bare.id))!.request).toEqual({ messages: [{ role: 'user', content: 'hi' }], tools: null, params: {} });
-    for (const bad of [new TextEncoder().encode('[1, 2]'), 'not bytes']) {
+    for (const bad of [new TextEncoder().encode('[1, 2]'), 'not bytes', new TextEncoder().encode(' '.repeat(100)), new Uint8Array(0)]) {
       await expect(store.append({ ...input, request: { chatBody: bad as Uint8Array } })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT', message: expect.stringMatching(/record\.request\.chatBody/) });
     }
   });
