@@ -224,6 +224,22 @@ def test_client_leaving_a_stream_stops_its_generation(engine: Engine) -> None:
         time.sleep(0.2)
 
 
+def test_client_leaving_a_plain_request_stops_its_generation(engine: Engine) -> None:
+    import socket
+
+    body = json.dumps({"text": PROMPT, "rid": "quitter",
+                       "sampling_params": {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}}).encode()
+    host, port = engine.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: e\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    after = engine.generate(text=PROMPT, sampling_params={"max_new_tokens": 2, "temperature": 0})
+    assert len(after["output_ids"]) == 2
+    deadline = time.monotonic() + 60
+    while "client left request quitter" not in engine.log_path.read_text():
+        assert time.monotonic() < deadline, "the engine did not notice the client leaving"
+        time.sleep(0.2)
+
+
 def test_bad_requests_are_400_with_a_code(engine: Engine) -> None:
     for body in ({"input_ids": [1] * 4096}, {"input_ids": [5000]}, {}, {"text": "x", "input_ids": [1]},
                  {"text": "x", "sampling_params": {"top_k": 0}}, {"text": "x", "sampling_params": {"max_new_tokens": "9"}},
@@ -237,13 +253,13 @@ def test_bad_requests_are_400_with_a_code(engine: Engine) -> None:
 
 
 def raw_exchange(engine: Engine, data: bytes) -> list[tuple[int, Any]]:
-    """Send bytes as they are, then read every (JSON, Content-Length) response until the engine closes."""
+    """Send bytes as they are, then read every (JSON, Content-Length) response until the engine closes
+    (the last request should say `Connection: close`)."""
     import socket
 
     host, port = engine.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=60) as sock:
-        sock.sendall(data)
-        sock.shutdown(socket.SHUT_WR)
+        sock.sendall(data)  # not half-closed: the engine takes that for a client that left
         stream = sock.makefile("rb")
         replies = []
         while status_line := stream.readline():
@@ -261,7 +277,8 @@ def test_a_body_that_cannot_be_read_is_4xx_and_the_engine_keeps_serving(engine: 
         (b"Content-Length: 99999999999", b"{}", 413, "REEF_ERR_TOO_LARGE"),
         (b"Content-Length: 200000", b"[" * 100_000 + b"]" * 100_000, 400, "REEF_ERR_INVALID_ARGUMENT"),
     ]:
-        replies = raw_exchange(engine, b"POST /generate HTTP/1.1\r\nHost: e\r\n%s\r\n\r\n%s" % (head, body))
+        replies = raw_exchange(engine, b"POST /generate HTTP/1.1\r\nHost: e\r\nConnection: close\r\n%s\r\n\r\n%s"
+                               % (head, body))
         assert [(s, r["error"]["code"]) for s, r in replies] == [(status, code)], head
     assert engine.call("/health")[0] == 200
 

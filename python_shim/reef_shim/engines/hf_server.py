@@ -28,7 +28,10 @@ Behaviour a client can rely on:
 - Streaming (`stream: true`): SSE events `data: {<full reply shape>}` whose `text`, `output_ids`
   and logprob lists are cumulative (the whole output so far, as SGLang's native API), with
   `finish_reason` null until the last event, then `data: [DONE]`. An event is held back while the
-  text ends inside a UTF-8 character or a possible stop string, so `text` never shrinks.
+  text ends inside a UTF-8 character or a possible stop string, so `text` never shrinks. A failure
+  after the first event ends the stream with `data: {error: {message, code}}`, then `[DONE]`.
+- A client that closes its connection (streaming or not) is noticed between tokens: its request
+  ends there (or does not start, if it was queued) and the engine moves on.
 - Pause: `/pause_generation` makes new `/generate` calls wait (they are not failed) until
   `/continue_generation`; requests already admitted finish. `/health` stays 200 while paused.
 - `/update_weights_from_disk {model_path, weight_version}` waits for the request in flight, loads

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import select
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -204,6 +206,20 @@ class EngineHandler(BaseHTTPRequestHandler):
             self._error(503, "REEF_ERR_ENGINE_DOWN", "engine is unavailable: the model is loading")
         return self.st.engine
 
+    def _client_gone(self) -> bool:
+        """Whether the client closed its end: polled between tokens, so that a request nobody waits
+        for stops instead of holding the engine (a client that half-closes counts as gone, as with
+        SGLang's uvicorn)."""
+        try:
+            if not select.select([self.connection], [], [], 0)[0]:
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+
+    def _should_stop(self) -> bool:
+        return self.st.stopping.is_set() or self._client_gone()
+
     def _chunk(self, data: bytes) -> None:
         try:
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
@@ -308,19 +324,28 @@ class EngineHandler(BaseHTTPRequestHandler):
             engine = self.st.engine
             assert engine is not None
             with engine.lock:
+                if self._client_gone():
+                    # It left while queued (behind other requests, or paused): not even the prompt runs.
+                    self.close_connection = True
+                    log.info("client left request %s before it started", req.rid)
+                    return
                 if req.stream:
                     self._stream(engine, req)
                 else:
                     last = None
-                    for last in engine.generate(req, self.st.stopping.is_set):
+                    for last in engine.generate(req, self._should_stop):
                         pass
                     assert last is not None
+                    if last.finish and last.finish["type"] == "abort" and self._client_gone():
+                        self.close_connection = True
+                        log.info("client left request %s after %d tokens", last.rid, len(last.output_ids))
+                        return
                     self._send_json(200, reply_body(last, engine.weight_version, req))
         finally:
             self.st.leave()
 
     def _stream(self, engine: HFEngine, req: GenRequest) -> None:
-        states = engine.generate(req, lambda: self.st.stopping.is_set())
+        states = engine.generate(req, self._should_stop)
         first = next(states)  # a RequestError about the prompt surfaces here, before any header
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -330,6 +355,8 @@ class EngineHandler(BaseHTTPRequestHandler):
         try:
             state: GenState | None = first
             while state is not None:
+                if state.finish is not None and state.finish["type"] == "abort" and self._client_gone():
+                    raise ClientGone()
                 if state.stable or state.finish is not None:
                     event = json.dumps(reply_body(state, engine.weight_version, req), allow_nan=False)
                     self._chunk(f"data: {event}\n\n".encode())
@@ -340,3 +367,15 @@ class EngineHandler(BaseHTTPRequestHandler):
             states.close()  # stops the generator: no token is computed for a client that left
             self.close_connection = True
             log.info("client left stream %s", req.rid)
+        except Exception as e:
+            # The 200 and some events are out: an error response now would land inside the chunked
+            # body. SGLang ends such a stream with an error event, then [DONE].
+            log.exception("stream %s failed", req.rid)
+            self.close_connection = True
+            error = json.dumps({"error": {"message": f"generation failed: {e}", "code": "REEF_ERR_HANDLER"}})
+            try:
+                self._chunk(f"data: {error}\n\n".encode())
+                self._chunk(b"data: [DONE]\n\n")
+                self._chunk(b"")
+            except ClientGone:
+                pass
