@@ -37,3 +37,17 @@ def test_a_temperature_below_sglangs_epsilon_is_greedy() -> None:
         lp = sampling_logprobs(logits, t, top_k=2, top_p=0.5)
         assert torch.equal(lp, greedy)
         assert pick_token(lp, t, torch.Generator().manual_seed(0)) == 2
+
+
+@pytest.mark.parametrize("sampling", [{"min_p": 0.05}, {"repetition_penalty": 1.1}, {"frequency_penalty": 0.5},
+                                      {"n": 2}, {"regex": "[0-9]+"}, {"skip_special_tokens": False}])
+def test_sglang_sampling_params_the_engine_does_not_implement_are_refused_not_ignored(sampling: dict) -> None:
+    with pytest.raises(RequestError, match=next(iter(sampling))):
+        parse_generate({"text": "x", "sampling_params": sampling})
+
+
+def test_their_neutral_values_are_accepted() -> None:
+    parse_generate({"text": "x", "sampling_params": {
+        "min_p": 0.0, "repetition_penalty": 1, "frequency_penalty": 0, "presence_penalty": 0.0, "n": 1,
+        "min_new_tokens": 0, "logit_bias": {}, "regex": None, "skip_special_tokens": True, "no_stop_trim": False,
+        "stream_interval": 4}})

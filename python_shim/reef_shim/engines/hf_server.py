@@ -16,7 +16,8 @@ Behaviour a client can rely on:
 - Sampling: see `sampling.py`. The reported logprobs and top-K are those of the distribution the
   token was drawn from (temperature, then top-k, then top-p, renormalised; a temperature below
   1e-6 = greedy on the raw log-softmax, as SGLang). `sampling_logprobs` recomputes them from
-  (prompt, output).
+  (prompt, output). SGLang parameters it does not implement (min_p, penalties, n, grammars...) are
+  400 unless they hold the value that changes nothing (`request.UNIMPLEMENTED`).
 - Randomness: each request gets its own `torch.Generator`, seeded by `sampling_params.sampling_seed`
   when given, else by sha256(f"{--seed}:{rid}") when the server has a seed and the client a rid,
   else randomly. So (seed, rid, weights, prompt, params) fixes the output.

@@ -1,11 +1,15 @@
 """Parse and check a `/generate` body (docs/internals.md, "Engine HTTP API").
 
 Every field may be omitted or null; defaults follow SGLang: max_new_tokens 128, temperature 1.0,
-top_p 1.0, top_k -1 (off). Extra keys are ignored, as SGLang ignores what it does not use.
+top_p 1.0, top_k -1 (off). Extra keys are ignored, as SGLang ignores what it does not use, except
+SGLang sampling parameters this engine does not implement (`UNIMPLEMENTED`): any value but the one
+that changes nothing is refused, since ignoring it would sample from another distribution than the
+client asked for while reporting logprobs as if it had not.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +62,14 @@ class GenRequest:
                                f"({context} tokens)")
 
 
+# SGLang sampling parameters the hf engine does not implement -> the values that change nothing.
+UNIMPLEMENTED: dict[str, tuple[Any, ...]] = {
+    "min_p": (0,), "frequency_penalty": (0,), "presence_penalty": (0,), "repetition_penalty": (1,),
+    "min_new_tokens": (0,), "n": (1,), "logit_bias": ({},), "regex": (), "json_schema": (), "ebnf": (),
+    "structural_tag": (), "no_stop_trim": (False,), "skip_special_tokens": (True,),
+}
+
+
 def _get(body: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any) -> Any:
     value = body.get(key)
     if value is None:
@@ -85,6 +97,13 @@ def _int_list(value: list[Any], key: str) -> list[int]:
 def parse_sampling(sp: dict[str, Any]) -> Sampling:
     if not isinstance(sp, dict):
         raise RequestError("sampling_params: expected an object")
+    for key, neutral in UNIMPLEMENTED.items():
+        value = sp.get(key)
+        # A JSON true equals 1 in Python: `n: true` is not `n: 1`.
+        if value is not None and not any(value == n and isinstance(value, bool) == isinstance(n, bool)
+                                         for n in neutral):
+            raise RequestError(f"sampling_params.{key}: the hf engine does not implement it "
+                               f"(accepted: {', '.join(json.dumps(n) for n in neutral) or 'null'})")
     stop = _get(sp, "stop", (str, list), [])
     stop = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) and s for s in stop):
