@@ -148,3 +148,17 @@ def test_openai_chat_completions(server: str) -> None:
     assert [verdict(c["message"]["content"]) for c in reply["choices"]] == [(1, None), (1, None)]
     assert reply["choices"][0]["finish_reason"] == "stop"
     assert post(f"{server}/v1/chat/completions", {"messages": []})[0] == 400
+
+
+def test_malformed_bodies_are_answered_400_not_dropped(server: str) -> None:
+    for path, body in [("/generate", {"text": "x", "sampling_params": [1]}),
+                       ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": "5"}}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": "5"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 10**9})]:
+        status, reply = post(f"{server}{path}", body)
+        assert status == 400 and reply["error"]["code"] == "REEF_ERR_INVALID_ARGUMENT", body
+    req = urllib.request.Request(f"{server}/generate", b"[" * 100_000 + b"]" * 100_000,
+                                 {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 400

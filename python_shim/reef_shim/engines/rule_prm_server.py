@@ -77,6 +77,16 @@ class RulePRM:
                 "weight_version": "rules", "max_context_length": 1 << 20, "vocab_size": self.vocab_size}
 
 
+def _count(body: dict[str, Any], key: str, low: int, high: int | None = None) -> int | None:
+    """An optional integer field in [low, high]; ValueError (400) for anything else."""
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+        raise ValueError(f"{key}: expected an integer in [{low}, {high if high is not None else 'inf'}]")
+    return value
+
+
 def _chat_prompt(messages: Any) -> str:
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages: expected a non-empty list")
@@ -134,7 +144,10 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         try:
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            body = json.loads(raw or b"{}")
+            try:
+                body = json.loads(raw or b"{}")
+            except RecursionError as e:  # arrays nested thousands deep
+                raise ValueError(f"the body is not JSON: {e}") from e
             if not isinstance(body, dict):
                 raise ValueError("the body must be a JSON object")
             if path == "/generate":
@@ -145,11 +158,17 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(404, {"error": {"message": f"{path} not found", "code": "REEF_ERR_NOT_FOUND"}})
         except ValueError as e:
             self._json(400, {"error": {"message": str(e), "code": "REEF_ERR_INVALID_ARGUMENT"}})
+        except Exception as e:  # a bug must answer 500, not drop the connection without a reply
+            log.exception("%s failed", path)
+            self.close_connection = True
+            self._json(500, {"error": {"message": f"handler for {path} failed: {e}", "code": "REEF_ERR_HANDLER"}})
 
     def _generate(self, body: dict[str, Any]) -> None:
         sp = body.get("sampling_params") or {}
+        if not isinstance(sp, dict):
+            raise ValueError("sampling_params: expected an object")
         prompt = self.prm.prompt_text(body)
-        text, ids, finish = self.prm.respond(prompt, sp.get("max_new_tokens"))
+        text, ids, finish = self.prm.respond(prompt, _count(sp, "max_new_tokens", 0))
         prompt_tokens = len(body["input_ids"]) if isinstance(body.get("input_ids"), list) else (
             len(self.prm.tokenizer.encode(prompt).ids) if self.prm.tokenizer is not None else 0)
         logprobs = [[0.0, t, None] for t in ids] if body.get("return_logprob") else None
@@ -165,9 +184,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def _chat(self, body: dict[str, Any]) -> None:
         prompt = _chat_prompt(body.get("messages"))
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        max_tokens = _count(body, "max_completion_tokens", 0)
+        max_tokens = _count(body, "max_tokens", 0) if max_tokens is None else max_tokens
         text, ids, finish = self.prm.respond(prompt, max_tokens)
-        n = int(body.get("n") or 1)
+        n = _count(body, "n", 1, 128) or 1  # OpenAI's bound; a larger n only builds a huge reply
         reason = "length" if finish["type"] == "length" else "stop"
         rid, created, model = f"chatcmpl-rule-{time.monotonic_ns()}", int(time.time()), body.get("model") or MODEL_NAME
         if body.get("stream"):
