@@ -102,6 +102,8 @@ export const TrainerSpec = z.strictObject({
   ranks: int(),
   backend: z.enum(['fsdp2', 'tp']),
   options: TrainingOptions,
+  /** How the rollout engine reports logprobs, so ℓθ is scored alike (`training.engine_logprobs`). */
+  engineLogprobs: z.enum(['sampled', 'tempered', 'raw']),
   /** Holds `v<n>/` checkpoints and the completed-batch ledger. */
   checkpointDir: z.string(),
   seed: int(),

@@ -117,7 +117,7 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
   let started = false;
   const startTrainer = async (checkpointPath: string | null) => {
     const b = await getBridge();
-    const spec = { modelPath: cfg.cluster.rollout.model_path, ranks: cfg.cluster.trainer.gpus, backend: cfg.training.backend, options: opts, checkpointDir, seed: 0, group: 'reef-trainer' as const };
+    const spec = { modelPath: cfg.cluster.rollout.model_path, ranks: cfg.cluster.trainer.gpus, backend: cfg.training.backend, options: opts, engineLogprobs: cfg.training.engine_logprobs, checkpointDir, seed: 0, group: 'reef-trainer' as const };
     const reply = await b.trainerStart(spec);
     w.log(`trainer group up: ${reply.worldSize} ranks on ${reply.device} (pids ${reply.pids.join(', ')})`);
     if (checkpointPath) await b.trainerLoad(checkpointPath);

@@ -240,3 +240,12 @@ describe('training.weight_sync', () => {
     expect(await errorsOf({ ...minimal(), training: { weight_sync: 'nccl' } })).toEqual(['training.weight_sync: expected one of auto, disk, distributed, got "nccl"']);
   });
 });
+
+describe('training.engine_logprobs', () => {
+  it('auto follows the engine (SGLang reports logits / temperature before truncation, hf what it sampled from); an explicit choice stays', async () => {
+    expect((await ok(minimal())).training.engine_logprobs).toBe('tempered');
+    expect((await ok(minimal(), ['--cluster.rollout.engine=hf'])).training.engine_logprobs).toBe('sampled');
+    expect((await ok(minimal(), ['--training.engine_logprobs=raw'])).training.engine_logprobs).toBe('raw');
+    expect(await errorsOf({ ...minimal(), training: { engine_logprobs: 'processed' } })).toEqual(['training.engine_logprobs: expected one of auto, sampled, tempered, raw, got "processed"']);
+  });
+});

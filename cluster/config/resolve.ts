@@ -15,7 +15,7 @@ import { applyOverrides, type Overrides } from './overrides.js';
 import { loadRecipe } from './recipe-loader.js';
 import { DEFAULT_RECIPE, layoutGpus, recipeSchema, rootSchema, SECTIONS } from './schema.js';
 import { parseTrainingOptions } from './training.js';
-import { STAGE_NAMES, type PathKind, type RecipeClass, type ReefConfig, type StageName } from './types.js';
+import { STAGE_NAMES, type EngineLogprobs, type PathKind, type RecipeClass, type ReefConfig, type StageName } from './types.js';
 
 export interface ResolveOptions {
   /** Directory relative paths are resolved against: the config file's directory. */
@@ -97,7 +97,12 @@ export async function resolveConfig(raw: unknown, opts: ResolveOptions): Promise
     },
     recipe: { implementation: recipeSection.implementation, config: recipeConfig },
     pipeline,
-    training: { ...training, weight_sync: weightSyncOf(training.weight_sync, cluster.rollout.engine), resolved: resolvedTraining as Record<string, unknown> },
+    training: {
+      ...training,
+      weight_sync: weightSyncOf(training.weight_sync, cluster.rollout.engine),
+      engine_logprobs: engineLogprobsOf(training.engine_logprobs, cluster.rollout.engine),
+      resolved: resolvedTraining as Record<string, unknown>,
+    },
   };
   const typed: ReefConfig = config;
   return deepFreeze(typed);
@@ -111,6 +116,16 @@ export async function resolveConfig(raw: unknown, opts: ResolveOptions): Promise
 export function weightSyncOf(value: 'auto' | 'disk' | 'distributed', engine: 'hf' | 'sglang'): 'disk' | 'distributed' {
   if (value !== 'auto') return value;
   return engine === 'sglang' ? 'distributed' : 'disk';
+}
+
+/**
+ * `auto`: the hf engine reports the distribution it sampled from; SGLang's sampler reports the
+ * log-softmax of logits / temperature, before top-k and top-p (`raw` is for an SGLang started with
+ * SGLANG_RETURN_ORIGINAL_LOGPROB, which Reef does not set).
+ */
+export function engineLogprobsOf(value: 'auto' | EngineLogprobs, engine: 'hf' | 'sglang'): EngineLogprobs {
+  if (value !== 'auto') return value;
+  return engine === 'sglang' ? 'tempered' : 'sampled';
 }
 
 /** The recipe named by the (folded, overridden) tree, or null with an issue when it cannot load. */

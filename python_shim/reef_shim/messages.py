@@ -260,6 +260,8 @@ TRAINER_SPEC = Obj({
     "ranks": Int(),
     "backend": Lit("fsdp2", "tp"),
     "options": TRAINING_OPTIONS,
+    # How the rollout engine reports logprobs (`engines.sampling.ENGINE_LOGPROBS`).
+    "engineLogprobs": Lit("sampled", "tempered", "raw"),
     "checkpointDir": Str(),
     "seed": Int(),
     "group": Str(),

@@ -40,7 +40,7 @@ def tasks(model: Path) -> list[TrainTask]:
 def one_rank(model: Path) -> Iterator[TrainerRank]:
     with scoped_env(REEF_TRAINER_DEVICE="cpu"):
         r = TrainerRank(0, 1, seed=0, threads=torch.get_num_threads(), crash_hook=None)
-        r.setup(("127.0.0.1", pick_free_port("127.0.0.1")), str(model), options(lr=1e-3))
+        r.setup(("127.0.0.1", pick_free_port("127.0.0.1")), str(model), {**options(lr=1e-3), "engineLogprobs": "sampled"})
     try:
         yield r
     finally:

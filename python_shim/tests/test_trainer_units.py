@@ -253,3 +253,28 @@ def test_policy_uses_the_engine_transform_and_the_teacher_plain_softmax(model) -
     assert torch.allclose(teach["teacher_topk_logp"][0, 0], tl.gather(-1, torch.from_numpy(t.topk_ids)), atol=1e-6)
     assert teach["teacher_top_ids"][0, 0].tolist() == torch.topk(tl, 3, -1).indices.tolist()
     assert teach["cand_mask"].tolist() == [[True]]
+
+
+def test_policy_scores_in_the_engine_logprob_convention(model) -> None:
+    # SGLang reports log-softmax(logits / T) before top-k/top-p ("tempered"), or of the raw logits
+    # ("raw"): scored with the truncated distribution instead, every in-support ratio would start
+    # at 1 / (kept mass) rather than 1.
+    rng = np.random.default_rng(2)
+    t = _task(5, 3, h=1)
+    t.prompt_ids, t.response_ids = rng.integers(0, 2048, 5), rng.integers(0, 2048, 3)
+    t.teacher_prompt_ids = [rng.integers(0, 2048, 6)]
+    t.topk_ids = rng.integers(0, 2048, (3, 2))
+    t.temperature, t.top_k, t.top_p = 0.7, 50, 0.9
+    cpu = torch.device("cpu")
+    resp = torch.from_numpy(t.response_ids)[:, None]
+    with torch.no_grad():
+        lg = response_logits(model, [t.prompt_ids], [t.response_ids], cpu)[0]
+        for convention, ref in [("tempered", torch.log_softmax(lg / 0.7, -1)), ("raw", torch.log_softmax(lg, -1))]:
+            logp, topk = policy_logprobs(model, [t], cpu, convention)
+            assert torch.allclose(logp[0], ref.gather(-1, resp).squeeze(-1), atol=1e-6), convention
+            assert torch.allclose(topk[0], ref.gather(-1, torch.from_numpy(t.topk_ids)), atol=1e-6), convention
+        sampled, _ = policy_logprobs(model, [t], cpu, "sampled")
+        tempered, _ = policy_logprobs(model, [t], cpu, "tempered")
+        assert not torch.allclose(sampled, tempered)
+    with pytest.raises(ValueError, match="expected one of sampled, tempered, raw"):
+        policy_logprobs(model, [t], cpu, "processed")

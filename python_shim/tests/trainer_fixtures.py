@@ -75,7 +75,7 @@ def options(**over: Any) -> dict[str, Any]:
 
 def spec(model: str, checkpoint_dir: str, ranks: int = 2, **opts: Any) -> dict[str, Any]:
     return {"modelPath": model, "ranks": ranks, "backend": "fsdp2", "options": options(**opts),
-            "checkpointDir": checkpoint_dir, "seed": 0, "group": "reef-trainer"}
+            "engineLogprobs": "sampled", "checkpointDir": checkpoint_dir, "seed": 0, "group": "reef-trainer"}
 
 
 def three_tasks(engine: HFEngine) -> list[dict[str, Any]]:

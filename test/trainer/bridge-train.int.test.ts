@@ -104,6 +104,7 @@ describe('trainer over the bridge', () => {
       ranks: 2,
       backend: 'fsdp2',
       options: { wRl: 1, wOpd: 1, clipC: 1, hintSelection: 'sequence_optimal', lr: 1e-3, epsLow: 0.2, epsHigh: 0.28, weightDecay: 0.1, betas: [0.9, 0.98], topK: 4, dtype: 'fp32' },
+      engineLogprobs: 'sampled',
       checkpointDir: join(dir, 'ckpt'),
       seed: 0,
       group: 'reef-trainer',

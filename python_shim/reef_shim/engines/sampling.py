@@ -50,6 +50,27 @@ def sampling_logprobs(logits: torch.Tensor, temperature: float, top_k: int = -1,
     return torch.log_softmax(z, dim=-1)
 
 
+# How an engine reports the logprob of a token it sampled (`training.engine_logprobs`), and so how the
+# trainer must score ℓθ for its ratio to start at 1:
+# - "sampled": of the distribution sampled from, truncated and renormalised (the hf engine);
+# - "tempered": `log_softmax(logits / temperature)`, before top-k / top-p (SGLang's sampler);
+# - "raw": `log_softmax(logits)` (SGLang with SGLANG_RETURN_ORIGINAL_LOGPROB set).
+# Greedy requests are `log_softmax(logits)` in all three.
+ENGINE_LOGPROBS = ("sampled", "tempered", "raw")
+
+
+def engine_logprobs(logits: torch.Tensor, convention: str, temperature: float, top_k: int = -1,
+                    top_p: float = 1.0) -> torch.Tensor:
+    """Log-probabilities `[..., V]` as an engine of `convention` reports them (see ENGINE_LOGPROBS)."""
+    if convention == "sampled":
+        return sampling_logprobs(logits, temperature, top_k, top_p)
+    if convention == "tempered":
+        return sampling_logprobs(logits, temperature)
+    if convention == "raw":
+        return torch.log_softmax(logits.float(), dim=-1)
+    raise ValueError(f"engine logprobs convention {convention!r}: expected one of {', '.join(ENGINE_LOGPROBS)}")
+
+
 def pick_token(lp: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
     """Draw one token id from a 1-D row of `sampling_logprobs`."""
     if temperature < GREEDY_BELOW:

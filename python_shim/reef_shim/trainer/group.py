@@ -113,7 +113,8 @@ class TrainerGroup:
             self.stop()  # ranks on different devices would wait in their first collective for minutes
             raise ShimError("REEF_ERR_TRAINER", mixed)
         master = self._gather([self._ranks[0].rendezvous.remote()], "rendezvous", deadline)[0]
-        infos = self._gather([r.setup.remote(master, spec["modelPath"], spec["options"]) for r in self._ranks],
+        options = {**spec["options"], "engineLogprobs": spec["engineLogprobs"]}
+        infos = self._gather([r.setup.remote(master, spec["modelPath"], options) for r in self._ranks],
                              "setup", deadline)
         self._spec, self._info, self._cfg = spec, infos[0], cfg
         self._ledger, self._dir, self._version, self._broken = ledger, directory, BASE_VERSION, None

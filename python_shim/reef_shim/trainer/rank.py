@@ -149,7 +149,7 @@ class TrainerRank:
         started = time.monotonic()
         self.optimizer.zero_grad(set_to_none=True)
         if tasks:
-            batch = objective_batch(self.policy, self.teacher, tasks, self.device)
+            batch = objective_batch(self.policy, self.teacher, tasks, self.device, self.options["engineLogprobs"])
             loss, sums = local_loss(batch, self.cfg, totals, self.world, openclawrl_loss)
         else:
             dummy = torch.zeros(1, 1, dtype=torch.long, device=self.device)

@@ -1,9 +1,10 @@
 """What a rank computes from its tasks before the objective: ℓθ, the teacher's view, the batch.
 
 Distribution policy (docs/training.md "Which distribution"):
-- ℓθ (policy, with gradient) uses the engine's own transform, `sampling_logprobs` with the task's
-  temperature / top_k / top_p, because the RL ratio and the OPD ratio divide by ℓold, which the
-  engine recorded from exactly that distribution. Before any update ℓθ == ℓold up to rounding.
+- ℓθ (policy, with gradient) uses the engine's own transform, `engine_logprobs` with the task's
+  temperature / top_k / top_p in the engine's convention (the hf engine: the distribution sampled
+  from; SGLang: logits / temperature before truncation), because the RL ratio and the OPD ratio
+  divide by ℓold, which the engine recorded so. Before any update ℓθ == ℓold up to rounding.
 - The teacher is a target, not a sampler: its log-probs are the plain `log_softmax` of its logits
   (temperature 1, no truncation), and its own top-K is taken from that distribution.
 
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..engines.sampling import LOGPROB_FLOOR, sampling_logprobs
+from ..engines.sampling import LOGPROB_FLOOR, engine_logprobs
 from .tasks import TrainTask
 
 PAD_ID = 0
@@ -78,8 +79,10 @@ def dims(tasks: list[TrainTask]) -> tuple[int, int, int]:
     return max(t.T for t in tasks), max(t.K for t in tasks), max(t.H for t in tasks)
 
 
-def policy_logprobs(model: Any, tasks: list[TrainTask], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """ℓθ of the response tokens [B,T] and of the recorded top-K ids [B,T,K], with gradient.
+def policy_logprobs(model: Any, tasks: list[TrainTask], device: torch.device,
+                    convention: str = "sampled") -> tuple[torch.Tensor, torch.Tensor]:
+    """ℓθ of the response tokens [B,T] and of the recorded top-K ids [B,T,K], with gradient, in the
+    rollout engine's logprob `convention` (`engine_logprobs`), so that before any update ℓθ = ℓold.
 
     Values below the engine's floor (tokens outside the sampled support) are clamped to it, as the
     engine does on the wire, so a -inf can never reach a ratio or a metric.
@@ -88,7 +91,7 @@ def policy_logprobs(model: Any, tasks: list[TrainTask], device: torch.device) ->
     logits = response_logits(model, [t.prompt_ids for t in tasks], [t.response_ids for t in tasks], device)
     logp_rows, topk_rows = [], []
     for task, lg in zip(tasks, logits):
-        lp = sampling_logprobs(lg, task.temperature, task.top_k, task.top_p)  # [T_b, V]
+        lp = engine_logprobs(lg, convention, task.temperature, task.top_k, task.top_p)  # [T_b, V]
         resp = torch.from_numpy(task.response_ids).to(device)
         logp = lp.gather(-1, resp[:, None]).squeeze(-1).clamp(min=LOGPROB_FLOOR)
         ids = torch.from_numpy(task.topk_ids).to(device).clamp(min=0)
@@ -143,9 +146,10 @@ def recorded(tasks: list[TrainTask], device: torch.device) -> dict[str, torch.Te
     return {k: v.to(device) for k, v in out.items()}
 
 
-def objective_batch(model: Any, teacher: Any, tasks: list[TrainTask], device: torch.device) -> dict[str, torch.Tensor]:
+def objective_batch(model: Any, teacher: Any, tasks: list[TrainTask], device: torch.device,
+                    convention: str = "sampled") -> dict[str, torch.Tensor]:
     """Every tensor `openclawrl_loss` takes; `logp_new`/`topk_logp_new` carry the policy's graph."""
-    logp_new, topk_new = policy_logprobs(model, tasks, device)
+    logp_new, topk_new = policy_logprobs(model, tasks, device, convention)
     return {"logp_new": logp_new, "topk_logp_new": topk_new, **recorded(tasks, device),
             **teacher_scores(teacher, tasks, device)}
 
