@@ -193,4 +193,14 @@ describe('header shim process', () => {
       expect(await exited).toBe(0);
     }
   });
+
+  it('exits 2, pointing at --help, on an option it does not know', async () => {
+    const main = ensureDist('recipes/openclawrl/harness/header-shim-main');
+    const child = spawn(process.execPath, [main, '--upstream', upstream, '--prot', '0'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let err = '';
+    child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    expect(await new Promise<number | null>((r) => child.once('exit', r))).toBe(2);
+    expect(err).toMatch(/--prot/);
+    expect(err).toMatch(/see --help/);
+  });
 });

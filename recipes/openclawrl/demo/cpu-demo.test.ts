@@ -27,6 +27,7 @@ describe('demo options', () => {
     [['--lr', 'fast'], /--lr: expected a non-negative number, got fast/],
     [['--w-rl', '-1'], /--w-rl: expected a non-negative number/],
     [['--wrl', '1'], /unknown option --wrl \(known: /],
+    [['--eval-samples', '0'], /--eval-samples: expected at least 1, got 0/],
   ])('%j is refused: %s', (argv, message) => {
     expect(() => demoOptions(argv, () => {})).toThrow(message);
   });

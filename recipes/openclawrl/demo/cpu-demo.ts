@@ -85,7 +85,11 @@ export function demoOptions(argv: readonly string[], log: (line: string) => void
       case '--lr': o.lr = num(); break;
       case '--out': o.out = resolve(value); break;
       case '--model': o.modelDir = resolve(value); break;
-      case '--eval-samples': o.evalSamples = Math.round(num()); break;
+      case '--eval-samples':
+        // The before/after comparison is the demo's result; with no samples it would read "0% of 0".
+        o.evalSamples = Math.round(num());
+        if (o.evalSamples < 1) throw new Error(`${flag}: expected at least 1, got ${value}`);
+        break;
       default: throw new Error(`unknown option ${flag} (known: --w-rl --w-opd --sessions --batch-size --lr --out --model --eval-samples)`);
     }
   }

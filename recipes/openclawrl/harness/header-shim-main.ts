@@ -66,6 +66,9 @@ main(process.argv.slice(2)).then(
   (code) => process.exit(code),
   (err) => {
     process.stderr.write(`header-shim: ${err instanceof ReefError ? `${err.code}: ` : ''}${(err as Error).message}\n`);
-    process.exit(err instanceof ReefError && err.code === 'REEF_ERR_INVALID_ARGUMENT' ? 2 : 1);
+    // A usage error, ours or parseArgs' (an unknown option, a missing value), exits 2 as the other CLIs do.
+    const usage = (err instanceof ReefError && err.code === 'REEF_ERR_INVALID_ARGUMENT') || String((err as { code?: unknown }).code ?? '').startsWith('ERR_PARSE_ARGS_');
+    if (usage && !(err instanceof ReefError)) process.stderr.write('header-shim: see --help\n');
+    process.exit(usage ? 2 : 1);
   },
 );
