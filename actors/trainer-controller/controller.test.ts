@@ -362,6 +362,25 @@ describe('TrainerController', () => {
     expect(c.counters.teacher_candidates_overlong).toBe(4);
   });
 
+  it('warns when the first batch, trained on the weights that sampled it, scores other logprobs than the engine reported', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    for (const id of ['a', 'b', 'c', 'd']) w.add(id, 1);
+    const step = w.ports.trainer.step;
+    // As with SGLang's untruncated logprobs scored by the truncated distribution: log(kept mass).
+    w.ports.trainer.step = async (id, tasks) => {
+      const r = await step(id, tasks);
+      return { ...r, metrics: { ...r.metrics, train_rollout_logprob_abs_diff: 0.105 } };
+    };
+    const logged: string[] = [];
+    w.ports.log = (line) => logged.push(line);
+    const c = new TrainerController(w.ports, opts(dir), 0, null);
+    await c.tick();
+    // Only the first batch says anything: later ones hold turns of older weights.
+    expect(c.counters.logprob_mismatch_warnings).toBe(1);
+    expect(logged.filter((l) => l.startsWith('warning:'))).toEqual([expect.stringMatching(/s:openclawrl:1, the first.*differ from the engine's by 0\.105.*training\.engine_logprobs/)]);
+  });
+
   it('keeps only the newest checkpoints on disk', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'tc-'));
     const w = world(dir);

@@ -130,6 +130,9 @@ export interface ControllerState {
   lastLine?: Record<string, unknown> | null;
 }
 
+/** Mean |ℓθ − ℓold| on the first batch above which the trainer and the engine disagree on the distribution. */
+const FIRST_BATCH_LOGPROB_GAP = 0.02;
+
 /** What the trainer answers for a batch it cannot take: the same answer every time it is sent. */
 const PERMANENT = new Set(['REEF_ERR_INVALID_ARGUMENT', 'REEF_ERR_BAD_MESSAGE', 'REEF_ERR_UNKNOWN_MESSAGE']);
 
@@ -349,6 +352,7 @@ export class TrainerController {
     const published = await this.ports.publish(result.checkpointPath, result.weightVersion, 'release');
     this.countSync(published);
     const parent = this.currentVersion;
+    this.checkFirstBatchLogprobs(batch, result.metrics);
     const release: Release = {
       id: `release-${this.state.releases.length + 1}`,
       weightVersion: result.weightVersion,
@@ -387,6 +391,19 @@ export class TrainerController {
     await this.persist();
     this.ports.log(`batch ${batch.batchId} dead-lettered after ${attempts} step(s), not trained: ${err.code}: ${err.message}`);
     return true;
+  }
+
+  /**
+   * The first batch is trained on the weights that sampled all of its turns, so ℓθ before the
+   * update should give back the engine's logprobs (1e-7 in fp32, ~1e-3 in bf16). Far more means the
+   * trainer scores another distribution than the engine reports (`training.engine_logprobs`,
+   * `--dtype`, another model), and every ratio is off: say so where the operator looks.
+   */
+  private checkFirstBatchLogprobs(batch: Batch, metrics: Record<string, number>): void {
+    const diff = metrics.train_rollout_logprob_abs_diff;
+    if (this.state.releases.length > 0 || diff === undefined || !(diff > FIRST_BATCH_LOGPROB_GAP)) return;
+    this.bump('logprob_mismatch_warnings');
+    this.ports.log(`warning: batch ${batch.batchId}, the first, was sampled by the weights it trained, yet the trainer's logprobs differ from the engine's by ${diff.toPrecision(3)} on average (expected below ${FIRST_BATCH_LOGPROB_GAP}): check training.engine_logprobs (how the engine reports logprobs), --dtype and that trainer and engine load the same model`);
   }
 
   private countSync(p: Published): void {
