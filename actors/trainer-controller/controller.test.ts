@@ -180,6 +180,19 @@ async function killedAfterStep(w: ReturnType<typeof world>, dir: string): Promis
   w.ports.publish = publish;
 }
 
+/** Four judged turns (two batches) whose every trainer step also answers `extra` metrics. */
+function twoBatchesWithMetrics(extra: Record<string, number>): { dir: string; w: ReturnType<typeof world> } {
+  const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+  const w = world(dir);
+  for (const id of ['a', 'b', 'c', 'd']) w.add(id, 1);
+  const step = w.ports.trainer.step;
+  w.ports.trainer.step = async (id, tasks) => {
+    const r = await step(id, tasks);
+    return { ...r, metrics: { ...r.metrics, ...extra } };
+  };
+  return { dir, w };
+}
+
 describe('TrainerController', () => {
   it('batches judged turns, trains each batch once, releases it and writes one record line per batch', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'tc-'));
@@ -349,29 +362,15 @@ describe('TrainerController', () => {
   });
 
   it('counts the teacher candidates the trainer left out as too long', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
-    const w = world(dir);
-    for (const id of ['a', 'b', 'c', 'd']) w.add(id, 1);
-    const step = w.ports.trainer.step;
-    w.ports.trainer.step = async (id, tasks) => {
-      const r = await step(id, tasks);
-      return { ...r, metrics: { ...r.metrics, teacher_candidates_overlong: 2 } };
-    };
+    const { dir, w } = twoBatchesWithMetrics({ teacher_candidates_overlong: 2 });
     const c = new TrainerController(w.ports, opts(dir), 0, null);
     await c.tick();
     expect(c.counters.teacher_candidates_overlong).toBe(4);
   });
 
   it('warns when the first batch, trained on the weights that sampled it, scores other logprobs than the engine reported', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
-    const w = world(dir);
-    for (const id of ['a', 'b', 'c', 'd']) w.add(id, 1);
-    const step = w.ports.trainer.step;
     // As with SGLang's untruncated logprobs scored by the truncated distribution: log(kept mass).
-    w.ports.trainer.step = async (id, tasks) => {
-      const r = await step(id, tasks);
-      return { ...r, metrics: { ...r.metrics, train_rollout_logprob_abs_diff: 0.105 } };
-    };
+    const { dir, w } = twoBatchesWithMetrics({ train_rollout_logprob_abs_diff: 0.105 });
     const logged: string[] = [];
     w.ports.log = (line) => logged.push(line);
     const c = new TrainerController(w.ports, opts(dir), 0, null);

@@ -234,13 +234,19 @@ def test_the_response_only_head_has_the_gradient_of_the_full_one(model) -> None:
         assert torch.allclose(g, r, atol=1e-4, rtol=1e-4)
 
 
-def test_policy_uses_the_engine_transform_and_the_teacher_plain_softmax(model) -> None:
-    rng = np.random.default_rng(1)
-    t = _task(6, 4, h=1)
-    t.prompt_ids, t.response_ids = rng.integers(0, 2048, 6), rng.integers(0, 2048, 4)
-    t.teacher_prompt_ids = [rng.integers(0, 2048, 8)]
-    t.topk_ids = rng.integers(0, 2048, (4, 3))
+def _random_task(seed: int, prompt: int, response: int, k: int) -> TrainTask:
+    """A task of random ids with one hint, sampled at temperature 0.7, top_k 50, top_p 0.9."""
+    rng = np.random.default_rng(seed)
+    t = _task(prompt, response, h=1)
+    t.prompt_ids, t.response_ids = rng.integers(0, 2048, prompt), rng.integers(0, 2048, response)
+    t.teacher_prompt_ids = [rng.integers(0, 2048, prompt + 2)]
+    t.topk_ids = rng.integers(0, 2048, (response, k))
     t.temperature, t.top_k, t.top_p = 0.7, 50, 0.9
+    return t
+
+
+def test_policy_uses_the_engine_transform_and_the_teacher_plain_softmax(model) -> None:
+    t = _random_task(1, 6, 4, 3)
     cpu = torch.device("cpu")
     with torch.no_grad():
         logp, topk = policy_logprobs(model, [t], cpu)
@@ -259,12 +265,7 @@ def test_policy_scores_in_the_engine_logprob_convention(model) -> None:
     # SGLang reports log-softmax(logits / T) before top-k/top-p ("tempered"), or of the raw logits
     # ("raw"): scored with the truncated distribution instead, every in-support ratio would start
     # at 1 / (kept mass) rather than 1.
-    rng = np.random.default_rng(2)
-    t = _task(5, 3, h=1)
-    t.prompt_ids, t.response_ids = rng.integers(0, 2048, 5), rng.integers(0, 2048, 3)
-    t.teacher_prompt_ids = [rng.integers(0, 2048, 6)]
-    t.topk_ids = rng.integers(0, 2048, (3, 2))
-    t.temperature, t.top_k, t.top_p = 0.7, 50, 0.9
+    t = _random_task(2, 5, 3, 2)
     cpu = torch.device("cpu")
     resp = torch.from_numpy(t.response_ids)[:, None]
     with torch.no_grad():
