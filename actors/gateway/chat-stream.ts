@@ -1,8 +1,9 @@
 import { EngineRequestError, type GenerateResponse } from '../../cluster/engine-client.js';
 import { ReefError } from '../runtime/errors.js';
-import { assistantMessage, buildRecord, commit, finishReason, stageRecord, type ChatDeps, type Prepared } from './chat.js';
+import { assistantMessage, buildRecord, commit, engineAborted, finishReason, stageRecord, type ChatDeps, type Prepared } from './chat.js';
 import { errorBody } from './http-errors.js';
 import { callId } from './parsers/index.js';
+import { partialTagSuffix } from './parsers/tool-json.js';
 import type { StreamDelta } from './ports.js';
 
 /** Where SSE events go; the route adapts a Node response to it. */
@@ -51,14 +52,16 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
       // the request still gets the client a real status (503 with Retry-After, or 400).
       if (last === null) await sink.send(chunk({ role: 'assistant', content: '' }));
       last = res;
-      // Chunks are cumulative; only the new suffix is news. A detokenizer may revise a trailing
-      // partial character, in which case we wait for the text to grow past it.
-      if (res.text.length > text.length && res.text.startsWith(text)) {
-        const delta = res.text.slice(text.length);
-        text = res.text;
+      // Chunks are cumulative; only the new suffix is news. Until the last event the engine may
+      // still revise the text's tail, and what the client got cannot be taken back: see settled.
+      const upto = settled(res.text, p.stop ?? null);
+      if (upto > text.length && res.text.startsWith(text)) {
+        const delta = res.text.slice(text.length, upto);
+        text = res.text.slice(0, upto);
         await emit(parser.push(delta));
       }
     }
+    if (last?.meta_info.finish_reason?.type === 'abort' && !sink.signal.aborted) throw engineAborted(deps, last);
     if (last && last.text !== text && last.text.startsWith(text)) await emit(parser.push(last.text.slice(text.length)));
     await emit(parser.finish());
   } catch (err) {
@@ -112,4 +115,21 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
   closing.push({ ...base, choices: [], reef: { agent_record_id: recordId } });
   await sink.sendDone(closing);
   return { recordId, status: 'ok' };
+}
+
+/**
+ * How much of a streamed, not yet final text can go to the client. A trailing U+FFFD is a character
+ * split across tokens that the detokenizer will replace (emitted, every later event would fail the
+ * prefix check and the stream would stop there). A tail that may be the start of a stop string is
+ * cut from the final text once the string completes (SGLang trims it only then), so it waits too.
+ */
+export function settled(text: string, stop: readonly string[] | null): number {
+  let end = text.endsWith('\uFFFD') ? text.length - 1 : text.length;
+  if (stop !== null) {
+    const head = text.slice(0, end);
+    let keep = 0;
+    for (const s of stop) keep = Math.max(keep, partialTagSuffix(head, s));
+    end -= keep;
+  }
+  return end;
 }

@@ -42,6 +42,11 @@ export interface Prepared extends Omit<PreparedChat, 'ok'> {
   body: Uint8Array;
   /** The record's request and prompt ids, written ahead of it (`stageRecord`). */
   staged?: StagedPayloads | null;
+  /**
+   * The request's stop strings, which a stream holds back a possible start of (chat-stream.ts
+   * `settled`). Absent: none. Not yet returned by tokenize/prepare.ts.
+   */
+  stop?: readonly string[] | null;
 }
 
 /** Prepares a raw request body on a tokenizer worker; a refused request comes back as its error. */
@@ -80,6 +85,17 @@ export function assistantMessage(parsed: ParsedOutput): { role: 'assistant'; con
     ...(parsed.reasoning_content !== null ? { reasoning_content: parsed.reasoning_content } : {}),
     ...(parsed.tool_calls.length > 0 ? { tool_calls: parsed.tool_calls } : {}),
   };
+}
+
+/**
+ * An engine that ends a generation with finish_reason `abort` (it is stopping, or a weight swap's
+ * pause aborted what was still running) did not finish it: the output is cut short, and answering
+ * it as `stop` would give the client, and the trainer, a truncated reply as a complete one.
+ */
+export function engineAborted(deps: ChatDeps, res: GenerateResponse | null): ReefError {
+  const fr = res?.meta_info.finish_reason as { message?: unknown } | null | undefined;
+  const why = typeof fr?.message === 'string' && fr.message ? `: ${fr.message}` : '';
+  return new ReefError('REEF_ERR_ENGINE_FAILED', { engine: deps.engineName, reason: `the engine aborted the generation${why}` });
 }
 
 /** OpenAI finish_reason from the engine's, given what the parser found. */
@@ -150,6 +166,7 @@ export async function completeOnce(deps: ChatDeps, p: Prepared): Promise<{ recor
     const pending = deps.engine.generate(p.engineBody);
     stageRecord(deps, p);
     res = await pending;
+    if (res.meta_info.finish_reason?.type === 'abort') throw engineAborted(deps, res);
   } catch (err) {
     deps.metrics.engineErrors.inc({ kind: 'generate' });
     throw err;
