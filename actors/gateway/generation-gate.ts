@@ -43,25 +43,34 @@ export class GenerationGate {
 
   /** Waits until generation is allowed, then counts the caller as in flight. Call `leave()` after. */
   async enter(signal?: AbortSignal): Promise<void> {
-    if (this.paused) {
-      await new Promise<void>((resolve, reject) => {
-        const timer = setTimeout(() => {
-          this.waiters = this.waiters.filter((w) => w !== wake);
-          reject(new ReefError('REEF_ERR_ENGINE_DOWN', { engine: 'rollout', reason: `weights are being updated; waited ${this.admitTimeoutMs} ms` }));
-        }, this.admitTimeoutMs);
-        const wake = () => {
-          clearTimeout(timer);
-          resolve();
-        };
-        this.waiters.push(wake);
-        signal?.addEventListener('abort', () => {
-          clearTimeout(timer);
-          this.waiters = this.waiters.filter((w) => w !== wake);
-          reject(signal.reason);
-        }, { once: true });
-      });
+    if (!this.paused) {
+      this.inflightCount++;
+      return;
     }
-    this.inflightCount++;
+    // A signal that has already fired never fires again: its client would wait out the pause.
+    if (signal?.aborted) throw signal.reason;
+    await new Promise<void>((resolve, reject) => {
+      const onAbort = () => {
+        clearTimeout(timer);
+        this.waiters = this.waiters.filter((w) => w !== wake);
+        reject(signal!.reason);
+      };
+      const timer = setTimeout(() => {
+        signal?.removeEventListener('abort', onAbort);
+        this.waiters = this.waiters.filter((w) => w !== wake);
+        reject(new ReefError('REEF_ERR_ENGINE_DOWN', { engine: 'rollout', reason: `weights are being updated; waited ${this.admitTimeoutMs} ms` }));
+      }, this.admitTimeoutMs);
+      // Counted here, as resume() lets it through, not a turn later when the await returns: a
+      // pause() right after that resume would otherwise find nothing in flight and not wait for it.
+      const wake = () => {
+        clearTimeout(timer);
+        signal?.removeEventListener('abort', onAbort);
+        this.inflightCount++;
+        resolve();
+      };
+      this.waiters.push(wake);
+      signal?.addEventListener('abort', onAbort, { once: true });
+    });
   }
 
   leave(): void {
