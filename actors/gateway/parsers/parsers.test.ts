@@ -31,6 +31,14 @@ const CASES: Case[] = [
     name: 'arguments as a JSON string stay verbatim', text: '<tool_call>{"name": "f", "arguments": "{\\"x\\": 1.0}"}</tool_call>',
     want: { reasoning_content: null, content: null, tool_calls: [['f', '{"x": 1.0}']] },
   },
+  {
+    name: 'arguments string that is not a JSON object stays content', text: '<tool_call>{"name": "f", "arguments": "x=1"}</tool_call>',
+    want: { reasoning_content: null, content: '<tool_call>{"name": "f", "arguments": "x=1"}</tool_call>', tool_calls: [] },
+  },
+  {
+    name: 'arguments that are an array stay content', text: '<tool_call>{"name": "f", "arguments": [1]}</tool_call>',
+    want: { reasoning_content: null, content: '<tool_call>{"name": "f", "arguments": [1]}</tool_call>', tool_calls: [] },
+  },
   { name: 'no arguments', text: '<tool_call>{"name": "now"}</tool_call>', want: { reasoning_content: null, content: null, tool_calls: [['now', '{}']] } },
   {
     name: 'malformed JSON stays content', text: 'Trying.\n<tool_call>\n{"name": "f", "arguments": {"x": }\n</tool_call>',

@@ -1,7 +1,9 @@
 /**
  * The body of a `<tool_call>` block: `{"name": ..., "arguments": {...}}`. Returns null when it is
  * not a valid call, so the caller leaves the block in the content instead of failing the request.
- * `arguments` given as a string is kept verbatim (it is already JSON text); an object is serialised.
+ * `arguments` given as a string is kept verbatim when it is the JSON text of an object; an object
+ * is serialised. Anything else is no call: clients `JSON.parse` the arguments into the tool's
+ * parameters object, and would fail on `x=1` or get an array.
  */
 export function parseToolCallBody(body: string): { name: string; arguments: string } | null {
   let value: unknown;
@@ -16,9 +18,18 @@ export function parseToolCallBody(body: string): { name: string; arguments: stri
   // Some fine-tunes write `parameters` instead of `arguments`.
   const a = args !== undefined ? args : parameters;
   if (a === undefined || a === null) return { name, arguments: '{}' };
-  if (typeof a === 'string') return { name, arguments: a };
-  if (typeof a !== 'object') return null;
+  if (typeof a === 'string') return isJsonObject(a) ? { name, arguments: a } : null;
+  if (typeof a !== 'object' || Array.isArray(a)) return null;
   return { name, arguments: JSON.stringify(a) };
+}
+
+function isJsonObject(text: string): boolean {
+  try {
+    const v: unknown = JSON.parse(text);
+    return v !== null && typeof v === 'object' && !Array.isArray(v);
+  } catch {
+    return false;
+  }
 }
 
 /** The longest suffix of `text` that is a proper prefix of `tag`: text that may still become the tag. */
