@@ -21,4 +21,20 @@ describe('parseArgs', () => {
   it('rejects a valued flag without its value', () => {
     expect(() => parseArgs(['up', '-c'])).toThrow(/--config needs a value/);
   });
+
+  it('keeps everything after the first = in a flag value, and takes -- as the end of flags', () => {
+    const got = parseArgs(['export', '--out=a=b.jsonl', '--config=x.yaml', '--', '--json', '--reef.port=1']);
+    expect(Object.fromEntries(got.flags)).toEqual({ out: 'a=b.jsonl', config: 'x.yaml' });
+    expect(got.positionals).toEqual(['export', '--json', '--reef.port=1']);
+    expect(got.overrides).toEqual([]);
+  });
+
+  // `reef status --jsno` printed the text status and exit 0, `reef down --data-dr D` stopped the
+  // stack of the default data dir: a mistyped flag was stored and never read.
+  it('rejects an unknown flag, naming it as written', () => {
+    expect(() => parseArgs(['status', '--jsno'])).toThrow('unknown flag --jsno (did you mean --json?)');
+    expect(() => parseArgs(['down', '--data-dr=/x'])).toThrow('unknown flag --data-dr (did you mean --data-dir?)');
+    expect(() => parseArgs(['status', '-x'])).toThrow(/^unknown flag -x$/);
+    expect(() => parseArgs(['up', '--timeout', '5'])).toThrow(/unknown flag --timeout/);
+  });
 });

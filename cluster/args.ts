@@ -1,3 +1,5 @@
+import { closest } from './config/keys.js';
+
 /**
  * A small argv parser for the reef CLI: flags (`--json`, `-c FILE`, `--config=FILE`), config
  * overrides (`--a.b.c=value`, kept aside for the config loader) and positionals.
@@ -11,7 +13,9 @@ export interface ParsedArgs {
 
 const ALIASES: Record<string, string> = { c: 'config', h: 'help', d: 'detach' };
 /** Flags that take a value when written as `--flag value`. */
-const VALUED = new Set(['config', 'data-dir', 'scenario', 'out', 'timeout', 'session-ttl-s', 'max-open-sessions']);
+const VALUED = new Set(['config', 'data-dir', 'scenario', 'out', 'session-ttl-s', 'max-open-sessions']);
+/** Every flag some command reads: any other one is a typo, and ignoring it would run the command without it. */
+const KNOWN = new Set([...VALUED, 'json', 'detach', 'help', 'version']);
 
 export function parseArgs(argv: readonly string[]): ParsedArgs {
   const positionals: string[] = [];
@@ -37,6 +41,10 @@ export function parseArgs(argv: readonly string[]): ParsedArgs {
     const eq = long.indexOf('=');
     const rawName = eq >= 0 ? long.slice(0, eq) : long;
     const name = ALIASES[rawName] ?? rawName;
+    if (!KNOWN.has(name)) {
+      const hint = closest(name, KNOWN);
+      throw new Error(`unknown flag ${arg.slice(0, arg.length - long.length + rawName.length)}${hint === null ? '' : ` (did you mean --${hint}?)`}`);
+    }
     if (eq >= 0) flags.set(name, long.slice(eq + 1));
     else if (VALUED.has(name)) {
       const value = argv[i + 1];
