@@ -1,0 +1,83 @@
+import { type ChildProcess, spawn } from 'node:child_process';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { parseArgs } from '../args.js';
+import type { Io } from '../cli.js';
+import { pidAlive, type RunFile } from '../run-file.js';
+import { downCommand, processStartMs, scaleCommand, statusCommand } from './control.js';
+
+const cleanups: (() => void)[] = [];
+afterEach(() => {
+  while (cleanups.length > 0) cleanups.pop()!();
+});
+
+function tempDataDir(): string {
+  const dir = mkdtempSync(join(tmpdir(), 'reef-control-'));
+  cleanups.push(() => rmSync(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+function capture(): Io & { out: string[]; err: string[] } {
+  const out: string[] = [];
+  const err: string[] = [];
+  return { out, err, stdout: (s) => out.push(s), stderr: (s) => err.push(s) };
+}
+
+function writeRunFile(dataDir: string, rf: RunFile): void {
+  mkdirSync(join(dataDir, 'run'), { recursive: true });
+  writeFileSync(join(dataDir, 'run', 'supervisor.json'), JSON.stringify(rf));
+}
+
+/** A live process that is not a reef stack, as a reused pid would be. */
+function bystander(): ChildProcess {
+  const child = spawn('sleep', ['60'], { stdio: 'ignore' });
+  cleanups.push(() => child.kill('SIGKILL'));
+  return child;
+}
+
+describe('reef status / scale / down', () => {
+  it('report REEF_ERR_NOT_RUNNING when no stack has a run file', async () => {
+    const dataDir = tempDataDir();
+    const args = parseArgs(['status', '--data-dir', dataDir]);
+    await expect(statusCommand(args, capture())).rejects.toMatchObject({ code: 'REEF_ERR_NOT_RUNNING' });
+    await expect(downCommand(args, capture())).rejects.toMatchObject({ code: 'REEF_ERR_NOT_RUNNING' });
+  });
+
+  // `reef scale prm "$N"` with N unset passed '', which Number() reads as 0: every PRM stopped.
+  it.each([[''], [' '], ['0x2'], ['1e1'], ['-1'], ['1.5']])('scale refuses the count %j with usage and exit 2', async (count) => {
+    const io = capture();
+    await expect(scaleCommand(parseArgs(['scale', '--data-dir', tempDataDir()]), ['prm', count], io)).resolves.toBe(2);
+    expect(io.err.join('\n')).toContain('usage: reef scale prm N');
+  });
+
+  it('scale refuses extra arguments instead of ignoring them', async () => {
+    await expect(scaleCommand(parseArgs(['scale', '--data-dir', tempDataDir()]), ['prm', '2', '3'], capture())).resolves.toBe(2);
+  });
+
+  // A stack killed with SIGKILL leaves its run file; once its pid belongs to another process,
+  // `down` of a stack "still starting" sent that process SIGTERM.
+  it.skipIf(processStartMs(process.pid) === null)('down and status treat a run file whose pid was reused as stale and signal nothing', async () => {
+    const dataDir = tempDataDir();
+    const other = bystander();
+    await new Promise((resolve) => other.once('spawn', resolve));
+    const pid = other.pid!;
+    writeRunFile(dataDir, { pid, state: 'starting', control: null, startedAt: Date.now() - 3_600_000, configPath: '/x/serve.yaml', gateway: 'http://127.0.0.1:1' });
+    const args = parseArgs(['down', '--data-dir', dataDir]);
+    const err = await downCommand(args, capture()).catch((e: unknown) => e);
+    expect(err).toMatchObject({ code: 'REEF_ERR_NOT_RUNNING', message: expect.stringContaining(`pid ${pid}, which is now another process`) });
+    await expect(statusCommand(args, capture())).rejects.toMatchObject({ code: 'REEF_ERR_NOT_RUNNING' });
+    expect(other.exitCode).toBeNull();
+    expect(other.signalCode).toBeNull();
+    expect(pidAlive(pid)).toBe(true);
+  });
+
+  it('status shows a stack that is still starting when its pid is the process that wrote the file', async () => {
+    const dataDir = tempDataDir();
+    writeRunFile(dataDir, { pid: process.pid, state: 'starting', control: null, startedAt: Date.now(), configPath: '/x/serve.yaml', gateway: 'http://127.0.0.1:1' });
+    const io = capture();
+    await expect(statusCommand(parseArgs(['status', '--data-dir', dataDir]), io)).resolves.toBe(0);
+    expect(io.out.join('\n')).toContain(`reef is starting (pid ${process.pid}`);
+  });
+});
