@@ -42,11 +42,6 @@ export interface Prepared extends Omit<PreparedChat, 'ok'> {
   body: Uint8Array;
   /** The record's request and prompt ids, written ahead of it (`stageRecord`). */
   staged?: StagedPayloads | null;
-  /**
-   * The request's stop strings, which a stream holds back a possible start of (chat-stream.ts
-   * `settled`). Absent: none. Not yet returned by tokenize/prepare.ts.
-   */
-  stop?: readonly string[] | null;
 }
 
 /** Prepares a raw request body on a tokenizer worker; a refused request comes back as its error. */

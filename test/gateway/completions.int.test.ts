@@ -215,6 +215,23 @@ describe.each([['inline', undefined], ['worker', 0]] as const)('gateway completi
     }
   });
 
+  it('a stop string SGLang trims from its last event only never reaches a streaming client in part', async () => {
+    // The engine's events carry `</ans` before the final one cuts the text at `</answer>`.
+    const req = await scripted([{ role: 'user', content: 'answer, then stop' }], ['Hello', ' world', '</ans', 'wer>', ' more'], { stop: ['</answer>'] });
+    s.engine.options.tokenDelayMs = 20; // one event at a time, not coalesced into the last
+    let streamed: any[];
+    try {
+      streamed = (await readSse(await postChat(s.url, { ...req, stream: true }))).slice(0, -1).map((e) => JSON.parse(e));
+    } finally {
+      s.engine.options.tokenDelayMs = 0;
+    }
+    const content = streamed.map((c) => c.choices[0]?.delta?.content ?? '').join('');
+    expect(streamed.filter((c) => c.choices[0]?.delta?.content).length).toBeGreaterThan(1);
+    const whole = (await (await postChat(s.url, req)).json()) as any;
+    expect(whole.choices[0].message.content).toBe('Hello world');
+    expect(content).toBe('Hello world');
+  });
+
   it('a stream without include_usage has no usage chunk', async () => {
     const events = await readSse(await postChat(s.url, { ...CHAT, stream: true }));
     const chunks = events.slice(0, -1).map((e) => JSON.parse(e));

@@ -56,14 +56,35 @@ function tokenId(piece: string): number {
   return 100 + h;
 }
 
-function meta(g: FakeGeneration, upto: number, promptTokens: number, K: number, wv: string, rid: string, done: boolean) {
+/**
+ * Where `sampling_params.stop` ends a generation, as SGLang does: after the first piece whose text
+ * holds a stop string; only the final event's text is cut before the match (the earlier events
+ * carried the pieces as they came, the stop string's start included).
+ */
+function stopAt(g: FakeGeneration, stop: unknown): { end: number; cut: number; matched: string } | null {
+  const stops = (Array.isArray(stop) ? stop : typeof stop === 'string' ? [stop] : []).filter((s): s is string => typeof s === 'string' && s !== '');
+  let text = '';
+  for (let t = 1; t <= g.pieces.length; t++) {
+    text += g.pieces[t - 1];
+    let best: { cut: number; matched: string } | null = null;
+    for (const s of stops) {
+      const at = text.indexOf(s);
+      if (at >= 0 && (best === null || at < best.cut)) best = { cut: at, matched: s };
+    }
+    if (best) return { end: t, ...best };
+  }
+  return null;
+}
+
+function meta(g: FakeGeneration, upto: number, promptTokens: number, K: number, wv: string, rid: string, done: boolean, stopped: { cut: number; matched: string } | null = null) {
   const ids = g.pieces.slice(0, upto).map(tokenId);
+  const text = g.pieces.slice(0, upto).join('');
   return {
-    text: g.pieces.slice(0, upto).join(''),
+    text: done && stopped ? text.slice(0, stopped.cut) : text,
     output_ids: ids,
     meta_info: {
       id: rid,
-      finish_reason: done ? { type: g.finish ?? 'stop', matched: null } : null,
+      finish_reason: done ? { type: g.finish ?? 'stop', matched: done && stopped ? stopped.matched : null } : null,
       prompt_tokens: promptTokens,
       completion_tokens: ids.length,
       output_token_logprobs: ids.map((id, t) => [-0.1 - t * 0.01, id, null]),
@@ -125,13 +146,15 @@ export async function startFakeEngine(options: FakeEngineOptions = {}): Promise<
       return json(200, { id, object: 'chat.completion', created: 0, model: String(body.model ?? 'fake'), choices: [{ index: 0, message: { role: 'assistant', content: text }, finish_reason: g.finish ?? 'stop' }], usage: { prompt_tokens: 0, completion_tokens: g.pieces.length, total_tokens: g.pieces.length } });
     }
     const K = Number(body.top_logprobs_num ?? 0);
-    if (!body.stream) return json(200, meta(g, g.pieces.length, promptTokens, K, wv, id, true));
+    const stopped = stopAt(g, (body.sampling_params as Record<string, unknown> | undefined)?.stop);
+    const end = stopped?.end ?? g.pieces.length;
+    if (!body.stream) return json(200, meta(g, end, promptTokens, K, wv, id, true, stopped));
     res.writeHead(200, { 'content-type': 'text/event-stream' });
-    for (let t = 1; t <= g.pieces.length; t++) {
+    for (let t = 1; t <= end; t++) {
       if (options.tokenDelayMs) await new Promise((r) => setTimeout(r, options.tokenDelayMs));
       if (res.destroyed) return;
       if (options.dieAfterTokens != null && t > options.dieAfterTokens) return res.destroy();
-      res.write(`data: ${JSON.stringify(meta(g, t, promptTokens, K, wv, id, t === g.pieces.length))}\n\n`);
+      res.write(`data: ${JSON.stringify(meta(g, t, promptTokens, K, wv, id, t === end, stopped))}\n\n`);
     }
     res.end('data: [DONE]\n\n');
   };

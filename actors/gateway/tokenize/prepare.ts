@@ -53,6 +53,11 @@ export interface PreparedChat {
   model: string | null;
   stream: boolean;
   includeUsage: boolean;
+  /**
+   * The request's stop strings: SGLang trims a matched one from the last event only, so a stream
+   * holds back whatever could be the start of one (chat-stream.ts `settled`). Null: none.
+   */
+  stop: readonly string[] | null;
 }
 
 /** A request the gateway refuses: the OpenAI error to answer with (status from the code). */
@@ -272,5 +277,6 @@ export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: 
     model: req.model ?? null,
     stream: req.stream === true,
     includeUsage: req.stream_options?.include_usage === true,
+    stop,
   };
 }
