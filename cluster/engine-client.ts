@@ -202,22 +202,36 @@ class StreamedGeneration implements Dispatcher.DispatchHandler {
   }
 }
 
-/** A response read whole: its status and its body as text. */
+/** A response read whole: its status and its body as text. Aborting `signal` cuts the request off. */
 class CollectedAnswer implements Dispatcher.DispatchHandler {
   readonly done: Promise<{ status: number; text: string }>;
   private status = 0;
   private readonly chunks: Buffer[] = [];
   private resolve!: (answer: { status: number; text: string }) => void;
   private reject!: (err: Error) => void;
+  private controller: Dispatcher.DispatchController | null = null;
+  private readonly onAbort = () => this.controller?.abort(this.abortReason());
 
-  constructor() {
+  constructor(private readonly signal: AbortSignal | null = null) {
     this.done = new Promise((resolve, reject) => {
       this.resolve = resolve;
       this.reject = reject;
     });
+    if (signal) {
+      signal.addEventListener('abort', this.onAbort, { once: true });
+      void this.done.catch(() => {}).finally(() => signal.removeEventListener('abort', this.onAbort));
+    }
   }
 
-  onRequestStart(): void {}
+  private abortReason(): Error {
+    const reason: unknown = this.signal?.reason;
+    return reason instanceof Error ? reason : new Error('the request was aborted');
+  }
+
+  onRequestStart(controller: Dispatcher.DispatchController): void {
+    this.controller = controller;
+    if (this.signal?.aborted) controller.abort(this.abortReason());
+  }
 
   onResponseStart(_controller: Dispatcher.DispatchController, statusCode: number): void {
     this.status = statusCode;
@@ -282,13 +296,15 @@ export class EngineClient {
    * A dispatch handler collects the answer: undici's `request` (a response object and a body
    * stream per call) cost the gateway's event loop ~10% of its throughput on short chats.
    */
-  private async call(method: 'GET' | 'POST', path: string, body?: unknown): Promise<{ status: number; text: string }> {
+  private async call(method: 'GET' | 'POST', path: string, body?: unknown, signal?: AbortSignal): Promise<{ status: number; text: string }> {
     const payload = body === undefined ? null : typeof body === 'string' || body instanceof Uint8Array ? body : JSON.stringify(body);
-    const answer = new CollectedAnswer();
+    const answer = new CollectedAnswer(signal ?? null);
     this.dispatch(method, path, payload, answer);
     try {
       return await answer.done;
     } catch (err) {
+      // Cut off by our own caller: not the engine's failure.
+      if (signal?.aborted) throw err;
       throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.name, reason: (err as Error).message }, { cause: err });
     }
   }
@@ -298,8 +314,8 @@ export class EngineClient {
     this.agent.dispatch({ origin: this.origin, path: this.pathPrefix + path, method, headers: body === null ? {} : JSON_HEADERS, body, headersTimeout: this.timeoutMs, bodyTimeout: this.timeoutMs }, handler);
   }
 
-  private async json<T>(method: 'GET' | 'POST', path: string, body?: unknown): Promise<T> {
-    const { status, text } = await this.call(method, path, body);
+  private async json<T>(method: 'GET' | 'POST', path: string, body?: unknown, signal?: AbortSignal): Promise<T> {
+    const { status, text } = await this.call(method, path, body, signal);
     if (status >= 400) throw refusal(this.name, path, status, text);
     return (text ? JSON.parse(text) : {}) as T;
   }
@@ -316,9 +332,13 @@ export class EngineClient {
     return this.json('GET', '/model_info');
   }
 
-  /** `req` may be a body already serialised by `generateBody(…, false)` (the gateway's workers do). */
-  generate(req: GenerateRequest | Uint8Array): Promise<GenerateResponse> {
-    return this.json('POST', '/generate', req instanceof Uint8Array ? req : generateBody(req, false));
+  /**
+   * `req` may be a body already serialised by `generateBody(…, false)` (the gateway's workers do).
+   * Aborting `signal` closes the connection, which makes the engine stop generating; the call then
+   * rejects with the signal's reason.
+   */
+  generate(req: GenerateRequest | Uint8Array, signal?: AbortSignal): Promise<GenerateResponse> {
+    return this.json('POST', '/generate', req instanceof Uint8Array ? req : generateBody(req, false), signal);
   }
 
   /**

@@ -86,7 +86,7 @@ describe('streamCompletion', () => {
   it('streamed content, reasoning and tool calls add up to the non-streamed message, whatever the chunking', async () => {
     const full = '<think>\nplan it\n</think>\n\nCalling.\n<tool_call>\n{"name": "f", "arguments": {"q": "日本"}}\n</tool_call>\nDone.';
     const once = await completeOnce(harness([event(full, 9, { type: 'stop', matched: 2 })]).deps, harness([]).p);
-    const message = (once.body as { choices: [{ message: Record<string, unknown>; finish_reason: string }] }).choices[0];
+    const message = (once!.body as { choices: [{ message: Record<string, unknown>; finish_reason: string }] }).choices[0];
     for (const size of [1, 3, 7]) {
       const texts: string[] = [];
       for (let i = size; i < full.length + size; i += size) texts.push(full.slice(0, i));

@@ -153,16 +153,25 @@ export async function commit(deps: ChatDeps, record: NewRecord): Promise<string>
   return id;
 }
 
-/** Non-streamed completion: generate, parse, commit, and only then return the body with its receipt. */
-export async function completeOnce(deps: ChatDeps, p: Prepared): Promise<{ recordId: string; body: unknown }> {
-  await deps.gate.enter();
+/**
+ * Non-streamed completion: generate, parse, commit, and only then return the body with its receipt.
+ * A client that leaves (`signal`) ends the generation, leaves an `aborted` record, as a stream's
+ * does, and gets `null`: an SDK that timed out sends the request again, and the one it left must
+ * not train as a turn the user saw.
+ */
+export async function completeOnce(deps: ChatDeps, p: Prepared, signal?: AbortSignal): Promise<{ recordId: string; body: unknown } | null> {
+  await deps.gate.enter(signal);
   let res: GenerateResponse;
   try {
-    const pending = deps.engine.generate(p.engineBody);
+    const pending = deps.engine.generate(p.engineBody, signal);
     stageRecord(deps, p);
     res = await pending;
     if (res.meta_info.finish_reason?.type === 'abort') throw engineAborted(deps, res);
   } catch (err) {
+    if (signal?.aborted) {
+      await commit(deps, buildRecord(deps, p, null, 'aborted', 'client disconnected', null));
+      return null;
+    }
     deps.metrics.engineErrors.inc({ kind: 'generate' });
     throw err;
   } finally {

@@ -25,6 +25,34 @@ describe('gateway failures', () => {
     return page.items[0] ?? null;
   }
 
+  it('a non-streamed client that leaves before its answer cuts the engine request off and leaves an aborted record', async () => {
+    // The engine answers in 30 s, unless its client goes away first.
+    s.engine.options.delayMs = () => 30_000;
+    try {
+      const headBefore = await s.gw.store.headOffset();
+      const body = JSON.stringify(CHAT);
+      let engineRequestClosed = false;
+      const engineGotIt = new Promise<void>((resolve) =>
+        s.engine.server.once('request', (req) => {
+          req.socket.once('close', () => (engineRequestClosed = true));
+          resolve();
+        }),
+      );
+      const req = httpRequest(`${s.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } });
+      req.on('error', () => {});
+      req.end(body);
+      await engineGotIt;
+      req.destroy();
+      const rec = await waitFor(async () => ((await s.gw.store.headOffset()) > headBefore ? latestRecord() : null), { what: 'the aborted record' });
+      expect(rec).toMatchObject({ status: 'aborted', error: 'client disconnected' });
+      await waitFor(() => engineRequestClosed, { what: 'the engine connection to close' });
+      expect((await s.gw.store.get(rec.id))!.outputIds.length).toBe(0);
+      await waitFor(() => s.gw.gate.inflight === 0, { what: 'the request to leave the gate' });
+    } finally {
+      delete s.engine.options.delayMs;
+    }
+  });
+
   it('a client that disconnects mid-stream leaves a complete record with status aborted', async () => {
     s.engine.options.tokenDelayMs = 15;
     const headBefore = await s.gw.store.headOffset();

@@ -59,8 +59,7 @@ export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts:
         if (!('id' in p)) return sendError(reply, p.code, p.message, { param: p.param });
         lease = p.bodyLease;
         if (p.stream) return await stream(deps, p, request, reply);
-        const { recordId, body } = await completeOnce(deps, p);
-        return reply.header('x-reef-agent-record-id', recordId).send(body);
+        return await once(deps, p, reply);
       } catch (err) {
         return replyWithError(reply, err);
       } finally {
@@ -138,6 +137,26 @@ export function replyWithError(reply: FastifyReply, err: unknown): FastifyReply 
   }
   reply.log.error({ err }, 'chat completion failed');
   return sendError(reply, 'REEF_ERR_HANDLER', `internal error: ${(err as Error).message}`, { status: 500 });
+}
+
+/** A non-streamed completion, cut off (and recorded `aborted`) when the client leaves before its answer. */
+async function once(deps: ChatDeps, p: Parameters<typeof completeOnce>[1], reply: FastifyReply): Promise<FastifyReply> {
+  const res = reply.raw;
+  const gone = new AbortController();
+  const onClose = () => {
+    if (!res.writableFinished) gone.abort(new Error('client disconnected'));
+  };
+  res.on('close', onClose);
+  try {
+    const done = await completeOnce(deps, p, gone.signal);
+    if (done === null) {
+      reply.hijack(); // nobody to answer
+      return reply;
+    }
+    return reply.header('x-reef-agent-record-id', done.recordId).send(done.body);
+  } finally {
+    res.off('close', onClose);
+  }
 }
 
 async function stream(deps: ChatDeps, p: Parameters<typeof streamCompletion>[1], request: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
