@@ -149,4 +149,42 @@ describe('Mailbox + RpcClient over real sockets', () => {
     await expect(pending).resolves.toMatchObject({ waited: 100 });
     expect(mailbox.lifecycle.state).toBe('stopped');
   });
+
+  // The receive loop was already waiting when close() began, so a request that came in while a
+  // slow handler drained was run, on a mailbox its owner had closed (e.g. a `scale` reaching the
+  // supervisor after `down`).
+  it('close() refuses a request that arrives while handlers drain, without running its handler', async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const ran: string[] = [];
+    const mailbox = await Mailbox.open({
+      name: 'closing',
+      schema: messages,
+      log: () => {},
+      handlers: {
+        add: (msg) => {
+          ran.push('add');
+          return { sum: msg.a + msg.b };
+        },
+        fail: () => ({}),
+        slow: async () => {
+          await gate;
+          return { waited: 0 };
+        },
+        typed: () => ({}),
+      },
+    });
+    const rpc = new RpcClient(mailbox.endpoint, { name: 'client', log: () => {} });
+    // Popped first: a failed assertion must not leave close() waiting on the gate.
+    cleanups.push(() => rpc.close(), () => mailbox.close(), async () => release());
+    const slow = rpc.call({ type: 'slow', ms: 0 });
+    await waitFor(() => mailbox.stats.inFlight === 1, { what: 'the slow handler to start' });
+    const closed = mailbox.close();
+    await expect(rpc.call({ type: 'add', a: 1, b: 2 })).rejects.toMatchObject({ code: 'REEF_ERR_ACTOR_CLOSED', retryable: true });
+    expect(ran).toEqual([]);
+    release();
+    await expect(slow).resolves.toMatchObject({ waited: 0 });
+    await closed;
+    expect(mailbox.lifecycle.state).toBe('stopped');
+  });
 });

@@ -188,6 +188,9 @@ export class Mailbox<S extends z.ZodType<{ type: string }>> {
         throw new ReefError('REEF_ERR_BAD_MESSAGE', { details: `cannot decode msgpack (${String(err)})` });
       }
       raw = peek(value);
+      // close() cannot stop a receive already waiting, so a request can still arrive while the
+      // running handlers drain: it is refused (retryable) rather than started on a closing actor.
+      if (!this.lifecycle.is('running')) throw new ReefError('REEF_ERR_ACTOR_CLOSED', { actor: this.name, state: this.lifecycle.state });
       if (raw.type === '') throw new ReefError('REEF_ERR_BAD_MESSAGE', { details: 'no string `type`' });
       const handler = (this.options.handlers as Record<string, Handler<unknown> | undefined>)[raw.type];
       if (handler === undefined || !Object.hasOwn(this.options.handlers, raw.type)) {
