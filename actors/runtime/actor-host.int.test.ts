@@ -2,6 +2,8 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
 import { waitFor } from '../../test/helpers/wait.js';
 import { type ActorHost, readActorEnv, runActor } from './actor-host.js';
+import { Mailbox } from './mailbox.js';
+import { heartbeatReport, registerRequest } from './messages.js';
 import { RpcClient } from './rpc.js';
 
 const messages = z.discriminatedUnion('type', [z.object({ type: z.literal('work'), requestId: z.string(), ms: z.number() })]);
@@ -71,5 +73,48 @@ describe('runActor (in process, no supervisor)', () => {
     expect(() => readActorEnv(JSON.stringify({ name: 'x', id: 'x-0' }))).toThrow(expect.objectContaining({ code: 'REEF_ERR_CONFIG_INVALID' }));
     const env = readActorEnv(JSON.stringify({ name: 'x', id: 'x-0', supervisor: 'tcp://127.0.0.1:1', configPath: null, overrides: {} }));
     expect(env.heartbeatMs).toBeNull();
+  });
+
+  // The actor stopped heartbeating as soon as it began to drain. The supervisor only expects that
+  // of an actor it is stopping itself: one drained by a SIGTERM from elsewhere fell silent while
+  // it finished its work, and was killed for missed heartbeats after 6 × heartbeatMs.
+  it('keeps heartbeating while it drains, reporting state draining', async () => {
+    const heartbeats: string[] = [];
+    const supervisor = await Mailbox.open({
+      name: 'fake-supervisor',
+      schema: z.discriminatedUnion('type', [registerRequest, heartbeatReport]),
+      log: () => {},
+      handlers: {
+        register: () => ({}),
+        heartbeat: (msg) => {
+          heartbeats.push(msg.state);
+          return {};
+        },
+      },
+    });
+    cleanups.push(() => supervisor.close());
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const exits: number[] = [];
+    const host = await runActor({
+      name: 'worker',
+      messages,
+      env: { name: 'worker', id: 'worker-0', supervisor: supervisor.endpoint, configPath: null, overrides: {}, heartbeatMs: 20 },
+      processHooks: false,
+      exit: (code) => exits.push(code),
+      log: () => {},
+      createHandler: () => ({ work: async () => gate.then(() => ({})) }),
+    });
+    const rpc = new RpcClient(host.endpoint, { log: () => {} });
+    // Popped first: a failed wait must not leave the drain waiting on the gate.
+    cleanups.push(() => host.drain('test cleanup'), () => rpc.close(), async () => release());
+    const work = rpc.call({ type: 'work', ms: 0 }, { timeoutMs: 60_000 });
+    await waitFor(() => host.status().stats.working === 1, { what: 'work to start' });
+    const drained = host.drain('SIGTERM');
+    await waitFor(() => heartbeats.includes('draining'), { what: 'a heartbeat sent while draining' });
+    release();
+    await work;
+    await drained;
+    expect(exits).toEqual([0]);
   });
 });

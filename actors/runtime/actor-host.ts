@@ -105,7 +105,6 @@ export async function runActor<S extends z.ZodType<{ type: string }>>(options: R
   const drain = (reason: string): Promise<void> => {
     draining ??= (async () => {
       log(`draining (${reason})`);
-      if (heartbeat !== null) clearInterval(heartbeat);
       try {
         await lifecycle.close({
           drain: async () => {
@@ -113,6 +112,9 @@ export async function runActor<S extends z.ZodType<{ type: string }>>(options: R
             await options.onDrain?.();
           },
           destroy: async () => {
+            // Heartbeats go on through the drain: the supervisor kills an actor that falls silent,
+            // and one that drains on its own (SIGTERM) may take longer than that to finish its work.
+            if (heartbeat !== null) clearInterval(heartbeat);
             await mailbox?.close();
             await supervisor?.close();
           },
