@@ -57,6 +57,16 @@ describe('override values', () => {
     ['http://h:1/x', 'http://h:1/x'],
     ['"quoted: yes"', 'quoted: yes'],
     ['[unclosed', '[unclosed'],
+    // YAML reads these as a comment or a document marker: null, or the text cut short.
+    ['#a1b2c3', '#a1b2c3'],
+    ['abc #1', 'abc #1'],
+    ['[a, b] # two', '[a, b] # two'],
+    ['---', '---'],
+    ['...', '...'],
+    ['sk-abc#1', 'sk-abc#1'],
+    ['"x #y"', 'x #y'],
+    ['[a, "#b"]', ['a', '#b']],
+    ['[a, b #c\n]', '[a, b #c\n]'],
   ])('%s', (text, want) => expect(parseOverrideValue(text)).toEqual(want));
 
   it('applies into lists and reports impossible paths', () => {

@@ -60,14 +60,28 @@ function splitPath(text: string): PathSegment[] {
   return out;
 }
 
-/** A YAML scalar or flow value (`3`, `true`, `null`, `[a, b]`); text YAML cannot read stays text. */
+/**
+ * A YAML scalar or flow value (`3`, `true`, `null`, `[a, b]`); text YAML cannot read stays text, and
+ * so does text YAML would partly read as a comment or a document marker: `--x.key=#a1` became null
+ * and `--x.key=abc #1` became `abc`, with nothing said.
+ */
 export function parseOverrideValue(text: string): unknown {
   if (text === '') return '';
+  if (/^(---|\.\.\.)(\s|$)/.test(text)) return text;
   try {
-    return YAML.parse(text);
+    const doc = YAML.parseDocument(text);
+    if (doc.errors.length > 0 || hasComment(doc) || hasComment(doc.contents)) return text;
+    return doc.toJS();
   } catch {
     return text;
   }
+}
+
+function hasComment(node: unknown): boolean {
+  if (typeof node !== 'object' || node === null) return false;
+  const n = node as { comment?: string | null; commentBefore?: string | null; items?: unknown[]; key?: unknown; value?: unknown };
+  if (n.comment || n.commentBefore) return true;
+  return (n.items ?? []).some(hasComment) || hasComment(n.key) || hasComment(n.value);
 }
 
 const FORBIDDEN = new Set(['__proto__', 'constructor', 'prototype']);
