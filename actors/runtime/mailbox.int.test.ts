@@ -125,6 +125,13 @@ describe('Mailbox + RpcClient over real sockets', () => {
     await expect(rpc.call({ type: 'add', a: 1, b: 1 })).resolves.toMatchObject({ sum: 2 });
   });
 
+  it('waits for the reply when the timeout is longer than a timer can hold (2^31 - 1 ms)', async () => {
+    const { rpc } = await setUp();
+    await expect(rpc.call({ type: 'slow', ms: 50 }, { timeoutMs: 2 ** 31 })).resolves.toMatchObject({ waited: 50 });
+    await expect(rpc.call({ type: 'slow', ms: 50 }, { timeoutMs: Number.POSITIVE_INFINITY })).resolves.toMatchObject({ waited: 50 });
+    expect(rpc.inFlight).toBe(0);
+  });
+
   it('close() rejects pending calls with REEF_ERR_ACTOR_CLOSED and refuses new ones', async () => {
     const { rpc } = await setUp();
     const pending = rpc.call({ type: 'slow', ms: 2000 }, { timeoutMs: 10_000 });

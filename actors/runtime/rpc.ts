@@ -44,6 +44,8 @@ interface Pending {
   timer: NodeJS.Timeout;
 }
 
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
 // Unique across processes and restarts without coordination: pid alone repeats after a restart.
 const PREFIX = `${process.pid}-${randomBytes(3).toString('hex')}`;
 let counter = 0;
@@ -107,10 +109,11 @@ export class RpcClient {
     }
     const timeoutMs = options.timeoutMs ?? this.defaultTimeoutMs;
     const reply = new Promise<Record<string, unknown>>((resolve, reject) => {
+      // setTimeout runs a delay past 2^31 - 1 ms after 1 ms: a long timeout would fail at once.
       const timer = setTimeout(() => {
         this.pending.delete(requestId);
         reject(new ReefError('REEF_ERR_TIMEOUT', { what: `${this.name} ${msg.type}`, ms: timeoutMs }));
-      }, timeoutMs);
+      }, Math.min(timeoutMs, MAX_TIMER_MS));
       this.pending.set(requestId, { resolve, reject, timer });
     });
     this.requests.send([payload]).catch((err: unknown) => this.settle(requestId, null, err));
