@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { waitFor } from '../../test/helpers/wait.js';
 import { ReefError } from './errors.js';
 import { withDedupe, withRetry, withTimeout, withTracing } from './wrappers.js';
 
@@ -93,6 +94,32 @@ describe('withDedupe', () => {
     expect(await fn()).toBe(2);
     await sleep(20);
     expect(await fn()).toBe(3);
+  });
+
+  // A call evicted by maxKeys while running, then failing, deleted the entry of the later call
+  // with its key: a duplicate of that later call ran it a second time.
+  it('a call evicted while running does not clear the entry of a later call with the same key', async () => {
+    const gates = new Map<string, (err: Error | null) => void>();
+    const runs: string[] = [];
+    const fn = withDedupe(
+      (req: { key: string; run: string }) => {
+        runs.push(req.run);
+        if (runs.length > 3) return Promise.resolve(req.run);
+        return new Promise<string>((resolve, reject) => gates.set(req.run, (err) => (err === null ? resolve(req.run) : reject(err))));
+      },
+      { key: (req) => req.key, maxKeys: 1 },
+    );
+    const first = fn({ key: 'a', run: 'a1' });
+    const other = fn({ key: 'b', run: 'b1' }); // evicts a1's entry
+    const second = fn({ key: 'a', run: 'a2' });
+    await waitFor(() => runs.length === 3, { what: 'three runs to start' });
+    gates.get('a1')!(new Error('a1 failed'));
+    await expect(first).rejects.toThrow('a1 failed');
+    const duplicate = fn({ key: 'a', run: 'a3' });
+    gates.get('a2')!(null);
+    gates.get('b1')!(null);
+    expect(await Promise.all([second, duplicate, other])).toEqual(['a2', 'a2', 'b1']);
+    expect(runs).toEqual(['a1', 'b1', 'a2']);
   });
 });
 

@@ -82,9 +82,12 @@ export function withDedupe<A extends unknown[], R>(fn: (...args: A) => Promise<R
     if (hit !== undefined && hit.expires > now) return hit.result;
     const result = Promise.resolve().then(() => fn(...args));
     seen.set(key, { result, expires: Number.POSITIVE_INFINITY });
+    // Only while the entry is still this call's: once evicted by maxKeys, a later call with the
+    // same key owns it, and this call failing must not make that one's duplicates run again.
+    const own = (): boolean => seen.get(key)?.result === result;
     result.then(
-      () => seen.set(key, { result, expires: Date.now() + (options.ttlMs ?? 60_000) }),
-      () => seen.delete(key),
+      () => own() && seen.set(key, { result, expires: Date.now() + (options.ttlMs ?? 60_000) }),
+      () => own() && seen.delete(key),
     );
     if (seen.size > (options.maxKeys ?? 10_000)) seen.delete(seen.keys().next().value as string);
     return result;
