@@ -1,9 +1,9 @@
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { claimRunFile, clearRunFile, readRunFile, runFilePath, type RunFile, writeRunFile } from './run-file.js';
+import { claimRunFile, clearRunFile, processStartMs, readRunFile, reusedRunFile, runFilePath, type RunFile, writeRunFile } from './run-file.js';
 
 const dirs: string[] = [];
 afterEach(() => {
@@ -16,7 +16,9 @@ function runDir(): string {
   return dir;
 }
 
-const starting = (pid: number): RunFile => ({ pid, state: 'starting', control: null, startedAt: 1, configPath: '/c/serve.yaml', gateway: 'http://127.0.0.1:8600' });
+/** After this process started, as a stack's own `startedAt` is. */
+const STARTED = Date.now();
+const starting = (pid: number): RunFile => ({ pid, state: 'starting', control: null, startedAt: STARTED, configPath: '/c/serve.yaml', gateway: 'http://127.0.0.1:8600' });
 
 /** A pid that certainly belonged to a process that has exited. */
 function deadPid(): number {
@@ -24,6 +26,23 @@ function deadPid(): number {
 }
 
 describe('run file', () => {
+  it.skipIf(processStartMs(process.pid) === null)('takes over the file of a killed stack whose pid another process has since taken', () => {
+    const dir = runDir();
+    // A process started now, named by a file a stack wrote a minute ago: the pid was reused.
+    const other = spawn('sleep', ['30'], { stdio: 'ignore' });
+    try {
+      const old = { ...starting(other.pid!), state: 'running' as const, control: 'tcp://127.0.0.1:1', startedAt: Date.now() - 60_000 };
+      writeFileSync(runFilePath(dir), JSON.stringify(old));
+      expect(readRunFile(dir)).toBeNull();
+      expect(reusedRunFile(dir)).toMatchObject({ rf: { pid: other.pid } });
+      claimRunFile(dir, starting(process.pid));
+      expect(readRunFile(dir)).toEqual(starting(process.pid));
+      expect(other.exitCode).toBeNull(); // nothing signalled it
+    } finally {
+      other.kill();
+    }
+  });
+
   it('is claimed by one stack only: a second claim fails while the first one lives', () => {
     const dir = runDir();
     claimRunFile(dir, starting(process.pid));
@@ -53,7 +72,7 @@ describe('run file', () => {
 
   it('reads a file written before `state` existed as a running stack', () => {
     const dir = runDir();
-    writeFileSync(runFilePath(dir), JSON.stringify({ pid: process.pid, control: 'tcp://127.0.0.1:1', startedAt: 1, configPath: '/c', gateway: 'http://g' }));
+    writeFileSync(runFilePath(dir), JSON.stringify({ pid: process.pid, control: 'tcp://127.0.0.1:1', startedAt: STARTED, configPath: '/c', gateway: 'http://g' }));
     expect(readRunFile(dir)).toMatchObject({ state: 'running', control: 'tcp://127.0.0.1:1' });
   });
 });

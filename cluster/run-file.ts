@@ -7,7 +7,7 @@ import { ReefError } from '../actors/runtime/errors.js';
  * `reef up` from running on one data dir. `reef up` creates it exclusively before anything else
  * (`state: 'starting'`, no control endpoint yet), rewrites it once everything is up
  * (`state: 'running'`), and removes it when done, only if it is still its own. A file whose pid is
- * gone is stale (the stack was killed) and is treated as absent.
+ * gone, or now another process's, is stale (the stack was killed) and is treated as absent.
  */
 export interface RunFile {
   pid: number;
@@ -32,6 +32,40 @@ export function pidAlive(pid: number): boolean {
   }
 }
 
+/** `/proc` start times count whole clock ticks from a boot time given in whole seconds. */
+const PID_REUSE_SLACK_MS = 5000;
+
+/** When `pid` started (ms epoch), from /proc; null where that cannot be read (not Linux, gone). */
+export function processStartMs(pid: number): number | null {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    // Fields after the command name, which may itself hold spaces and parentheses.
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    const ticks = Number(fields[19]);
+    const btime = Number(/^btime (\d+)$/m.exec(readFileSync('/proc/stat', 'utf8'))?.[1]);
+    if (!Number.isFinite(ticks) || !Number.isFinite(btime)) return null;
+    // USER_HZ, which the kernel fixes at 100 for every user-space interface.
+    return btime * 1000 + ticks * 10;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * When the process now holding `rf.pid` started, if it started after the stack wrote `startedAt`:
+ * the stack died without removing its file and its pid went to another process. Null otherwise,
+ * and where /proc cannot tell (the pid is then trusted).
+ */
+export function reusedSince(rf: RunFile): number | null {
+  const started = processStartMs(rf.pid);
+  return started !== null && started > rf.startedAt + PID_REUSE_SLACK_MS ? started : null;
+}
+
+/** Whether the stack of `rf` is still there: its pid alive and not another process's. */
+function holds(rf: RunFile): boolean {
+  return pidAlive(rf.pid) && reusedSince(rf) === null;
+}
+
 function parse(path: string): RunFile | null {
   try {
     const rf = JSON.parse(readFileSync(path, 'utf8')) as RunFile;
@@ -46,7 +80,15 @@ export function readRunFile(runDir: string): RunFile | null {
   const path = runFilePath(runDir);
   if (!existsSync(path)) return null;
   const rf = parse(path);
-  return rf !== null && pidAlive(rf.pid) ? rf : null;
+  return rf !== null && holds(rf) ? rf : null;
+}
+
+/** A run file left by a stack whose pid another process has since taken (see `reusedSince`), or null. */
+export function reusedRunFile(runDir: string): { rf: RunFile; startedMs: number } | null {
+  const path = runFilePath(runDir);
+  const rf = existsSync(path) ? parse(path) : null;
+  const startedMs = rf !== null && pidAlive(rf.pid) ? reusedSince(rf) : null;
+  return rf !== null && startedMs !== null ? { rf, startedMs } : null;
 }
 
 /**
@@ -66,7 +108,7 @@ export function claimRunFile(runDir: string, rf: RunFile): void {
       } catch (err) {
         if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
         const holder = parse(path);
-        if (attempt > 0 || (holder !== null && pidAlive(holder.pid))) {
+        if (attempt > 0 || (holder !== null && holds(holder))) {
           throw new ReefError('REEF_ERR_ALREADY_RUNNING', { pid: holder?.pid ?? '?', endpoint: holder?.control ?? 'none yet: still starting' });
         }
         removeStale(path);
@@ -86,7 +128,7 @@ function removeStale(path: string): void {
     return; // someone else removed it
   }
   const moved = parse(aside);
-  if (moved !== null && pidAlive(moved.pid)) {
+  if (moved !== null && holds(moved)) {
     try {
       linkSync(aside, path);
     } catch {

@@ -6,7 +6,8 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { parseArgs } from '../args.js';
 import type { Io } from '../cli.js';
 import { pidAlive, type RunFile } from '../run-file.js';
-import { downCommand, processStartMs, scaleCommand, statusCommand } from './control.js';
+import { processStartMs } from '../run-file.js';
+import { downCommand, scaleCommand, statusCommand } from './control.js';
 
 const cleanups: (() => void)[] = [];
 afterEach(() => {

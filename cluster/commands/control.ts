@@ -1,10 +1,9 @@
-import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { RpcClient } from '../../actors/runtime/rpc.js';
 import { ReefError } from '../../actors/runtime/errors.js';
 import { flagBool, type ParsedArgs } from '../args.js';
 import type { Io } from '../cli.js';
-import { pidAlive, readRunFile, type RunFile } from '../run-file.js';
+import { pidAlive, readRunFile, reusedRunFile, type RunFile } from '../run-file.js';
 import { renderStatus } from './render-status.js';
 import { dataDirOf } from './export.js';
 
@@ -16,35 +15,16 @@ export async function runDirOf(args: ParsedArgs): Promise<string> {
 async function findStack(args: ParsedArgs): Promise<RunFile> {
   const runDir = await runDirOf(args);
   const rf = readRunFile(runDir);
-  if (!rf) throw new ReefError('REEF_ERR_NOT_RUNNING', { path: runDir });
-  const startedAt = processStartMs(rf.pid);
+  if (rf) return rf;
   // The stack's process wrote `startedAt` after it started; one that started later got the pid of
   // a stack that died without removing its file. `down` used to send that process SIGTERM.
-  if (startedAt !== null && startedAt > rf.startedAt + PID_REUSE_SLACK_MS) {
+  const reused = reusedRunFile(runDir);
+  if (reused) {
     throw new ReefError('REEF_ERR_NOT_RUNNING', { path: runDir }, {
-      message: `no running reef stack found at ${runDir}: its run file names pid ${rf.pid}, which is now another process (started ${new Date(startedAt).toISOString()}, after the stack's ${new Date(rf.startedAt).toISOString()})`,
+      message: `no running reef stack found at ${runDir}: its run file names pid ${reused.rf.pid}, which is now another process (started ${new Date(reused.startedMs).toISOString()}, after the stack's ${new Date(reused.rf.startedAt).toISOString()})`,
     });
   }
-  return rf;
-}
-
-/** `/proc` start times count whole clock ticks from a boot time given in whole seconds. */
-const PID_REUSE_SLACK_MS = 5000;
-
-/** When `pid` started (ms epoch), from /proc; null where that cannot be read (not Linux, gone). */
-export function processStartMs(pid: number): number | null {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    // Fields after the command name, which may itself hold spaces and parentheses.
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    const ticks = Number(fields[19]);
-    const btime = Number(/^btime (\d+)$/m.exec(readFileSync('/proc/stat', 'utf8'))?.[1]);
-    if (!Number.isFinite(ticks) || !Number.isFinite(btime)) return null;
-    // USER_HZ, which the kernel fixes at 100 for every user-space interface.
-    return btime * 1000 + ticks * 10;
-  } catch {
-    return null;
-  }
+  throw new ReefError('REEF_ERR_NOT_RUNNING', { path: runDir });
 }
 
 function connect(rf: RunFile): RpcClient {
