@@ -31,6 +31,35 @@ usage:
 
 const defaultIo: Io = { stdout: (s) => process.stdout.write(s.endsWith('\n') ? s : `${s}\n`), stderr: (s) => process.stderr.write(s.endsWith('\n') ? s : `${s}\n`) };
 
+/**
+ * The flags each command reads (besides --help and --version). Another one is a mistake that would
+ * otherwise run the command without it: `reef config check F --data-dir D` checked F and said
+ * nothing of D. Config overrides count only where a config is loaded.
+ */
+const COMMAND_FLAGS: Record<string, { flags: readonly string[]; overrides: boolean }> = {
+  up: { flags: ['config', 'detach'], overrides: true },
+  status: { flags: ['config', 'data-dir', 'json'], overrides: true },
+  scale: { flags: ['config', 'data-dir'], overrides: true },
+  down: { flags: ['config', 'data-dir'], overrides: true },
+  export: { flags: ['config', 'data-dir', 'scenario', 'out'], overrides: true },
+  correlate: { flags: ['json', 'session-ttl-s', 'max-open-sessions'], overrides: false },
+  config: { flags: [], overrides: true },
+};
+
+/** Why `cmd` cannot take the flags given, or null. */
+function flagProblem(cmd: string, args: ParsedArgs): string | null {
+  const takes = COMMAND_FLAGS[cmd];
+  if (takes === undefined) return null;
+  for (const name of args.flags.keys()) {
+    if (!takes.flags.includes(name)) {
+      const list = takes.flags.length === 0 ? 'no flags' : takes.flags.map((f) => `--${f}`).join(', ');
+      return `reef ${cmd} does not take --${name} (it takes ${list})`;
+    }
+  }
+  if (!takes.overrides && args.overrides.length > 0) return `reef ${cmd} reads no config, so ${args.overrides[0]} would change nothing`;
+  return null;
+}
+
 export async function main(argv: readonly string[], io: Io = defaultIo): Promise<number> {
   let args: ParsedArgs;
   try {
@@ -47,6 +76,11 @@ export async function main(argv: readonly string[], io: Io = defaultIo): Promise
   if (cmd === undefined || cmd === 'help' || args.flags.has('help')) {
     io.stdout(HELP);
     return cmd === undefined && !args.flags.has('help') ? 2 : 0;
+  }
+  const problem = flagProblem(cmd, args);
+  if (problem !== null) {
+    io.stderr(`reef: ${problem}`);
+    return 2;
   }
   try {
     switch (cmd) {

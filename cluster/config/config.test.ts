@@ -241,6 +241,12 @@ describe('training.weight_sync', () => {
   });
 });
 
+describe('training.backend', () => {
+  it('refuses tp, which the trainer does not implement, at config time rather than at trainer start', async () => {
+    expect(await errorsOf({ ...minimal(), training: { backend: 'tp' } })).toEqual(['training.backend: tp is not implemented; use fsdp2 (docs/training.md)']);
+  });
+});
+
 describe('training.engine_logprobs', () => {
   it('auto follows the engine (SGLang reports logits / temperature before truncation, hf what it sampled from); an explicit choice stays', async () => {
     expect((await ok(minimal())).training.engine_logprobs).toBe('tempered');

@@ -75,6 +75,9 @@ export async function resolveConfig(raw: unknown, opts: ResolveOptions): Promise
       if (parsed !== null) stages[name] = resolvePaths(parsed, recipe.stages[name].pathKeys ?? {}, opts.baseDir);
     }
     if (training !== null) {
+      // Named by the schema so the message can say why, but the trainer would refuse it at start,
+      // minutes into `reef up`.
+      if (training.backend === 'tp') issues.push({ path: 'training.backend', message: 'tp is not implemented; use fsdp2 (docs/training.md)' });
       const r = parseTrainingOptions(training.options, recipe.trainingOptions);
       issues.push(...r.issues);
       resolvedTraining = r.resolved;

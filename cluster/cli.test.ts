@@ -1,0 +1,28 @@
+import { describe, expect, it } from 'vitest';
+import { main } from './cli.js';
+
+/** Runs the CLI in-process; what it printed and its exit code. */
+async function reef(...argv: string[]): Promise<{ code: number; err: string }> {
+  let err = '';
+  const code = await main(argv, { stdout: () => {}, stderr: (s) => (err += s) });
+  return { code, err };
+}
+
+describe('reef CLI flags per command', () => {
+  it.each([
+    [['config', 'check', 'serve.yaml', '--data-dir', '/d'], /reef config does not take --data-dir \(it takes no flags\)/],
+    [['up', '--json'], /reef up does not take --json \(it takes --config, --detach\)/],
+    [['down', '--out', 'x'], /reef down does not take --out/],
+    [['correlate', 'records.jsonl', '--reef.port=1'], /reef correlate reads no config, so --reef\.port=1 would change nothing/],
+  ])('refuses %j before running anything (exit 2)', async (argv, message) => {
+    const r = await reef(...argv);
+    expect(r.code).toBe(2);
+    expect(r.err).toMatch(message);
+  });
+
+  it('lets a command take the flags it reads: status --json finds no stack, and says so (exit 1)', async () => {
+    const r = await reef('status', '--json', '--data-dir', '/nonexistent-reef-dir');
+    expect(r.code).toBe(1);
+    expect(r.err).toMatch(/REEF_ERR_NOT_RUNNING/);
+  });
+});
