@@ -24,7 +24,8 @@ usage:
   reef config check FILE [--a.b=value ...]        print the resolved config, or every error (exit 2)
   reef export records --scenario S [--out FILE] [-c FILE | --data-dir DIR]
                                                   write a scenario's records as JSON lines
-  reef correlate FILE.jsonl [--json]              correlate exported traffic offline: sessions, turns, counters
+  reef correlate FILE.jsonl [--json] [--session-ttl-s S] [--max-open-sessions N]
+                                                  correlate exported traffic offline: sessions, turns, counters
   reef --version | --help
 
 --a.b.c=value overrides that key of the config file.`;
