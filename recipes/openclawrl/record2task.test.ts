@@ -79,6 +79,19 @@ describe('record2task', () => {
     });
   });
 
+  it('a request without a user message keeps every hint, in its last message', async () => {
+    const seen: unknown[][] = [];
+    const render = async (messages: unknown[]) => {
+      seen.push(messages);
+      return Int32Array.from([seen.length]);
+    };
+    const noUser = [{ role: 'system', content: 'sys' }, { role: 'tool', content: 'out', tool_call_id: 'c1' }];
+    const prompts = await teacherPrompts(record(noUser), ['Use plain text.', 'Show steps.'], render);
+    expect(prompts.map((p) => Array.from(p))).toEqual([[1], [2]]);
+    expect(seen.map((m) => (m[1] as { content: string }).content)).toEqual([withHint('out', 'Use plain text.'), withHint('out', 'Show steps.')]);
+    expect(seen[0]![0]).toEqual(noUser[0]);
+  });
+
   it('uses the plain prompt as the only teacher candidate of an anchor-only turn', async () => {
     const { seen, render } = recorder();
     const r = record(msgs);

@@ -59,11 +59,17 @@ function textOf(content: unknown): string {
   return '';
 }
 
-/** Teacher prompt ids for every hint (or the plain prompt when there is none). */
+/**
+ * Teacher prompt ids for every hint (or the plain prompt when there is none). A request without a
+ * user message takes the hint in its last message, as the paper's reference code does: falling
+ * back to the plain prompt there dropped every accepted hint and trained the turn toward the
+ * unhinted base model, even at reward 0, which the judge's decision table drops.
+ */
 export async function teacherPrompts(record: AgentRecord, hints: readonly string[], render: TeacherRenderer): Promise<Int32Array[]> {
   const messages = record.request.messages;
-  const at = lastUserIndex(messages);
-  if (hints.length === 0 || at < 0) return [record.promptIds];
+  if (hints.length === 0 || messages.length === 0) return [record.promptIds];
+  const user = lastUserIndex(messages);
+  const at = user >= 0 ? user : messages.length - 1;
   const out: Int32Array[] = [];
   for (const hint of hints) {
     const copy = messages.map((m, i) => (i === at ? { ...(m as object), content: withHint(textOf((m as { content: unknown }).content), hint) } : m));
