@@ -41,6 +41,16 @@ describe('Batcher', () => {
     expect(b.add('s', t('r2', 0))!.judged).toEqual({ 'eval:0': 1 });
   });
 
+  it('a batch_size lowered across a restart still makes batches of batch_size, oldest first', () => {
+    const before = new Batcher(8);
+    for (let i = 0; i < 5; i++) before.add('s', t(`r${i}`, 1));
+    const after = new Batcher(2, before.toJSON());
+    expect(after.add('s', t('r5', 1))!.tasks.map((x) => x.turnRecordId)).toEqual(['r0', 'r1']);
+    expect(after.pendingCount('s')).toBe(4);
+    expect(after.add('s', t('r6', 1))!.tasks.map((x) => x.turnRecordId)).toEqual(['r2', 'r3']);
+    expect(after.pendingCount('s')).toBe(3);
+  });
+
   it('rejects a batch size that is not a positive integer', () => {
     expect(() => new Batcher(0)).toThrow(/positive integer/);
   });

@@ -56,10 +56,12 @@ export class Batcher {
     if (pending.length < this.batchSize) return null;
     const n = (this.state.lastN[scenario] ?? 0) + 1;
     this.state.lastN[scenario] = n;
-    this.state.pending[scenario] = [];
+    // Oldest first, and never more than batch_size: state saved under a larger batch_size holds
+    // more pending tasks than one batch may take; the rest go into the batches after it.
+    const tasks = pending.splice(0, this.batchSize);
     const judged = this.state.judged[scenario] ?? {};
     this.state.judged[scenario] = {};
-    return { batchId: batchId(scenario, n), n, scenario, tasks: pending, judged };
+    return { batchId: batchId(scenario, n), n, scenario, tasks, judged };
   }
 
   pendingCount(scenario: string): number {
