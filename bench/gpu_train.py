@@ -146,7 +146,7 @@ def train_size(torch: Any, size: str, params: int, n_tasks: int, args: argparse.
         load_s = time.monotonic() - t0
         log(f"{size}: policy + teacher on {info['device']} ({info['backend']}) in {load_s:.1f} s")
         tasks = synthetic_tasks(n_tasks, args.prompt, args.response, args.hint, args.k, seed=1)
-        totals = {"tokens": float(sum(t.T for t in tasks)), "opd_tokens": float(sum(t.T for t in tasks if t.H))}
+        totals = {"tokens": float(sum(t.T for t in tasks))}
         policy_tokens = sum(len(t.prompt_ids) + t.T for t in tasks)
         teacher_tokens = sum(len(p) + t.T for t in tasks for p in t.teacher_prompt_ids)
         steps: list[float] = []

@@ -206,10 +206,12 @@ def two_samples(cand_second):
 
 def test_sample_without_candidate_adds_no_opd_term():
     loss, m = openclawrl_loss(two_samples(False), ObjectiveConfig())
-    # OPD mean over sample 0's two tokens only (not four): -0.2125. RL over all four: -(0+0+1+1)/4.
-    assert m["opd_loss"] == pytest.approx(-0.2125)
+    # Sample 0's two tokens give -0.2125 each; sample 1 (no candidate) adds 0 to the OPD sum but,
+    # as ARCHITECTURE.md §4 has both means over all masked tokens, counts in its denominator:
+    # OPD = 2 * -0.2125 / 4 = -0.10625 (not -0.2125). RL over all four: -(0+0+1+1)/4.
+    assert m["opd_loss"] == pytest.approx(-0.10625)
     assert m["rl_loss"] == pytest.approx(-0.5)
-    assert loss.item() == pytest.approx(-0.7125)
+    assert loss.item() == pytest.approx(-0.60625)
     assert m["samples_with_teacher"] == 1 and m["tokens"] == 4 and m["opd_tokens"] == 2
     assert m["chosen_overlap"] == 2
 
@@ -236,14 +238,14 @@ def test_zero_teacher_candidates_axis():
 
 @pytest.mark.parametrize("w_rl, w_opd, want", [
     (1.0, 0.0, -0.5),
-    (0.0, 1.0, -0.2125),
-    (2.0, 0.5, 2 * -0.5 + 0.5 * -0.2125),
+    (0.0, 1.0, -0.10625),
+    (2.0, 0.5, 2 * -0.5 + 0.5 * -0.10625),
 ])
 def test_weights(w_rl, w_opd, want):
     loss, m = openclawrl_loss(two_samples(False), ObjectiveConfig(w_rl=w_rl, w_opd=w_opd))
     assert loss.item() == pytest.approx(want) and m["loss"] == pytest.approx(want)
     # The component metrics are unweighted.
-    assert m["rl_loss"] == pytest.approx(-0.5) and m["opd_loss"] == pytest.approx(-0.2125)
+    assert m["rl_loss"] == pytest.approx(-0.5) and m["opd_loss"] == pytest.approx(-0.10625)
 
 
 def test_padding_entries_are_excluded_and_nothing_is_nan():

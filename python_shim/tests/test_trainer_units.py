@@ -176,8 +176,9 @@ def test_combine_weights_each_metric_by_its_own_denominator() -> None:
          "mean_abs_d": 6 * 0.1, "samples": 1, "abs_diff_sum": 3e-6, "abs_diff_max": 2e-6}
     b = {**empty_sums(), "tokens": 1, "rl_loss": 1 * -1.0, "samples": 1, "abs_diff_sum": 1e-6, "abs_diff_max": 1e-6}
     m = combine([a, b, empty_sums()], ObjectiveConfig(w_rl=1.0, w_opd=0.5))
-    assert m["rl_loss"] == pytest.approx(0.125) and m["opd_loss"] == pytest.approx(2.0)
-    assert m["loss"] == pytest.approx(1.125) and m["mean_abs_d"] == pytest.approx(0.1)
+    # Both losses are means over all 4 tokens (b's token has no teacher and adds 0 to the OPD sum).
+    assert m["rl_loss"] == pytest.approx(0.125) and m["opd_loss"] == pytest.approx(1.5)
+    assert m["loss"] == pytest.approx(0.875) and m["mean_abs_d"] == pytest.approx(0.1)
     assert m["train_rollout_logprob_abs_diff"] == pytest.approx(1e-6) and m["train_rollout_logprob_abs_diff_max"] == 2e-6
     assert m["tokens"] == 4 and m["samples"] == 2
 

@@ -112,7 +112,7 @@ def reference_step(model: Path, tasks: list[dict[str, Any]], lr: float) -> tuple
     ref = load_fp32(model)
     batch = objective_batch(ref, load_fp32(model).requires_grad_(False), decode_tasks(tasks, 2048, 4096),
                             torch.device("cpu"))
-    loss, _ = local_loss(batch, objective_from_options(options(lr=lr)), {"tokens": 72.0, "opd_tokens": 48.0}, 1,
+    loss, _ = local_loss(batch, objective_from_options(options(lr=lr)), {"tokens": 72.0}, 1,
                          openclawrl_loss)
     loss.backward()
     norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in ref.parameters() if p.grad is not None))

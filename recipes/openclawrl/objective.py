@@ -4,10 +4,11 @@ A pure function over named tensors, so the trainer group, the tests and any benc
 same thing. Shapes: B samples, T response positions, K top-K subset size, H teacher candidates.
 
 Choices the formulas leave open, fixed here:
-- Both means run over every masked response token of the batch (not per sample, then averaged).
-- A sample whose `cand_mask` row is all zero adds no OPD term: its tokens are left out of the OPD
-  mean, whose denominator counts masked tokens of samples that have a candidate; when no sample
-  has one, L_OPD = 0 (still attached to the graph, so backward works).
+- Both means run over every masked response token of the batch (not per sample, then averaged),
+  as ARCHITECTURE.md §4 says: the paper adds the token-level OPD advantage to the evaluative one in
+  one per-token update. A sample whose `cand_mask` row is all zero adds no OPD term, yet its
+  tokens count in both denominators, so a batch where few turns have a hint distils that much
+  less; when no sample has one, L_OPD = 0 (still attached to the graph, so backward works).
 - A top-K entry is padding when its id is < 0 or its recorded logprob is non-finite or at the
   engine's floor (-10000, docs/internals.md: outside the sampled support). Padding takes no part
   in w, d, ρ or the overlap; a position whose whole subset is padding adds 0 but is still counted.
@@ -179,7 +180,7 @@ def openclawrl_loss(batch: Mapping[str, torch.Tensor], cfg: ObjectiveConfig | Ma
     opd_entry, opd_clipped = _clipped_surrogate(opd_ratio, d, cfg)
     opd_tok = (w * opd_entry * entry).sum(-1)  # [B,T]
     opd_tokens = opd_tok_mask.to(dtype).sum()
-    opd_loss = -(opd_tok * opd_tok_mask).sum() / opd_tokens.clamp(min=1)
+    opd_loss = -(opd_tok * opd_tok_mask).sum() / tokens.clamp(min=1)
 
     loss = cfg.w_rl * rl_loss + cfg.w_opd * opd_loss
 

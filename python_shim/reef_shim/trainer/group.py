@@ -158,7 +158,7 @@ class TrainerGroup:
             log.warning("trainer-step %s: %d teacher candidate(s) left out: with the hint, prompt + response exceed "
                         "the context length %d", batch_id, overlong, self._info["maxLen"])
         shards = shard(tasks, len(self._ranks))
-        totals = {"tokens": float(sum(t.T for t in tasks)), "opd_tokens": float(sum(t.T for t in tasks if t.H))}
+        totals = {"tokens": float(sum(t.T for t in tasks))}
         version = next_version(self._dir, self._ledger)
         out = self._dir / version
         meta = {"weightVersion": version, "parent": self._version, "batchId": batch_id}

@@ -1,15 +1,14 @@
 """The objective over a batch split across ranks, and the step's metrics put back together.
 
 `openclawrl_loss` means over the tokens it is given; the objective's means run over every masked
-token of the whole batch (ARCHITECTURE.md §4). Each rank therefore weights its RL and OPD means by
-its share of the batch's (RL, OPD) tokens and multiplies by the world size, because FSDP2 averages
+token of the whole batch (ARCHITECTURE.md §4), the OPD mean too. Each rank therefore weights its
+loss by its share of the batch's tokens and multiplies by the world size, because FSDP2 averages
 gradients across ranks: the averaged gradient is then exactly the gradient of the global means.
 `test_trainer.py` checks this against one process on the whole batch (same gradient norm).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -19,18 +18,16 @@ from .scoring import opd_entries
 # Per-rank sums the driver adds up; each metric of the objective is weighted by its own denominator.
 SUM_KEYS = ("tokens", "opd_tokens", "entries", "rl_loss", "opd_loss", "rl_clip_frac", "opd_clip_frac",
             "mean_abs_d", "chosen_overlap", "samples_with_teacher", "samples", "abs_diff_sum")
-_WEIGHT = {"rl_loss": "tokens", "rl_clip_frac": "tokens", "opd_loss": "opd_tokens", "chosen_overlap": "opd_tokens",
+_WEIGHT = {"rl_loss": "tokens", "rl_clip_frac": "tokens", "opd_loss": "tokens", "chosen_overlap": "opd_tokens",
            "opd_clip_frac": "entries", "mean_abs_d": "entries"}
 
 
 def local_loss(batch: dict[str, torch.Tensor], cfg: Any, totals: dict[str, float], world: int,
                loss_fn: Any) -> tuple[torch.Tensor, dict[str, float]]:
-    """This rank's loss for backward and its metric sums. `totals`: the batch's tokens and opd_tokens."""
-    rl_loss, m = loss_fn(batch, replace(cfg, w_rl=1.0, w_opd=0.0))
-    opd_loss, _ = loss_fn(batch, replace(cfg, w_rl=0.0, w_opd=1.0))
+    """This rank's loss for backward and its metric sums. `totals`: the batch's tokens."""
+    loss, m = loss_fn(batch, cfg)
     tok, otok = m["tokens"], m["opd_tokens"]
-    loss = world * (cfg.w_rl * rl_loss * (tok / max(totals["tokens"], 1.0))
-                    + cfg.w_opd * opd_loss * (otok / max(totals["opd_tokens"], 1.0)))
+    loss = world * loss * (tok / max(totals["tokens"], 1.0))
     entries = float(opd_entries(batch))
     mask = batch["mask"].bool()
     diff = (batch["logp_new"].detach() - batch["logp_old"]).abs()[mask]
