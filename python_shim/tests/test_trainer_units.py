@@ -45,6 +45,16 @@ def test_decode_names_the_broken_field(over: dict, message: str) -> None:
     assert e.value.code == "REEF_ERR_INVALID_ARGUMENT" and message in e.value.message
 
 
+def test_a_top_k_wider_than_the_vocabulary_fails_the_call_not_a_rank() -> None:
+    # The ranks take torch.topk(K) over the vocabulary; K > V raised there, mid-step, on every rank.
+    k = 11
+    over = {"topK": k, "topkIds": i32([4, 6] + [-1] * (k - 2) + [5] + [-1] * (k - 1)), "topkLogprobs": f32([-1.0] * 2 * k)}
+    with pytest.raises(ShimError) as e:
+        decode_tasks([wire(**over)], 10, 4096)
+    assert e.value.code == "REEF_ERR_INVALID_ARGUMENT" and "tasks[0].topK: 11 exceeds the vocabulary size 10" in e.value.message
+    assert decode_tasks([wire(**over)], 11, 4096)[0].K == k
+
+
 def test_decode_reads_little_endian_arrays_and_context_limit() -> None:
     [t] = decode_tasks([wire()], 2048, 4096)
     assert t.response_ids.tolist() == [4, 5] and t.topk_ids.tolist() == [[4, 6], [5, -1]]

@@ -72,6 +72,10 @@ def decode_task(raw: dict[str, Any], path: str, vocab: int) -> TrainTask:
                         f"({len(prompt)} prompt, {t} response tokens)")
     if k < 1:
         raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"{path}.topK: expected at least 1, got {k}")
+    if k > vocab:
+        # The ranks take the policy's and the teacher's own top-K over the vocabulary: more than
+        # it holds fails torch.topk inside the step, on a rank, and takes the group down.
+        raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"{path}.topK: {k} exceeds the vocabulary size {vocab}")
     logprobs = _array(raw["logprobs"], "f4", f"{path}.logprobs").astype(np.float32)
     if len(logprobs) != t:
         raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"{path}.logprobs: {len(logprobs)} values for {t} response tokens")
