@@ -13,6 +13,11 @@ describe('parseVote: the last \\boxed{} counts, only 1, -1, 0', () => {
     ['first \\boxed{-1} then \\boxed{1}', 1],
     ['\\boxed{1} but finally \\boxed{2}', null],
     ['\\boxed{+1}', null],
+    ['\\boxed{\\text{-1}}', -1],
+    ['\\boxed{ \\textbf{1} }', 1],
+    ['first \\boxed{1} then on reflection \\boxed{\\text{-1}}', -1],
+    ['\\boxed{-1} then \\boxed{\\frac{1}{2}}', null],
+    ['\\boxed{1} then a cut-off \\boxed{-', 1],
     ['\\boxed{yes}', null],
     ['\\boxed{}', null],
     ['boxed{1}', null],
@@ -46,6 +51,7 @@ describe('hints', () => {
     expect(parseHint('[HINT_START] Use plain prose. [HINT_END] \\boxed{1}')).toBe('Use plain prose.');
     expect(parseHint('[HINT_START]a[HINT_END] [HINT_START]b b[HINT_END]')).toBe('b b');
     expect(parseHint('[HINT_START]never closed')).toBeNull();
+    expect(parseHint('I end with [HINT_START] and the closing marker.\n[HINT_START]Use plain prose.[HINT_END]')).toBe('Use plain prose.');
     expect(parseHint(null)).toBeNull();
   });
 

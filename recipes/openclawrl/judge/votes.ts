@@ -9,20 +9,43 @@ export type Decision = 'hint' | 'anchor' | 'dropped';
 /** Hints of this many characters or fewer say too little to condition a teacher on. */
 export const MIN_HINT_CHARS = 10;
 
-const BOXED = /\\boxed\{([^{}]*)\}/g;
-const HINT = /\[HINT_START\]([\s\S]*?)\[HINT_END\]/g;
+// A hint runs from the LAST start marker before its end marker: a reply that names the markers
+// in its reasoning ("I put the hint after [HINT_START]") must not pass that text on as the hint.
+const HINT = /\[HINT_START\]((?:(?!\[HINT_START\])[\s\S])*?)\[HINT_END\]/g;
+/** A verdict a model wrapped in formatting: `\text{-1}`, `\textbf{1}`, `\mathbf{0}`, `\mathrm{1}`. */
+const WRAPPED = /^\\(?:text|textbf|mathbf|mathrm)\{([^{}]*)\}$/;
+
+/**
+ * The contents of each complete `\boxed{…}`, braces balanced: a box holding braces of its own
+ * (`\boxed{\text{-1}}`) is still a box, so an earlier one never stands in for it as the last.
+ */
+function boxes(text: string): string[] {
+  const out: string[] = [];
+  const open = '\\boxed{';
+  for (let i = text.indexOf(open); i >= 0; i = text.indexOf(open, i + 1)) {
+    let depth = 1;
+    let j = i + open.length;
+    for (; j < text.length && depth > 0; j++) {
+      if (text[j] === '{') depth++;
+      else if (text[j] === '}') depth--;
+    }
+    if (depth === 0) out.push(text.slice(i + open.length, j - 1));
+  }
+  return out;
+}
 
 /**
  * The verdict of one PRM reply: the LAST `\boxed{…}` counts (a model that reconsiders ends with
  * its final answer), and only 1, -1 and 0 are valid; anything else, or no box, is null.
- * A typographic minus (−) is read as a minus.
+ * A typographic minus (−) is read as a minus, and a verdict wrapped in `\text{}` and the like as
+ * the verdict.
  */
 export function parseVote(text: string | null): Vote | null {
   if (text === null) return null;
-  let last: string | null = null;
-  for (const m of text.matchAll(BOXED)) last = m[1]!;
-  if (last === null) return null;
-  const v = last.trim().replace(/^\u2212/, '-');
+  const last = boxes(text).at(-1);
+  if (last === undefined) return null;
+  const trimmed = last.trim();
+  const v = (WRAPPED.exec(trimmed)?.[1] ?? trimmed).trim().replace(/^\u2212/, '-');
   if (v === '1') return 1;
   if (v === '-1') return -1;
   if (v === '0') return 0;
