@@ -151,6 +151,20 @@ def test_a_checkpoint_and_the_ledger_are_on_disk_before_anything_points_at_them(
     assert events[-1] == ("fsync", str(root))
 
 
+def test_a_save_clears_what_a_save_that_died_left(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    ckpt = tmp_path / "ckpt"
+    for leftover in (".v1.4242.tmp", ".v3.77.tmp"):  # other pids: ranks that died writing v1, v3
+        (ckpt / leftover).mkdir(parents=True)
+        (ckpt / leftover / "model.safetensors").write_bytes(b"\0" * 64)
+    (ckpt / ".notes.tmp").mkdir()  # not a checkpoint's: left alone
+    save_checkpoint({"w": torch.ones(4)}, base, ckpt / "v1", {"weightVersion": "v1"})
+    assert sorted(p.name for p in ckpt.iterdir()) == [".notes.tmp", "v1"]
+    assert next_version(ckpt, Ledger(ckpt)) == "v2"
+
+
 @pytest.mark.parametrize("trainer,engine,backend", [
     ("cpu", "cpu", "gloo"),
     ("cuda", "cuda", "nccl"),  # SGLang on its own GPU

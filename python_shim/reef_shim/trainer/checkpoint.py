@@ -6,7 +6,7 @@
     <checkpointDir>/reef_trainer_ledger.json    {batches: {batchId: step result}}
 
 A checkpoint is written into a hidden temporary directory and renamed into place, so a directory
-named `v<n>` is always complete; the ledger is replaced the same way (write, fsync, rename). Every
+named `v<n>` is always complete (the next save removes a temporary one a crash left); the ledger is replaced the same way (write, fsync, rename). Every
 file, the directory and the rename are fsynced before the call returns: the ledger and then a
 release point at the checkpoint, and after a power loss they must not point at empty files.
 """
@@ -29,6 +29,7 @@ META = "reef_checkpoint.json"
 COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
           "special_tokens_map.json", "chat_template.jinja")
 _VERSION = re.compile(r"^v(\d+)$")
+_PARTIAL = re.compile(r"^\.v\d+\.\d+\.tmp$")  # save_checkpoint's temporary directory
 
 
 def _fsync(path: Path) -> None:
@@ -88,7 +89,12 @@ def save_checkpoint(state: dict[str, Any], base_model: Path, out: Path, meta: di
 
     started = time.monotonic()
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    # A rank that died mid-save (OOM, a killed group) left its temporary directory, as large as the
+    # model, under another pid: nothing else would ever remove it. One trainer writes here at a time.
+    if out.parent.is_dir():
+        for p in out.parent.iterdir():
+            if _PARTIAL.match(p.name):
+                shutil.rmtree(p, ignore_errors=True)
     tmp.mkdir(parents=True)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
