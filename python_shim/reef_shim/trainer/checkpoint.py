@@ -6,9 +6,10 @@
     <checkpointDir>/reef_trainer_ledger.json    {batches: {batchId: step result}}
 
 A checkpoint is written into a hidden temporary directory and renamed into place, so a directory
-named `v<n>` is always complete (the next save removes a temporary one a crash left); the ledger is replaced the same way (write, fsync, rename). Every
-file, the directory and the rename are fsynced before the call returns: the ledger and then a
-release point at the checkpoint, and after a power loss they must not point at empty files.
+named `v<n>` is always complete (the next save removes a temporary one a crash left); the ledger
+is replaced the same way (write, fsync, rename). Every file, the directory and the rename are
+fsynced before the call returns: the ledger and then a release point at the checkpoint, and after
+a power loss they must not point at empty files.
 """
 
 from __future__ import annotations
