@@ -37,9 +37,18 @@ def safetensors_files(path: Path) -> list[Path]:
 
 def check_config(path: Path, config: Any) -> None:
     try:
-        theirs = json.loads((path / "config.json").read_text())
+        raw = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise WeightError(f"cannot read {path / 'config.json'}: {e}") from e
+    if not isinstance(raw, dict):
+        raise WeightError(f"{path / 'config.json'}: not a JSON object")
+    # Read through the served model's config class: `to_dict()` fills in what a file leaves out
+    # (Llama's head_dim, num_key_value_heads...), so a file without them — the base model's own,
+    # which every trainer checkpoint copies — compared as None against the served defaults.
+    try:
+        theirs = {**type(config).from_dict(raw).to_dict(), "model_type": raw.get("model_type")}
+    except Exception as e:  # transformers raises assorted types for a config it cannot build
+        raise WeightError(f"cannot read {path / 'config.json'} as a {type(config).__name__}: {e}") from e
     ours = config.to_dict()
     diffs = [f"{k}: {ours.get(k)!r} != {theirs.get(k)!r}" for k in SHAPE_KEYS if ours.get(k) != theirs.get(k)]
     if diffs:
