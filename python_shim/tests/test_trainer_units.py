@@ -178,6 +178,34 @@ def test_the_push_backend_follows_both_ends(trainer: str, engine: str | None, ba
     assert push_backend(trainer, engine) == backend
 
 
+def test_closing_a_push_raises_nothing_whatever_the_engine_answers() -> None:
+    # close() runs in the rank's `finally`; what it raises fails the rank and the driver kills every rank.
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from reef_shim.trainer.weight_push import WeightPusher
+
+    class NotJson(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"<html>ok</html>")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), NotJson)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        pusher = WeightPusher(f"http://127.0.0.1:{server.server_port}", "gloo", ("127.0.0.1", 1))
+        pusher.group, pusher._abandoned = object(), True  # a group dropped mid-push: no leave_group
+        pusher.close()
+        assert pusher.group is None
+    finally:
+        server.shutdown()
+
+
 def test_ranks_must_agree_on_their_device() -> None:
     assert check_devices(["cpu", "cpu"]) is None
     assert check_devices(["cuda:0", "cuda:0", "cuda:0"]) is None
