@@ -30,14 +30,18 @@ export interface TurnVotes {
   scoreCalls: CallResult[];
   hintCalls: CallResult[];
   url: string;
+  /** No call got a reply, each for want of a reachable PRM: the turn was not judged at all. */
+  unreachable: boolean;
 }
 
 /**
  * `m` score calls and `m` hint calls for one turn, all started at once and admitted by the
- * semaphore. A call that fails or times out is a failed vote (its error is kept), not a failed turn.
+ * semaphore. A call that fails or times out is a failed vote (its error is kept), not a failed turn,
+ * unless no call reached the PRM at all (`unreachable`).
  */
 export async function voteTurn(turn: JudgeTurn, prm: PrmCaller, m: number, limit: Semaphore, signal: AbortSignal): Promise<TurnVotes> {
   let url = '';
+  let down = 0;
   const one = async (kind: PromptKind, i: number): Promise<CallResult> => {
     const prompt = renderPrompt(kind, turn);
     try {
@@ -48,11 +52,12 @@ export async function voteTurn(turn: JudgeTurn, prm: PrmCaller, m: number, limit
       url = reply.url;
       return { output: reply.text, error: null };
     } catch (err) {
+      if (err instanceof ReefError && err.code === 'REEF_ERR_ENGINE_DOWN') down++;
       const code = err instanceof ReefError ? `${err.code}: ` : '';
       return { output: null, error: `${code}${err instanceof Error ? err.message : String(err)}` };
     }
   };
   const idx = Array.from({ length: m }, (_, i) => i);
   const [scoreCalls, hintCalls] = await Promise.all([Promise.all(idx.map((i) => one('score', i))), Promise.all(idx.map((i) => one('hint', i)))]);
-  return { scoreCalls, hintCalls, url };
+  return { scoreCalls, hintCalls, url, unreachable: down === 2 * m };
 }

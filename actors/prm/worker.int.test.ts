@@ -7,6 +7,7 @@ import { conversation } from '../../test/judge/conversations.js';
 import { SqliteStore } from '../gateway/store/sqlite-store.js';
 import { JudgeCore } from '../judge/handler.js';
 import { type JudgeMessage, judgeMessages } from '../judge/messages.js';
+import { ReefError } from '../runtime/errors.js';
 import { type Handlers, Mailbox } from '../runtime/mailbox.js';
 import type { PrmCaller } from './prm-client.js';
 import { JudgeLink, PrmWorker } from './worker.js';
@@ -143,4 +144,31 @@ describe('PrmWorker against a judge mailbox', () => {
     expect(w.stats()).toMatchObject({ turns_leased: 2, turns_completed: 2 });
     expect(logs.filter((l) => l.startsWith('leasing from the judge failed'))).toEqual([]);
   }, 20_000);
+
+  it('a turn none of whose calls reached the PRM goes back to the judge, not into the log as dropped', async () => {
+    const judged = await judge(5000);
+    await turns(conversation(1, 2));
+    let down = true;
+    let calls = 0;
+    const prm: PrmCaller = {
+      api: 'sglang',
+      model: null,
+      async call() {
+        calls++;
+        if (down) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: 'http://prm', reason: 'connect ECONNREFUSED' });
+        return { text: 'The user moved on. \\boxed{1}', url: 'http://prm' };
+      },
+      close: async () => {},
+    };
+    const w = startWorker(prm, { concurrency: 2, waitMs: 200 });
+
+    await waitFor(() => w.stats().leases_released >= 1, { what: 'the turn given back', timeoutMs: 10_000 });
+    expect(judged.stats()).toMatchObject({ judged: 0, dropped: 0, pending: 1 });
+    expect(await store.judgedHeadOffset()).toBe(0);
+    // The PRM is back: the same turn is judged on its votes.
+    down = false;
+    await waitFor(() => judged.stats().judged === 1, { what: 'the turn judged', timeoutMs: 10_000 });
+    expect(judged.stats()).toMatchObject({ judged: 1, dropped: 0 });
+    expect(calls).toBeGreaterThan(2);
+  }, 30_000);
 });

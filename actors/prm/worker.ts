@@ -99,7 +99,21 @@ export interface PrmWorkerOptions {
   log: LogFn;
 }
 
-const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+/** How long a turn the PRM could not be reached for is held before it goes back to the judge. */
+const UNREACHABLE_PAUSE_MS = 1000;
+
+/** Resolves after `ms`, or at once when `signal` aborts. */
+const sleep = (ms: number, signal?: AbortSignal) =>
+  new Promise<void>((resolve) => {
+    if (signal?.aborted) return resolve();
+    const done = (): void => {
+      clearTimeout(timer);
+      signal?.removeEventListener('abort', done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal?.addEventListener('abort', done, { once: true });
+  });
 
 /**
  * Credit-based pulling: the actor holds at most `credits` turns, one long-poll asks for the next
@@ -184,7 +198,14 @@ export class PrmWorker {
       const startedAt = Date.now();
       const votes = await voteTurn(turn, this.o.prm, this.o.m, this.limit, job.abort.signal);
       for (const c of [...votes.scoreCalls, ...votes.hintCalls]) this.counters[c.error === null ? 'prm_calls_ok' : 'prm_calls_failed']++;
-      if (job.why === 'drain') await this.giveBack([leaseId]);
+      if (job.why === null && votes.unreachable) {
+        // Sent as they are, these votes would judge the turn "no valid vote → dropped" for good
+        // because the PRM was down or restarting. The turn goes back for a later try instead; the
+        // pause (the lease renewed meanwhile) keeps the actor from spinning on a dead PRM.
+        this.o.log(`turn ${turn.turnRecordId}: the PRM was unreachable for every call; giving the turn back`);
+        await sleep(UNREACHABLE_PAUSE_MS, job.abort.signal);
+        if (job.why !== 'lost') await this.giveBack([leaseId]);
+      } else if (job.why === 'drain') await this.giveBack([leaseId]);
       // A lost lease was given to another actor; its partial (aborted) votes are not worth sending.
       else if (job.why === null) await this.complete(job, votes, startedAt);
     })()
