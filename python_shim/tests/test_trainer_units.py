@@ -105,6 +105,22 @@ def test_versions_are_monotonic_across_disk_and_ledger(tmp_path: Path) -> None:
         Ledger(tmp_path)
 
 
+def test_a_ledger_entry_that_could_not_be_written_is_not_remembered(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # Remembered, it would answer "already trained" to the retry and be gone after a restart.
+    from reef_shim.trainer import checkpoint
+
+    ledger = Ledger(tmp_path)
+
+    def disk_full(path: Path, value: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "_write_json_atomic", disk_full)
+    with pytest.raises(OSError):
+        ledger.record("b:1", {"weightVersion": "v1", "metrics": {}})
+    assert ledger.get("b:1") is None
+
+
 def test_a_checkpoint_and_the_ledger_are_on_disk_before_anything_points_at_them(tmp_path: Path,
                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     import os

@@ -68,8 +68,11 @@ class Ledger:
         return self.batches.get(batch_id)
 
     def record(self, batch_id: str, result: dict[str, Any]) -> None:
-        self.batches[batch_id] = result
-        _write_json_atomic(self.path, {"batches": self.batches})
+        # Memory follows the disk: an entry only here would answer "already trained" to a retry
+        # and be gone after a restart.
+        batches = {**self.batches, batch_id: result}
+        _write_json_atomic(self.path, {"batches": batches})
+        self.batches = batches
 
 
 def next_version(checkpoint_dir: Path, ledger: Ledger) -> str:

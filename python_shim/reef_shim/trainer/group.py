@@ -176,7 +176,15 @@ class TrainerGroup:
                        teacher_candidates_overlong=float(overlong))
         result = {"batchId": batch_id, "weightVersion": version, "checkpointPath": str(out), "metrics": metrics,
                   "stepMs": (time.monotonic() - started) * 1000}
-        self._ledger.record(batch_id, result)
+        try:
+            self._ledger.record(batch_id, result)
+        except OSError as e:
+            # The ranks have taken the step, the ledger does not know it: a retry on these ranks
+            # would train the batch a second time on top of the first. A fresh group restarts from
+            # the last release, and the retry trains it once there.
+            self._broken = f"0 failed: the ledger could not be written ({e})"
+            raise ShimError("REEF_ERR_TRAINER_RANK", f"trainer: batch {batch_id}: trained, but the ledger could not "
+                            f"be written ({e}); send trainer-start again") from e
         self._version = version
         log.info("trainer-step %s → %s: loss %.4g, |Δℓ| %.2g, %d tokens, %.0f ms (save %.0f ms)", batch_id, version,
                  metrics["loss"], metrics["train_rollout_logprob_abs_diff"], metrics["tokens"], result["stepMs"],
