@@ -17,6 +17,9 @@ export interface PrmCaller {
   close(): Promise<void>;
 }
 
+/** Statuses that say the PRM cannot answer now, whatever the request: 429, 502, 503, 504. */
+const NOT_NOW = new Set([429, 502, 503, 504]);
+
 export class PrmClient implements PrmCaller {
   readonly api: 'sglang' | 'openai';
   readonly model: string | null;
@@ -73,6 +76,9 @@ export class PrmClient implements PrmCaller {
       if (deadline.aborted) throw new ReefError('REEF_ERR_TIMEOUT', { what: `PRM ${path} at ${url}`, ms: this.s.timeoutMs });
       throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: url, reason: (err as Error).message }, { cause: err });
     }
+    // "Not now" (overloaded, rate-limited, a proxy in front of a restarting PRM): unreachable for
+    // this turn, which then goes back to the judge rather than into the log as dropped (voter.ts).
+    if (NOT_NOW.has(status)) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: url, reason: `${path} answered ${status}: ${raw.slice(0, 300)}` });
     if (status >= 400) throw new ReefError('REEF_ERR_ENGINE_FAILED', { engine: url, reason: `${path} answered ${status}: ${raw.slice(0, 300)}` });
     return { text: extractText(this.api, raw, url), url };
   }
