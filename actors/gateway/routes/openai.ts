@@ -139,14 +139,22 @@ export function replyWithError(reply: FastifyReply, err: unknown): FastifyReply 
   return sendError(reply, 'REEF_ERR_HANDLER', `internal error: ${(err as Error).message}`, { status: 500 });
 }
 
-/** A non-streamed completion, cut off (and recorded `aborted`) when the client leaves before its answer. */
-async function once(deps: ChatDeps, p: Parameters<typeof completeOnce>[1], reply: FastifyReply): Promise<FastifyReply> {
-  const res = reply.raw;
+/**
+ * A signal that aborts when the client's connection closes before its response is finished;
+ * `stop()` ends the watch.
+ */
+function watchClient(res: FastifyReply['raw']): { signal: AbortSignal; stop(): void } {
   const gone = new AbortController();
   const onClose = () => {
     if (!res.writableFinished) gone.abort(new Error('client disconnected'));
   };
   res.on('close', onClose);
+  return { signal: gone.signal, stop: () => res.off('close', onClose) };
+}
+
+/** A non-streamed completion, cut off (and recorded `aborted`) when the client leaves before its answer. */
+async function once(deps: ChatDeps, p: Parameters<typeof completeOnce>[1], reply: FastifyReply): Promise<FastifyReply> {
+  const gone = watchClient(reply.raw);
   try {
     const done = await completeOnce(deps, p, gone.signal);
     if (done === null) {
@@ -155,17 +163,13 @@ async function once(deps: ChatDeps, p: Parameters<typeof completeOnce>[1], reply
     }
     return reply.header('x-reef-agent-record-id', done.recordId).send(done.body);
   } finally {
-    res.off('close', onClose);
+    gone.stop();
   }
 }
 
 async function stream(deps: ChatDeps, p: Parameters<typeof streamCompletion>[1], request: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
   const res = reply.raw;
-  const gone = new AbortController();
-  const onClose = () => {
-    if (!res.writableFinished) gone.abort(new Error('client disconnected'));
-  };
-  res.on('close', onClose);
+  const gone = watchClient(res);
   // Headers go out with the first event, so that a failure before it (engine down, engine refusal,
   // weight-swap wait timed out) can still answer with its own status.
   let started = false;
@@ -216,7 +220,7 @@ async function stream(deps: ChatDeps, p: Parameters<typeof streamCompletion>[1],
     }
     throw err;
   } finally {
-    res.off('close', onClose);
+    gone.stop();
     if (started && !res.destroyed && !res.writableEnded) res.end();
   }
   void request;
