@@ -72,6 +72,12 @@ const JSON_HEADERS = { 'content-type': 'application/json' };
 /** How much of a refusal's body is kept for its error message. */
 const ERROR_BODY_CHARS = 4096;
 
+/** Why `signal` aborted, as the Error a cut-off request rejects with. */
+function abortError(signal: AbortSignal | null, fallback: string): Error {
+  const reason: unknown = signal?.reason;
+  return reason instanceof Error ? reason : new Error(fallback);
+}
+
 /**
  * The response to one streamed `/generate`, as undici hands it over: the newest data event not yet
  * taken, and how the response ended. Events are cumulative, so one slot holds all that is news;
@@ -105,8 +111,7 @@ class StreamedGeneration implements Dispatcher.DispatchHandler {
   }
 
   private abortReason(): Error {
-    const reason: unknown = this.signal?.reason;
-    return reason instanceof Error ? reason : new Error('the stream was aborted');
+    return abortError(this.signal, 'the stream was aborted');
   }
 
   /** The newest event's data, null at the end, or undefined when nothing is there yet; throws how the stream failed. */
@@ -224,8 +229,7 @@ class CollectedAnswer implements Dispatcher.DispatchHandler {
   }
 
   private abortReason(): Error {
-    const reason: unknown = this.signal?.reason;
-    return reason instanceof Error ? reason : new Error('the request was aborted');
+    return abortError(this.signal, 'the request was aborted');
   }
 
   onRequestStart(controller: Dispatcher.DispatchController): void {
