@@ -1,3 +1,4 @@
+import { setTimeout as delay } from 'node:timers/promises';
 import { lookupMailbox } from '../../cluster/lookup.js';
 import { ReefError } from '../runtime/errors.js';
 import type { LogFn } from '../runtime/log.js';
@@ -102,18 +103,8 @@ export interface PrmWorkerOptions {
 /** How long a turn the PRM could not be reached for is held before it goes back to the judge. */
 const UNREACHABLE_PAUSE_MS = 1000;
 
-/** Resolves after `ms`, or at once when `signal` aborts. */
-const sleep = (ms: number, signal?: AbortSignal) =>
-  new Promise<void>((resolve) => {
-    if (signal?.aborted) return resolve();
-    const done = (): void => {
-      clearTimeout(timer);
-      signal?.removeEventListener('abort', done);
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    signal?.addEventListener('abort', done, { once: true });
-  });
+/** Resolves after `ms`, or at once when `signal` aborts (the abort is not an error here). */
+const sleep = (ms: number, signal?: AbortSignal): Promise<void> => delay(ms, undefined, signal ? { signal } : {}).catch(() => {});
 
 /**
  * Credit-based pulling: the actor holds at most `credits` turns, one long-poll asks for the next

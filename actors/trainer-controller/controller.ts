@@ -257,7 +257,7 @@ export class TrainerController {
       this.engineVersionless = true;
       return;
     }
-    this.ports.log(`the rollout engine serves ${served ?? 'weights without a version'}, not the current release ${current.weightVersion}: loading ${current.checkpointPath} into it`);
+    this.ports.log(`the rollout engine serves ${served}, not the current release ${current.weightVersion}: loading ${current.checkpointPath} into it`);
     await this.ports.publish(current.checkpointPath, current.weightVersion, 'restore');
     this.bump('engine_restores');
     await this.persist();
