@@ -14,8 +14,24 @@ export interface ParsedArgs {
 const ALIASES: Record<string, string> = { c: 'config', h: 'help', d: 'detach' };
 /** Flags that take a value when written as `--flag value`. */
 const VALUED = new Set(['config', 'data-dir', 'scenario', 'out', 'session-ttl-s', 'max-open-sessions']);
-/** Every flag some command reads: any other one is a typo, and ignoring it would run the command without it. */
-const KNOWN = new Set([...VALUED, 'json', 'detach', 'help', 'version']);
+
+/**
+ * The flags each command reads (besides --help and --version). Another one is a mistake that would
+ * otherwise run the command without it: `reef config check F --data-dir D` checked F and said
+ * nothing of D. Config overrides count only where a config is loaded.
+ */
+export const COMMAND_FLAGS: Readonly<Record<string, { flags: readonly string[]; overrides: boolean }>> = {
+  up: { flags: ['config', 'detach'], overrides: true },
+  status: { flags: ['config', 'data-dir', 'json'], overrides: true },
+  scale: { flags: ['config', 'data-dir'], overrides: true },
+  down: { flags: ['config', 'data-dir'], overrides: true },
+  export: { flags: ['config', 'data-dir', 'scenario', 'out'], overrides: true },
+  correlate: { flags: ['json', 'session-ttl-s', 'max-open-sessions'], overrides: false },
+  config: { flags: [], overrides: true },
+};
+
+/** Every flag some command reads: any other one is a typo, caught before the command is known. */
+const KNOWN = new Set([...Object.values(COMMAND_FLAGS).flatMap((c) => c.flags), 'help', 'version']);
 
 export function parseArgs(argv: readonly string[]): ParsedArgs {
   const positionals: string[] = [];

@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ReefError } from '../actors/runtime/errors.js';
-import { parseArgs, type ParsedArgs } from './args.js';
+import { COMMAND_FLAGS, parseArgs, type ParsedArgs } from './args.js';
 import { configCheck } from './config/index.js';
 import { downCommand, scaleCommand, statusCommand } from './commands/control.js';
 import { upCommand } from './commands/up.js';
@@ -31,21 +31,6 @@ usage:
 --a.b.c=value overrides that key of the config file.`;
 
 const defaultIo: Io = { stdout: (s) => process.stdout.write(s.endsWith('\n') ? s : `${s}\n`), stderr: (s) => process.stderr.write(s.endsWith('\n') ? s : `${s}\n`) };
-
-/**
- * The flags each command reads (besides --help and --version). Another one is a mistake that would
- * otherwise run the command without it: `reef config check F --data-dir D` checked F and said
- * nothing of D. Config overrides count only where a config is loaded.
- */
-const COMMAND_FLAGS: Record<string, { flags: readonly string[]; overrides: boolean }> = {
-  up: { flags: ['config', 'detach'], overrides: true },
-  status: { flags: ['config', 'data-dir', 'json'], overrides: true },
-  scale: { flags: ['config', 'data-dir'], overrides: true },
-  down: { flags: ['config', 'data-dir'], overrides: true },
-  export: { flags: ['config', 'data-dir', 'scenario', 'out'], overrides: true },
-  correlate: { flags: ['json', 'session-ttl-s', 'max-open-sessions'], overrides: false },
-  config: { flags: [], overrides: true },
-};
 
 /** Why `cmd` cannot take the flags given, or null. */
 function flagProblem(cmd: string, args: ParsedArgs): string | null {
