@@ -37,6 +37,14 @@ describe.each([['inline', undefined], ['worker', 0]] as const)('gateway request 
     expect(openAIError(await res.json()).message).toMatch(/not valid JSON/);
   });
 
+  it('a body that is not UTF-8 (a Latin-1 é), rather than a prompt with U+FFFD in its place', async () => {
+    const bytes = Buffer.from(JSON.stringify({ ...CHAT, messages: [{ role: 'user', content: 'caf_' }] }));
+    bytes[bytes.indexOf('_')] = 0xe9;
+    const res = await fetch(`${s.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: bytes });
+    expect(res.status).toBe(400);
+    expect(openAIError(await res.json()).message).toBe('request body is not valid UTF-8');
+  });
+
   it('a body that is JSON but not an object', async () => {
     await expect400([CHAT], null, /JSON object/);
     await expect400('hello', null, /JSON object/);

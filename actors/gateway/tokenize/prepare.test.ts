@@ -8,12 +8,28 @@ import { ChatTokenizer } from './chat-tokenizer.js';
 import { normalizeMessages } from './normalize.js';
 import { isDeepFrozen } from './frozen.js';
 import { prepareChat } from './prepare.js';
-import { utf8Text } from './utf8.js';
+import { NotUtf8Error, utf8Text } from './utf8.js';
 
 const params = { rid: '01JAAAAAAAAAAAAAAAAAAAAAAA', topK: 4, defaultMaxTokens: 16 };
 
 describe('utf8Text', () => {
-  const decoder = new TextDecoder();
+  const decoder = new TextDecoder('utf-8', { fatal: true });
+  /** What a fatal TextDecoder makes of the bytes: the text, or that it refuses them. */
+  const expected = (bytes: Uint8Array): string | 'refused' => {
+    try {
+      return decoder.decode(bytes);
+    } catch {
+      return 'refused';
+    }
+  };
+  const actual = (bytes: Uint8Array): string | 'refused' => {
+    try {
+      return utf8Text(bytes);
+    } catch (err) {
+      expect(err).toBeInstanceOf(NotUtf8Error);
+      return 'refused';
+    }
+  };
   let seed = 11;
   const rand = (n: number) => ((seed = (seed * 1103515245 + 12345) % 2 ** 31), seed % n);
   /** Code points from every UTF-8 length class, ASCII-heavy like a transcript. */
@@ -27,7 +43,7 @@ describe('utf8Text', () => {
     return s;
   };
 
-  it('decodes exactly as TextDecoder: ASCII, well-formed UTF-8, malformed bytes, a byte-order mark', () => {
+  it('decodes exactly as a fatal TextDecoder: ASCII, well-formed UTF-8, a byte-order mark; refuses malformed bytes', () => {
     const cases: Uint8Array[] = [new Uint8Array(0), Buffer.from('{"a": 1}'), Buffer.from('\u{feff}{"bom": true}'), Uint8Array.of(0xef, 0xbb)];
     for (let i = 0; i < 300; i++) {
       const text = Buffer.from(randomText(rand(400)));
@@ -37,7 +53,14 @@ describe('utf8Text', () => {
       if (bad.length > 0) bad[rand(bad.length)] = [0x80, 0xc0, 0xe0, 0xf5, 0xff][rand(5)]!;
       cases.push(bad, Buffer.concat([text, Uint8Array.of(0xed, 0xa0, 0x80)]), Buffer.concat([Uint8Array.of(0xc0, 0xaf), text]));
     }
-    for (const bytes of cases) expect(utf8Text(bytes)).toBe(decoder.decode(bytes));
+    let refused = 0;
+    for (const bytes of cases) {
+      const want = expected(bytes);
+      expect(actual(bytes)).toBe(want);
+      if (want === 'refused') refused++;
+    }
+    // The malformed cases were refused, not decoded: the comparison covered both ways.
+    expect(refused).toBeGreaterThanOrEqual(600);
   });
 
   it('reads only its own bytes of a larger buffer', () => {
@@ -75,6 +98,23 @@ describe('prepareChat engine bodies', () => {
 });
 
 describe('prepareChat bodies of a session', () => {
+  it('refuses a body that is not UTF-8, whole or as the extension of a remembered one, and serves the session after it', () => {
+    const tok = ChatTokenizer.load(tinyModelDir());
+    const t1 = [{ role: 'system', content: 'Be brief. '.repeat(50) }, { role: 'user', content: 'héllo' }];
+    const body = (messages: unknown[]) => Buffer.from(JSON.stringify({ messages, max_tokens: 4 }));
+    expect(prepareChat(tok, body(t1), { ...params, sessionKey: 'utf8' }).ok).toBe(true);
+    // The next turn's new message carries a lone continuation byte (Latin-1 'é' sent as is).
+    const next = body([...t1, { role: 'assistant', content: 'ok' }, { role: 'user', content: 'caf_' }]);
+    next[next.lastIndexOf('_')] = 0xe9;
+    for (const sessionKey of ['utf8', null]) {
+      expect(prepareChat(tok, next, { ...params, sessionKey })).toEqual({ ok: false, code: 'REEF_ERR_BODY', message: 'request body is not valid UTF-8', param: null });
+    }
+    const good = [...t1, { role: 'assistant', content: 'ok' }, { role: 'user', content: 'café' }];
+    const out = prepareChat(tok, body(good), { ...params, sessionKey: 'utf8' });
+    if (!out.ok) throw new Error(out.message);
+    expect(Array.from(out.promptIds)).toEqual(Array.from(tok.render(good, null).ids));
+  });
+
   it('refuses a forbidden key or a deep nesting in an appended message as it does in a whole body', async () => {
     const tok = ChatTokenizer.load(tinyModelDir());
     const t1 = [{ role: 'system', content: 'Be brief. '.repeat(50) }, { role: 'user', content: 'hi' }];

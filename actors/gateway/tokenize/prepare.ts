@@ -6,7 +6,7 @@ import { isTopK, parseChatRequest } from '../openai-schema.js';
 import type { ChatTokenizer, EncodedPrompt, RenderOptions, RenderResult } from './chat-tokenizer.js';
 import { extendBody, rememberBody, type RememberedBody } from './body-memo.js';
 import { checkContextLength, normalizeMessages } from './normalize.js';
-import { utf8Text } from './utf8.js';
+import { NotUtf8Error, utf8Text } from './utf8.js';
 
 /**
  * A chat-completion request, from its raw body to what the gateway sends. This runs on a tokenizer
@@ -171,6 +171,7 @@ function parseBody(body: Uint8Array, sessionKey: string | null | undefined, late
   try {
     json = JSON.parse(utf8Text(body));
   } catch (err) {
+    if (err instanceof NotUtf8Error) return refuse('REEF_ERR_BODY', err.message);
     return refuse('REEF_ERR_BODY', `request body is not valid JSON: ${(err as Error).message}`);
   }
   const problem = parsedBodyProblem(json);
