@@ -105,6 +105,21 @@ def test_versions_are_monotonic_across_disk_and_ledger(tmp_path: Path) -> None:
         Ledger(tmp_path)
 
 
+def test_the_ledger_keeps_the_newest_batches_in_training_order(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from reef_shim.trainer import checkpoint
+
+    monkeypatch.setattr(checkpoint, "LEDGER_KEEP", 3)
+    ledger = Ledger(tmp_path)
+    # Ids whose sorted order is not their training order.
+    for i, batch_id in enumerate(["b:9", "b:10", "a:1", "c:0", "b:2"], start=1):
+        ledger.record(batch_id, {"weightVersion": f"v{i}", "metrics": {}})
+    reread = Ledger(tmp_path)
+    assert list(reread.batches) == ["a:1", "c:0", "b:2"]
+    assert reread.get("b:9") is None and reread.get("b:2") == {"weightVersion": "v5", "metrics": {}}
+    assert next_version(tmp_path, reread) == "v6"
+
+
 def test_a_ledger_entry_that_could_not_be_written_is_not_remembered(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     # Remembered, it would answer "already trained" to the retry and be gone after a restart.

@@ -30,6 +30,10 @@ META = "reef_checkpoint.json"
 COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
           "special_tokens_map.json", "chat_template.jinja")
 _VERSION = re.compile(r"^v(\d+)$")
+# Batches a ledger remembers. The controller trains batches one at a time and retries only the one
+# it has not committed, so the newest entry is the one a retry can hit; the rest is margin. Without
+# a bound the file, rewritten and fsynced on every step, grew with every batch of the deployment.
+LEDGER_KEEP = 1024
 _PARTIAL = re.compile(r"^\.v\d+\.\d+\.tmp$")  # save_checkpoint's temporary directory
 
 
@@ -45,7 +49,8 @@ def _fsync(path: Path) -> None:
 def _write_json_atomic(path: Path, value: Any) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
-        json.dump(value, f, indent=1, sort_keys=True)
+        # Not sorted: the ledger's order is the order its batches were trained in.
+        json.dump(value, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -71,6 +76,10 @@ class Ledger:
         # Memory follows the disk: an entry only here would answer "already trained" to a retry
         # and be gone after a restart.
         batches = {**self.batches, batch_id: result}
+        # Oldest first: dicts keep insertion order, and the file keeps the dict's. The entry just
+        # recorded, the one a retry can hit, is always kept.
+        for old in list(batches)[: max(0, len(batches) - LEDGER_KEEP)]:
+            del batches[old]
         _write_json_atomic(self.path, {"batches": batches})
         self.batches = batches
 
