@@ -85,7 +85,9 @@ export async function exportCommand(args: ParsedArgs, io: Io): Promise<number> {
   const path = resolve(await dataDirOf(args), 'records.sqlite');
   // Opening would create an empty store; a wrong path should say so instead.
   if (!existsSync(path)) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `record store ${path}` });
-  const store = SqliteStore.open(path);
+  // Read-only: an export neither upgrades a running gateway's store under it nor needs write
+  // access to the file (a backup copy).
+  const store = SqliteStore.open(path, { readonly: true });
   const outPath = flagString(args, 'out');
   // Written beside the target and renamed over it at the end: a failed export (an unknown
   // scenario, a record that cannot be read) leaves an earlier file at that path as it was.

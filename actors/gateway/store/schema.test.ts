@@ -3,6 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { sampleRecord } from './fixtures.js';
 import { SCHEMA_VERSION } from './schema.js';
 import { SqliteStore } from './sqlite-store.js';
 
@@ -37,6 +38,28 @@ describe('schema and settings', () => {
     db.pragma(`user_version = ${SCHEMA_VERSION + 1}`);
     db.close();
     expect(() => SqliteStore.open(path)).toThrow(expect.objectContaining({ code: 'REEF_ERR_STORE' }));
+  });
+
+  it('a read-only open reads a store a writer holds, and refuses an older or newer schema without changing the file', async () => {
+    const path = join(dir, 'r.db');
+    const writer = SqliteStore.open(path);
+    await writer.append(sampleRecord(1));
+    const reader = SqliteStore.open(path, { readonly: true });
+    await writer.append(sampleRecord(2));
+    expect((await reader.list({ scenario: 'default', limit: 10 })).items).toHaveLength(2);
+    await expect(reader.append(sampleRecord(3))).rejects.toThrow(/readonly/);
+    await reader.close();
+    await writer.close();
+    expect(() => SqliteStore.open(join(dir, 'missing.db'), { readonly: true })).toThrow();
+
+    for (const version of [SCHEMA_VERSION - 1, SCHEMA_VERSION + 1]) {
+      const db = new Database(path);
+      db.pragma(`user_version = ${version}`);
+      db.close();
+      expect(() => SqliteStore.open(path, { readonly: true })).toThrow(version < SCHEMA_VERSION ? /older than this build's.*reef up/ : /newer than this build's/);
+      // Left as it was: a reader does not upgrade a store under the gateway that owns it.
+      expect(pragma(path, 'user_version')).toBe(version);
+    }
   });
 
   it('maps durability to the synchronous level (FULL = 2 for power, NORMAL = 1 for process)', async () => {

@@ -111,6 +111,19 @@ const MIGRATIONS: readonly string[] = [
 
 export const SCHEMA_VERSION = MIGRATIONS.length;
 
+/** For a read-only open: the database must be at SCHEMA_VERSION, which only a writer can bring it to. */
+export function checkSchema(db: Database.Database): void {
+  const current = db.pragma('user_version', { simple: true }) as number;
+  if (current > SCHEMA_VERSION) {
+    throw new ReefError('REEF_ERR_STORE', { reason: `${db.name} has schema version ${current}, newer than this build's ${SCHEMA_VERSION}` });
+  }
+  if (current < SCHEMA_VERSION) {
+    throw new ReefError('REEF_ERR_STORE', {
+      reason: `${db.name} has schema version ${current}, older than this build's ${SCHEMA_VERSION}; start the gateway (reef up) once with this build to upgrade it, then read it`,
+    });
+  }
+}
+
 /** Brings the database to SCHEMA_VERSION; refuses a database written by a newer Reef. */
 export function migrate(db: Database.Database): void {
   // IMMEDIATE: two processes opening a fresh file at once must not both run step 1.

@@ -10,7 +10,7 @@ import {
   FULL_COLUMNS, INSERT_CHUNK_SQL, INSERT_RECORD_SQL, SUMMARY_COLUMNS, checkScenarioName, chunkPayloads, invalid, stagedChunks, toRecord, toRow, toSummary,
   type FullRowShape, type RecordRow, type SummaryRowShape,
 } from './rows.js';
-import { migrate } from './schema.js';
+import { checkSchema, migrate } from './schema.js';
 import type {
   AgentRecord, JudgedTurn, ListOptions, NewJudgedTurn, NewRecord, NewReport, Page, Receipt, RecordStore, RecordSummary, Report, Scenario, StagedPayloads, StoreStats,
 } from './types.js';
@@ -38,6 +38,12 @@ export interface SqliteStoreOptions extends Partial<GroupCommitOptions> {
   checkpointIntervalMs?: number;
   /** How long a write waits for another process's write lock. @default 5000 */
   busyTimeoutMs?: number;
+  /**
+   * Open an existing store for reading only (`reef export`): no schema upgrade, no checkpoints, and
+   * a file the user may not write (a copied or mounted backup) still opens. A store whose schema is
+   * not this build's is refused with what to do, since reading it could misread its columns.
+   */
+  readonly?: boolean;
 }
 
 const MAX_PAGE = 1000;
@@ -101,6 +107,22 @@ export class SqliteStore implements RecordStore {
 
   /** Opens (creating if needed) the store at `path` and brings its schema up to date. */
   static open(path: string, options: SqliteStoreOptions = {}): SqliteStore {
+    const commit = { maxBatch: options.maxBatch ?? 256, maxDelayMs: options.maxDelayMs ?? 0, onCommit: options.onCommit ?? null, company: options.company ?? null };
+    if (options.readonly === true) {
+      const db = new Database(path, { readonly: true, fileMustExist: true });
+      try {
+        db.pragma(`busy_timeout = ${options.busyTimeoutMs ?? 5000}`);
+        checkSchema(db);
+        return new SqliteStore(db, path, commit, null);
+      } catch (err) {
+        db.close();
+        // SQLite reads a WAL store through a -shm file it creates beside it, even read-only.
+        if ((err as { code?: string }).code === 'SQLITE_READONLY_DIRECTORY') {
+          throw new ReefError('REEF_ERR_STORE', { reason: `cannot read ${path}: SQLite must create ${path}-shm beside it and its directory is not writable; copy the store to a writable directory first` });
+        }
+        throw err;
+      }
+    }
     const db = new Database(path);
     const synchronous = options.durability === 'power' ? 'FULL' : 'NORMAL';
     const background = options.checkpoint !== 'inline' && path !== ':memory:' && path !== '';
@@ -113,7 +135,6 @@ export class SqliteStore implements RecordStore {
       if (background) db.pragma(`wal_autocheckpoint = ${WAL_SAFETY_PAGES}`);
       db.pragma(`journal_size_limit = ${WAL_SIZE_LIMIT}`);
       migrate(db);
-      const commit = { maxBatch: options.maxBatch ?? 256, maxDelayMs: options.maxDelayMs ?? 0, onCommit: options.onCommit ?? null, company: options.company ?? null };
       // Started with the first append: a store used only for offsets and state has no WAL to speak
       // of, and the worker costs tens of ms to start and stop.
       const interval = options.checkpointIntervalMs ?? 200;
