@@ -1,3 +1,4 @@
+import { isUtf8 } from 'node:buffer';
 import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
 import { Authenticator, canSee, type Principal } from './auth.js';
 import type { ChatDeps } from './chat.js';
@@ -35,6 +36,16 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
     },
   });
   const { metrics } = opts.chat;
+
+  // JSON text is UTF-8 (RFC 8259 §8.1). Fastify's own parser decodes a body as a string first,
+  // turning bad bytes into U+FFFD, so a report or scenario would be stored with text the client
+  // never sent. Chat completions read their own bytes (routes/openai.ts) and refuse the same.
+  const parseJson = app.getDefaultJsonParser('error', 'error');
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (request, body, done) => {
+    if (!isUtf8(body as Buffer)) return done(Object.assign(new Error('request body is not valid UTF-8'), { statusCode: 400 }), undefined);
+    parseJson(request, (body as Buffer).toString('utf8'), done);
+  });
 
   // Hooks in callback form: every request runs all three, and the async form costs each one a
   // promise and a trip through the microtask queue. A hook that answers does not call `done`.

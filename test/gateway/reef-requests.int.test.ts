@@ -1,0 +1,50 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { CHAT, openAIError, postChat, startStack, type Stack } from './harness.js';
+
+/** Regressions in how the Reef API reads what a client sends: bodies, fields, query strings. */
+
+describe('Reef API requests', () => {
+  let s: Stack;
+  const receipts: string[] = [];
+
+  const post = (path: string, body: string | Uint8Array, headers: Record<string, string> = {}) =>
+    fetch(`${s.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body });
+  const reportCount = async (scenario = 'default') => (await s.gw.store.listReports({ scenario, limit: 1000 })).items.length;
+
+  beforeAll(async () => {
+    s = await startStack();
+    for (let i = 0; i < 3; i++) {
+      const res = await postChat(s.url, CHAT, { 'x-reef-scenario': 'default' });
+      expect(res.status).toBe(200);
+      receipts.push(res.headers.get('x-reef-agent-record-id')!);
+    }
+  });
+  afterAll(async () => {
+    await s?.close();
+  });
+
+  it('a report or scenario body that is not UTF-8 is 400, not stored with U+FFFD in place of its bad bytes', async () => {
+    const before = await reportCount();
+    const latin1 = (json: string) => {
+      const bytes = Buffer.from(json);
+      bytes[bytes.indexOf('_')] = 0xe9;
+      return bytes;
+    };
+    for (const [path, body] of [['/reef/report', '{"score": 1, "feedback": "caf_"}'], ['/reef/scenarios', '{"name": "latin1", "description": "caf_"}']] as const) {
+      const res = await post(path, latin1(body));
+      expect(res.status, path).toBe(400);
+      const err = openAIError(await res.json());
+      expect([err.code, err.message]).toEqual(['REEF_ERR_BODY', 'request body is not valid UTF-8']);
+    }
+    expect(await reportCount()).toBe(before);
+    expect(await s.gw.store.getScenario('latin1')).toBeNull();
+    // Well-formed UTF-8 beyond ASCII still goes through.
+    const ok = await post('/reef/report', Buffer.from('{"score": 1, "feedback": "café 👋"}'));
+    expect(ok.status).toBe(201);
+    expect((await ok.json()).feedback).toBe('café 👋');
+    // Malformed or empty JSON is still told apart.
+    expect(openAIError(await (await post('/reef/report', '{"score": ')).json()).message).toMatch(/^request body is not valid JSON/);
+    const empty = await post('/reef/report', '');
+    expect([empty.status, openAIError(await empty.json()).code]).toEqual([400, 'REEF_ERR_BODY']);
+  });
+});
