@@ -47,4 +47,18 @@ describe('Reef API requests', () => {
     const empty = await post('/reef/report', '');
     expect([empty.status, openAIError(await empty.json()).code]).toEqual([400, 'REEF_ERR_BODY']);
   });
+
+  it('a report whose scenario is not a scenario name is 400, not filed under the default scenario', async () => {
+    const before = await reportCount();
+    for (const scenario of [5, true, ['default'], { name: 'default' }, 'Not Valid', '']) {
+      const res = await post('/reef/report', JSON.stringify({ score: 1, scenario }));
+      const body = await res.json();
+      expect(res.status, JSON.stringify(scenario)).toBe(400);
+      expect(openAIError(body).param).toBe('scenario');
+    }
+    expect(await reportCount()).toBe(before);
+    // null is absent: the header, then the default scenario.
+    const res = await post('/reef/report', JSON.stringify({ score: 1, scenario: null }));
+    expect([res.status, (await res.json()).scenario]).toEqual([201, 'default']);
+  });
 });

@@ -1,5 +1,6 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { ReefError } from '../../runtime/errors.js';
+import { SCENARIO_RE, SCENARIO_RULE } from '../../runtime/scenario-name.js';
 import { canSee, type Principal } from '../auth.js';
 import { sendError, sendReefError } from '../http-errors.js';
 import type { AgentRecord, RecordStore } from '../store/types.js';
@@ -27,7 +28,12 @@ const CLIENT_ID_RE = /^[\x21-\x7e]{1,128}$/;
 /** Checks a report body; returns the first problem as [param, message], or null. */
 export function checkReport(body: unknown): [string | null, string] | null {
   if (!isPlainObject(body)) return [null, 'request body must be a JSON object'];
-  const { score, feedback, references, metadata, agent_record_id: clientId } = body;
+  const { score, feedback, references, metadata, agent_record_id: clientId, scenario } = body;
+  // Checked here rather than left to the header fallback: a report filed under another scenario
+  // than the one named would train the wrong policy, and its references would not resolve.
+  if (scenario !== undefined && scenario !== null && (typeof scenario !== 'string' || !SCENARIO_RE.test(scenario))) {
+    return ['scenario', `scenario must be a scenario name (${SCENARIO_RULE}), got ${JSON.stringify(scenario)}`];
+  }
   if (typeof score !== 'number' || !Number.isFinite(score)) return ['score', `score must be a finite number, got ${JSON.stringify(score) ?? String(score)}`];
   if (feedback !== undefined && feedback !== null && typeof feedback !== 'string' && !isPlainObject(feedback)) return ['feedback', 'feedback must be a string or an object'];
   if (references !== undefined && references !== null) {
