@@ -210,6 +210,17 @@ describe('resolved config', () => {
   });
 });
 
+// YAML `api_keys:` followed by a bare `-` is a list holding null. The entry's own check ran on it
+// anyway (to collect every error) and read `.key` of null: a TypeError, not an error naming it.
+describe('an api_keys entry that is not a mapping', () => {
+  it.each([
+    [[null], 'reef.api_keys[0]: expected a mapping, got null'],
+    [[{ key: 'k' }, 'sk-abc'], 'reef.api_keys[1]: expected a mapping, got "sk-abc"'],
+  ])('%j is reported with its path', async (apiKeys, line) => {
+    expect(await errorsOf({ ...minimal(), reef: { api_keys: apiKeys } })).toEqual([line]);
+  });
+});
+
 describe('recipe-declared schemas without kit messages', () => {
   it.each([
     [{ ...minimal(), recipe: { config: 3 } }, 'recipe.config: expected a mapping, got 3'],

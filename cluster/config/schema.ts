@@ -5,12 +5,21 @@
 import { isIPv4, isIPv6 } from 'node:net';
 import { z } from 'zod';
 import { SCENARIO_RE, SCENARIO_RULE } from '../../actors/runtime/scenario-name.js';
+import { isPlainObject } from './keys.js';
 import { envName, nonEmptyString, nonNegativeInt, oneOf, port, positiveInt, positiveNumber, section, stringList } from './kit.js';
 
 /** Runs an object-level check even when some of its fields failed, so all errors are collected. */
 const always = { when: () => true };
 type Ctx = z.core.$RefinementCtx<Record<string, unknown>>;
-const check = (fn: (o: Record<string, unknown>, ctx: Ctx) => void) => z.superRefine(fn, always);
+/**
+ * `always` also runs it on a value that is no mapping at all (`api_keys:` with a bare `-` is
+ * `[null]`), which its type check already reports: reading fields of null threw a TypeError out of
+ * the loader instead, and a string entry got a second, meaningless issue.
+ */
+const check = (fn: (o: Record<string, unknown>, ctx: Ctx) => void) =>
+  z.superRefine((o: Record<string, unknown>, ctx: Ctx) => {
+    if (isPlainObject(o)) fn(o, ctx);
+  }, always);
 
 /** 127.0.0.0/8, ::1 (also IPv4-mapped) and localhost. */
 export function isLoopback(host: string): boolean {
