@@ -43,6 +43,7 @@ describe('errors name the full path', () => {
     { name: 'unknown recipe module', raw: { ...minimal(), recipe: { implementation: 'recipes.nope.recipe:X' } }, line: 'recipe.implementation: no module recipes.nope.recipe' },
     { name: 'unknown recipe export', raw: { ...minimal(), recipe: { implementation: 'recipes.openclawrl.recipe:Nope' } }, line: 'recipe.implementation: module recipes.openclawrl.recipe has no export Nope' },
     { name: 'malformed recipe name', raw: { ...minimal(), recipe: { implementation: '../../etc' } }, line: 'recipe.implementation: expected module.path:ExportName, got "../../etc"' },
+    { name: 'prm_url that is no URL', raw: withStage('record2record', { prm_url: 'http://127.0.0.1:230011', prm_tokenizer_path: '/t' }), line: `pipeline.record2record.config.prm_url: expected an http(s) URL or '', got "http://127.0.0.1:230011"` },
     { name: 'tokenizer needed for sglang PRM', raw: withStage('record2record', { prm_url: 'http://127.0.0.1:23001' }), line: 'pipeline.record2record.config.prm_tokenizer_path: required when prm_url is set and prm_api is sglang' },
     { name: 'computed key set by hand', raw: { ...minimal(), training: { resolved: {} } }, line: 'training.resolved: unknown key' },
   ];

@@ -34,7 +34,15 @@ describe('OpenClaw-RL stage schemas', () => {
     [{ prm_url: 'http://127.0.0.1:23001' }, ['prm_tokenizer_path: required when prm_url is set and prm_api is sglang']],
     [{ prm_url: 'https://api.example.com', prm_api: 'openai' }, ['prm_model: required when prm_api is openai', 'prm_api_key_env: required when prm_api is openai']],
     [{ prm_url: 'https://api.example.com', prm_api: 'openai', prm_model: 'judge', prm_api_key_env: 'JUDGE_KEY' }, []],
-    [{ prm_url: 'localhost:23001', prm_tokenizer_path: '/t' }, ['prm_url: expected an http(s) URL or \'\', got "localhost:23001"']],
+    // The loader appends what it got (cluster/config/issues.ts); the message must not say it too.
+    [{ prm_url: 'localhost:23001', prm_tokenizer_path: '/t' }, ["prm_url: expected an http(s) URL or ''"]],
+    // Passed a prefix check, then failed every PRM call as an invalid URL: a mistyped port, a space.
+    [{ prm_url: 'http://127.0.0.1:230011', prm_tokenizer_path: '/t' }, ["prm_url: expected an http(s) URL or ''"]],
+    [{ prm_url: 'http://prm host:23001', prm_tokenizer_path: '/t' }, ["prm_url: expected an http(s) URL or ''"]],
+    // The PRM client appends /generate or /v1/chat/completions to the URL's text.
+    [{ prm_url: 'http://h:23001/x?key=1', prm_tokenizer_path: '/t' }, ["prm_url: expected an http(s) URL or '' without a query or fragment (Reef appends the PRM's paths to it)"]],
+    [{ prm_url: 'http://h:23001/#x', prm_tokenizer_path: '/t' }, ["prm_url: expected an http(s) URL or '' without a query or fragment (Reef appends the PRM's paths to it)"]],
+    [{ prm_url: 'http://[::1]:23001/prefix/', prm_tokenizer_path: '/t' }, []],
     [{ prm_api: 'openai' }, []],
     [{ prm_temperature: 3, prm_m: 0 }, ['prm_m: expected a positive integer', 'prm_temperature: expected a number in [0, 2]']],
   ])('record2record %j', (config, want) => {

@@ -8,6 +8,26 @@ import type { PathKind } from '../../cluster/config/types.js';
 
 const always = { when: () => true };
 
+/**
+ * Why `url` cannot be the PRM's base URL, or null. Parsed as the PRM client's fetches will parse
+ * it: a prefix check passed `http://127.0.0.1:230011` and `http://prm host:1`, and every PRM call
+ * then failed as an invalid URL. The client appends its paths to the text, so a query or fragment
+ * would swallow them. The message leaves out the value: the loader appends what it got.
+ */
+function prmUrlProblem(url: string): string | null {
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    return "expected an http(s) URL or ''";
+  }
+  if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') return "expected an http(s) URL or ''";
+  if (parsed.search !== '' || parsed.hash !== '' || url.includes('?') || url.includes('#')) {
+    return "expected an http(s) URL or '' without a query or fragment (Reef appends the PRM's paths to it)";
+  }
+  return null;
+}
+
 const record2recordSchema = z
   .strictObject({
     /** PRM engine base URL; '' = correlate-only (sessions bind, nothing is judged or trained). @default '' */
@@ -40,8 +60,9 @@ const record2recordSchema = z
   .check(
     z.superRefine((o: Record<string, unknown>, ctx) => {
       const url = typeof o.prm_url === 'string' ? o.prm_url : '';
-      if (url !== '' && !/^https?:\/\/[^\s/]+/.test(url)) ctx.addIssue({ code: 'custom', path: ['prm_url'], message: `expected an http(s) URL or '', got ${JSON.stringify(url)}` });
       if (url === '') return;
+      const problem = prmUrlProblem(url);
+      if (problem !== null) ctx.addIssue({ code: 'custom', path: ['prm_url'], message: problem });
       if (o.prm_api === 'sglang' && o.prm_tokenizer_path === '') {
         ctx.addIssue({ code: 'custom', path: ['prm_tokenizer_path'], message: 'required when prm_url is set and prm_api is sglang' });
       }
