@@ -94,6 +94,28 @@ describe('reef export records + reef correlate', () => {
     await expect(correlateCommand(parseArgs(['correlate', join(dir, 'records.sqlite')]), c.io)).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
   });
 
+  // The correlator takes a whole number of sessions; 2.5 reached it and threw a RangeError, which
+  // the CLI printed as a crash with its stack instead of naming the flag.
+  it.each([
+    ['--max-open-sessions=2.5', '--max-open-sessions must be an integer >= 1, got 2.5'],
+    ['--max-open-sessions=Infinity', '--max-open-sessions must be an integer >= 1, got Infinity'],
+    ['--max-open-sessions=0x10', '--max-open-sessions must be an integer >= 1, got 0x10'],
+    ['--session-ttl-s=0', '--session-ttl-s must be a positive number, got 0'],
+    ['--session-ttl-s=0x10', '--session-ttl-s must be a positive number, got 0x10'],
+  ])('refuses %s, naming the flag', async (flag, message) => {
+    const file = join(dir, 'flags.jsonl');
+    writeFileSync(file, `${JSON.stringify({ id: 'r1', scenario: 'demo', status: 'ok', finishedAt: 0, request: { messages: [user('hi')] }, response: asst('hello') })}\n`);
+    await expect(correlateCommand(parseArgs(['correlate', file, flag]), capture().io)).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT', message: expect.stringContaining(message) });
+  });
+
+  it('takes whole and fractional values where they make sense', async () => {
+    const file = join(dir, 'flags-ok.jsonl');
+    writeFileSync(file, `${JSON.stringify({ id: 'r1', scenario: 'demo', status: 'ok', finishedAt: 0, request: { messages: [user('hi')] }, response: asst('hello') })}\n`);
+    const c = capture();
+    expect(await correlateCommand(parseArgs(['correlate', file, '--max-open-sessions=1e3', '--session-ttl-s=2.5', '--json']), c.io)).toBe(0);
+    expect(JSON.parse(c.out.join('\n')).records).toBe(1);
+  });
+
   it('writes to stdout without --out', async () => {
     const c = capture();
     expect(await exportCommand(parseArgs(['export', 'records', '--scenario', 'other', '--data-dir', dir]), c.io)).toBe(0);

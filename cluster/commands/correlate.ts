@@ -128,11 +128,19 @@ export function renderCorrelation(r: CorrelateReport): string {
   return out.join('\n');
 }
 
-function positiveFlag(args: ParsedArgs, name: string): number | undefined {
+const DECIMAL = /^\s*[+]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$/;
+
+/**
+ * A flag's value, checked as the config checks the key it stands for (`session_ttl_s`,
+ * `max_open_sessions`): the correlator refuses a fractional session count with a RangeError, which
+ * the CLI printed as a crash. Only decimal text counts: Number() also reads '0x10' and 'Infinity'.
+ */
+function numberFlag(args: ParsedArgs, name: string, integer: boolean): number | undefined {
   const v = flagString(args, name);
   if (v === null) return undefined;
-  const n = Number(v);
-  if (!(n > 0)) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `--${name} must be a positive number, got ${v}` });
+  const n = DECIMAL.test(v) ? Number(v) : Number.NaN;
+  const ok = integer ? Number.isSafeInteger(n) && n >= 1 : Number.isFinite(n) && n > 0;
+  if (!ok) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `--${name} must be ${integer ? 'an integer >= 1' : 'a positive number'}, got ${v}` });
   return n;
 }
 
@@ -142,7 +150,7 @@ export async function correlateCommand(args: ParsedArgs, io: Io): Promise<number
     io.stderr('usage: reef correlate FILE.jsonl [--json] [--session-ttl-s=N] [--max-open-sessions=N]   (FILE from reef export records)');
     return 2;
   }
-  const report = await correlateFile(file, { sessionTtlS: positiveFlag(args, 'session-ttl-s'), maxOpenSessions: positiveFlag(args, 'max-open-sessions') });
+  const report = await correlateFile(file, { sessionTtlS: numberFlag(args, 'session-ttl-s', false), maxOpenSessions: numberFlag(args, 'max-open-sessions', true) });
   io.stdout(flagBool(args, 'json') ? JSON.stringify(report, null, 2) : renderCorrelation(report));
   return 0;
 }
