@@ -1,4 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import * as zmq from 'zeromq';
+import { decode, encode } from '../actors/runtime/codec.js';
 import { ReefError } from '../actors/runtime/errors.js';
 import { waitFor } from '../test/helpers/wait.js';
 import { BridgeClient } from './client.js';
@@ -105,6 +107,75 @@ describe('a shim that dies', () => {
     } finally {
       await client.close();
       await shim.stop();
+    }
+  });
+
+  // Production connects by endpoint (trainer-controller, stack), with no process to watch: a long
+  // call pending when the shim died used to wait out its whole timeout (600 s for trainer-step).
+  it('rejects a pending call with REEF_ERR_BRIDGE_DOWN when the shim it connected to dies', async () => {
+    const shim = await spawnShim({ log: quiet });
+    const client = await BridgeClient.connect(shim.endpoint, { heartbeatMs: 200 });
+    try {
+      process.kill(shim.pid, 'SIGSTOP');
+      const pending = client.callUnchecked({ type: 'status' }, { timeoutMs: 60_000 });
+      process.kill(shim.pid, 'SIGKILL');
+      const started = Date.now();
+      const err = await rejection(Promise.race([pending, new Promise((_, reject) => setTimeout(() => reject(new Error('still pending after 10 s')), 10_000))]));
+      expect(err.code).toBe('REEF_ERR_BRIDGE_DOWN');
+      expect(err.message).toContain(`pid ${shim.pid}`);
+      expect(Date.now() - started).toBeLessThan(10_000);
+      expect(client.isDown).toBe(true);
+    } finally {
+      await client.close();
+      await shim.stop();
+    }
+  });
+
+  it('rejects a pending call when another shim answers at its endpoint (the request went to the old one)', async () => {
+    const router = new zmq.Router();
+    await router.bind('tcp://127.0.0.1:*');
+    let pid = 111;
+    const serving = (async () => {
+      for await (const [identity, payload] of router) {
+        const msg = decode(payload!) as { type: string; requestId: string };
+        // A restarted shim answers pings at once and never hears of what the old one was doing.
+        if (msg.type === 'ping') await router.send([identity!, encode({ type: 'ok', requestId: msg.requestId, pid, version: 'x', rayConnected: false })]);
+      }
+    })().catch(() => {});
+    const client = await BridgeClient.connect(router.lastEndpoint!, { heartbeatMs: 200 });
+    try {
+      const pending = client.callUnchecked({ type: 'trainer-step' }, { timeoutMs: 60_000 });
+      pid = 222;
+      const err = await rejection(Promise.race([pending, new Promise((_, reject) => setTimeout(() => reject(new Error('still pending after 10 s')), 10_000))]));
+      expect(err.code).toBe('REEF_ERR_BRIDGE_DOWN');
+      expect(err.message).toContain('pid 111');
+      expect(err.message).toContain('pid 222');
+      expect(client.isDown).toBe(true);
+    } finally {
+      await client.close();
+      router.close();
+      await serving;
+    }
+  });
+
+  it('keeps a slow call that the live shim is still working on', async () => {
+    const router = new zmq.Router();
+    await router.bind('tcp://127.0.0.1:*');
+    const serving = (async () => {
+      for await (const [identity, payload] of router) {
+        const msg = decode(payload!) as { type: string; requestId: string };
+        if (msg.type === 'ping') await router.send([identity!, encode({ type: 'ok', requestId: msg.requestId, pid: 111, version: 'x', rayConnected: false })]);
+        else setTimeout(() => void router.send([identity!, encode({ type: 'ok', requestId: msg.requestId, done: true })]), 1_500);
+      }
+    })().catch(() => {});
+    const client = await BridgeClient.connect(router.lastEndpoint!, { heartbeatMs: 100 });
+    try {
+      expect(await client.callUnchecked({ type: 'trainer-step' }, { timeoutMs: 10_000 })).toMatchObject({ done: true });
+      expect(client.isDown).toBe(false);
+    } finally {
+      await client.close();
+      router.close();
+      await serving;
     }
   });
 

@@ -28,6 +28,14 @@ export interface BridgeClientOptions {
   timeoutMs?: number;
   /** Where the client reports dropped replies and socket trouble. @default stderr */
   log?: LogFn;
+  /**
+   * While a call other than `ping` is pending, ping the shim this often (each ping may take twice
+   * as long). Two unanswered pings in a row, or an answer from another shim process, reject every
+   * pending call with REEF_ERR_BRIDGE_DOWN: a request the dead shim held will never be answered,
+   * and ZeroMQ silently reconnects to a shim restarted at the same endpoint. 0 turns this off.
+   * @default 5000
+   */
+  heartbeatMs?: number;
 }
 
 export interface CallOptions {
@@ -88,15 +96,25 @@ export function defaultTimeoutMs<T extends BridgeRequestType>(type: T, fields: R
 /**
  * The TypeScript end of the bridge: a DEALER to the shim's ROUTER. Replies are validated with the
  * schemas of `messages.ts`; an error reply rejects with `ReefError.fromReply`. Once the shim is
- * known to be dead (its process exited, or a ping went unanswered) every pending and later call
- * rejects with REEF_ERR_BRIDGE_DOWN.
+ * known to be gone (its attached process exited, the heartbeat went unanswered, or another shim
+ * process answers at the endpoint) every pending and later call rejects with REEF_ERR_BRIDGE_DOWN.
+ * A single caller's ping that times out rejects with REEF_ERR_BRIDGE_DOWN but leaves the client up.
  */
 export class BridgeClient {
   private readonly rpc: RpcClient;
   private readonly waiters = new Set<(err: ReefError) => void>();
   private downError: ReefError | null = null;
+  /** The shim process this client talks to: the pid of the first ping answered. */
+  private shimPid: number | null = null;
+  private readonly heartbeatMs: number;
+  private heartbeat: NodeJS.Timeout | null = null;
+  private heartbeatInFlight = false;
+  private missedPings = 0;
+  /** Pending calls other than ping: the heartbeat runs while there is one. */
+  private slowCalls = 0;
 
   private constructor(readonly endpoint: string, options: BridgeClientOptions) {
+    this.heartbeatMs = options.heartbeatMs ?? 5_000;
     this.rpc = new RpcClient(endpoint, {
       name: `bridge ${endpoint}`,
       defaultTimeoutMs: 60_000,
@@ -136,8 +154,11 @@ export class BridgeClient {
     });
   }
 
-  ping(opts: CallOptions = {}): Promise<PingReply> {
-    return this.call('ping', {}, opts);
+  async ping(opts: CallOptions = {}): Promise<PingReply> {
+    const reply = await this.call('ping', {}, opts);
+    this.checkPid(reply.pid);
+    if (this.downError !== null) throw this.downError;
+    return reply;
   }
 
   initRay(
@@ -244,11 +265,64 @@ export class BridgeClient {
 
   private guard<R>(type: string, timeoutMs: number, start: () => Promise<R>): Promise<R> {
     if (this.downError !== null) return Promise.reject(this.downError);
+    const watched = type !== 'ping';
+    if (watched) this.callStarted();
     return new Promise<R>((resolve, reject) => {
       const onDown = (err: ReefError): void => reject(err);
       this.waiters.add(onDown);
-      start().then(resolve, (err: unknown) => reject(this.translate(err, type, timeoutMs))).finally(() => this.waiters.delete(onDown));
+      start()
+        .then(resolve, (err: unknown) => reject(this.translate(err, type, timeoutMs)))
+        .finally(() => {
+          this.waiters.delete(onDown);
+          if (watched) this.callEnded();
+        });
     });
+  }
+
+  private callStarted(): void {
+    this.slowCalls++;
+    if (this.heartbeat !== null || this.heartbeatMs <= 0) return;
+    this.missedPings = 0;
+    this.heartbeat = setInterval(() => this.beat(), this.heartbeatMs);
+    this.heartbeat.unref();
+  }
+
+  private callEnded(): void {
+    this.slowCalls--;
+    if (this.slowCalls > 0 || this.heartbeat === null) return;
+    clearInterval(this.heartbeat);
+    this.heartbeat = null;
+  }
+
+  /** One heartbeat ping, straight on the socket: its failure must not look like a caller's ping failing. */
+  private beat(): void {
+    if (this.heartbeatInFlight || this.downError !== null) return;
+    this.heartbeatInFlight = true;
+    this.rpc
+      .call<PingReply>({ type: 'ping' }, { timeoutMs: 2 * this.heartbeatMs, schema: REPLY_SCHEMAS.ping })
+      .then(
+        (reply) => {
+          this.missedPings = 0;
+          this.checkPid(reply.pid);
+        },
+        (err: unknown) => {
+          if (this.downError !== null) return;
+          this.missedPings++;
+          if (this.missedPings >= 2) {
+            const who = this.shimPid === null ? 'the shim' : `shim pid ${this.shimPid}`;
+            this.markDown(`${who} at ${this.endpoint} answered none of ${this.missedPings} pings in a row (last: ${(err as Error).message})`);
+          }
+        },
+      )
+      .finally(() => (this.heartbeatInFlight = false));
+  }
+
+  private checkPid(pid: number): void {
+    if (this.shimPid === null) {
+      this.shimPid = pid;
+    } else if (pid !== this.shimPid) {
+      this.markDown(`shim pid ${this.shimPid} at ${this.endpoint} was replaced by pid ${pid}; requests sent to pid ${this.shimPid} will never be answered`);
+    }
   }
 
   private translate(err: unknown, type: string, timeoutMs: number): unknown {
@@ -265,6 +339,8 @@ export class BridgeClient {
 
   private markDown(reason: string): void {
     if (this.downError !== null) return;
+    if (this.heartbeat !== null) clearInterval(this.heartbeat);
+    this.heartbeat = null;
     this.downError = new ReefError('REEF_ERR_BRIDGE_DOWN', { reason });
     for (const reject of [...this.waiters]) reject(this.downError);
     this.waiters.clear();
