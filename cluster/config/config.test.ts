@@ -222,6 +222,29 @@ describe('an api_keys entry that is not a mapping', () => {
   });
 });
 
+// The engines Reef starts all listen on 127.0.0.1, and the gateway on reef.host: one port given
+// twice passed the check and failed \`reef up\` with EADDRINUSE once the first engine held it.
+describe('ports given twice', () => {
+  const cluster = (extra: Record<string, unknown>) => ({ ...minimal().cluster, ...extra });
+  it.each([
+    [{ cluster: cluster({ rollout: { model_path: '/m', port: 23001 }, prm: { model_path: '/p', port: 23001 } }) }, 'cluster.prm.port: 23001 is also cluster.rollout.port; the engines listen on 127.0.0.1, each needs its own port'],
+    [{ cluster: cluster({ student: { model_path: '/s', port: 23002 }, prm: { model_path: '/p', port: 23002 } }) }, 'cluster.student.port: 23002 is also cluster.prm.port; the engines listen on 127.0.0.1, each needs its own port'],
+    [{ reef: { port: 9000 }, cluster: cluster({ rollout: { model_path: '/m', port: 9000 } }) }, 'reef.port: 9000 is also cluster.rollout.port, where the rollout engine listens on 127.0.0.1'],
+    [{ reef: { port: 9000, host: '0.0.0.0', api_keys: [{ key: 'k' }] }, cluster: cluster({ student: { model_path: '/s', port: 9000 } }) }, 'reef.port: 9000 is also cluster.student.port, where the student engine listens on 127.0.0.1'],
+  ])('%j', async (raw, line) => {
+    expect(await errorsOf(raw)).toEqual([line]);
+  });
+
+  it.each([
+    ['port 0 everywhere (each picks a free one)', { reef: { port: 0 } }],
+    ['an external PRM, whose engine Reef does not start', { cluster: cluster({ rollout: { model_path: '/m', port: 23001 }, prm: { replicas: 0, port: 23001 } }) }],
+    ['no student', { cluster: cluster({ rollout: { model_path: '/m', port: 23001 }, student: null }) }],
+    ['a gateway on another address than the engines', { reef: { port: 9000, host: '10.0.0.5', api_keys: [{ key: 'k' }] }, cluster: cluster({ rollout: { model_path: '/m', port: 9000 } }) }],
+  ])('accepts %s', async (_what, raw) => {
+    await expect(ok({ ...minimal(), ...raw })).resolves.toBeDefined();
+  });
+});
+
 describe('recipe-declared schemas without kit messages', () => {
   it.each([
     [{ ...minimal(), recipe: { config: 3 } }, 'recipe.config: expected a mapping, got 3'],

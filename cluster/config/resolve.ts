@@ -13,7 +13,7 @@ import { convertIssues, type KeyHomes, show } from './issues.js';
 import { foldKeys, isPlainObject, type PathSegment, renderPath, valueAt } from './keys.js';
 import { applyOverrides, type Overrides } from './overrides.js';
 import { loadRecipe } from './recipe-loader.js';
-import { DEFAULT_RECIPE, layoutGpus, recipeSchema, rootSchema, SECTIONS } from './schema.js';
+import { DEFAULT_RECIPE, gatewayPortClash, layoutGpus, recipeSchema, rootSchema, SECTIONS } from './schema.js';
 import { parseTrainingOptions } from './training.js';
 import { STAGE_NAMES, type EngineLogprobs, type PathKind, type RecipeClass, type ReefConfig, type StageName } from './types.js';
 
@@ -64,6 +64,11 @@ export async function resolveConfig(raw: unknown, opts: ResolveOptions): Promise
   const recipeSection = validate(SECTIONS.recipe, tree.recipe, ['recipe']);
   validate(SECTIONS.pipeline, tree.pipeline, ['pipeline']);
   const training = validate(SECTIONS.training, tree.training, ['training']);
+
+  if (reef !== null && cluster !== null) {
+    const clash = gatewayPortClash(reef, cluster);
+    if (clash !== null) issues.push({ path: 'reef.port', message: clash });
+  }
 
   let recipeConfig: Record<string, unknown> | null = null;
   const stages: Partial<Record<StageName, Record<string, unknown>>> = {};

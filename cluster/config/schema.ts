@@ -132,7 +132,44 @@ export const clusterSchema = section({
       ctx.addIssue({ code: 'custom', path: ['num_gpus'], message: `the layout needs ${need} GPUs, got ${o.num_gpus}` });
     }
   }),
+  check((o, ctx) => {
+    const seen = new Map<number, string>();
+    for (const [role, port] of enginePorts(o)) {
+      const first = seen.get(port);
+      if (first === undefined) seen.set(port, role);
+      else ctx.addIssue({ code: 'custom', path: [role, 'port'], message: `${port} is also cluster.${first}.port; the engines listen on 127.0.0.1, each needs its own port` });
+    }
+  }),
 );
+
+/**
+ * The fixed ports of the engines Reef starts (cluster/stack.ts puts every one on 127.0.0.1): port 0
+ * picks a free one, and an external PRM (`replicas: 0`) or an absent student starts nothing.
+ */
+export function enginePorts(c: Record<string, unknown>): [role: 'rollout' | 'prm' | 'student', port: number][] {
+  const out: [role: 'rollout' | 'prm' | 'student', port: number][] = [];
+  const portOf = (v: unknown): number | null => (isPlainObject(v) && typeof v.port === 'number' && v.port > 0 ? v.port : null);
+  const add = (role: 'rollout' | 'prm' | 'student', v: unknown) => {
+    const port = portOf(v);
+    if (port !== null) out.push([role, port]);
+  };
+  add('rollout', c.rollout);
+  if (!isPlainObject(c.prm) || typeof c.prm.replicas !== 'number' || c.prm.replicas > 0) add('prm', c.prm);
+  add('student', c.student);
+  return out;
+}
+
+/**
+ * `reef.port` taken by an engine too: the gateway's bind then fails whenever it shares the engines'
+ * address (loopback) or binds them all (a wildcard address).
+ */
+export function gatewayPortClash(reef: { host: string; port: number }, cluster: Record<string, unknown>): string | null {
+  if (reef.port === 0) return null;
+  const h = reef.host.replace(/^\[(.*)\]$/, '$1');
+  if (!isLoopback(reef.host) && h !== '0.0.0.0' && h !== '::') return null;
+  const clash = enginePorts(cluster).find(([, port]) => port === reef.port);
+  return clash === undefined ? null : `${reef.port} is also cluster.${clash[0]}.port, where the ${clash[0]} engine listens on 127.0.0.1`;
+}
 
 export const DEFAULT_RECIPE = 'recipes.openclawrl.recipe:OpenClawRLRecipe';
 
