@@ -23,7 +23,7 @@ describe('bridge client timeouts', () => {
 
   it('outlast the shim engine start, also when REEF_ENGINE_START_TIMEOUT_S changes it', () => {
     const src = readFileSync(join(repoRoot(), 'python_shim', 'reef_shim', 'engine_process.py'), 'utf8');
-    const shimDefault = Number(/REEF_ENGINE_START_TIMEOUT_S", "([0-9.]+)"/.exec(src)![1]);
+    const shimDefault = Number(/^DEFAULT_ENGINE_START_TIMEOUT_S = ([0-9.]+)/m.exec(src)![1]);
     expect(engineStartTimeoutS({})).toBe(shimDefault);
     // Launch and health share the budget, then up to 30 s for the weight version.
     expect(defaultTimeoutMs('start-engine', { spec: {} as never })).toBeGreaterThanOrEqual((engineStartTimeoutS() + 30) * 1000);

@@ -71,7 +71,7 @@ export function defaultTimeoutMs<T extends BridgeRequestType>(type: T, fields: R
     case 'create-placement':
       return (fields as unknown as RequestFields<'create-placement'>).timeoutS * 1000 + 10_000;
     case 'start-engine':
-      // The shim gives an engine ENGINE_START_TIMEOUT_S (engine_process.py) for launch and health
+      // The shim gives an engine engine_start_timeout_s() (engine_process.py) for launch and health
       // together, then up to 30 s to read its weight version, and stops a failed one.
       return (engineStartTimeoutS() + 60) * 1000;
     case 'plan-placement':

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -16,7 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .errors import ShimError
 from .proc_tree import group_alive
@@ -24,7 +25,7 @@ from .proc_tree import group_alive
 log = logging.getLogger("reef_shim.engine")
 
 DEFAULT_MODULES = {"hf": "reef_shim.engines.hf_server", "sglang": "sglang.launch_server"}
-ENGINE_START_TIMEOUT_S = float(os.environ.get("REEF_ENGINE_START_TIMEOUT_S", "290"))
+DEFAULT_ENGINE_START_TIMEOUT_S = 290.0
 # SGLang's /health runs a one-token generation and looks for its answer after a 1 s sleep, so it
 # never answers within 1 s; a busy engine takes a few seconds more.
 HEALTH_TIMEOUT_S = 5.0
@@ -39,6 +40,26 @@ def engine_module(kind: str) -> str:
     if kind not in DEFAULT_MODULES:
         raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"unknown engine kind {kind!r}")
     return os.environ.get(f"REEF_ENGINE_MODULE_{kind.upper()}") or DEFAULT_MODULES[kind]
+
+
+def engine_start_timeout_s(env: Mapping[str, str] = os.environ) -> float:
+    """The budget for starting one engine, launch and health together: REEF_ENGINE_START_TIMEOUT_S.
+
+    Read as `engineStartTimeoutS` (bridge/client.ts) reads it, because the client's start-engine
+    timeout is this plus a margin: blank means the default; anything but a finite positive number
+    is refused by both, at the call, rather than crashing the shim at import or waiting forever.
+    """
+    raw = env.get("REEF_ENGINE_START_TIMEOUT_S")
+    if raw is None or raw.strip() == "":
+        return DEFAULT_ENGINE_START_TIMEOUT_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0 or "_" in raw:
+        raise ShimError("REEF_ERR_CONFIG_INVALID", "invalid config: REEF_ENGINE_START_TIMEOUT_S must be a positive "
+                        f"number of seconds, got {json.dumps(raw)}")
+    return seconds
 
 
 def engine_command(module: str, model_path: str, host: str, port: int, extra_args: list[str]) -> list[str]:

@@ -10,6 +10,7 @@ from typing import Any
 
 # code -> retryable, mirrored from actors/runtime/errors.ts for the codes the shim can raise.
 RETRYABLE: dict[str, bool] = {
+    "REEF_ERR_CONFIG_INVALID": False,
     "REEF_ERR_BAD_MESSAGE": False,
     "REEF_ERR_UNKNOWN_MESSAGE": False,
     "REEF_ERR_TIMEOUT": True,

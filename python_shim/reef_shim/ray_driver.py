@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .engine_process import (ENGINE_START_TIMEOUT_S, EngineProcess, engine_command, engine_module,
-                             pick_free_port, wait_healthy)
+from .engine_process import (EngineProcess, engine_command, engine_module, engine_start_timeout_s, pick_free_port,
+                             wait_healthy)
 from .errors import ShimError
 from .placement import bundle_label, fmt_number, plan_placement
 from .proc_tree import descendants, reap
@@ -285,6 +285,7 @@ class RayDriver:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         name = spec["name"]
+        budget_s = engine_start_timeout_s()
         with self._lock:
             if name in self._engines:
                 raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"engine {name} is already running; stop-engine it first")
@@ -307,12 +308,12 @@ class RayDriver:
         ).remote(name)
         log.info("engine %s: starting %s in %s bundle %d", name, module, spec["group"], spec["bundleIndex"])
         # One budget for launch and health together: the bridge client's timeout for start-engine
-        # (bridge/client.ts) is ENGINE_START_TIMEOUT_S plus a margin, and must not run out first.
+        # (bridge/client.ts) is REEF_ENGINE_START_TIMEOUT_S plus a margin, and must not run out first.
         started = time.monotonic()
         try:
             launched = ray.get(actor.launch.remote(module, spec["modelPath"], spec["host"], spec["port"],
                                                    spec["extraArgs"], _engine_log_dir()),
-                               timeout=min(120.0, ENGINE_START_TIMEOUT_S))
+                               timeout=min(120.0, budget_s))
         except Exception as e:
             ray.kill(actor)
             raise ShimError("REEF_ERR_ENGINE_START", f"engine {name} failed to start: {e}") from e
@@ -321,7 +322,7 @@ class RayDriver:
             self._engines[name] = record
         log.info("engine %s: pid %s, url %s, log %s", name, launched["pid"], launched["url"], launched["log"])
         try:
-            wait_healthy(name, lambda: ray.get(actor.probe.remote(), timeout=30), ENGINE_START_TIMEOUT_S,
+            wait_healthy(name, lambda: ray.get(actor.probe.remote(), timeout=30), budget_s,
                          cancelled=self.closing.is_set, since=started)
             record.weight_version = ray.get(actor.weight_version.remote(), timeout=30)
         except Exception as e:

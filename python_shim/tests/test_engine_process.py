@@ -11,7 +11,8 @@ from typing import Iterator
 
 import pytest
 
-from reef_shim.engine_process import EngineProcess, engine_command, engine_module, pick_free_port, wait_healthy
+from reef_shim.engine_process import (DEFAULT_ENGINE_START_TIMEOUT_S, EngineProcess, engine_command, engine_module,
+                                      engine_start_timeout_s, pick_free_port, wait_healthy)
 from reef_shim.errors import ShimError
 from reef_shim.proc_tree import proc_stat
 
@@ -54,6 +55,21 @@ def test_command_line_and_module_override(monkeypatch: pytest.MonkeyPatch) -> No
         sys.executable, "-m", "m", "--model-path", "/p", "--host", "h", "--port", "5", "--x", "y"]
     with pytest.raises(ShimError):
         engine_module("vllm")
+
+
+def test_engine_start_timeout_is_read_as_the_bridge_client_reads_it() -> None:
+    # bridge/client.ts engineStartTimeoutS: blank is the default, only a finite positive number counts.
+    assert engine_start_timeout_s({}) == DEFAULT_ENGINE_START_TIMEOUT_S
+    assert engine_start_timeout_s({"REEF_ENGINE_START_TIMEOUT_S": ""}) == DEFAULT_ENGINE_START_TIMEOUT_S
+    assert engine_start_timeout_s({"REEF_ENGINE_START_TIMEOUT_S": "  "}) == DEFAULT_ENGINE_START_TIMEOUT_S
+    assert engine_start_timeout_s({"REEF_ENGINE_START_TIMEOUT_S": "900"}) == 900
+    assert engine_start_timeout_s({"REEF_ENGINE_START_TIMEOUT_S": "2.5"}) == 2.5
+    # nan and inf would make the health wait endless; 0 and below fail every start at once.
+    for raw in ("5m", "nan", "inf", "0", "-1", "1_000"):
+        with pytest.raises(ShimError) as err:
+            engine_start_timeout_s({"REEF_ENGINE_START_TIMEOUT_S": raw})
+        assert err.value.code == "REEF_ERR_CONFIG_INVALID"
+        assert f'REEF_ENGINE_START_TIMEOUT_S must be a positive number of seconds, got "{raw}"' in err.value.message
 
 
 def test_starts_reports_health_and_weight_version(make) -> None:

@@ -35,10 +35,10 @@ def read_ready(proc: subprocess.Popen[bytes]) -> dict[str, Any]:
 
 
 class Shim:
-    def __init__(self, *extra: str) -> None:
+    def __init__(self, *extra: str, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "reef_shim.server", "--endpoint", "tcp://127.0.0.1:*", *extra],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=shim_env())
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**shim_env(), **(env or {})})
         self.ready = read_ready(self.proc)
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
@@ -85,6 +85,16 @@ def test_ping_plan_and_status(shim: Shim) -> None:
     assert plan["plan"]["totalGpus"] == 7
     status = shim.call({"type": "status", "requestId": "p3"})
     assert status == {"type": "ok", "requestId": "p3", "ray": None, "groups": [], "engines": []}
+
+
+def test_starts_with_a_blank_engine_start_timeout() -> None:
+    # The bridge client reads a blank REEF_ENGINE_START_TIMEOUT_S as the default; the shim used to
+    # die at import (float('')) before its ready line.
+    s = Shim(env={"REEF_ENGINE_START_TIMEOUT_S": ""})
+    try:
+        assert s.call({"type": "ping", "requestId": "p"})["type"] == "ok"
+    finally:
+        s.close()
 
 
 def test_bad_messages_get_error_replies_and_the_shim_stays_up(shim: Shim) -> None:
