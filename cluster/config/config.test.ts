@@ -1,3 +1,6 @@
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { ConfigError, formatIssue, resolveConfig, type ReefConfig } from './index.js';
 
@@ -242,6 +245,32 @@ describe('ports given twice', () => {
     ['a gateway on another address than the engines', { reef: { port: 9000, host: '10.0.0.5', api_keys: [{ key: 'k' }] }, cluster: cluster({ rollout: { model_path: '/m', port: 9000 } }) }],
   ])('accepts %s', async (_what, raw) => {
     await expect(ok({ ...minimal(), ...raw })).resolves.toBeDefined();
+  });
+});
+
+// The gateway and the trainer-controller load the policy's tokenizer.json from its directory, the
+// trainer its config.json, and a PRM actor the PRM tokenizer's: an \`org/name\` kept as a hub id
+// passed the check and failed reef up after the engines had loaded.
+describe('model paths Reef reads itself take no hub id', () => {
+  it.each([
+    [{ cluster: { rollout: { model_path: 'Qwen/Qwen3-4B' }, prm: { model_path: '/p' } } }, 'cluster.rollout.model_path: "Qwen/Qwen3-4B" is no directory next to the config file, and Reef reads this model from a directory (a Hugging Face hub id will not do here): download it and give its path'],
+    [withStage('record2record', { prm_url: 'http://h:1', prm_tokenizer_path: 'Qwen/Qwen3-4B' }), 'pipeline.record2record.config.prm_tokenizer_path: "Qwen/Qwen3-4B" is no directory next to the config file, and Reef reads this model from a directory (a Hugging Face hub id will not do here): download it and give its path'],
+  ])('%j', async (raw, line) => {
+    expect(await errorsOf(raw)).toEqual([line]);
+  });
+
+  it('engines Reef only starts keep a hub id; a directory next to the config file is that directory', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'reef-models-'));
+    try {
+      mkdirSync(join(dir, 'org', 'policy'), { recursive: true });
+      const cfg = await resolveConfig(
+        { cluster: { rollout: { model_path: 'org/policy' }, prm: { model_path: 'Qwen/Qwen3-4B' }, student: { model_path: 'Qwen/Qwen3-0.6B' } }, pipeline: { record2record: { config: { prm_url: 'http://h:1', prm_tokenizer_path: '/abs/tok' } } } },
+        { baseDir: dir },
+      );
+      expect([cfg.cluster.rollout.model_path, cfg.cluster.prm.model_path, cfg.cluster.student?.model_path, cfg.pipeline.record2record.config.prm_tokenizer_path]).toEqual([join(dir, 'org', 'policy'), 'Qwen/Qwen3-4B', 'Qwen/Qwen3-0.6B', '/abs/tok']);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 

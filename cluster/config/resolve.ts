@@ -77,7 +77,7 @@ export async function resolveConfig(raw: unknown, opts: ResolveOptions): Promise
     recipeConfig = validate(recipe.configSchema, valueAt(tree, ['recipe', 'config']) ?? {}, ['recipe', 'config']);
     for (const name of STAGE_NAMES) {
       const parsed = validate(recipe.stages[name].configSchema, valueAt(tree, ['pipeline', name, 'config']) ?? {}, ['pipeline', name, 'config']);
-      if (parsed !== null) stages[name] = resolvePaths(parsed, recipe.stages[name].pathKeys ?? {}, opts.baseDir);
+      if (parsed !== null) stages[name] = resolvePaths(parsed, recipe.stages[name].pathKeys ?? {}, opts.baseDir, ['pipeline', name, 'config'], issues);
     }
     if (training !== null) {
       // Named by the schema so the message can say why, but the trainer would refuse it at start,
@@ -89,6 +89,9 @@ export async function resolveConfig(raw: unknown, opts: ResolveOptions): Promise
     }
   }
 
+  // The gateway, the trainer-controller and the trainer all read the policy from its directory.
+  const rolloutModel = cluster === null ? null : resolveModelDir(opts.baseDir, cluster.rollout.model_path, 'cluster.rollout.model_path', issues);
+
   if (issues.length > 0 || !reef || !cluster || !recipeSection || !training || !recipeConfig || !resolvedTraining) {
     throw new ConfigError('REEF_ERR_CONFIG_INVALID', issues);
   }
@@ -99,7 +102,7 @@ export async function resolveConfig(raw: unknown, opts: ResolveOptions): Promise
     cluster: {
       ...cluster,
       num_gpus: cluster.ray_address === null ? (cluster.num_gpus ?? layoutGpus(cluster)) : null,
-      rollout: { ...cluster.rollout, model_path: resolveModel(base, cluster.rollout.model_path) },
+      rollout: { ...cluster.rollout, model_path: rolloutModel! },
       prm: { ...cluster.prm, model_path: cluster.prm.model_path === null ? null : resolveModel(base, cluster.prm.model_path) },
       student: cluster.student === null ? null : { ...cluster.student, model_path: resolveModel(base, cluster.student.model_path) },
     },
@@ -181,11 +184,27 @@ export function resolveModel(base: string, p: string): string {
   return expanded;
 }
 
-function resolvePaths(cfg: Record<string, unknown>, kinds: Readonly<Record<string, PathKind>>, base: string): Record<string, unknown> {
+/**
+ * A model directory Reef reads itself (tokenizer.json, config.json): resolved as a model path, but
+ * an `org/name` that is no directory here cannot be used as a hub id, since nothing in Reef
+ * downloads one. Reported with `path` rather than passed on to fail after the engines loaded.
+ */
+function resolveModelDir(base: string, p: string, path: string, issues: ConfigIssue[]): string {
+  const out = resolveModel(base, p);
+  if (!isAbsolute(out)) {
+    issues.push({ path, message: `${JSON.stringify(p)} is no directory next to the config file, and Reef reads this model from a directory (a Hugging Face hub id will not do here): download it and give its path` });
+  }
+  return out;
+}
+
+function resolvePaths(cfg: Record<string, unknown>, kinds: Readonly<Record<string, PathKind>>, base: string, prefix: PathSegment[], issues: ConfigIssue[]): Record<string, unknown> {
   const out = { ...cfg };
   for (const [key, kind] of Object.entries(kinds)) {
     const v = out[key];
-    if (typeof v === 'string' && v !== '') out[key] = kind === 'file' ? resolveFile(base, v) : resolveModel(base, v);
+    if (typeof v !== 'string' || v === '') continue;
+    if (kind === 'file') out[key] = resolveFile(base, v);
+    else if (kind === 'model') out[key] = resolveModel(base, v);
+    else out[key] = resolveModelDir(base, v, renderPath([...prefix, key]), issues);
   }
   return out;
 }

@@ -42,7 +42,7 @@ export interface EngineConfig {
   readonly gpus: number;
   /** @default 'sglang' */
   readonly engine: EngineKind;
-  /** Absolute path (or a hub id such as `Qwen/Qwen3-4B`). */
+  /** Absolute path (or, for the PRM and student engines, a hub id such as `Qwen/Qwen3-4B`). */
   readonly model_path: string;
   /** 0 = pick a free port. @default 0 */
   readonly port: number;
@@ -116,8 +116,11 @@ export interface ReefConfig {
   };
 }
 
-/** Whether a stage's config value is a plain file path or a model path (which may be a hub id). */
-export type PathKind = 'file' | 'model';
+/**
+ * How a stage's path value resolves: a plain file path; a model path an engine loads (which may be
+ * a hub id); or a model directory Reef reads itself (a tokenizer), where a hub id is an error.
+ */
+export type PathKind = 'file' | 'model' | 'model-dir';
 
 /** The static side of a stage class, as the loader sees it. */
 export interface StageClass {

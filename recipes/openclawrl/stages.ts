@@ -79,7 +79,8 @@ export type Record2RecordConfig = z.output<typeof record2recordSchema>;
 export class Record2RecordStage {
   static readonly configSchema = record2recordSchema;
   static readonly defaults: Readonly<Record2RecordConfig> = Object.freeze(record2recordSchema.parse({}));
-  static readonly pathKeys: Readonly<Record<string, PathKind>> = { prm_tokenizer_path: 'model' };
+  /** The PRM actors load the tokenizer from its directory (actors/prm/prm-client.ts). */
+  static readonly pathKeys: Readonly<Record<string, PathKind>> = { prm_tokenizer_path: 'model-dir' };
 
   constructor(readonly config: Readonly<Record2RecordConfig>) {}
 }
