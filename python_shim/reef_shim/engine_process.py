@@ -202,9 +202,10 @@ class EngineProcess:
 
 def wait_healthy(name: str, probe: Callable[[], dict[str, Any]], timeout_s: float,
                  cancelled: Callable[[], bool] = lambda: False, interval_s: float = 1.0,
-                 since: float | None = None) -> None:
+                 since: float | None = None, output: Callable[[], str] | None = None) -> None:
     """Poll `probe` until the engine answers /health, `timeout_s` after `since` (monotonic; default
-    now) at the latest; fail fast, with its log tail, if it dies."""
+    now) at the latest; fail fast, with its log tail, if it dies. A timeout carries `output()`, the
+    tail of the engine's log, too: an engine stuck loading says in it where it is stuck."""
     start = time.monotonic() if since is None else since
     next_log = 0.0
     while True:
@@ -221,10 +222,21 @@ def wait_healthy(name: str, probe: Callable[[], dict[str, Any]], timeout_s: floa
         elapsed = time.monotonic() - start
         if elapsed > timeout_s:
             raise ShimError("REEF_ERR_ENGINE_START",
-                            f"engine {name} failed to start: /health not ready after {timeout_s:.0f} s")
+                            f"engine {name} failed to start: /health not ready after {timeout_s:.0f} s; "
+                            f"{_last_output(output)}")
         if cancelled():
             raise ShimError("REEF_ERR_SHIM", f"python shim failed: shutting down while engine {name} was starting")
         if elapsed >= next_log:
             log.info("engine %s: waiting for /health (%.0f s)", name, elapsed)
             next_log += 5.0
         time.sleep(interval_s)
+
+
+def _last_output(output: Callable[[], str] | None) -> str:
+    if output is None:
+        return "no output read"
+    try:
+        tail = output()
+    except Exception as e:  # the actor holding the engine may be gone by now
+        return f"its output could not be read ({type(e).__name__}: {e})"
+    return f"last output:\n{tail}" if tail else "no output yet"

@@ -79,6 +79,9 @@ class EngineActor:
     def weight_version(self) -> str | None:
         return self.engine.weight_version() if self.engine else None
 
+    def tail(self) -> str:
+        return self.engine.tail() if self.engine else ""
+
     def report(self) -> dict[str, Any]:
         """`{healthy, weight_version}` for status; the version only from a healthy engine."""
         healthy = self.probe()["healthy"]
@@ -323,7 +326,8 @@ class RayDriver:
         log.info("engine %s: pid %s, url %s, log %s", name, launched["pid"], launched["url"], launched["log"])
         try:
             wait_healthy(name, lambda: ray.get(actor.probe.remote(), timeout=30), budget_s,
-                         cancelled=self.closing.is_set, since=started)
+                         cancelled=self.closing.is_set, since=started,
+                         output=lambda: ray.get(actor.tail.remote(), timeout=10))
             record.weight_version = ray.get(actor.weight_version.remote(), timeout=30)
         except Exception as e:
             self.stop_engine(name)

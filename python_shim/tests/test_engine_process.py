@@ -108,6 +108,25 @@ def test_health_timeout(make) -> None:
     assert "/health not ready after" in err.value.message
 
 
+def test_health_timeout_carries_what_the_engine_wrote(make) -> None:
+    # Without it the user of a stuck engine learns only that 290 s went by, not where it is stuck.
+    engine = make("--startup-delay", "60")
+    engine.start()
+    deadline = time.monotonic() + 20
+    while "listening" not in engine.tail() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(ShimError) as err:
+        wait_healthy("e0", engine.probe, timeout_s=0.3, interval_s=0.1, output=engine.tail)
+    assert "/health not ready after" in err.value.message
+    assert "last output:\nfake engine listening on 127.0.0.1:" in err.value.message
+
+    def unreadable() -> str:
+        raise RuntimeError("actor died")
+
+    with pytest.raises(ShimError, match=r"its output could not be read \(RuntimeError: actor died\)"):
+        wait_healthy("e0", engine.probe, timeout_s=0.1, interval_s=0.1, output=unreadable)
+
+
 def test_health_budget_counts_from_the_launch() -> None:
     # The launch already spent the budget: the first unhealthy probe ends the wait.
     probes: list[float] = []

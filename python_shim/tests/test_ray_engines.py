@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from reef_shim.errors import ShimError
 from reef_shim.ray_driver import RayDriver
 from trainer_fixtures import placed_driver
 
@@ -93,3 +94,13 @@ def test_status_probes_again_an_engine_that_failed_a_probe(
     assert status_until(driver, info["name"], lambda e: not e["healthy"])["healthy"] is False
     post(info["url"] + "/fake/health", {"code": 200})
     assert status_until(driver, info["name"], lambda e: e["healthy"])["healthy"] is True
+
+
+def test_an_engine_that_never_gets_healthy_fails_with_its_output_and_is_stopped(
+        driver: RayDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REEF_ENGINE_START_TIMEOUT_S", "4")
+    with pytest.raises(ShimError) as err:
+        driver.start_engine(spec("hf", "reef-rollout", "--startup-delay", "120"))
+    assert err.value.code == "REEF_ERR_ENGINE_START"
+    assert "/health not ready after 4 s; last output:\nfake engine listening on 127.0.0.1:" in err.value.message
+    assert [e["name"] for e in driver.status()["engines"]] == []
