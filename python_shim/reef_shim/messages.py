@@ -264,7 +264,7 @@ TRAINER_SPEC = Obj({
     "engineLogprobs": Lit("sampled", "tempered", "raw"),
     "checkpointDir": Str(),
     "seed": Int(),
-    "group": Str(),
+    "group": Lit("reef-trainer"),  # as bridge/messages.ts: the ranks need the STRICT_PACK trainer group
 })
 TRAIN_TASK = Obj({
     "taskId": Str(),

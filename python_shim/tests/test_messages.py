@@ -85,6 +85,15 @@ def test_nested_engine_spec_fields() -> None:
     assert "start-engine.spec.extraArgs[1]: expected a string, got bytes" in reject(msg).message
 
 
+def test_trainer_spec_group_is_the_trainer_group_as_in_zod() -> None:
+    # zod's TrainerSpec.group is the literal 'reef-trainer'; Python took any string, so a Python
+    # client could place the ranks in an engine's one-bundle group.
+    msg = next(copy.deepcopy(s["message"]) for s in samples() if s["message"].get("type") == "trainer-start")
+    assert validate_request(copy.deepcopy(msg))["spec"]["group"] == "reef-trainer"
+    msg["spec"]["group"] = "reef-rollout"
+    assert "trainer-start.spec.group: expected 'reef-trainer', got 'reef-rollout'" in reject(msg).message
+
+
 def test_ok_reply_refuses_a_shape_typescript_would_reject() -> None:
     assert ok_reply("ping", "r", pid=1, version="x", rayConnected=True)["type"] == "ok"
     with pytest.raises(ShimError) as err:
