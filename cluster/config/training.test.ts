@@ -42,6 +42,9 @@ describe('training.options', () => {
     { options: ['--lr', '--topk=2'], lines: ['training.options[0]: --lr needs a value'] },
     { options: ['lr=1'], lines: ['training.options[0]: expected --option=value, got "lr=1"'] },
     { options: ['--lr=1e-5', '--lr=2e-5'], lines: ['training.options[1]: --lr is already given at training.options[0]'] },
+    // The first --lr is item 0; its value, item 1, was named as where it was given.
+    { options: ['--lr', '1e-5', '--lr=2e-5'], lines: ['training.options[2]: --lr is already given at training.options[0]'] },
+    { options: ['--topk', '3', '--lr=1', '--topk', '4'], lines: ['training.options[3]: --topk is already given at training.options[0]'] },
     { options: ['--topk', '3', '--bogus', '--eps-clip=2'], lines: ['training.options[2]: unknown option --bogus', 'training.options[3]: --eps-clip: expected a number in [0, 1), got "2"'] },
   ];
   it.each(bad)('rejects $options', ({ options, lines }) => {

@@ -24,7 +24,9 @@ export function parseTrainingOptions(options: readonly string[], spec: TrainingO
   const seenAt = new Map<string, number>();
   const issues: ConfigIssue[] = [];
   for (let i = 0; i < options.length; i++) {
-    const path = `training.options[${i}]`;
+    // `i` moves on to the value of `--flag value`; where the flag was given is this.
+    const at = i;
+    const path = `training.options[${at}]`;
     const arg = options[i]!;
     const eq = arg.indexOf('=');
     const flag = eq === -1 ? arg : arg.slice(0, eq);
@@ -49,7 +51,7 @@ export function parseTrainingOptions(options: readonly string[], spec: TrainingO
       issues.push({ path, message: `${flag} is already given at training.options[${prior}]` });
       continue;
     }
-    seenAt.set(flag, i);
+    seenAt.set(flag, at);
     const r = convert(opt, text);
     if (r.ok) values[opt.key] = r.value;
     else issues.push({ path, message: r.message });
