@@ -75,30 +75,47 @@ def _groups(layout: dict[str, Any]) -> list[dict[str, Any]]:
     return groups
 
 
+# Ray counts resources in fixed point to 1e-4; summing in binary floats instead, ten bundles of
+# 0.7 CPU came to 7.000000000000001 and did not fit on 7 CPUs, which Ray would have placed.
+_RESOURCE_DIGITS = 4
+
+
+def _add(a: float, b: float) -> float:
+    return round(a + b, _RESOURCE_DIGITS)
+
+
+def _sum(groups: list[dict[str, Any]], resource: str) -> float:
+    total = 0.0
+    for group in groups:
+        for bundle in group["bundles"]:
+            total = _add(total, bundle[resource])
+    return total
+
+
 def _check_fit(groups: list[dict[str, Any]], available_gpus: float | None, available_cpus: float | None) -> None:
     """Walk the bundles in creation order and name the first one that would not fit."""
     used_gpus = 0.0
     used_cpus = 0.0
-    total_gpus = sum(b["GPU"] for g in groups for b in g["bundles"])
-    total_cpus = sum(b["CPU"] for g in groups for b in g["bundles"])
+    total_gpus = _sum(groups, "GPU")
+    total_cpus = _sum(groups, "CPU")
     for group in groups:
         for index, bundle in enumerate(group["bundles"]):
-            if available_gpus is not None and used_gpus + bundle["GPU"] > available_gpus:
+            if available_gpus is not None and _add(used_gpus, bundle["GPU"]) > available_gpus:
                 raise ShimError(
                     "REEF_ERR_PLACEMENT",
                     f"cannot place {bundle_label(group['name'], index, {'GPU': bundle['GPU']})}: "
                     f"{fmt_number(used_gpus)} of {fmt_number(available_gpus)} logical GPUs already planned "
                     f"(the layout needs {fmt_number(total_gpus)})",
                 )
-            if available_cpus is not None and used_cpus + bundle["CPU"] > available_cpus:
+            if available_cpus is not None and _add(used_cpus, bundle["CPU"]) > available_cpus:
                 raise ShimError(
                     "REEF_ERR_PLACEMENT",
                     f"cannot place {bundle_label(group['name'], index, {'CPU': bundle['CPU']})}: "
                     f"{fmt_number(used_cpus)} of {fmt_number(available_cpus)} CPUs already planned "
                     f"(the layout needs {fmt_number(total_cpus)}; lower cpusPerBundle or declare more CPUs)",
                 )
-            used_gpus += bundle["GPU"]
-            used_cpus += bundle["CPU"]
+            used_gpus = _add(used_gpus, bundle["GPU"])
+            used_cpus = _add(used_cpus, bundle["CPU"])
 
 
 def plan_placement(
@@ -115,8 +132,6 @@ def plan_placement(
     _check_values(layout)
     groups = _groups(layout)
     _check_fit(groups, available_gpus, available_cpus)
-    total_gpus = sum(b["GPU"] for g in groups for b in g["bundles"])
-    total_cpus = sum(b["CPU"] for g in groups for b in g["bundles"])
-    plan = {"groups": groups, "totalGpus": int(total_gpus), "totalCpus": total_cpus}
+    plan = {"groups": groups, "totalGpus": int(_sum(groups, "GPU")), "totalCpus": _sum(groups, "CPU")}
     PLAN.check(plan, "plan")
     return plan

@@ -49,6 +49,13 @@ PLANS = [
         ("reef-prm-0", "prm", "PACK", [(1, 4)]),
         ("reef-student", "student", "PACK", [(1, 4)]),
     ], 7, 28, id="cpus-per-bundle-4-exact-fit"),
+    # Ten bundles of 0.7 CPU summed in floats came to 7.000000000000001 and were refused on 7 CPUs.
+    pytest.param(layout(7, cpus=0.7), 10, 7, [
+        ("reef-trainer", "trainer", "STRICT_PACK", [(1, 0.7)] * 7),
+        ("reef-rollout", "rollout", "PACK", [(1, 0.7)]),
+        ("reef-prm-0", "prm", "PACK", [(1, 0.7)]),
+        ("reef-student", "student", "PACK", [(1, 0.7)]),
+    ], 10, 7, id="fractional-cpus-exact-fit"),
 ]
 
 
@@ -71,6 +78,9 @@ TOO_SMALL = [
                  "cannot place reef-rollout bundle 0 {CPU:2}: 8 of 9 CPUs already planned", id="cpus"),
     pytest.param(layout(), 0, None,
                  "cannot place reef-trainer bundle 0 {GPU:1}: 0 of 0 logical GPUs already planned", id="no-gpus"),
+    pytest.param(layout(7, cpus=0.7), 10, 6.9,
+                 "cannot place reef-student bundle 0 {CPU:0.7}: 6.3 of 6.9 CPUs already planned (the layout needs 7;",
+                 id="fractional-cpus-amounts-read-as-written"),
 ]
 
 
