@@ -233,6 +233,7 @@ describe('ports given twice', () => {
     [{ cluster: cluster({ rollout: { model_path: '/m', port: 23001 }, prm: { model_path: '/p', port: 23001 } }) }, 'cluster.prm.port: 23001 is also cluster.rollout.port; the engines listen on 127.0.0.1, each needs its own port'],
     [{ cluster: cluster({ student: { model_path: '/s', port: 23002 }, prm: { model_path: '/p', port: 23002 } }) }, 'cluster.student.port: 23002 is also cluster.prm.port; the engines listen on 127.0.0.1, each needs its own port'],
     [{ reef: { port: 9000 }, cluster: cluster({ rollout: { model_path: '/m', port: 9000 } }) }, 'reef.port: 9000 is also cluster.rollout.port, where the rollout engine listens on 127.0.0.1'],
+    [{ reef: { port: 9000, host: 'localhost' }, cluster: cluster({ rollout: { model_path: '/m', port: 9000 } }) }, 'reef.port: 9000 is also cluster.rollout.port, where the rollout engine listens on 127.0.0.1'],
     [{ reef: { port: 9000, host: '0.0.0.0', api_keys: [{ key: 'k' }] }, cluster: cluster({ student: { model_path: '/s', port: 9000 } }) }, 'reef.port: 9000 is also cluster.student.port, where the student engine listens on 127.0.0.1'],
   ])('%j', async (raw, line) => {
     expect(await errorsOf(raw)).toEqual([line]);
@@ -243,6 +244,8 @@ describe('ports given twice', () => {
     ['an external PRM, whose engine Reef does not start', { cluster: cluster({ rollout: { model_path: '/m', port: 23001 }, prm: { replicas: 0, port: 23001 } }) }],
     ['no student', { cluster: cluster({ rollout: { model_path: '/m', port: 23001 }, student: null }) }],
     ['a gateway on another address than the engines', { reef: { port: 9000, host: '10.0.0.5', api_keys: [{ key: 'k' }] }, cluster: cluster({ rollout: { model_path: '/m', port: 9000 } }) }],
+    ['a gateway on another loopback address', { reef: { port: 9000, host: '127.0.0.2' }, cluster: cluster({ rollout: { model_path: '/m', port: 9000 } }) }],
+    ['a gateway on IPv6 loopback', { reef: { port: 9000, host: '::1' }, cluster: cluster({ rollout: { model_path: '/m', port: 9000 } }) }],
   ])('accepts %s', async (_what, raw) => {
     await expect(ok({ ...minimal(), ...raw })).resolves.toBeDefined();
   });

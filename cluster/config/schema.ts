@@ -159,14 +159,16 @@ export function enginePorts(c: Record<string, unknown>): [role: 'rollout' | 'prm
   return out;
 }
 
+/** Hosts whose bind takes 127.0.0.1's port too (tried on Linux): `::1` and `127.0.0.2` do not. */
+const BINDS_ENGINE_ADDRESS = new Set(['127.0.0.1', 'localhost', '0.0.0.0', '::', '::ffff:127.0.0.1']);
+
 /**
- * `reef.port` taken by an engine too: the gateway's bind then fails whenever it shares the engines'
- * address (loopback) or binds them all (a wildcard address).
+ * `reef.port` taken by an engine too: the gateway's bind then fails with EADDRINUSE when it binds
+ * the engines' address, 127.0.0.1 (`localhost` binds it as well), or a wildcard address.
  */
 export function gatewayPortClash(reef: { host: string; port: number }, cluster: Record<string, unknown>): string | null {
   if (reef.port === 0) return null;
-  const h = reef.host.replace(/^\[(.*)\]$/, '$1');
-  if (!isLoopback(reef.host) && h !== '0.0.0.0' && h !== '::') return null;
+  if (!BINDS_ENGINE_ADDRESS.has(reef.host.replace(/^\[(.*)\]$/, '$1').toLowerCase())) return null;
   const clash = enginePorts(cluster).find(([, port]) => port === reef.port);
   return clash === undefined ? null : `${reef.port} is also cluster.${clash[0]}.port, where the ${clash[0]} engine listens on 127.0.0.1`;
 }
