@@ -18,7 +18,7 @@ from typing import Any
 from .engine_process import (EngineProcess, engine_command, engine_module, engine_start_timeout_s, pick_free_port,
                              wait_healthy)
 from .errors import ShimError
-from .placement import bundle_label, fmt_number, plan_placement
+from .placement import TRAINER_GROUP, bundle_label, fmt_number, plan_placement
 from .proc_tree import descendants, reap
 
 log = logging.getLogger("reef_shim.ray")
@@ -319,6 +319,10 @@ class RayDriver:
                                timeout=min(120.0, budget_s))
         except Exception as e:
             ray.kill(actor)
+            if isinstance(e, ray.exceptions.GetTimeoutError):
+                # Ray's own words ("Get timed out: some object(s) not ready") do not say that the
+                # actor is almost always still waiting for its bundle's resources.
+                raise self._no_room_error(spec, bundle, time.monotonic() - started) from e
             raise ShimError("REEF_ERR_ENGINE_START", f"engine {name} failed to start: {e}") from e
         record = _Engine(spec, actor, launched["url"], launched["pid"])
         with self._lock:
@@ -336,6 +340,20 @@ class RayDriver:
             raise ShimError("REEF_ERR_ENGINE_START", f"engine {name} failed to start: {e}") from e
         record.healthy = record.started = True
         return self._engine_info(record)
+
+    def _no_room_error(self, spec: dict[str, Any], bundle: dict[str, Any], waited_s: float) -> ShimError:
+        where = bundle_label(spec["group"], spec["bundleIndex"], bundle)
+        with self._lock:
+            holders = sorted(n for n, r in self._engines.items()
+                             if r.spec["group"] == spec["group"] and r.spec["bundleIndex"] == spec["bundleIndex"])
+        if holders:
+            why = f"engine(s) {', '.join(holders)} hold it; stop-engine first, or start it in another bundle"
+        elif spec["group"] == TRAINER_GROUP:
+            why = "the trainer's ranks may hold it (trainer-stop first)"
+        else:
+            why = "its resources are taken by something else, or the group is not CREATED (see status)"
+        return ShimError("REEF_ERR_ENGINE_START", f"engine {spec['name']} failed to start: its actor got no place in "
+                         f"{where} within {waited_s:.0f} s: {why}")
 
     def stop_engine(self, name: str) -> bool:
         ray = self._require_ray()

@@ -104,3 +104,15 @@ def test_an_engine_that_never_gets_healthy_fails_with_its_output_and_is_stopped(
     assert err.value.code == "REEF_ERR_ENGINE_START"
     assert "/health not ready after 4 s; last output:\nfake engine listening on 127.0.0.1:" in err.value.message
     assert [e["name"] for e in driver.status()["engines"]] == []
+
+
+def test_an_engine_whose_bundle_is_taken_names_the_bundle_and_who_holds_it(
+        driver: RayDriver, engines: Callable[[dict[str, Any]], dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    engines(spec("hf", "reef-rollout"))
+    monkeypatch.setenv("REEF_ENGINE_START_TIMEOUT_S", "3")
+    with pytest.raises(ShimError) as err:
+        driver.start_engine({**spec("hf", "reef-rollout"), "name": "second"})
+    assert err.value.code == "REEF_ERR_ENGINE_START"
+    assert ("engine second failed to start: its actor got no place in reef-rollout bundle 0 {GPU:1, CPU:0.5} "
+            "within 3 s: engine(s) hf-0 hold it") in err.value.message
+    assert [e["name"] for e in driver.status()["engines"]] == ["hf-0"]
