@@ -181,6 +181,15 @@ describe('resolved config', () => {
     ]);
   });
 
+  // The shim ignores it when it joins a cluster (a warning in its own log): num_gpus is refused so,
+  // and num_cpus passed the check and changed nothing.
+  it('num_cpus, like num_gpus, applies to a local head only', async () => {
+    expect(await errorsOf({ cluster: { ...minimal().cluster, ray_address: 'auto', num_cpus: 8 } })).toEqual([
+      'cluster.num_cpus: only applies to a local head; remove it or set cluster.ray_address to null',
+    ]);
+    expect((await ok({ cluster: { ...minimal().cluster, num_cpus: 8 } })).cluster.num_cpus).toBe(8);
+  });
+
   it('collects every error, across sections and stages', async () => {
     const lines = await errorsOf(
       {

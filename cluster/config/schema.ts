@@ -123,8 +123,11 @@ export const clusterSchema = section({
   placement_timeout_s: positiveNumber().default(120),
 }).check(
   check((o, ctx) => {
-    if (o.ray_address != null && o.num_gpus != null) {
-      ctx.addIssue({ code: 'custom', path: ['num_gpus'], message: 'only applies to a local head; remove it or set cluster.ray_address to null' });
+    if (o.ray_address != null) {
+      // The shim declares neither when it joins a cluster: it would only log that it ignored them.
+      for (const key of ['num_gpus', 'num_cpus'] as const) {
+        if (o[key] != null) ctx.addIssue({ code: 'custom', path: [key], message: 'only applies to a local head; remove it or set cluster.ray_address to null' });
+      }
       return;
     }
     const need = layoutGpus(o);
