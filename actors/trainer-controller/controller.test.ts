@@ -286,6 +286,26 @@ describe('TrainerController', () => {
     expect(c.counters.stale).toBe(1);
   });
 
+  it('checks staleness again when a batch trains: a backlog read in one tick does not train turns that went stale meanwhile', async () => {
+    const { dir, w, c } = await twoReleases();
+    expect(c.currentVersion).toBe('v2');
+    const samples = c.counters.samples ?? 0;
+    // Read together, all fresh (v2 current, v1 one behind): three batches of two.
+    for (const [id, wv] of [['t1', 'v2'], ['t2', 'v2'], ['t3', 'v2'], ['t4', 'v1'], ['t5', 'v2'], ['t6', 'v2']] as const) w.add(id, 1, 'anchor', wv);
+    await c.tick();
+    // Batch 3 trained on v3: v2 still one behind. Batch 4 kept t3 (v2) and lost t4 (v1, now two
+    // behind). Batch 5's turns were two behind v4 by its turn: not trained at all.
+    expect(w.stepsRun.slice(-2)).toEqual(['s:openclawrl:3', 's:openclawrl:4']);
+    expect(c.currentVersion).toBe('v4');
+    expect(c.counters.stale).toBe(3);
+    expect((c.counters.samples ?? 0) - samples).toBe(3);
+    expect(w.durable.state!.pending).toEqual([]);
+    // A controller restarted from what was persisted finds nothing left to train.
+    const c2 = new TrainerController(w.ports, opts(dir), w.durable.offset, w.durable.state);
+    await c2.tick();
+    expect(w.stepsRun.at(-1)).toBe('s:openclawrl:4');
+  });
+
   it('puts the current release back into an engine that came up with the base weights, and trains on', async () => {
     const { dir, w } = await twoReleases();
     expect(w.published).toEqual(['v1', 'v2']);
@@ -354,7 +374,8 @@ describe('TrainerController', () => {
     const w = world(dir);
     for (const id of ['a', 'b', 'c', 'd', 'e', 'f']) w.add(id, 1);
     w.pushFails(1);
-    const c = new TrainerController(w.ports, opts(dir), 0, null);
+    // A backlog of base turns, three batches deep: staleness must allow it to train whole.
+    const c = new TrainerController(w.ports, { ...opts(dir), maxStaleness: 3 }, 0, null);
     await c.tick();
     expect(c.releases.map((r) => [r.weightVersion, r.sync])).toEqual([['v1', 'disk'], ['v2', 'distributed'], ['v3', 'distributed']]);
     expect(c.counters).toMatchObject({ weight_sync_disk: 1, weight_sync_distributed: 2, weight_sync_fallbacks: 1 });
@@ -384,7 +405,7 @@ describe('TrainerController', () => {
     const dir = mkdtempSync(join(tmpdir(), 'tc-'));
     const w = world(dir);
     for (let i = 0; i < 8; i++) w.add(`r${i}`, 1);
-    const c = new TrainerController(w.ports, opts(dir), 0, null);
+    const c = new TrainerController(w.ports, { ...opts(dir), maxStaleness: 4 }, 0, null);
     await c.tick();
     expect(c.releases.map((r) => existsSync(r.checkpointPath))).toEqual([false, false, true, true]);
   });

@@ -4,7 +4,7 @@ import { dirname } from 'node:path';
 import { ReefError } from '../runtime/errors.js';
 import type { AgentRecord } from '../gateway/store/types.js';
 import { isStale, recordToTask, releaseLineage, type Task, type TeacherRenderer } from '../../recipes/openclawrl/record2task.js';
-import { Batcher, recordLine, type Batch, type BatcherState } from '../../recipes/openclawrl/task2batch.js';
+import { Batcher, recordLine, type Batch, type BatcherState, type TaskRef } from '../../recipes/openclawrl/task2batch.js';
 
 /**
  * The trainer-controller's logic, socket-free: judged turns → tasks → batches → training steps →
@@ -301,14 +301,36 @@ export class TrainerController {
 
   /** Trains and releases the first pending batch, or dead-letters it; false when none is pending. */
   private async trainNext(): Promise<boolean> {
-    const batch = this.state.pending[0];
+    let batch = this.state.pending[0];
     if (!batch) return false;
     const tasks: Task[] = [];
     try {
+      const turns: { ref: TaskRef; record: AgentRecord }[] = [];
       for (const ref of batch.tasks) {
-        const rec = await this.ports.getRecord(ref.turnRecordId);
-        if (!rec) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `record ${ref.turnRecordId} of batch ${batch.batchId}` });
-        tasks.push(await recordToTask({ record: rec, reward: ref.reward, hints: ref.hints }, this.ports.renderTeacher));
+        const record = await this.ports.getRecord(ref.turnRecordId);
+        if (!record) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `record ${ref.turnRecordId} of batch ${batch.batchId}` });
+        turns.push({ ref, record });
+      }
+      // Staleness again, now that the batch is about to train: a backlog read in one tick forms
+      // many batches, and the last of them trains many releases after the read found its turns
+      // fresh; a rollback since then may also have put their weights aside.
+      const lineage = releaseLineage(this.state.releases);
+      const fresh = turns.filter((t) => !isStale(t.record.weightVersion, lineage, this.opts.maxStaleness));
+      if (fresh.length < turns.length) {
+        this.bump('stale', turns.length - fresh.length);
+        if (fresh.length === 0) {
+          this.state.pending.shift();
+          await this.persist();
+          this.ports.log(`batch ${batch.batchId}: every turn went stale before it could train; not trained`);
+          return true;
+        }
+        // Persisted before the step: a retry after a crash trains (or finds in the ledger) this same batch.
+        batch = { ...batch, tasks: fresh.map((t) => t.ref) };
+        this.state.pending[0] = batch;
+        await this.persist();
+      }
+      for (const { ref, record } of fresh) {
+        tasks.push(await recordToTask({ record, reward: ref.reward, hints: ref.hints }, this.ports.renderTeacher));
       }
     } catch (err) {
       // A record that is gone, or that cannot be rendered, stays so: the batch could never train.
