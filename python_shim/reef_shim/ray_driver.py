@@ -314,11 +314,13 @@ class RayDriver:
         # (bridge/client.ts) is REEF_ENGINE_START_TIMEOUT_S plus a margin, and must not run out first.
         started = time.monotonic()
         try:
-            launched = ray.get(actor.launch.remote(module, spec["modelPath"], spec["host"], spec["port"],
-                                                   spec["extraArgs"], _engine_log_dir()),
-                               timeout=min(120.0, budget_s))
+            launched = self._wait_launch(name, actor.launch.remote(module, spec["modelPath"], spec["host"], spec["port"],
+                                                                   spec["extraArgs"], _engine_log_dir()),
+                                         min(120.0, budget_s))
         except Exception as e:
             ray.kill(actor)
+            if isinstance(e, ShimError):
+                raise
             if isinstance(e, ray.exceptions.GetTimeoutError):
                 # Ray's own words ("Get timed out: some object(s) not ready") do not say that the
                 # actor is almost always still waiting for its bundle's resources.
@@ -340,6 +342,18 @@ class RayDriver:
             raise ShimError("REEF_ERR_ENGINE_START", f"engine {name} failed to start: {e}") from e
         record.healthy = record.started = True
         return self._engine_info(record)
+
+    def _wait_launch(self, name: str, ref: Any, timeout_s: float) -> dict[str, Any]:
+        """The launch's answer; GetTimeoutError after `timeout_s`. A shutdown ends the wait: one
+        blocking get held the shim's exit for up to two minutes on an actor that had no room."""
+        ray = _ray()
+        deadline = time.monotonic() + timeout_s
+        while not ray.wait([ref], timeout=max(0.0, min(1.0, deadline - time.monotonic())))[0]:
+            if self.closing.is_set():
+                raise ShimError("REEF_ERR_SHIM", f"python shim failed: shutting down while engine {name} was starting")
+            if time.monotonic() >= deadline:
+                raise ray.exceptions.GetTimeoutError(f"engine {name}: launch not done after {timeout_s:.0f} s")
+        return ray.get(ref, timeout=0)
 
     def _no_room_error(self, spec: dict[str, Any], bundle: dict[str, Any], waited_s: float) -> ShimError:
         where = bundle_label(spec["group"], spec["bundleIndex"], bundle)

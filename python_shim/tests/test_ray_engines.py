@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -115,4 +116,25 @@ def test_an_engine_whose_bundle_is_taken_names_the_bundle_and_who_holds_it(
     assert err.value.code == "REEF_ERR_ENGINE_START"
     assert ("engine second failed to start: its actor got no place in reef-rollout bundle 0 {GPU:1, CPU:0.5} "
             "within 3 s: engine(s) hf-0 hold it") in err.value.message
+    assert [e["name"] for e in driver.status()["engines"]] == ["hf-0"]
+
+
+def test_a_shutdown_ends_the_wait_for_an_engine_that_has_no_room_yet(
+        driver: RayDriver, engines: Callable[[dict[str, Any]], dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    # A SIGTERM during start-engine sets `closing`; the shim must not hold its exit (and the
+    # cleanup of everything it started) for the launch's two minutes.
+    engines(spec("hf", "reef-rollout"))
+    monkeypatch.setenv("REEF_ENGINE_START_TIMEOUT_S", "60")
+    timer = threading.Timer(1.0, driver.closing.set)
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(ShimError) as err:
+            driver.start_engine({**spec("hf", "reef-rollout"), "name": "second"})
+    finally:
+        timer.cancel()
+        driver.closing.clear()
+    assert (err.value.code, err.value.message) == (
+        "REEF_ERR_SHIM", "python shim failed: shutting down while engine second was starting")
+    assert time.monotonic() - started < 10
     assert [e["name"] for e in driver.status()["engines"]] == ["hf-0"]
