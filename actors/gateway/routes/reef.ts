@@ -38,8 +38,13 @@ export function checkReport(body: unknown): [string | null, string] | null {
   if (feedback !== undefined && feedback !== null && typeof feedback !== 'string' && !isPlainObject(feedback)) return ['feedback', 'feedback must be a string or an object'];
   if (references !== undefined && references !== null) {
     if (!Array.isArray(references) || references.some((r) => typeof r !== 'string')) return ['references', 'references must be an array of receipt ids (strings)'];
-    const dup = references.find((r, i) => references.indexOf(r) !== i);
-    if (dup !== undefined) return ['references', `reference ${dup} appears twice`];
+    // One pass with a set: searching the list for each entry held the event loop for a minute on
+    // 50,000 references, a 1.3 MB body, and every chat completion with it.
+    const seen = new Set<string>();
+    for (const r of references as string[]) {
+      if (seen.has(r)) return ['references', `reference ${r} appears twice`];
+      seen.add(r);
+    }
   }
   if (metadata !== undefined && metadata !== null && !isPlainObject(metadata)) return ['metadata', 'metadata must be an object'];
   // It goes back in the x-reef-agent-record-id header, which carries printable ASCII only; checked
