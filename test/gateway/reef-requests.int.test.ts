@@ -61,4 +61,15 @@ describe('Reef API requests', () => {
     const res = await post('/reef/report', JSON.stringify({ score: 1, scenario: null }));
     expect([res.status, (await res.json()).scenario]).toEqual([201, 'default']);
   });
+
+  it('a records order other than asc or desc is 400, not the oldest page served as if the newest were asked for', async () => {
+    for (const order of ['DESC', 'descending', 'newest', '']) {
+      const res = await fetch(`${s.url}/reef/scenarios/default/records?order=${order}&limit=1`);
+      const body = await res.json();
+      expect(res.status, order).toBe(400);
+      expect(openAIError(body).param).toBe('order');
+    }
+    const desc = await (await fetch(`${s.url}/reef/scenarios/default/records?order=desc&limit=1`)).json();
+    expect(desc.data.map((r: { id: string }) => r.id)).toEqual([receipts.at(-1)]);
+  });
 });

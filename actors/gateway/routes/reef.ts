@@ -118,7 +118,9 @@ export function registerReefRoutes(app: FastifyInstance, deps: ReefRouteDeps, pr
     if (!guard(request, reply, s)) return reply;
     const limit = request.query.limit === undefined ? 50 : Number(request.query.limit);
     if (!Number.isInteger(limit) || limit < 1 || limit > 1000) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'limit must be an integer from 1 to 1000', { param: 'limit' });
-    const order = request.query.order === 'desc' ? 'desc' : 'asc';
+    const order = request.query.order ?? 'asc';
+    // Any other value read as asc handed a client asking for the newest records the oldest ones.
+    if (order !== 'asc' && order !== 'desc') return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `order must be asc or desc, got ${JSON.stringify(order)}`, { param: 'order' });
     try {
       const page = await deps.store.list({ scenario: s, after: request.query.after ?? null, limit, order });
       return { data: page.items, next: page.next };
