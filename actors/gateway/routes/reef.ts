@@ -152,6 +152,18 @@ export function registerReefRoutes(app: FastifyInstance, deps: ReefRouteDeps, pr
       return sendReefError(reply, new ReefError('REEF_ERR_FORBIDDEN', {}, { message: 'a rollback changes the weights every scenario is served with, so it needs an API key that is not limited to scenarios' }));
     }
     if (!deps.rollback) return sendError(reply, 'REEF_ERR_ACTOR_CLOSED', 'training is not running in this stack, so there is nothing to roll back', { status: 409 });
+    // A body without release_id means "the previous release", so a misspelt key or a bare string
+    // would otherwise roll every scenario's weights back to a release nobody asked for.
+    const b = request.body;
+    if (b !== undefined && b !== null) {
+      const unknown = isPlainObject(b) ? Object.keys(b).find((k) => k !== 'release_id') : undefined;
+      if (!isPlainObject(b) || unknown !== undefined) {
+        return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `body must be {"release_id": id | "base" | null}${unknown === undefined ? '' : `, got the unknown key ${JSON.stringify(unknown)}`}`, { param: unknown ?? null });
+      }
+      if (b.release_id !== undefined && b.release_id !== null && typeof b.release_id !== 'string') {
+        return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'release_id must be a release id, "base" or null', { param: 'release_id' });
+      }
+    }
     try {
       return await deps.rollback(s, request.body);
     } catch (err) {
