@@ -72,4 +72,16 @@ describe('Reef API requests', () => {
     const desc = await (await fetch(`${s.url}/reef/scenarios/default/records?order=desc&limit=1`)).json();
     expect(desc.data.map((r: { id: string }) => r.id)).toEqual([receipts.at(-1)]);
   });
+
+  it('a scenario description that is not a string is 400, not dropped while the scenario is created without it', async () => {
+    for (const description of [5, true, ['about'], { text: 'about' }]) {
+      const res = await post('/reef/scenarios', JSON.stringify({ name: 'described', description }));
+      const body = await res.json();
+      expect(res.status, JSON.stringify(description)).toBe(400);
+      expect(openAIError(body).param).toBe('description');
+    }
+    expect(await s.gw.store.getScenario('described')).toBeNull();
+    const res = await post('/reef/scenarios', JSON.stringify({ name: 'described', description: null }));
+    expect([res.status, (await res.json()).description]).toEqual([201, null]);
+  });
 });

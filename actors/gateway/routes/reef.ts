@@ -105,6 +105,11 @@ export function registerReefRoutes(app: FastifyInstance, deps: ReefRouteDeps, pr
   app.post('/reef/scenarios', async (request, reply) => {
     const b = request.body;
     if (!isPlainObject(b) || typeof b.name !== 'string') return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'body must be {"name": string, "description"?: string}', { param: 'name' });
+    // Refused rather than dropped: the scenario would exist without it, and a retry with the
+    // description fixed would then get a 409.
+    if (b.description !== undefined && b.description !== null && typeof b.description !== 'string') {
+      return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `description must be a string, got ${JSON.stringify(b.description)}`, { param: 'description' });
+    }
     if (!canSee(principalOf(request), b.name)) return sendReefError(reply, new ReefError('REEF_ERR_FORBIDDEN', { scenario: b.name }));
     try {
       return reply.code(201).send(await deps.store.createScenario(b.name, typeof b.description === 'string' ? b.description : null));
