@@ -238,12 +238,11 @@ class RayDriver:
     def _remove_many(self, names: list[str]) -> list[str]:
         from ray.util.placement_group import remove_placement_group
 
+        with self._lock:
+            engines = [e for e, rec in self._engines.items() if rec.spec["group"] in names]
+        self._stop_engines(engines)
         removed = []
         for name in names:
-            with self._lock:
-                engines = [e for e, rec in self._engines.items() if rec.spec["group"] == name]
-            for engine in engines:
-                self.stop_engine(engine)
             with self._lock:
                 group = self._groups.pop(name, None)
             if group is None:
@@ -370,19 +369,35 @@ class RayDriver:
                          f"{where} within {waited_s:.0f} s: {why}")
 
     def stop_engine(self, name: str) -> bool:
-        ray = self._require_ray()
+        self._require_ray()
+        return self._stop_engines([name]) == [name]
+
+    def _stop_engines(self, names: list[str]) -> list[str]:
+        """Stop these engines all at once; the names of those that were registered.
+
+        At once, not one after another: each may take its SIGTERM grace and more, and shutdown
+        stopping three engines in turn outlasted the 30 s a parent gives the shim before SIGKILL.
+        """
+        ray = _ray()
         with self._lock:
-            record = self._engines.pop(name, None)
-        if record is None:
-            return False
-        try:
-            if not ray.get(record.actor.stop.remote(), timeout=30):
-                log.warning("engine %s: its main process had already exited; its process group is ended", name)
-        except Exception as e:  # actor already dead: its engine got SIGTERM through PDEATHSIG
-            log.warning("engine %s: stop: %s", name, e)
-        ray.kill(record.actor)
-        log.info("engine %s stopped", name)
-        return True
+            records = [(n, r) for n in names if (r := self._engines.pop(n, None)) is not None]
+        stops = []
+        for name, record in records:
+            try:
+                stops.append(record.actor.stop.remote())
+            except Exception as e:  # the actor handle is unusable: ray.kill below still ends it
+                log.warning("engine %s: stop: %s", name, e)
+                stops.append(None)
+        deadline = time.monotonic() + 30
+        for (name, record), ref in zip(records, stops):
+            try:
+                if ref is not None and not ray.get(ref, timeout=max(0.0, deadline - time.monotonic())):
+                    log.warning("engine %s: its main process had already exited; its process group is ended", name)
+            except Exception as e:  # actor already dead: its engine got SIGTERM through PDEATHSIG
+                log.warning("engine %s: stop: %s", name, e)
+            ray.kill(record.actor)
+            log.info("engine %s stopped", name)
+        return [name for name, _ in records]
 
     def _engine_info(self, record: _Engine) -> dict[str, Any]:
         spec = record.spec
@@ -449,8 +464,7 @@ class RayDriver:
             return
         with self._lock:
             engines = list(self._engines)
-        for name in engines:
-            self.stop_engine(name)
+        self._stop_engines(engines)
         self.remove_placement(None)
         # Ray's agents (started by the raylet we started) can outlive ray.shutdown(), stuck
         # reporting the raylet's death to a GCS that is already gone: remember our descendants

@@ -6,7 +6,8 @@ takes the body's `weight_version`) like the real engines. Test knobs, all extra 
 `--startup-delay S` (not healthy for S seconds), `--exit-code N` (die at once with N after
 printing to stderr), `--weight-version V`, `--health-delay S` (each /health answers after S
 seconds: SGLang's runs a one-token generation and answers no sooner than 1 s), `--api sglang`
-(SGLang's routes: no `/model_info`, and a weight update answers without `weight_version`).
+(SGLang's routes: no `/model_info`, and a weight update answers without `weight_version`),
+`--stop-delay S` (takes S seconds to exit after SIGTERM, as a GPU engine freeing its memory does).
 `POST /fake/health {"code": N}` makes /health answer N from then on.
 Selected with `REEF_ENGINE_MODULE_HF=fake_engine_server` and `python_shim/tests` on PYTHONPATH.
 """
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,7 +33,10 @@ def main() -> int:
     p.add_argument("--weight-version", default="v0")
     p.add_argument("--health-delay", type=float, default=0.0)
     p.add_argument("--api", choices=["hf", "sglang"], default="hf")
+    p.add_argument("--stop-delay", type=float, default=0.0)
     args = p.parse_args()
+    if args.stop_delay > 0:
+        signal.signal(signal.SIGTERM, lambda *_: (time.sleep(args.stop_delay), os._exit(0)))
     if args.exit_code is not None:
         print(f"fake engine: refusing to start (model {args.model_path})", file=sys.stderr, flush=True)
         return args.exit_code

@@ -138,3 +138,19 @@ def test_a_shutdown_ends_the_wait_for_an_engine_that_has_no_room_yet(
         "REEF_ERR_SHIM", "python shim failed: shutting down while engine second was starting")
     assert time.monotonic() - started < 10
     assert [e["name"] for e in driver.status()["engines"]] == ["hf-0"]
+
+
+def test_removing_groups_stops_their_engines_at_once(
+        driver: RayDriver, engines: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    # Two engines that take 4 s each to exit: one after the other, a shutdown of three such
+    # engines outlasted the 30 s spawnShim gives the shim before SIGKILL.
+    engines(spec("hf", "reef-rollout", "--stop-delay", "4"))
+    engines(spec("sglang", "reef-student", "--api", "sglang", "--stop-delay", "4"))
+    started = time.monotonic()
+    try:
+        assert driver.remove_placement(["reef-rollout", "reef-student"]) == ["reef-rollout", "reef-student"]
+        took = time.monotonic() - started
+    finally:
+        driver.create_placement(LAYOUT, 60)  # the module's other tests place engines there
+    assert driver.status()["engines"] == []
+    assert took < 7.5, f"the two engines were stopped one after the other ({took:.1f} s)"
