@@ -2,7 +2,8 @@ import { isUtf8 } from 'node:buffer';
 import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
 import { Authenticator, canSee, type Principal } from './auth.js';
 import type { ChatDeps } from './chat.js';
-import { sendError } from './http-errors.js';
+import { ReefError } from '../runtime/errors.js';
+import { sendError, sendReefError } from './http-errors.js';
 import { parsedBodyProblem } from './body-checks.js';
 import { registerOpenAIRoutes } from './routes/openai.js';
 
@@ -27,7 +28,8 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
     bodyLimit: BODY_LIMIT,
     // Keep-alive clients (the SDKs) reuse sockets across turns.
     keepAliveTimeout: 75_000,
-    return503OnClosing: true,
+    // Fastify's own 503 while closing has its own body and no Retry-After; onRequest answers instead.
+    return503OnClosing: false,
     // Errors fastify raises before routing (a URL that is not valid percent-encoding) get the
     // OpenAI body too.
     frameworkErrors: (err, _request, reply) => {
@@ -49,8 +51,20 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
 
   // Hooks in callback form: every request runs all three, and the async form costs each one a
   // promise and a trip through the microtask queue. A hook that answers does not call `done`.
+  // Set once close() starts: a keep-alive client (the SDKs) still sends on its open connection
+  // while the requests in flight drain, and gets a 503 it can retry elsewhere.
+  let draining = false;
+  app.addHook('preClose', (done) => {
+    draining = true;
+    done();
+  });
+
   app.addHook('onRequest', (request, reply, done) => {
     (request as FastifyRequest & { startedNs?: bigint }).startedNs = process.hrtime.bigint();
+    if (draining) {
+      sendReefError(reply, new ReefError('REEF_ERR_ACTOR_DRAINING', { actor: 'gateway' }));
+      return;
+    }
     // The matched route, not the raw URL: probes may add a query string.
     if (request.routeOptions.url === '/healthz') return done();
     const principal = opts.auth.authenticate(request.headers);
