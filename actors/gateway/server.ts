@@ -1,9 +1,10 @@
 import { isUtf8 } from 'node:buffer';
+import { maxHeaderSize, STATUS_CODES } from 'node:http';
 import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
 import { Authenticator, canSee, type Principal } from './auth.js';
 import type { ChatDeps } from './chat.js';
 import { ReefError } from '../runtime/errors.js';
-import { sendError, sendReefError } from './http-errors.js';
+import { errorBody, sendError, sendReefError } from './http-errors.js';
 import { parsedBodyProblem } from './body-checks.js';
 import { registerOpenAIRoutes } from './routes/openai.js';
 
@@ -35,6 +36,21 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
     frameworkErrors: (err, _request, reply) => {
       const status = (err as { statusCode?: number }).statusCode ?? 400;
       return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', err.message, { status: status >= 400 && status < 500 ? status : 400 });
+    },
+    // Requests that node's HTTP parser refuses (headers past its limit, bytes that are not HTTP)
+    // never reach fastify: answered here with the OpenAI body, as fastify's default does with its own.
+    clientErrorHandler: (err, socket) => {
+      const code = (err as { code?: string }).code;
+      if (code === 'ECONNRESET' || socket.destroyed) return;
+      const [status, message] =
+        code === 'HPE_HEADER_OVERFLOW' ? [431, `request headers are larger than ${maxHeaderSize} bytes`]
+        : code === 'ERR_HTTP_REQUEST_TIMEOUT' ? [408, 'the request did not arrive in time']
+        : [400, `malformed HTTP request: ${err.message}`];
+      const body = JSON.stringify(errorBody('REEF_ERR_INVALID_ARGUMENT', message));
+      if (socket.writable) {
+        socket.write(`HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\ncontent-length: ${Buffer.byteLength(body)}\r\ncontent-type: application/json; charset=utf-8\r\nconnection: close\r\n\r\n${body}`);
+      }
+      socket.destroy(err);
     },
   });
   const { metrics } = opts.chat;

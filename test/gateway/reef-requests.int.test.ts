@@ -1,3 +1,4 @@
+import { connect } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CHAT, openAIError, postChat, startStack, type Stack } from './harness.js';
 
@@ -83,5 +84,30 @@ describe('Reef API requests', () => {
     expect(await s.gw.store.getScenario('described')).toBeNull();
     const res = await post('/reef/scenarios', JSON.stringify({ name: 'described', description: null }));
     expect([res.status, (await res.json()).description]).toEqual([201, null]);
+  });
+
+  /** Sends raw bytes on a fresh connection; returns the status line's code, the headers and the body. */
+  async function raw(request: string): Promise<{ status: number; head: string; body: string }> {
+    const { hostname, port } = new URL(s.url);
+    const sock = connect(Number(port), hostname);
+    const chunks: Buffer[] = [];
+    sock.on('data', (b) => chunks.push(b));
+    sock.on('error', () => {});
+    await new Promise<void>((resolve) => {
+      sock.on('close', () => resolve());
+      sock.write(request);
+    });
+    const text = Buffer.concat(chunks).toString('utf8');
+    const [head, body] = [text.slice(0, text.indexOf('\r\n\r\n')), text.slice(text.indexOf('\r\n\r\n') + 4)];
+    return { status: Number(/^HTTP\/1\.1 (\d+)/.exec(head)?.[1]), head, body };
+  }
+
+  it('headers too large, or a request HTTP cannot parse, get the OpenAI error body (regression: fastify\'s own body)', async () => {
+    const big = await raw(`GET /reef/status HTTP/1.1\r\nhost: x\r\nauthorization: Bearer ${'k'.repeat(20_000)}\r\n\r\n`);
+    expect(big.status).toBe(431);
+    expect(openAIError(JSON.parse(big.body)).message).toMatch(/header/);
+    const bad = await raw('GET /reef/status HTTP/1.1\r\nhost: x\r\nx-api-key: a\u0001b\r\n\r\n');
+    expect(bad.status).toBe(400);
+    openAIError(JSON.parse(bad.body));
   });
 });
