@@ -1,5 +1,6 @@
 import Fastify from 'fastify';
 import { describe, expect, it } from 'vitest';
+import { ERRORS, type ErrorCode } from '../../runtime/errors.js';
 import { ConcurrencyLimiter, type Principal } from '../auth.js';
 import type { RecordStore } from '../store/types.js';
 import { checkReport, registerReefRoutes } from './reef.js';
@@ -50,6 +51,20 @@ describe('POST /reef/scenarios/{s}/releases/rollback', () => {
     }
     expect((await a.inject({ method: 'POST', url: '/reef/scenarios/default/releases/rollback' })).statusCode).toBe(200);
     expect(asked).toEqual(['r3', 'base', null, null, null]);
+    await a.close();
+  });
+});
+
+describe('POST /reef/scenarios/{s}/releases/rollback without training', () => {
+  it('is a 409 whose code and type say conflict, not a retryable service_unavailable that no retry will change', async () => {
+    const a = Fastify();
+    registerReefRoutes(a, { store: {} as RecordStore, defaultScenario: 'default', status: () => ({}) }, () => ({ id: 'open', scenarios: null, limiter: new ConcurrencyLimiter(8) }));
+    const res = await a.inject({ method: 'POST', url: '/reef/scenarios/default/releases/rollback', payload: '{}', headers: { 'content-type': 'application/json' } });
+    expect(res.statusCode).toBe(409);
+    expect(res.headers['retry-after']).toBeUndefined();
+    const { code, type } = res.json().error;
+    expect([code, type]).toEqual(['REEF_ERR_CONFLICT', 'conflict_error']);
+    expect(ERRORS[code as ErrorCode].retryable).toBe(false);
     await a.close();
   });
 });

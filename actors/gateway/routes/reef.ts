@@ -156,7 +156,9 @@ export function registerReefRoutes(app: FastifyInstance, deps: ReefRouteDeps, pr
     if (principalOf(request).scenarios !== null) {
       return sendReefError(reply, new ReefError('REEF_ERR_FORBIDDEN', {}, { message: 'a rollback changes the weights every scenario is served with, so it needs an API key that is not limited to scenarios' }));
     }
-    if (!deps.rollback) return sendError(reply, 'REEF_ERR_ACTOR_CLOSED', 'training is not running in this stack, so there is nothing to roll back', { status: 409 });
+    // A conflict with how the stack runs, not an outage: REEF_ERR_ACTOR_CLOSED (503, retryable) told
+    // clients that matched on the code to retry what no retry will change.
+    if (!deps.rollback) return sendError(reply, 'REEF_ERR_CONFLICT', 'training is not running in this stack, so there is nothing to roll back');
     // A body without release_id means "the previous release", so a misspelt key or a bare string
     // would otherwise roll every scenario's weights back to a release nobody asked for.
     const b = request.body;
