@@ -65,8 +65,6 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
     parseJson(request, (body as Buffer).toString('utf8'), done);
   });
 
-  // Hooks in callback form: every request runs all three, and the async form costs each one a
-  // promise and a trip through the microtask queue. A hook that answers does not call `done`.
   // Set once close() starts: a keep-alive client (the SDKs) still sends on its open connection
   // while the requests in flight drain, and gets a 503 it can retry elsewhere.
   let draining = false;
@@ -75,6 +73,8 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
     done();
   });
 
+  // Hooks in callback form: every request runs all three, and the async form costs each one a
+  // promise and a trip through the microtask queue. A hook that answers does not call `done`.
   app.addHook('onRequest', (request, reply, done) => {
     (request as FastifyRequest & { startedNs?: bigint }).startedNs = process.hrtime.bigint();
     if (draining) {
