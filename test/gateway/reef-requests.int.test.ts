@@ -110,4 +110,15 @@ describe('Reef API requests', () => {
     expect(bad.status).toBe(400);
     openAIError(JSON.parse(bad.body));
   });
+
+  it('a report body over 64 MiB is 413 with the OpenAI body, with the UTF-8 check in front of the JSON parser', async () => {
+    const before = await reportCount();
+    const body = Buffer.alloc(64 * 1024 * 1024 + 16, 0x20);
+    body.write('{"score": 1, "feedback": "', 0);
+    body.write('"}', body.length - 2);
+    const res = await post('/reef/report', body);
+    expect(res.status).toBe(413);
+    expect(openAIError(await res.json()).code).toBe('REEF_ERR_TOO_LARGE');
+    expect(await reportCount()).toBe(before);
+  });
 });
