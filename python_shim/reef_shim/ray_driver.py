@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -145,6 +146,7 @@ class RayDriver:
                 else:
                     if num_cpus is not None or num_gpus is not None or object_store_bytes is not None:
                         log.warning("init-ray: numCpus/numGpus/objectStoreBytes apply only to a local head; ignored")
+                    _check_reachable(address)
                     log.info("connecting to Ray at %s", address)
                     ray.init(address=address, **common)
             except Exception as e:  # Ray raises many types (ConnectionError, RuntimeError, ValueError)
@@ -474,6 +476,28 @@ class RayDriver:
         self._connected = False
         reap(leftovers)
         log.info("ray disconnected")
+
+
+GCS_PROBE_TIMEOUT_S = 5.0
+
+
+def _check_reachable(address: str) -> None:
+    """Fail at once when nothing listens at a `host:port` Ray address.
+
+    ray.init retries an unreachable GCS 20 times, each wait ending in its own timeout: it held the
+    shim's worker (every later request queued behind it, and the cleanup at exit) for many
+    minutes, long after the bridge client had given up on init-ray at 120 s.
+    """
+    if "://" in address or ":" not in address:
+        return  # `auto`, `ray://` client mode: Ray finds the head itself
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=GCS_PROBE_TIMEOUT_S).close()
+    except OSError as e:
+        raise ShimError("REEF_ERR_RAY", f"ray: init failed: no Ray head answers at {address} ({e}); start one there "
+                        "(ray start --head) or correct the address") from e
 
 
 def _plain(resources: dict[str, Any]) -> dict[str, float]:

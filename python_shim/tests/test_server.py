@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -117,6 +118,19 @@ def test_slow_requests_go_through_the_worker(shim: Shim) -> None:
     # Without init-ray the driver refuses at once; the reply still travels back from the worker.
     err = shim.call({"type": "create-placement", "requestId": "c1", "layout": LAYOUT, "timeoutS": 5})
     assert (err["code"], err["retryable"]) == ("REEF_ERR_RAY", False)
+    assert "init-ray" in err["message"]
+
+
+def test_init_ray_at_an_address_where_nothing_listens_fails_at_once(shim: Shim) -> None:
+    # ray.init kept retrying for many minutes while the worker, and every request behind it, waited.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    err = shim.call({"type": "init-ray", "requestId": "i1", "address": f"127.0.0.1:{port}", "numCpus": None,
+                     "numGpus": None, "objectStoreBytes": None})
+    assert (err["type"], err["code"], err["retryable"]) == ("error", "REEF_ERR_RAY", True)
+    assert f"ray: init failed: no Ray head answers at 127.0.0.1:{port}" in err["message"]
+    err = shim.call({"type": "create-placement", "requestId": "c2", "layout": LAYOUT, "timeoutS": 5})
     assert "init-ray" in err["message"]
 
 
