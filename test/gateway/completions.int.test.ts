@@ -100,17 +100,17 @@ describe.each([['inline', undefined], ['worker', 0]] as const)('gateway completi
     expect(rec.tags).toEqual({});
   });
 
-  it('takes a body with a UTF-8 byte-order mark or a malformed byte, and its record reads back as it was served (regression: the stored body kept the mark)', async () => {
+  it('takes a body with a UTF-8 byte-order mark, and its record reads back as it was served (regression: the stored body kept the mark); refuses a malformed byte', async () => {
     const body = Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from(JSON.stringify(CHAT))]);
     const res = await fetch(`${s.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body });
     expect(res.status).toBe(200);
     const rec = (await s.gw.store.get(res.headers.get('x-reef-agent-record-id')!))!;
     expect(rec.request.messages).toEqual(CHAT.messages);
-    // A malformed byte inside a string decodes to U+FFFD, in the prompt and in the record alike.
+    // A malformed byte inside a string is refused: as U+FFFD the prompt served would not be the bytes recorded.
     const bad = Buffer.concat([Buffer.from('{"messages": [{"role": "user", "content": "a'), Buffer.from([0xff]), Buffer.from('b"}]}')]);
     const res2 = await fetch(`${s.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: bad });
-    expect(res2.status).toBe(200);
-    expect((await s.gw.store.get(res2.headers.get('x-reef-agent-record-id')!))!.request.messages).toEqual([{ role: 'user', content: 'a\ufffdb' }]);
+    expect(res2.status).toBe(400);
+    expect(res2.headers.get('x-reef-agent-record-id')).toBeNull();
   });
 
   it('a session\'s growing transcript: every turn sends and records exactly its own prompt ids (bodies built on the last turn\'s, in its memory)', async () => {
