@@ -175,6 +175,39 @@ describe('SqliteStore records', () => {
     await expect(store.list({ scenario: 'a', after: 'garbage' })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
   });
 
+  it('ends a page of summaries at its byte budget, whatever the limit, and the next page goes on from there', async () => {
+    const small = SqliteStore.open(join(dir, 'paged.db'), { pageBytes: 4000 });
+    try {
+      const ids: string[] = [];
+      // Each request ~1.5 KB of JSON: a budget of 4,000 characters ends a page after three of them.
+      for (let i = 0; i < 7; i++) {
+        const r = sampleRecord(i, { scenario: 'big' });
+        ids.push((await small.append({ ...r, request: { ...r.request, messages: [{ role: 'user', content: 'x'.repeat(1500) }] } })).id);
+      }
+      const sizes: number[] = [];
+      const seen: string[] = [];
+      let after: string | null = null;
+      do {
+        const page = await small.list({ scenario: 'big', after, limit: 100 });
+        sizes.push(page.items.length);
+        seen.push(...page.items.map((s) => s.id));
+        after = page.next;
+      } while (after !== null);
+      expect(sizes).toEqual([3, 3, 1]);
+      expect(seen).toEqual(ids);
+      // A single record over the budget still makes a page of one.
+      expect((await small.list({ scenario: 'big', limit: 100, order: 'desc' })).items).toHaveLength(3);
+      const one = SqliteStore.open(join(dir, 'paged.db'), { pageBytes: 10 });
+      try {
+        expect((await one.list({ scenario: 'big', limit: 100 })).items).toHaveLength(1);
+      } finally {
+        await one.close();
+      }
+    } finally {
+      await small.close();
+    }
+  });
+
   it('refuses an order other than asc or desc, for records and reports alike (reports threw a TypeError, records listed oldest first)', async () => {
     const order = 'DESC' as 'desc';
     await expect(store.list({ scenario: 'a', order })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT', message: expect.stringContaining('order') });

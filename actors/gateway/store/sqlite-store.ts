@@ -44,9 +44,18 @@ export interface SqliteStoreOptions extends Partial<GroupCommitOptions> {
    * not this build's is refused with what to do, since reading it could misread its columns.
    */
   readonly?: boolean;
+  /** Characters of requests and responses that end a page of `list` (tests set it small). @default PAGE_BYTES */
+  pageBytes?: number;
 }
 
 const MAX_PAGE = 1000;
+/**
+ * A page of summaries ends once its requests and responses reach this many characters (after at
+ * least one record), whatever the limit: a summary carries the whole request, ~0.5 MB for an
+ * OpenClaw turn, and 1,000 of those are past the longest string V8 can make of the JSON reply.
+ * Clients follow `next` as ever.
+ */
+export const PAGE_BYTES = 32 * 1024 * 1024;
 const WAL_SAFETY_PAGES = 16_384;
 /** A WAL file is truncated back to this size when SQLite restarts it. */
 const WAL_SIZE_LIMIT = 64 * 1024 * 1024;
@@ -98,6 +107,7 @@ export class SqliteStore implements RecordStore {
   private checkpointer: Checkpointer | null = null;
   private readonly committer: GroupCommitter<RecordRow>;
   private readonly chunkMemo = new ChunkMemo();
+  private pageBytes = PAGE_BYTES;
   private readonly reports: ReportTable;
   private readonly judged: JudgedTurnTable;
   private readonly sql;
@@ -113,7 +123,7 @@ export class SqliteStore implements RecordStore {
       try {
         db.pragma(`busy_timeout = ${options.busyTimeoutMs ?? 5000}`);
         checkSchema(db);
-        return new SqliteStore(db, path, commit, null);
+        return new SqliteStore(db, path, commit, null).pagedBy(options.pageBytes);
       } catch (err) {
         db.close();
         // SQLite reads a WAL store through a -shm file it creates beside it, even read-only.
@@ -139,7 +149,7 @@ export class SqliteStore implements RecordStore {
       // of, and the worker costs tens of ms to start and stop.
       const interval = options.checkpointIntervalMs ?? 200;
       const checkpointer = background ? () => new Checkpointer(path, interval, synchronous) : null;
-      return new SqliteStore(db, path, commit, checkpointer);
+      return new SqliteStore(db, path, commit, checkpointer).pagedBy(options.pageBytes);
     } catch (err) {
       db.close();
       throw err;
@@ -304,6 +314,11 @@ export class SqliteStore implements RecordStore {
     return row;
   }
 
+  private pagedBy(pageBytes: number | undefined): this {
+    if (pageBytes !== undefined) this.pageBytes = pageBytes;
+    return this;
+  }
+
   async list(options: ListOptions): Promise<Page<RecordSummary>> {
     this.live();
     const scenario = checkScenarioName(options.scenario);
@@ -311,8 +326,15 @@ export class SqliteStore implements RecordStore {
     const desc = pageOrder(options.order) === 'desc';
     const after = parseCursor(options.after) ?? (desc ? Number.MAX_SAFE_INTEGER : 0);
     const rows = (desc ? this.sql.listDesc : this.sql.listAsc).all(scenario, after, limit + 1);
-    const items = rows.slice(0, limit);
-    return { items: items.map((r) => toSummary(this.expandRow(r))), next: rows.length > limit ? String(items[items.length - 1]!.seq) : null };
+    const items: RecordSummary[] = [];
+    let bytes = 0;
+    for (const row of rows.slice(0, limit)) {
+      if (items.length > 0 && bytes >= this.pageBytes) break;
+      const expanded = this.expandRow(row);
+      bytes += expanded.request.length + expanded.response.length;
+      items.push(toSummary(expanded));
+    }
+    return { items, next: rows.length > items.length ? String(items[items.length - 1]!.offset) : null };
   }
 
   async readFrom(offset: number, limit: number): Promise<AgentRecord[]> {
