@@ -20,4 +20,9 @@ describe('API keys from the environment', () => {
       expect(() => resolveApiKeys(cfg, env)).toThrow(/reef\.api_keys\[0\]\.key_env: environment variable REEF_TEST_KEY is not set or is blank/);
     }
   });
+
+  it('refuse a value with characters other than printable ASCII, which no client can send in a header', async () => {
+    const cfg = await config();
+    expect(() => resolveApiKeys(cfg, { REEF_TEST_KEY: 'clé' })).toThrow(/holds characters other than printable ASCII/);
+  });
 });

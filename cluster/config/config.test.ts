@@ -42,6 +42,7 @@ describe('errors name the full path', () => {
     { name: 'default scenario the store refuses', raw: { ...minimal(), reef: { default_scenario: 'Prod' } }, line: 'reef.default_scenario: expected a scenario name (lower-case letters, digits, ".", "_" and "-", starting with a letter or digit, at most 64), got "Prod"' },
     { name: 'key scenario the store refuses', raw: { ...minimal(), reef: { api_keys: [{ key: 'k', scenarios: ['alpha', '_x'] }] } }, line: 'reef.api_keys[0].scenarios[1]: expected a scenario name (lower-case letters, digits, ".", "_" and "-", starting with a letter or digit, at most 64), got "_x"' },
     { name: 'key with whitespace around it', raw: { ...minimal(), reef: { api_keys: [{ key: 'k\n' }] } }, line: 'reef.api_keys[0].key: must not begin or end with whitespace' },
+    { name: 'key a client cannot send in a header', raw: { ...minimal(), reef: { api_keys: [{ key: 'clé-secrète' }] } }, line: 'reef.api_keys[0].key: must be printable ASCII (characters a client can send in a header)' },
     { name: 'num_gpus too small', raw: { ...minimal(), cluster: { ...minimal().cluster, num_gpus: 3 } }, line: 'cluster.num_gpus: the layout needs 6 GPUs, got 3' },
     { name: 'unknown recipe module', raw: { ...minimal(), recipe: { implementation: 'recipes.nope.recipe:X' } }, line: 'recipe.implementation: no module recipes.nope.recipe' },
     { name: 'unknown recipe export', raw: { ...minimal(), recipe: { implementation: 'recipes.openclawrl.recipe:Nope' } }, line: 'recipe.implementation: module recipes.openclawrl.recipe has no export Nope' },

@@ -46,6 +46,9 @@ const apiKey = z
       // around it could never match.
       key: nonEmptyString()
         .refine((k) => k.trim() === k, { error: 'must not begin or end with whitespace' })
+        // Node reads header bytes as Latin-1, so a key with other characters (é, emoji) never
+        // matches what a client sends, or matches from one client library and not another.
+        .refine((k) => /^[\x20-\x7e]*$/.test(k), { error: 'must be printable ASCII (characters a client can send in a header)' })
         .nullable()
         .default(null),
       key_env: envName().nullable().default(null),
