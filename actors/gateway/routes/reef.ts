@@ -24,6 +24,8 @@ function isPlainObject(v: unknown): v is Record<string, unknown> {
 }
 
 const CLIENT_ID_RE = /^[\x21-\x7e]{1,128}$/;
+/** Receipts one report may reference: a session's turns are tens to hundreds. */
+export const MAX_REFERENCES = 10_000;
 
 /** Checks a report body; returns the first problem as [param, message], or null. */
 export function checkReport(body: unknown): [string | null, string] | null {
@@ -38,6 +40,9 @@ export function checkReport(body: unknown): [string | null, string] | null {
   if (feedback !== undefined && feedback !== null && typeof feedback !== 'string' && !isPlainObject(feedback)) return ['feedback', 'feedback must be a string or an object'];
   if (references !== undefined && references !== null) {
     if (!Array.isArray(references) || references.some((r) => typeof r !== 'string')) return ['references', 'references must be an array of receipt ids (strings)'];
+    // Each one is looked up inside the report's write transaction: a 64 MiB body of them held the
+    // store's write lock, and the event loop, for seconds.
+    if (references.length > MAX_REFERENCES) return ['references', `references may name at most ${MAX_REFERENCES} receipts, got ${references.length}`];
     // One pass with a set: searching the list for each entry held the event loop for a minute on
     // 50,000 references, a 1.3 MB body, and every chat completion with it.
     const seen = new Set<string>();
