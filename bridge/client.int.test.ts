@@ -119,11 +119,10 @@ describe('a shim that dies', () => {
       process.kill(shim.pid, 'SIGSTOP');
       const pending = client.callUnchecked({ type: 'status' }, { timeoutMs: 60_000 });
       process.kill(shim.pid, 'SIGKILL');
-      const started = Date.now();
-      const err = await rejection(Promise.race([pending, new Promise((_, reject) => setTimeout(() => reject(new Error('still pending after 10 s')), 10_000))]));
+      // Not the call's own timeout (60 s, REEF_ERR_TIMEOUT): the heartbeat found the shim gone.
+      const err = await rejection(pending);
       expect(err.code).toBe('REEF_ERR_BRIDGE_DOWN');
       expect(err.message).toContain(`pid ${shim.pid}`);
-      expect(Date.now() - started).toBeLessThan(10_000);
       expect(client.isDown).toBe(true);
     } finally {
       await client.close();
@@ -146,7 +145,8 @@ describe('a shim that dies', () => {
     try {
       const pending = client.callUnchecked({ type: 'trainer-step' }, { timeoutMs: 60_000 });
       pid = 222;
-      const err = await rejection(Promise.race([pending, new Promise((_, reject) => setTimeout(() => reject(new Error('still pending after 10 s')), 10_000))]));
+      // Not the call's own timeout (60 s, REEF_ERR_TIMEOUT): the new pid gave the restart away.
+      const err = await rejection(pending);
       expect(err.code).toBe('REEF_ERR_BRIDGE_DOWN');
       expect(err.message).toContain('pid 111');
       expect(err.message).toContain('pid 222');

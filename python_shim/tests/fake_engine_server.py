@@ -7,7 +7,9 @@ takes the body's `weight_version`) like the real engines. Test knobs, all extra 
 printing to stderr), `--weight-version V`, `--health-delay S` (each /health answers after S
 seconds: SGLang's runs a one-token generation and answers no sooner than 1 s), `--api sglang`
 (SGLang's routes: no `/model_info`, and a weight update answers without `weight_version`),
-`--stop-delay S` (takes S seconds to exit after SIGTERM, as a GPU engine freeing its memory does).
+`--stop-delay S` (takes S seconds to exit after SIGTERM, as a GPU engine freeing its memory does),
+`--stop-log FILE` (appends `term <port>` when SIGTERM arrives and `exit <port>` as it exits: the
+order of the lines shows whether stops overlapped).
 `POST /fake/health {"code": N}` makes /health answer N from then on.
 Selected with `REEF_ENGINE_MODULE_HF=fake_engine_server` and `python_shim/tests` on PYTHONPATH.
 """
@@ -34,9 +36,25 @@ def main() -> int:
     p.add_argument("--health-delay", type=float, default=0.0)
     p.add_argument("--api", choices=["hf", "sglang"], default="hf")
     p.add_argument("--stop-delay", type=float, default=0.0)
+    p.add_argument("--stop-log", default=None)
     args = p.parse_args()
-    if args.stop_delay > 0:
-        signal.signal(signal.SIGTERM, lambda *_: (time.sleep(args.stop_delay), os._exit(0)))
+
+    def note(what: str) -> None:
+        if args.stop_log is not None:
+            fd = os.open(args.stop_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, f"{what} {args.port}\n".encode())
+            finally:
+                os.close(fd)
+
+    def on_term(*_: object) -> None:
+        note("term")
+        time.sleep(args.stop_delay)
+        note("exit")
+        os._exit(0)
+
+    if args.stop_delay > 0 or args.stop_log is not None:
+        signal.signal(signal.SIGTERM, on_term)
     if args.exit_code is not None:
         print(f"fake engine: refusing to start (model {args.model_path})", file=sys.stderr, flush=True)
         return args.exit_code

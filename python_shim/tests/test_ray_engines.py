@@ -127,7 +127,7 @@ def test_a_shutdown_ends_the_wait_for_an_engine_that_has_no_room_yet(
     monkeypatch.setenv("REEF_ENGINE_START_TIMEOUT_S", "60")
     timer = threading.Timer(1.0, driver.closing.set)
     timer.start()
-    started = time.monotonic()
+    # Ignored, the shutdown would leave the wait to its 60 s and a placement timeout as the error.
     try:
         with pytest.raises(ShimError) as err:
             driver.start_engine({**spec("hf", "reef-rollout"), "name": "second"})
@@ -136,21 +136,21 @@ def test_a_shutdown_ends_the_wait_for_an_engine_that_has_no_room_yet(
         driver.closing.clear()
     assert (err.value.code, err.value.message) == (
         "REEF_ERR_SHIM", "python shim failed: shutting down while engine second was starting")
-    assert time.monotonic() - started < 10
     assert [e["name"] for e in driver.status()["engines"]] == ["hf-0"]
 
 
 def test_removing_groups_stops_their_engines_at_once(
-        driver: RayDriver, engines: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-    # Two engines that take 4 s each to exit: one after the other, a shutdown of three such
-    # engines outlasted the 30 s spawnShim gives the shim before SIGKILL.
-    engines(spec("hf", "reef-rollout", "--stop-delay", "4"))
-    engines(spec("sglang", "reef-student", "--api", "sglang", "--stop-delay", "4"))
-    started = time.monotonic()
+        driver: RayDriver, engines: Callable[[dict[str, Any]], dict[str, Any]], tmp_path: Path) -> None:
+    # Two engines that take 2 s each to exit: one after the other, a shutdown of three such
+    # engines outlasted the 30 s spawnShim gives the shim before SIGKILL. Each engine notes when
+    # SIGTERM reaches it and when it exits; stopped at once, both SIGTERMs come before either exit.
+    log = tmp_path / "stops.log"
+    engines(spec("hf", "reef-rollout", "--stop-delay", "2", "--stop-log", str(log)))
+    engines(spec("sglang", "reef-student", "--api", "sglang", "--stop-delay", "2", "--stop-log", str(log)))
     try:
         assert driver.remove_placement(["reef-rollout", "reef-student"]) == ["reef-rollout", "reef-student"]
-        took = time.monotonic() - started
     finally:
         driver.create_placement(LAYOUT, 60)  # the module's other tests place engines there
     assert driver.status()["engines"] == []
-    assert took < 7.5, f"the two engines were stopped one after the other ({took:.1f} s)"
+    events = [line.split()[0] for line in log.read_text().splitlines()]
+    assert events == ["term", "term", "exit", "exit"], f"the engines were stopped one after the other: {events}"
