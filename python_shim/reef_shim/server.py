@@ -34,6 +34,9 @@ log = logging.getLogger("reef_shim.server")
 
 INLINE = frozenset({"ping", "plan-placement", "status"})
 _STOP = object()
+# How long a stopping shim waits for its worker to finish the request in hand and clean up:
+# engines (30 s each, stopped together), the trainer group, then Ray itself.
+CLOSE_WAIT_S = 120.0
 
 
 class ShimServer:
@@ -165,7 +168,8 @@ class ShimServer:
         signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM"))
         signal.signal(signal.SIGINT, lambda *_: self.request_stop("SIGINT"))
 
-    def serve(self) -> None:
+    def serve(self) -> bool:
+        """Serves until asked to stop; False when the cleanup at the end did not finish."""
         self._worker.start()
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
@@ -184,7 +188,7 @@ class ShimServer:
                 # take SIGTERM back (only the main thread may) so it still means a clean stop.
                 self.install_signal_handlers()
                 self._signals_after_ray = True
-        self._close()
+        return self._close()
 
     def _cleanup(self) -> None:
         try:
@@ -197,13 +201,22 @@ class ShimServer:
         except Exception:
             log.exception("cleanup failed")
 
-    def _close(self) -> None:
+    def _close(self) -> bool:
+        """Stops the worker (which cleans up after the request in hand); False if it did not finish."""
         self._work.put(_STOP)
-        self._worker.join(timeout=120)
+        self._worker.join(timeout=CLOSE_WAIT_S)
+        clean = not self._worker.is_alive()
         self._flush_replies()
         self._router.close()
         self._ctx.term()
-        log.info("shim stopped")
+        if clean:
+            log.info("shim stopped")
+        else:
+            # Said, and the exit status says it too: a clean-looking exit here left engines, trainer
+            # ranks or Ray processes running with nothing to stop them.
+            log.error("shim stopped before its cleanup finished (waited %.0f s): engines, trainer ranks or Ray "
+                      "processes it started may still be running; check with `ray status` or `ps`", CLOSE_WAIT_S)
+        return clean
 
 
 def _watch_stdin(server: ShimServer) -> None:
@@ -241,8 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.watch_stdin:
         threading.Thread(target=_watch_stdin, args=(server,), name="stdin-watch", daemon=True).start()
     log.info("reef shim %s listening on %s (pid %d)", __version__, server.endpoint, os.getpid())
-    server.serve()
-    return 0
+    return 0 if server.serve() else 1
 
 
 if __name__ == "__main__":

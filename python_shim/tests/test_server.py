@@ -170,3 +170,23 @@ def test_exits_when_its_parent_dies() -> None:
         time.sleep(0.2)
     os.kill(pid, signal.SIGKILL)
     pytest.fail(f"orphaned shim {pid} kept running after its parent exited")
+
+
+@pytest.mark.parametrize("cleanup_s, clean", [(0.0, True), (2.0, False)])
+def test_a_stop_whose_cleanup_does_not_finish_says_so(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+                                                      cleanup_s: float, clean: bool) -> None:
+    # It logged "shim stopped" and exited 0 whatever the worker was still doing, so engines or Ray
+    # processes left running looked like a clean stop.
+    from reef_shim import server as server_module
+
+    monkeypatch.setattr(server_module, "CLOSE_WAIT_S", 0.5)
+    shim = server_module.ShimServer("tcp://127.0.0.1:*")
+    monkeypatch.setattr(shim, "_cleanup", lambda: time.sleep(cleanup_s))
+    shim.request_stop("test")
+    with caplog.at_level("INFO", logger=server_module.log.name):
+        assert shim.serve() is clean
+    messages = [r.getMessage() for r in caplog.records]
+    if clean:
+        assert "shim stopped" in messages
+    else:
+        assert any(m.startswith("shim stopped before its cleanup finished") for m in messages), messages
