@@ -7,7 +7,12 @@ import { parseArgs } from '../args.js';
 import type { Io } from '../cli.js';
 import { pidAlive, type RunFile } from '../run-file.js';
 import { processStartMs } from '../run-file.js';
-import { downCommand, scaleCommand, statusCommand } from './control.js';
+import { STATE_KEY as JUDGE_STATE_KEY } from '../../actors/judge/handler.js';
+import { sampleRecord } from '../../actors/gateway/store/fixtures.js';
+import { SqliteStore } from '../../actors/gateway/store/sqlite-store.js';
+import { STATE_KEY as TRAINER_STATE_KEY } from '../../actors/trainer-controller/messages.js';
+import { downCommand, pipelineOf, scaleCommand, statusCommand } from './control.js';
+import { renderPipeline } from './render-status.js';
 
 const cleanups: (() => void)[] = [];
 afterEach(() => {
@@ -80,5 +85,24 @@ describe('reef status / scale / down', () => {
     const io = capture();
     await expect(statusCommand(parseArgs(['status', '--data-dir', dataDir]), io)).resolves.toBe(0);
     expect(io.out.join('\n')).toContain(`reef is starting (pid ${process.pid}`);
+  });
+});
+
+describe('reef status: the pipeline section', () => {
+  it('reads what the stack recorded, judged and trained from the record store, read-only', async () => {
+    const dataDir = tempDataDir();
+    expect(await pipelineOf(dataDir)).toEqual({ error: `no record store at ${join(dataDir, 'records.sqlite')}` });
+    const store = SqliteStore.open(join(dataDir, 'records.sqlite'));
+    for (let i = 0; i < 3; i++) await store.append(sampleRecord(i));
+    await store.putState(JUDGE_STATE_KEY, { correlator: { counters: { bound: 2 } }, counters: { votes_ok: 12, votes_invalid: 2, votes_failed: 1, judged: 2, dropped: 1 } });
+    await store.putState(TRAINER_STATE_KEY, { releases: [{ weightVersion: 'v1' }, { weightVersion: 'v2' }], counters: { batches: 2, samples: 32, stale: 3 } });
+    await store.close();
+    const p = await pipelineOf(dataDir);
+    expect(p).toMatchObject({ records: 3, training: { releases: 2, weightVersion: 'v2' } });
+    expect(renderPipeline(p)).toEqual([
+      'records   3 recorded; 2 turns bound to what came next',
+      'judge     2 turns judged (1 dropped: no usable vote); votes 10 usable, 2 unreadable, 1 failed',
+      'training  2 releases (serving v2); 2 batches of 32 turns; 3 stale, 0 dead-lettered',
+    ]);
   });
 });

@@ -1,10 +1,13 @@
-import { resolve } from 'node:path';
+import { existsSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { readPipelineCounters } from '../../actors/gateway/pipeline-status.js';
+import { SqliteStore } from '../../actors/gateway/store/sqlite-store.js';
 import { RpcClient } from '../../actors/runtime/rpc.js';
 import { ReefError } from '../../actors/runtime/errors.js';
 import { flagBool, type ParsedArgs } from '../args.js';
 import type { Io } from '../cli.js';
 import { pidAlive, readRunFile, reusedRunFile, type RunFile } from '../run-file.js';
-import { renderStatus } from './render-status.js';
+import { renderStatus, type PipelineSummary } from './render-status.js';
 import { dataDirOf } from './export.js';
 
 /** The run directory of the stack a command talks to: `--data-dir`, the config's, or `.reef`. */
@@ -46,11 +49,31 @@ export async function statusCommand(args: ParsedArgs, io: Io): Promise<number> {
   try {
     const reply = (await rpc.call({ type: 'status' }, { timeoutMs: 15_000 })) as Record<string, unknown>;
     const { type: _t, requestId: _r, ...status } = reply;
-    if (flagBool(args, 'json')) io.stdout(JSON.stringify({ supervisor: rf, ...status }, null, 2));
-    else io.stdout(renderStatus(rf, status));
+    const pipeline = await pipelineOf(await dataDirOf(args));
+    if (flagBool(args, 'json')) io.stdout(JSON.stringify({ supervisor: rf, ...status, pipeline }, null, 2));
+    else io.stdout(renderStatus(rf, status, pipeline));
     return 0;
   } finally {
     await rpc.close();
+  }
+}
+
+/**
+ * What the stack has recorded, judged and trained, as its actors persisted it: read from the
+ * record store (read-only) rather than asked of the gateway, which may want an API key. Null,
+ * with the reason, when the store cannot be read.
+ */
+export async function pipelineOf(dataDir: string): Promise<PipelineSummary | { error: string }> {
+  const path = join(dataDir, 'records.sqlite');
+  if (!existsSync(path)) return { error: `no record store at ${path}` };
+  let store: SqliteStore | null = null;
+  try {
+    store = SqliteStore.open(path, { readonly: true });
+    return { records: await store.headOffset(), ...(await readPipelineCounters(store)) };
+  } catch (err) {
+    return { error: (err as Error).message };
+  } finally {
+    await store?.close();
   }
 }
 
