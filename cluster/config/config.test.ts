@@ -98,7 +98,7 @@ describe('overrides', () => {
     { name: 'hyphenated path', overrides: ['--pipeline.task2batch.config.batch-size=8'], get: (c) => c.pipeline.task2batch.config.batch_size, want: 8 },
     { name: 'null', overrides: ['--cluster.prm.model_path=null', '--cluster.prm.replicas=0'], get: (c) => c.cluster.prm.model_path, want: null },
     { name: 'flow list', overrides: ['--cluster.rollout.extra_args=[--a, b]'], get: (c) => c.cluster.rollout.extra_args, want: ['--a', 'b'] },
-    { name: 'url stays a string', overrides: ['--pipeline.record2record.config.prm_url=http://h:23001', '--pipeline.record2record.config.prm_tokenizer_path=/t'], get: (c) => c.pipeline.record2record.config.prm_url, want: 'http://h:23001' },
+    { name: 'url stays a string', overrides: ['--pipeline.record2record.config.prm_url=http://h:23001', '--pipeline.record2record.config.prm_tokenizer_path=/t', '--cluster.prm.replicas=0'], get: (c) => c.pipeline.record2record.config.prm_url, want: 'http://h:23001' },
     { name: 'into a null section', overrides: ['--cluster.student.model_path=/s'], get: (c) => c.cluster.student, want: { gpus: 1, engine: 'sglang', model_path: '/s', port: 0, extra_args: [] } },
     { name: 'list item', overrides: ['--reef.api_keys[0].max_concurrency=3'], get: (c) => c.reef.api_keys[0]?.max_concurrency, want: 3 },
     { name: 'without dashes', overrides: ['reef.log_level=debug'], get: (c) => c.reef.log_level, want: 'debug' },
@@ -154,7 +154,7 @@ describe('resolved config', () => {
     const cfg = await ok({
       reef: { data_dir: '../state' },
       cluster: { rollout: { model_path: './models/policy' }, prm: { model_path: 'Qwen/Qwen3-4B' }, student: { model_path: '/abs/student' } },
-      pipeline: { task2batch: { config: { prm_record_file: 'out/prm.jsonl' } } },
+      pipeline: { record2record: { config: { prm_tokenizer_path: '/abs/prm-tokenizer' } }, task2batch: { config: { prm_record_file: 'out/prm.jsonl' } } },
     });
     expect(cfg.reef.data_dir).toBe('/srv/state');
     expect(cfg.cluster.rollout.model_path).toBe('/srv/reef/models/policy');
@@ -277,13 +277,32 @@ describe('model paths Reef reads itself take no hub id', () => {
     try {
       mkdirSync(join(dir, 'org', 'policy'), { recursive: true });
       const cfg = await resolveConfig(
-        { cluster: { rollout: { model_path: 'org/policy' }, prm: { model_path: 'Qwen/Qwen3-4B' }, student: { model_path: 'Qwen/Qwen3-0.6B' } }, pipeline: { record2record: { config: { prm_url: 'http://h:1', prm_tokenizer_path: '/abs/tok' } } } },
+        { cluster: { rollout: { model_path: 'org/policy' }, prm: { model_path: 'Qwen/Qwen3-4B', replicas: 0 }, student: { model_path: 'Qwen/Qwen3-0.6B' } }, pipeline: { record2record: { config: { prm_url: 'http://h:1', prm_tokenizer_path: '/abs/tok' } } } },
         { baseDir: dir },
       );
       expect([cfg.cluster.rollout.model_path, cfg.cluster.prm.model_path, cfg.cluster.student?.model_path, cfg.pipeline.record2record.config.prm_tokenizer_path]).toEqual([join(dir, 'org', 'policy'), 'Qwen/Qwen3-4B', 'Qwen/Qwen3-0.6B', '/abs/tok']);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
+  });
+});
+
+describe('the PRM settings against the PRM engines Reef starts', () => {
+  const stage = (config: Record<string, unknown>) => ({ record2record: { config } });
+  it.each([
+    ['an external PRM beside engines that would never be called', { cluster: { rollout: { model_path: '/m' }, prm: { model_path: '/p' } }, pipeline: stage({ prm_url: 'http://prm:8000', prm_tokenizer_path: '/t' }) },
+      'cluster.prm.replicas: 1 PRM engine(s) would start and never be called: pipeline.record2record.config.prm_url names the PRM the judge calls; set replicas to 0, or leave prm_url empty to judge with these engines'],
+    ['the OpenAI API of an hf PRM engine, which serves /generate only', { cluster: { rollout: { model_path: '/m' }, prm: { model_path: '/p', engine: 'hf' } }, pipeline: stage({ prm_api: 'openai', prm_model: 'prm', prm_api_key_env: 'K' }) },
+      'pipeline.record2record.config.prm_api: openai needs /v1/chat/completions, which the hf PRM engine does not serve: use sglang (its /generate), or cluster.prm.engine: sglang'],
+    ['a hub id for the PRM with no tokenizer directory for the actors', { cluster: { rollout: { model_path: '/m' }, prm: { model_path: 'Qwen/Qwen3-4B' } } },
+      'pipeline.record2record.config.prm_tokenizer_path: required: cluster.prm.model_path (Qwen/Qwen3-4B) is a hub id, not a directory here, and the PRM actors read the PRM\'s chat template from a directory'],
+  ])('refuses %s', async (_name, raw, line) => {
+    expect(await errorsOf(raw)).toEqual([line]);
+  });
+
+  it('accepts prm_url naming the PRM engine Reef starts on its fixed port', async () => {
+    const cfg = await ok({ cluster: { rollout: { model_path: '/m' }, prm: { model_path: '/p', port: 30001 } }, pipeline: stage({ prm_url: 'http://127.0.0.1:30001', prm_tokenizer_path: '/p' }) });
+    expect(cfg.pipeline.record2record.config.prm_url).toBe('http://127.0.0.1:30001');
   });
 });
 

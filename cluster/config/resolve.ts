@@ -115,8 +115,10 @@ export async function resolveConfig(raw: unknown, opts: ResolveOptions): Promise
       resolved: resolvedTraining as Record<string, unknown>,
     },
   };
-  const typed: ReefConfig = config;
-  return deepFreeze(typed);
+  const typed: ReefConfig = deepFreeze(config);
+  const crossIssues = recipe?.crossCheck?.(typed) ?? [];
+  if (crossIssues.length > 0) throw new ConfigError('REEF_ERR_CONFIG_INVALID', [...crossIssues]);
+  return typed;
 }
 
 /**

@@ -155,4 +155,9 @@ export interface RecipeClass {
   /** Schema of `recipe.config` (strict). */
   readonly configSchema: z.ZodObject;
   readonly trainingOptions: TrainingOptionsSpec;
+  /**
+   * Problems between the recipe's stage keys and the core sections, which neither schema sees
+   * alone (a stage key that only works with some `cluster` layout), on the resolved config.
+   */
+  readonly crossCheck?: (cfg: ReefConfig) => readonly { path: string; message: string }[];
 }
