@@ -50,7 +50,7 @@ export const judgeTurnSchema = z.object({
   nextStateRecordId: z.string(),
   scenario: z.string(),
   sessionKey: z.string(),
-  /** The newest message of the request the reply answered. */
+  /** What the reply answered: the request's newest user or tool message (system reminders after it skipped). */
   context: z.string(),
   /** The assistant's reply text, with its tool calls as JSON lines. */
   reply: z.string(),

@@ -1,4 +1,4 @@
-import { canonicalJson, contentText } from './correlate/index.js';
+import { canonicalJson, contentText, nextStateOf } from './correlate/index.js';
 
 /**
  * What the PRM reads of a turn, taken from the records: the message the reply answered, and the
@@ -11,8 +11,14 @@ function asText(content: unknown): string {
   return text ?? canonicalJson(content);
 }
 
-/** The newest message of a request: what the assistant was answering. */
+/**
+ * What the assistant was answering: the user or tool message(s) after the request's last assistant
+ * message, read by the same rule as a next state. A harness may append a system reminder after
+ * them, which the reply did not answer. Without such a message, the newest message.
+ */
 export function contextOf(messages: readonly unknown[]): string {
+  const answered = nextStateOf(messages as unknown[], -1);
+  if (answered !== null) return answered.content;
   const last = messages[messages.length - 1] as { role?: unknown; content?: unknown } | undefined;
   if (last === undefined || last === null || typeof last !== 'object') return '';
   return asText(last.content);
