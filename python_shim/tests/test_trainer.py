@@ -7,6 +7,7 @@ and top_k 2 so that top-K rows hold floor entries). One module-scoped Ray head a
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -213,3 +214,35 @@ def test_start_and_load_refuse_what_they_cannot_use(driver: RayDriver, model: Pa
     with pytest.raises(ShimError, match="hint_selection"):
         group.start(spec(str(model), str(tmp_path), hintSelection="best"))
     assert group.stop() == {}
+
+
+def test_a_checkpoint_cut_short_or_missing_a_tensor_fails_the_load_and_the_group_trains_on(
+        driver: RayDriver, model: Path, tasks: list[dict[str, Any]], tmp_path: Path) -> None:
+    # Regression: the ranks' own check of the tensors (names, shapes, a readable file) raised
+    # inside every rank; the driver took that for dead ranks, killed the group and answered the
+    # retryable REEF_ERR_TRAINER_RANK, so a rollback to a bad checkpoint took the trainer down
+    # and each restart from it did again.
+    from safetensors.torch import load_file, save_file
+
+    cut = tmp_path / "cut"
+    shutil.copytree(model, cut)
+    weights = cut / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])  # a copy that stopped halfway
+    short = tmp_path / "short"
+    shutil.copytree(model, short)
+    state = load_file(str(short / "model.safetensors"))
+    dropped = sorted(state)[-1]
+    save_file({k: v for k, v in state.items() if k != dropped}, str(short / "model.safetensors"))
+    group = TrainerGroup(driver)
+    try:
+        group.start(spec(str(model), str(tmp_path / "ckpt"), lr=LR))
+        for path, names in ((cut, "model.safetensors"), (short, dropped)):
+            with pytest.raises(ShimError) as bad:
+                group.load(str(path))
+            assert bad.value.code == "REEF_ERR_INVALID_ARGUMENT" and not bad.value.retryable, bad.value.message
+            assert names in bad.value.message and str(path) in bad.value.message
+        out = group.step("s:openclawrl:1", tasks)  # the same ranks, on the weights they held
+    finally:
+        group.stop()
+    assert out["trained"] is True and out["weightVersion"] == "v1"
+    assert out["metrics"]["train_rollout_logprob_abs_diff"] < 1e-3

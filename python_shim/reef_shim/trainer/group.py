@@ -198,7 +198,13 @@ class TrainerGroup:
         spec = self._require()
         path = Path(checkpoint_path)
         _check_checkpoint(path, Path(spec["modelPath"]))
-        self._gather([r.load.remote(str(path)) for r in self._ranks], f"trainer-load {path}", _Deadline(SETUP_TIMEOUT_S))
+        errors = self._gather([r.load.remote(str(path)) for r in self._ranks], f"trainer-load {path}",
+                              _Deadline(SETUP_TIMEOUT_S))
+        # Only the tensors are read on the ranks (the driver holds no model); a file they cannot
+        # use fails the load like one checked here, and the ranks keep the weights they held.
+        failed = next((e for e in errors if e), None)
+        if failed:
+            raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"checkpoint {path}: {failed}")
         self._version = checkpoint_version(path)
         log.info("trainer: loaded %s (%s); optimizer state reset", path, self._version)
         return {"weightVersion": self._version}

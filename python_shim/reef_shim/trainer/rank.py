@@ -251,19 +251,33 @@ class TrainerRank:
             pusher.close()
         return {"error": None, "backend": backend, "bytes": sent, "seconds": time.monotonic() - started}
 
-    def load(self, path: str) -> None:
-        """Policy weights from a checkpoint directory; the optimizer starts afresh (docs/training.md)."""
+    def load(self, path: str) -> str | None:
+        """Policy weights from a checkpoint directory; the optimizer starts afresh (docs/training.md).
+        Returns why the checkpoint cannot be used (no rank changed a weight then), or None."""
+        import torch.distributed as dist
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        from ..engines.weights import load_checked_state_dict
+        from ..engines.weights import WeightError, load_checked_state_dict
 
         # Checked against the unsharded teacher (same architecture) so a wrong checkpoint fails
-        # before any rank has changed a weight.
-        state = load_checked_state_dict(Path(path), self.teacher.config, self.teacher)
+        # before any rank has changed a weight. Reported, not raised: the driver takes a raise for
+        # a broken rank and kills the group, which a bad file is not.
+        why = None
+        try:
+            state = load_checked_state_dict(Path(path), self.teacher.config, self.teacher)
+        except WeightError as e:
+            why = str(e)
+        # All ranks agree before any loads: set_model_state_dict scatters each tensor from rank 0,
+        # so a rank that skipped it would leave the others waiting in that scatter.
+        bad = torch.tensor([0.0 if why is None else 1.0], device=self.device)
+        dist.all_reduce(bad)
+        if bad.item() > 0:
+            return why or "another rank could not use it"
         if self.tied:
             state["lm_head.weight"] = state["model.embed_tokens.weight"]
         set_model_state_dict(self.policy, state, options=StateDictOptions(full_state_dict=True))
         self._new_optimizer()
+        return None
 
     def close(self) -> None:
         import torch.distributed as dist
