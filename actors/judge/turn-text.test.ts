@@ -20,6 +20,14 @@ describe('contextOf', () => {
     expect(contextOf([S, user('list /'), asst('', { tool_calls: [calls[1]] }), tool('bin etc', 'call_2'), sys('Reminder: be brief.')])).toBe('bin etc');
   });
 
+  it('holds every result of parallel tool calls', () => {
+    expect(contextOf([S, user('host and /?'), asst('', { tool_calls: calls }), tool('box-7', 'call_1'), tool('bin etc', 'call_2')])).toBe('[tool cat]\nbox-7\n\n[tool ls]\nbin etc');
+  });
+
+  it('without an assistant message, only the newest user message: older ones are history', () => {
+    expect(contextOf([S, user('summary of the conversation so far'), user('and finish')])).toBe('and finish');
+  });
+
   it('falls back to the newest message when no user or tool message follows the last assistant message', () => {
     expect(contextOf([S])).toBe('You are a helpful agent.');
     expect(contextOf([S, user('hi'), asst('prefill')])).toBe('prefill');

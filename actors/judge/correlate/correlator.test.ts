@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { Correlator } from './correlator.js';
+import { Correlator, nextStateOf } from './correlator.js';
 import { asst, kinds, rec, sys, tool, turns, user, type Msg } from './fixtures.js';
 import type { CorrelationEvent, CorrelationRecord } from './types.js';
 
@@ -70,6 +70,46 @@ describe('tag mode', () => {
     ]);
     const t = ev.find((e) => e.kind === 'turn-finished');
     expect(t).toMatchObject({ turnRecordId: 'r1', nextStateRecordId: 'r2', nextState: { role: 'tool', content: 'bin etc' } });
+  });
+
+  it('parallel tool calls: the next state holds every result, not only the last', () => {
+    const c = new Correlator();
+    const calls = [
+      { id: 'call_1', type: 'function', function: { name: 'cat', arguments: '{"path":"/etc/hostnme"}' } },
+      { id: 'call_2', type: 'function', function: { name: 'ls', arguments: '{"path":"/"}' } },
+    ];
+    const reply = asst('', { tool_calls: calls });
+    const ev = feed(c, [
+      rec('r1', [S, user('what host is this, and what is in /?')], reply, { session: 'a' }),
+      rec('r2', [S, user('what host is this, and what is in /?'), reply, tool('cat: /etc/hostnme: No such file or directory', 'call_1'), tool('bin etc', 'call_2')], 'x', { session: 'a' }),
+    ]);
+    const t = ev.find((e) => e.kind === 'turn-finished');
+    // The failed first call is what the PRM must see; the last result alone reads as a success.
+    expect(t).toMatchObject({ turnRecordId: 'r1', nextState: { role: 'tool', content: '[tool cat]\ncat: /etc/hostnme: No such file or directory\n\n[tool ls]\nbin etc' } });
+    // Untagged, and after a rewrite (no position to go by), the same.
+    const d = new Correlator();
+    const untagged = feed(d, [
+      rec('u1', [S, user('what host is this, and what is in /?')], reply),
+      rec('u2', [S, user('what host is this, and what is in /?'), reply, tool('cat: /etc/hostnme: No such file or directory', 'call_1'), tool('bin etc', 'call_2')], 'x'),
+    ]);
+    expect(untagged.find((e) => e.kind === 'turn-finished')).toMatchObject({ nextState: (t as { nextState: unknown }).nextState });
+    expect(nextStateOf([S, user('q'), reply, tool('no such file', 'call_1'), sys('reminder'), tool('bin etc', 'call_2')], -1)).toEqual({
+      role: 'tool',
+      content: '[tool cat]\nno such file\n\n[tool ls]\nbin etc',
+    });
+  });
+
+  it('takes every user message between the reply and the next assistant message (one whose request failed, then another)', () => {
+    const c = new Correlator();
+    const ev = feed(c, [
+      rec('r1', [S, user('write a haiku')], 'old pond / frog jumps', { session: 'a' }),
+      // r2 (asking "shorter lines please") failed, so the client's next request carries both messages.
+      rec('r3', [S, user('write a haiku'), asst('old pond / frog jumps'), user('shorter lines please'), user('hello? still there?')], 'yes', { session: 'a' }),
+    ]);
+    expect(ev.find((e) => e.kind === 'turn-finished')).toMatchObject({
+      turnRecordId: 'r1',
+      nextState: { role: 'user', content: '[user]\nshorter lines please\n\n[user]\nhello? still there?' },
+    });
   });
 
   it('drops the turn when the next request brings no user or tool message', () => {

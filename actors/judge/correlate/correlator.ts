@@ -55,9 +55,10 @@ import { type CorrelatorState, restoreSession, saveSession, STATE_VERSION } from
  * ignored. Records that are not `ok` are skipped (an aborted or failed reply is never a turn; the
  * client's retry carries the same messages).
  *
- * The next state of a turn is the newest user or tool message after the turn's reply, up to the
- * next assistant message (if the client resends turns we never saw, the message that answered
- * our reply is the one that judges it); system/developer messages in between are skipped. With
+ * The next state of a turn is the user and tool messages after the turn's reply, up to the next
+ * assistant message (if the client resends turns we never saw, the messages that answered our
+ * reply are the ones that judge it): all the results of parallel tool calls, both user messages
+ * when the request between them failed. System/developer messages in between are skipped. With
  * none, the turn is dropped (`no-next-state`).
  *
  * Cost per request: one hash per message (long text memoised by value, see hash.ts), one Map
@@ -385,7 +386,15 @@ export class Correlator {
   }
 }
 
-/** The next state after index `from` (-1: anywhere after the request's last assistant message). */
+/**
+ * The next state after index `from` (-1: anywhere after the request's last assistant message):
+ * every user and tool message after it, up to the next assistant message. Parallel tool calls
+ * answer with one tool message each, and a reply whose first result is an error must not be
+ * judged on the last one alone; likewise two user messages in a row (the first one's request
+ * failed) both answered the reply. With no assistant message before them, only the newest. The
+ * role is the newest message's. One message is its text as it is; several are labelled blocks
+ * (`[user]`, `[tool <function name>]`), oldest first.
+ */
 export function nextStateOf(messages: unknown[], from: number): NextState | null {
   let end = messages.length - 1;
   if (from >= 0) {
@@ -396,13 +405,37 @@ export function nextStateOf(messages: unknown[], from: number): NextState | null
       }
     }
   }
-  for (let i = end; i > from; i--) {
+  const found: number[] = [];
+  let i = end;
+  for (; i > from; i--) {
     const role = roleOf(messages[i]);
-    if (role === 'user' || role === 'tool') {
-      const content = (messages[i] as { content?: unknown }).content;
-      return { role, content: contentText(content) ?? canonicalJson(content) };
-    }
-    if (role !== 'system' && role !== 'developer') return null;
+    if (role === 'user' || role === 'tool') found.push(i);
+    else if (role !== 'system' && role !== 'developer') break;
   }
-  return null;
+  if (found.length === 0) return null;
+  // With no assistant message before them (a rewritten history, a first request), the older user
+  // messages are history (a compaction summary, pasted files), not an answer to anything.
+  if (i < 0) found.length = 1;
+  const role = roleOf(messages[found[0]!]) as NextState['role'];
+  const textOf = (k: number): string => {
+    const content = (messages[k] as { content?: unknown }).content;
+    return contentText(content) ?? canonicalJson(content);
+  };
+  if (found.length === 1) return { role, content: textOf(found[0]!) };
+  // The assistant message the run answers (when the request has it) names the tools by call id.
+  const before = i >= 0 && roleOf(messages[i]) === 'assistant' ? (messages[i] as { tool_calls?: unknown }).tool_calls : null;
+  const blocks = found.reverse().map((k) => `[${labelOf(messages[k], before)}]\n${textOf(k)}`);
+  return { role, content: blocks.join('\n\n') };
+}
+
+function labelOf(message: unknown, calls: unknown): string {
+  const m = message as { role?: unknown; name?: unknown; tool_call_id?: unknown };
+  if (m.role !== 'tool') return 'user';
+  let name = typeof m.name === 'string' ? m.name : null;
+  if (name === null && Array.isArray(calls)) {
+    for (const c of calls as { id?: unknown; function?: { name?: unknown } }[]) {
+      if (c?.id === m.tool_call_id && typeof c.function?.name === 'string') name = c.function.name;
+    }
+  }
+  return name === null ? 'tool' : `tool ${name}`;
 }
