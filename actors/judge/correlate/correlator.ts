@@ -44,8 +44,9 @@ import { type CorrelatorState, restoreSession, saveSession, STATE_VERSION } from
  * message. Candidates come from a hash lookup of the request's prefix at each of its assistant
  * messages (longest first); ties go to the most recently active session. An exact repeat of a
  * session's last request is a retry (counted) and opens a sibling session, so the conversation
- * binds whichever reply the client went on from; a sibling never extended expires silently (it
- * was a retry, already counted) — and two conversations that began identically both bind. A
+ * binds whichever reply the client went on from; once one of the group is extended the others
+ * expire silently (they were retries, already counted), and if none is, the newest expires as one
+ * dropped turn — and two conversations that began identically both bind. A
  * request that extends nothing opens a session; a rewritten history therefore opens a new one and
  * leaves the pre-rewrite turn unmatched until it expires. Untagged requests never bind to tagged
  * sessions, and fallback has no inferred side requests: with no session to compare against, an
@@ -273,7 +274,9 @@ export class Correlator {
     if (original !== null && original.n === n) {
       this.counts.retries++;
       original.repeat = true;
-      const sib = this.open(record, `${sc}\u0000chain:${record.id}`, `chain:${record.id}`, false, n, full, ext, this.hs[0]!, this.hs[0]!, true, null);
+      // The repeat stays loud: if nothing extends the group, it is the turn lost (the reply the
+      // client most likely kept), counted once as tag mode counts it.
+      const sib = this.open(record, `${sc}\u0000chain:${record.id}`, `chain:${record.id}`, false, n, full, ext, this.hs[0]!, this.hs[0]!, false, null);
       out.push({ kind: 'retry', sessionKey: sib.key, scenario: sc, recordId: record.id, ofRecordId: original.turnId });
       return;
     }
@@ -283,6 +286,8 @@ export class Correlator {
       if (s === null || s.n !== k) continue;
       this.table.touch(s, this.clock, ++this.seq);
       this.finishTurn(s, s.turnId, record, messages, k, out);
+      // Its retry group (exact repeats of its last request) was retries after all: silent now.
+      for (const t of this.table.withFull(s.full)) if (t !== s && t.n === s.n) t.repeat = true;
       this.table.unindex(s);
       this.setLast(s, record.id, n, full, ext, this.hs[0]!, this.hs[0]!);
       this.table.index(s);

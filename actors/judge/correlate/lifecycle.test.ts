@@ -45,6 +45,38 @@ describe('TTL', () => {
   });
 });
 
+describe('retried turns that nothing extends', () => {
+  it('count one dropped turn, as in tag mode: a retry is no reason to lose the conversation’s last turn from the counts', () => {
+    const untagged = new Correlator({ sessionTtlS: 60 });
+    untagged.observe(rec('r1', [S, user('hi')], 'hello', { at: 0 }));
+    untagged.observe(rec('r1b', [S, user('hi')], 'hey', { at: 1000 }));
+    const ev = untagged.tick(100_000);
+    // The client went on from neither reply; the retry (the reply it most likely kept) is the lost turn.
+    expect(ev.filter((e) => e.kind === 'turn-dropped').map((e) => e.kind === 'turn-dropped' && e.turnRecordId)).toEqual(['r1b']);
+    expect(untagged.counters()).toMatchObject({ retries: 1, bound: 0, dropped_unbound: 1 });
+
+    const tagged = new Correlator({ sessionTtlS: 60 });
+    tagged.observe(rec('r1', [S, user('hi')], 'hello', { at: 0, session: 'a' }));
+    tagged.observe(rec('r1b', [S, user('hi')], 'hey', { at: 1000, session: 'a' }));
+    tagged.tick(100_000);
+    expect(tagged.counters()).toMatchObject({ retries: 1, bound: 0, dropped_unbound: 1 });
+  });
+
+  it('count none once the client went on from either reply', () => {
+    for (const kept of ['hello', 'hey']) {
+      const c = new Correlator({ sessionTtlS: 60 });
+      c.observe(rec('r1', [S, user('hi')], 'hello', { at: 0 }));
+      c.observe(rec('r1b', [S, user('hi')], 'hey', { at: 1000 }));
+      c.observe(rec('r2', [S, user('hi'), asst(kept), user('ok')], 'k', { at: 2000 }));
+      c.observe(rec('r3', [S, user('hi'), asst(kept), user('ok'), asst('k'), user('bye')], 'bye', { at: 3000 }));
+      const ev = c.tick(100_000);
+      // Only the conversation's last turn is lost; the reply the client did not keep was a retry.
+      expect(ev.filter((e) => e.kind === 'turn-dropped').map((e) => e.kind === 'turn-dropped' && e.turnRecordId)).toEqual(['r3']);
+      expect(c.counters()).toMatchObject({ retries: 1, bound: 2, dropped_unbound: 1 });
+    }
+  });
+});
+
 describe('eviction', () => {
   it('evicts the least recently active sessions above maxOpenSessions and drops their turns', () => {
     const c = new Correlator({ maxOpenSessions: 2 });

@@ -38,7 +38,10 @@ export interface Session {
   candExt: number;
   /** The candidate's conversation root. */
   candConv: number;
-  /** One of a group of identical requests: if left unextended it was a retry, not a lost turn. */
+  /**
+   * Untagged: an exact repeat came after it, or a member of its group of identical requests was
+   * extended, so if left unextended it was a retry, not a lost turn.
+   */
   repeat: boolean;
   lastAt: number;
   /** Global activity sequence: the larger, the more recently active (breaks ties within a ms). */
@@ -106,6 +109,12 @@ export class SessionTable {
   /** Most recently active untagged session whose last request hashes to `full`. */
   findByFull(full: number): Session | null {
     return newest(this.byFull.get(full));
+  }
+
+  /** Every untagged session whose last request hashes to `full`. */
+  withFull(full: number): readonly Session[] {
+    const b = this.byFull.get(full);
+    return b === undefined ? [] : Array.isArray(b) ? [...b] : [b];
   }
 
   add(s: Session): void {
