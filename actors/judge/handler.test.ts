@@ -245,6 +245,18 @@ describe('JudgeCore', () => {
     expect((await judge.lease('prm-0', 0)).turn).toBeNull();
   });
 
+  it('correlate-only after a judging run: turns left pending do not stop reading (nothing will ever judge them)', async () => {
+    await write(interleave([conversation(1, 3), conversation(2, 3)]));
+    const judging = await core({ maxPending: 2 });
+    await judging.pump();
+    expect(judging.stats()).toMatchObject({ pending: 4 });
+    // The PRM is switched off; the judge restarts correlating only, with the same limit.
+    await write(conversation(3, 3));
+    const correlating = await core({ mode: 'correlate-only', maxPending: 2 });
+    expect(await correlating.pump()).toBe(3);
+    expect(correlating.stats()).toMatchObject({ next_offset: 10, bound: 6 });
+  });
+
   it('stops reading while maxPending turns wait', async () => {
     await write(conversation(1, 3));
     await write(conversation(2, 3));

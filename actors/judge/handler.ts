@@ -30,7 +30,7 @@ export interface JudgeOptions {
   leaseMs?: number;
   /** Records read per pump. @default 256 */
   batch?: number;
-  /** Reading stops while this many turns wait for a PRM (keeps the saved state bounded). @default 2048 */
+  /** Reading stops while this many turns wait for a PRM (keeps the saved state bounded; judge mode only). @default 2048 */
   maxPending?: number;
   /** @default Date.now */
   now?: () => number;
@@ -107,7 +107,9 @@ export class JudgeCore {
   /** Read one batch of records into the correlator and commit; returns how many were read. */
   pump(): Promise<number> {
     return this.exclusive(async () => {
-      if (this.closed || this.pending.size >= (this.opts.maxPending ?? 2048)) return 0;
+      // Correlate-only never hands a turn out, so turns pending from a judging run (kept for when
+      // a PRM is back) would hold reading back for good.
+      if (this.closed || (this.opts.mode === 'judge' && this.pending.size >= (this.opts.maxPending ?? 2048))) return 0;
       const records = await this.opts.store.readFrom(this.nextOffset, this.opts.batch ?? 256);
       if (records.length === 0) return 0;
       const next = records[records.length - 1]!.offset + 1;
