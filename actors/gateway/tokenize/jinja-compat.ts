@@ -221,3 +221,75 @@ function tojsonFilter(interp: FilterApplier, operand: Runtime, filter: FilterNod
   const o = { indent: indent.value as number | null, ensureAscii: ensureAscii.value as boolean, sortKeys: sortKeys.value as boolean, separators };
   return new StringValue(toJson(operand, o, 0));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Python's `==` and `in` (template-compiler.ts does the same)
+//
+// The interpreter compared lists and mappings by identity (`left.value == right.value`) and the
+// rest with JS's loose `==` ('1' == 1, none == undefined), where jinja2 compares by value with
+// Python's rules; `in` a list used identity too.
+
+const BooleanValue = sample(true).constructor as RuntimeClass;
+const NUMERIC = new Set(['BooleanValue', 'IntegerValue', 'FloatValue']);
+
+/** Python's `a == b` for two runtime values. */
+function runtimeEquals(a: Runtime, b: Runtime): boolean {
+  if (a === b) return true;
+  switch (a.type) {
+    case 'UndefinedValue':
+    case 'NullValue': return b.type === a.type;
+    case 'BooleanValue':
+    case 'IntegerValue':
+    case 'FloatValue': return NUMERIC.has(b.type) && Number(a.value) === Number(b.value);
+    case 'StringValue': return b.type === 'StringValue' && a.value === b.value;
+    case 'ArrayValue':
+    case 'TupleValue': {
+      // A tuple never equals a list in Python.
+      if (b.type !== a.type) return false;
+      const x = a.value as Runtime[];
+      const y = b.value as Runtime[];
+      return x.length === y.length && x.every((v, i) => runtimeEquals(v, y[i]!));
+    }
+    case 'ObjectValue': {
+      if (b.type !== 'ObjectValue') return false;
+      const x = a.value as Map<string, Runtime>;
+      const y = b.value as Map<string, Runtime>;
+      if (x.size !== y.size) return false;
+      for (const [k, v] of x) {
+        const w = y.get(k);
+        if (w === undefined || !runtimeEquals(v, w)) return false;
+      }
+      return true;
+    }
+  }
+  // Namespaces and macros equal only themselves.
+  return a.value === b.value;
+}
+
+type BinaryNode = { operator: { value: string }; left: unknown; right: unknown };
+type BinaryEvaluator = {
+  evaluate(node: unknown, env: Environment): Runtime;
+  evaluateBinaryExpression(node: BinaryNode, env: Environment): Runtime;
+};
+
+const binaryProto = Interpreter.prototype as unknown as BinaryEvaluator & { __reefPyEquals?: boolean };
+if (!binaryProto.__reefPyEquals) {
+  const original = binaryProto.evaluateBinaryExpression;
+  binaryProto.evaluateBinaryExpression = function evaluateBinaryExpression(this: BinaryEvaluator, node: BinaryNode, env: Environment): Runtime {
+    const op = node.operator.value;
+    if (op !== '==' && op !== '!=' && op !== 'in' && op !== 'not in') return original.call(this, node, env);
+    const left = this.evaluate(node.left, env);
+    const right = this.evaluate(node.right, env);
+    if (op === '==' || op === '!=') return new BooleanValue(runtimeEquals(left, right) === (op === '=='));
+    // `in` and `not in`: the interpreter's checks and errors, with Python's equality for list items.
+    const positive = op === 'in';
+    if (right.type === 'UndefinedValue') return new BooleanValue(!positive);
+    if (left.type === 'UndefinedValue') throw new Error(`Cannot perform operation ${op} on undefined values`);
+    if (left.type === 'NullValue' || right.type === 'NullValue') throw new Error('Cannot perform operation on null values');
+    if (right.type === 'ArrayValue' || right.type === 'TupleValue') return new BooleanValue((right.value as Runtime[]).some((x) => runtimeEquals(left, x)) === positive);
+    if (left.type === 'StringValue' && right.type === 'StringValue') return new BooleanValue((right.value as string).includes(left.value as string) === positive);
+    if (left.type === 'StringValue' && right.type === 'ObjectValue') return new BooleanValue((right.value as Map<string, Runtime>).has(left.value as string) === positive);
+    throw new SyntaxError(`Unknown operator "${op}" between ${left.type} and ${right.type}`);
+  };
+  binaryProto.__reefPyEquals = true;
+}

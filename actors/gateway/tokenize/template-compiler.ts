@@ -181,11 +181,6 @@ function isInt(v: unknown): v is number {
   return typeof v === 'number' && Number.isInteger(v);
 }
 
-/** Anything that would be a reference (not a value) in the interpreter's `==` and `in`. */
-function isRef(v: unknown): boolean {
-  return (typeof v === 'object' && v !== null) || typeof v === 'function';
-}
-
 function truthy(v: unknown): boolean {
   switch (typeof v) {
     case 'string': return v.length > 0;
@@ -370,8 +365,6 @@ interface RenderState {
   readonly ctx: Readonly<Record<string, unknown>>;
   /** Context values of the names the template reads, by `Compiler.ctxIndex`. */
   readonly g: unknown[];
-  /** Whether no object is reachable twice from the context; computed when first needed. */
-  treeShaped: boolean | undefined;
   /** A pending `break`/`continue`: set by the statement, cleared by its loop. */
   ctl: number;
 }
@@ -501,45 +494,41 @@ function strftimeNow(format: string): string {
 // ---------------------------------------------------------------------------------------------
 // Operations
 
-function looseEquals(a: unknown, b: unknown, st: RenderState): boolean {
-  // The interpreter compares the wrapped JS values with `==`; for plain values those are ours, and
-  // for lists and mappings it compares identities, as here (see sameObject).
-  if (!isRef(a) && !isRef(b)) return a == b;
-  if (a === undefined || a === null || b === undefined || b === null) return false;
-  if (!isRef(a) || !isRef(b)) {
-    // A mapping's wrapped value is a Map, which `==` turns into the string "[object Map]".
-    const [obj, value] = isRef(a) ? [a, b] : [b, a];
-    if (isPlain(obj) || obj instanceof Namespace || obj instanceof LoopInfo) return value === '[object Map]';
-    return unsupported('== between a list or macro and a value');
-  }
-  return a === b && sameObject(a, st);
-}
-
 /**
- * `a` met itself in `==` or `in`. Distinct objects here are distinct in the interpreter too, but
- * the interpreter converts every occurrence of an object in the context separately, so one object
- * reached by two paths would be two there: exact only for a context without shared references,
- * which is checked (once per render, and only when identity decides something).
+ * Python's `==`, which transformers' jinja2 uses (jinja-compat.ts gives the interpreter the same):
+ * lists and mappings compare by value, numbers and booleans as numbers, a string equals only a
+ * string, none only none and undefined only undefined. The interpreter's own `==` compared lists
+ * and mappings by identity, so a Mistral template's `message == user_messages[-1]` picked out
+ * every user turn with the same text as the last one in Python and only the last one here.
  */
-function sameObject(a: unknown, st: RenderState): true {
-  // A macro value stands for every run of its definition here; the interpreter makes one per run.
-  if (a instanceof Callable) unsupported('comparing macros');
-  st.treeShaped ??= isTreeShaped(st.ctx);
-  if (!st.treeShaped) unsupported('identity comparison with shared objects in the context');
+function pyEquals(a: unknown, b: unknown): boolean {
+  if (a === b) {
+    if (a instanceof Callable) unsupported('comparing macros');
+    return true;
+  }
+  switch (typeof a) {
+    case 'string': return false;
+    case 'number':
+    case 'boolean': return (typeof b === 'number' || typeof b === 'boolean') && Number(a) === Number(b);
+    case 'undefined': return false;
+    case 'object': break;
+    default: return unsupported(`== on a ${typeof a}`);
+  }
+  if (a === null || typeof b !== 'object' || b === null) return false;
+  if (a instanceof LoopInfo || b instanceof LoopInfo || a instanceof Callable || b instanceof Callable) unsupported('== with loop or a macro');
+  if (Array.isArray(a) || Array.isArray(b)) return Array.isArray(a) && Array.isArray(b) && sameItems(a, b);
+  if (a instanceof Tuple || b instanceof Tuple) return a instanceof Tuple && b instanceof Tuple && sameItems(a.items, b.items);
+  // A namespace equals only itself.
+  if (a instanceof Namespace || b instanceof Namespace) return false;
+  const ka = Object.keys(a);
+  if (ka.length !== Object.keys(b).length) return false;
+  for (const k of ka) if (!hasOwn(b, k) || !pyEquals((a as Plain)[k], (b as Plain)[k])) return false;
   return true;
 }
 
-function isTreeShaped(ctx: Readonly<Record<string, unknown>>): boolean {
-  const seen = new Set<object>();
-  const stack: unknown[] = Object.values(ctx);
-  while (stack.length > 0) {
-    const v = stack.pop();
-    if (typeof v !== 'object' || v === null) continue;
-    if (seen.has(v)) return false;
-    seen.add(v);
-    if (Array.isArray(v)) for (const x of v) stack.push(x);
-    else for (const x of Object.values(v)) stack.push(x);
-  }
+function sameItems(a: readonly unknown[], b: readonly unknown[]): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (!pyEquals(a[i], b[i])) return false;
   return true;
 }
 
@@ -548,14 +537,13 @@ function definedOperands(l: unknown, r: unknown, op: string): void {
   if (l === undefined || r === undefined || l === null || r === null) unsupported(`${op} on an undefined or none value`);
 }
 
-function contains(l: unknown, r: unknown, st: RenderState): boolean {
+function contains(l: unknown, r: unknown): boolean {
   if (r === undefined) return false;
   definedOperands(l, r, 'in');
   const items = listItems(r);
   if (items !== null) {
-    if (listItems(l) !== null) unsupported('in between two lists');
-    // Strict equality, as the interpreter's `x.value === left.value`.
-    return items.indexOf(l) !== -1 && (!isRef(l) || sameObject(l, st));
+    for (const x of items) if (pyEquals(l, x)) return true;
+    return false;
   }
   if (typeof l === 'string') {
     if (typeof r === 'string') return r.includes(l);
@@ -1549,16 +1537,16 @@ class Compiler {
           const other = n.right.type === 'StringLiteral' ? l : r;
           return (s) => {
             const v = other(s);
-            return (typeof v === 'string' ? v === lit : looseEquals(v, lit, s.st)) !== negate;
+            return (v === lit) !== negate;
           };
         }
-        return (s) => looseEquals(l(s), r(s), s.st) !== negate;
+        return (s) => pyEquals(l(s), r(s)) !== negate;
       }
-      case 'in': return (s) => contains(l(s), r(s), s.st);
+      case 'in': return (s) => contains(l(s), r(s));
       case 'not in': return (s) => {
         const a = l(s);
         const b = r(s);
-        return b === undefined ? true : !contains(a, b, s.st);
+        return b === undefined ? true : !contains(a, b);
       };
       case '+': return (s) => add(l(s), r(s));
       case '~': return (s) => concat(l(s), r(s));
@@ -1808,7 +1796,7 @@ export class CompiledTemplate {
       const name = names[i]!;
       g[i] = hasOwn(context, name) ? context[name] : undefined;
     }
-    return this.body(new Scope(this.rootKind, null, { ctx: context, g, ctl: 0, treeShaped: undefined }));
+    return this.body(new Scope(this.rootKind, null, { ctx: context, g, ctl: 0 }));
   }
 }
 
