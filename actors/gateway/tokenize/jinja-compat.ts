@@ -75,8 +75,11 @@ if (!envProto.__reefFrozen) {
   const interp = Interpreter.prototype as unknown as FilterApplier;
   const originalFilter = interp.applyFilter;
   interp.applyFilter = function applyFilter(this: FilterApplier, operand: object, filter: FilterNode, env: Environment): unknown {
-    if (filter.type === 'Identifier' && filter.value === 'trim' && (operand as Runtime).type === 'StringValue') {
-      return new StringValue(pyStrip((operand as Runtime<string>).value, null, true, true));
+    if (filter.type === 'Identifier' && filter.value === 'trim') {
+      const type = (operand as Runtime).type;
+      if (type === 'StringValue') return new StringValue(pyStrip((operand as Runtime<string>).value, null, true, true));
+      // jinja2's undefined is the empty string to `trim` (Llama 3's `message['content'] | trim` without a content).
+      if (type === 'UndefinedValue') return new StringValue('');
     }
     const name = filter.type === 'Identifier' ? filter.value : filter.type === 'CallExpression' && filter.callee?.type === 'Identifier' ? filter.callee.value : null;
     if (name !== 'tojson') return originalFilter.call(this, operand, filter, env);
@@ -223,11 +226,12 @@ function tojsonFilter(interp: FilterApplier, operand: Runtime, filter: FilterNod
 }
 
 // ---------------------------------------------------------------------------------------------
-// Python's `==` and `in` (template-compiler.ts does the same)
+// Python's `==`, `in`, and `~` with an undefined operand (template-compiler.ts does the same)
 //
 // The interpreter compared lists and mappings by identity (`left.value == right.value`) and the
 // rest with JS's loose `==` ('1' == 1, none == undefined), where jinja2 compares by value with
-// Python's rules; `in` a list used identity too.
+// Python's rules; `in` a list used identity too. `~` threw on an undefined operand, which jinja2
+// prints as the empty string.
 
 const BooleanValue = sample(true).constructor as RuntimeClass;
 const NUMERIC = new Set(['BooleanValue', 'IntegerValue', 'FloatValue']);
@@ -277,10 +281,15 @@ if (!binaryProto.__reefPyEquals) {
   const original = binaryProto.evaluateBinaryExpression;
   binaryProto.evaluateBinaryExpression = function evaluateBinaryExpression(this: BinaryEvaluator, node: BinaryNode, env: Environment): Runtime {
     const op = node.operator.value;
-    if (op !== '==' && op !== '!=' && op !== 'in' && op !== 'not in') return original.call(this, node, env);
+    if (op !== '==' && op !== '!=' && op !== 'in' && op !== 'not in' && op !== '~') return original.call(this, node, env);
     const left = this.evaluate(node.left, env);
     const right = this.evaluate(node.right, env);
     if (op === '==' || op === '!=') return new BooleanValue(runtimeEquals(left, right) === (op === '=='));
+    if (op === '~') {
+      if (left.type === 'NullValue' || right.type === 'NullValue') throw new Error('Cannot perform operation on null values');
+      const text = (v: Runtime): string => (v.type === 'UndefinedValue' ? '' : String((v.value as { toString(): string }).toString()));
+      return new StringValue(text(left) + text(right));
+    }
     // `in` and `not in`: the interpreter's checks and errors, with Python's equality for list items.
     const positive = op === 'in';
     if (right.type === 'UndefinedValue') return new BooleanValue(!positive);

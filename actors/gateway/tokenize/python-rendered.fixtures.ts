@@ -18,4 +18,7 @@ export const PYTHON_RENDERED: [what: string, source: string, ctx: Record<string,
   ['the last user turn found by ==, as Mistral templates do (equal turns are all found)',
     "{% set users = messages | selectattr('role', 'equalto', 'user') | list %}{% for m in messages %}{% if m == users[-1] %}[LAST]{% endif %}{{ m.content }};{% endfor %}",
     { messages: [{ role: 'user', content: 'go on' }, { role: 'assistant', content: 'ok' }, { role: 'user', content: 'go on' }] }, '[LAST]go on;ok;[LAST]go on;'],
+  ['an undefined value is the empty string to ~ and trim (Llama 3 trims a content it may not have)',
+    "[{{ u | trim }}][{{ 'a' ~ u }}][{{ u ~ 'b' }}][{{ u ~ u }}]{% for m in messages %}<{{ m['content'] | trim }}>{% endfor %}",
+    { messages: [{ role: 'assistant' }, { role: 'user', content: ' hi ' }] }, '[][a][b][]<><hi>'],
 ];

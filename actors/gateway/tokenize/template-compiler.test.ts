@@ -709,7 +709,7 @@ describe('compile-time and run-time fallback', () => {
     ['an unknown filter', '{{ messages | shuffle }}', { messages: [] }, Error],
     ['an unknown test', '{{ messages is divisibleby }}', { messages: [] }, Error],
     ['for over a string', '{% for c in "ab" %}{{ c }}{% endfor %}', {}, Error],
-    ['~ with an undefined operand', '{{ "a" ~ nothing }}', {}, Error],
+    ['~ with a none operand (Python prints None)', '{{ "a" ~ none }}', {}, null],
     ['a context redefining a global', '{{ none }}', { none: 1 }, Error],
     ['printing a tuple', '{{ (1, 2) }}', {}, Error],
     ['first of an empty list', '{{ [] | first }}', {}, Error],

@@ -597,10 +597,11 @@ function power(l: unknown, r: unknown): unknown {
   return float ? floatResult(x) : intResult(x);
 }
 
+/** `~`, where jinja2 prints an undefined operand as the empty string (jinja-compat.ts too). */
 function concat(l: unknown, r: unknown): string {
   if (typeof l === 'string' && typeof r === 'string') return l + r;
-  definedOperands(l, r, '~');
-  return catStr(l) + catStr(r);
+  if (l === null || r === null) unsupported('~ on a none value');
+  return (l === undefined ? '' : catStr(l)) + (r === undefined ? '' : catStr(r));
 }
 
 function getAttr(o: unknown, name: string): unknown {
@@ -892,7 +893,7 @@ function identFilter(name: string): FilterFn {
       }
       return Array.isArray(v) ? toJson(v, JSON_DEFAULT, 0, false) : unsupported('string of this type');
     };
-    case 'trim': return stringOnly(name, (s) => pyStrip(s, null, true, true));
+    case 'trim': return (v) => (typeof v === 'string' ? pyStrip(v, null, true, true) : v === undefined ? '' : unsupported('trim of this type'));
     case 'upper': return stringOnly(name, (s) => s.toUpperCase());
     case 'lower': return stringOnly(name, (s) => s.toLowerCase());
     case 'title': return stringOnly(name, titleCase);
