@@ -42,6 +42,16 @@ describe('message hashing', () => {
     expect(call('{"a": tru')).not.toBe(call('{"a":true}'));
   });
 
+  it('hashes tool-call arguments by their canonical JSON alone, whatever the length of the text sent', () => {
+    const call = (args: string) => h({ role: 'assistant', content: null, tool_calls: [{ id: 'c', type: 'function', function: { name: 'f', arguments: args } }] });
+    // 1007 characters as the model wrote them, 1207 once re-serialised (1e21 → 1e+21): a client
+    // that re-serialises sends the longer text back.
+    const written = `{"v":[${Array(200).fill('1e21').join(',')}]}`;
+    const resent = JSON.stringify(JSON.parse(written));
+    expect([written.length < 1024, resent.length >= 1024]).toEqual([true, true]);
+    expect(call(written)).toBe(call(resent));
+  });
+
   it('hashes long text natively with the same result memoised or not, across memo clears', () => {
     const long = 'x'.repeat(5000);
     const small = new HashMemo(6000);

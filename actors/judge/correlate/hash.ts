@@ -69,7 +69,9 @@ export class HashMemo {
 
   /** Tool-call arguments: canonical JSON when they parse, else the raw text. */
   toolArguments(s: string): number {
-    if (s.length < LONG) return mix(jsHash(canonicalArgs(s), 0), 0x61726773);
+    // rawStringHash picks its function by the canonical text's length, not the raw one's: the two
+    // fall on either side of LONG when a client re-serialises (1e21 → 1e+21, spaces dropped).
+    if (s.length < LONG) return mix(rawStringHash(canonicalArgs(s)), 0x61726773);
     const hit = this.args.get(s);
     if (hit !== undefined) return hit;
     const h = mix(rawStringHash(canonicalArgs(s)), 0x61726773);
