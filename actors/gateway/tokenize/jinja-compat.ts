@@ -29,6 +29,80 @@ if (!proto.__reefUndefinedLoops) {
 }
 
 /**
+ * jinja2 keeps what a loop iteration printed before `break` or `continue`, and runs a loop's else
+ * block when no iteration ran to its end (not only when there were none), in the scope around the
+ * loop. The interpreter dropped the iteration's output with the exception that ends it, and ran the
+ * else block only for an empty loop, in the loop's scope. Here the loop body being run (`loops`)
+ * returns its output so far instead of letting the exception through; a `break` then ends the loop
+ * at the next iteration, and the else block is added when every iteration ended early.
+ */
+type Statement = { type: string };
+type LoopNode = ForNode & { body: Statement[] };
+type LoopEvaluator = {
+  evaluate(node: unknown, env: Environment): { type: string; toString(): string };
+  evaluateFor(node: LoopNode, env: Environment): Runtime<string>;
+  evaluateBlock(stmts: Statement[], env: Environment): Runtime<string>;
+};
+interface LoopFrame { body: Statement[]; broken: boolean; ended: boolean; finished: boolean }
+
+const loopProto = Interpreter.prototype as unknown as LoopEvaluator & { __reefLoopControls?: boolean };
+if (!loopProto.__reefLoopControls) {
+  const thrownBy = (type: string): new () => Error => {
+    try {
+      (new Interpreter() as unknown as LoopEvaluator).evaluate({ type }, new Environment());
+    } catch (err) {
+      return (err as Error).constructor as new () => Error;
+    }
+    throw new Error(`${type} did not throw`);
+  };
+  const BreakControl = thrownBy('Break');
+  const ContinueControl = thrownBy('Continue');
+  const loops: LoopFrame[] = [];
+  /** Output of the enclosing blocks before a break/continue, for the loop body it leaves. */
+  const partial = new WeakMap<Error, string>();
+  const originalFor = loopProto.evaluateFor;
+  loopProto.evaluateFor = function evaluateFor(this: LoopEvaluator, node: LoopNode, env: Environment): Runtime<string> {
+    const frame: LoopFrame = { body: node.body, broken: false, ended: false, finished: false };
+    loops.push(frame);
+    let out: Runtime<string>;
+    try {
+      out = originalFor.call(this, node, env);
+    } finally {
+      loops.pop();
+    }
+    if (frame.ended && !frame.finished) return new StringValue(out.value + this.evaluateBlock(node.defaultBlock as Statement[], new Environment(env)).value) as Runtime<string>;
+    return out;
+  };
+  loopProto.evaluateBlock = function evaluateBlock(this: LoopEvaluator, stmts: Statement[], env: Environment): Runtime<string> {
+    const frame = loops.length > 0 ? loops[loops.length - 1]! : null;
+    const loopBody = frame !== null && frame.body === stmts;
+    if (loopBody && frame.broken) throw new BreakControl();
+    let result = '';
+    for (const st of stmts) {
+      let value: { type: string; toString(): string };
+      try {
+        value = this.evaluate(st, env);
+      } catch (err) {
+        if (!(err instanceof BreakControl) && !(err instanceof ContinueControl)) throw err;
+        // What an if or for printed before it reaches us; a set or filter block's output is dropped, as in jinja2.
+        const inner = st.type === 'If' || st.type === 'For' ? (partial.get(err) ?? '') : '';
+        if (!loopBody) {
+          partial.set(err, result + inner);
+          throw err;
+        }
+        frame.ended = true;
+        if (err instanceof BreakControl) frame.broken = true;
+        return new StringValue(result + inner) as Runtime<string>;
+      }
+      if (value.type !== 'NullValue' && value.type !== 'UndefinedValue') result += value.toString();
+    }
+    if (loopBody) frame.finished = true;
+    return new StringValue(result) as Runtime<string>;
+  };
+  loopProto.__reefLoopControls = true;
+}
+
+/**
  * Template values converted once and reused across renders. @huggingface/jinja converts every
  * context value into its own runtime objects on each render, and a chat template then prints each
  * tool with `tojson`: for OpenClaw's dozen tool schemas that was about a third of a render. Agents

@@ -21,4 +21,7 @@ export const PYTHON_RENDERED: [what: string, source: string, ctx: Record<string,
   ['an undefined value is the empty string to ~ and trim (Llama 3 trims a content it may not have)',
     "[{{ u | trim }}][{{ 'a' ~ u }}][{{ u ~ 'b' }}][{{ u ~ u }}]{% for m in messages %}<{{ m['content'] | trim }}>{% endfor %}",
     { messages: [{ role: 'assistant' }, { role: 'user', content: ' hi ' }] }, '[][a][b][]<><hi>'],
+  ['what an iteration printed before break or continue is kept; else runs when no iteration finished, outside the loop scope',
+    "{% for m in ms %}y{% if m[0] == 1 %}X{% break %}{% endif %}z{% else %}E{% endfor %}|{% for m in ms %}{% for c in m %}{{ c }}{% if c == 2 %}!{% break %}{% endif %}-{% endfor %};{% endfor %}|{% set x = 'out' %}{% for x in [1, 2] %}a{% if x == 2 %}b{% continue %}{% endif %}c{% continue %}{% else %}[{{ x }}]{% endfor %}|{% for m in ms %}a{% set s %}q{% break %}{% endset %}{% filter upper %}q{% break %}{% endfilter %}b{% endfor %}[{{ s }}]",
+    { ms: [[1, 2, 3], [2]] }, 'yXE|1-2!;2!;|acab[out]|a[]'],
 ];

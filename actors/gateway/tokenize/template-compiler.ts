@@ -1233,17 +1233,19 @@ class Compiler {
       for (let i = 0; i < items.length; i++) {
         scope.v[loopSlot] = new LoopInfo(items, i);
         bindBody(scope, items[i]);
-        const r = body(scope);
+        out += body(scope);
+        // jinja2 keeps what an iteration printed before its break or continue, but counts only
+        // iterations that ran to the end: after none did, the else block runs.
         if (bodySignals && st.ctl !== 0) {
           const signal = st.ctl;
           st.ctl = 0;
           if (signal === BREAK) break;
           continue;
         }
-        out += r;
         none = false;
       }
-      if (none) out += otherwise(scope);
+      // In a scope of its own: jinja2's else block does not see the loop variables.
+      if (none) out += otherwise(new Scope(fk, s, st));
       return out;
     };
   }
