@@ -61,6 +61,29 @@ describe('tag mode', () => {
     expect(turns(d.observe(rec('r2', [S, user('hi'), asst('hello'), user('ok')], 'k', { session: 'a' })))).toEqual(['r1→r2: ok']);
   });
 
+  it('a retry over an edited history is a retry: the retried turn is not judged against its own question', () => {
+    const c = new Correlator();
+    const ev = feed(c, [
+      rec('r1', [S, user('hi')], 'hello', { session: 'a' }),
+      rec('r2', [S, user('hi'), asst('hello'), user('2+2?')], '4', { session: 'a' }),
+      // The client never saw r2's reply and asks again, with a note added to the history.
+      rec('r2b', [S, user('hi'), asst('hello'), sys('Note: answer briefly.'), user('2+2?')], 'four', { session: 'a' }),
+      rec('r3', [S, user('hi'), asst('hello'), sys('Note: answer briefly.'), user('2+2?'), asst('four'), user('thanks')], 'np', { session: 'a' }),
+    ]);
+    expect(turns(ev)).toEqual(['r1→r2: 2+2?', 'r2b→r3: thanks']);
+    expect(ev.find((e) => e.kind === 'retry')).toMatchObject({ recordId: 'r2b', ofRecordId: 'r2' });
+    expect(c.counters()).toMatchObject({ bound: 2, retries: 1, dropped_unbound: 0 });
+
+    // The same newest message right after the pending reply is an answer to it (a rewritten history
+    // where the user said the same thing again).
+    const d = new Correlator();
+    const again = feed(d, [
+      rec('r1', [S, user('go on')], 'part 1', { session: 'a' }),
+      rec('r2', [S, user('summary: part 1 written'), asst('part 1'), user('go on')], 'part 2', { session: 'a' }),
+    ]);
+    expect(turns(again)).toEqual(['r1→r2: go on']);
+  });
+
   it('takes a tool result as the next state and skips system reminders after it', () => {
     const c = new Correlator();
     const call = { id: 'call_1', type: 'function', function: { name: 'ls', arguments: '{"path":"/"}' } };
@@ -311,7 +334,7 @@ describe('side requests', () => {
 
   it('with inferSide off, a different first message is a rewrite', () => {
     const c = new Correlator({ inferSide: false });
-    const ev = feed(c, [rec('r1', [S, user('hi')], 'hello', { session: 'a' }), rec('t1', [sys('title'), user('hi')], 'T', { session: 'a' })]);
-    expect(turns(ev)).toEqual(['r1→t1: hi']);
+    const ev = feed(c, [rec('r1', [S, user('hi')], 'hello', { session: 'a' }), rec('t1', [sys('title'), user('hi / hello')], 'T', { session: 'a' })]);
+    expect(turns(ev)).toEqual(['r1→t1: hi / hello']);
   });
 });

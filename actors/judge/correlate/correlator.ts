@@ -37,7 +37,9 @@ import { type CorrelatorState, restoreSession, saveSession, STATE_VERSION } from
  *   requests (summaries, memory extraction) often resend the transcript under a prompt of their
  *   own, and would then bind as turns; in such a session they still can.
  * - a request that neither extends nor repeats, with the same root, is a history rewrite
- *   (compaction, sliding window): tag mode keeps the chain.
+ *   (compaction, sliding window): tag mode keeps the chain. One whose newest message is the last
+ *   request's newest, and whose last assistant message is not that request's reply, asked the same
+ *   again over an edited history: a retry (the replaced turn is not kept as an alternative).
  *
  * Fallback (no tag): a request binds to the session whose last request its messages extend —
  * the same earlier messages, then that request's assistant reply, then at least one more
@@ -261,6 +263,15 @@ export class Correlator {
       s.candConv = conv;
       return;
     }
+    if (from < 0 && newest === s.full && !this.answers(messages, s.ext)) {
+      // The pending request's own newest message, not after its reply: the client asked again over
+      // an edited history (a note added, old messages trimmed). Bound, the turn would be judged
+      // against its own question; it is a retry, whose replaced turn has no position to go by.
+      this.counts.retries++;
+      out.push({ kind: 'retry', sessionKey: s.key, scenario: sc, recordId: record.id, ofRecordId: s.turnId });
+      this.setLast(s, record.id, n, newest, reply, h0, conv);
+      return;
+    }
     this.confirmSide(s, out);
     this.finishTurn(s, turnId, record, messages, from, out);
     this.setLast(s, record.id, n, newest, reply, h0, conv);
@@ -318,6 +329,14 @@ export class Correlator {
     s.conv = conv;
     s.altId = null;
     s.repeat = false;
+  }
+
+  /** Whether the request's last assistant message hashes to `reply` (its newest messages answer it). */
+  private answers(messages: unknown[], reply: number): boolean {
+    for (let i = messages.length - 1; i >= 0; i--) {
+      if (roleOf(messages[i]) === 'assistant') return messageHash(messages[i], this.memo) === reply;
+    }
+    return false;
   }
 
   /** Hash of the first message that is not a system or developer message (`first` when that is the first, or there is none). */
