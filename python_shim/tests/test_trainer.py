@@ -21,6 +21,7 @@ from reef_shim.errors import ShimError
 from reef_shim.ray_driver import RayDriver
 from reef_shim.trainer import TrainerGroup
 from reef_shim.trainer.checkpoint import LEDGER
+from reef_shim.trainer import group as group_module
 from reef_shim.trainer.group import _Deadline
 from trainer_fixtures import (check_bf16_step, check_push_serves_its_checkpoint, generate, i32, params_differ,
                               placed_driver, probe, reference_step, spec, three_tasks)
@@ -246,3 +247,31 @@ def test_a_checkpoint_cut_short_or_missing_a_tensor_fails_the_load_and_the_group
         group.stop()
     assert out["trained"] is True and out["weightVersion"] == "v1"
     assert out["metrics"]["train_rollout_logprob_abs_diff"] < 1e-3
+
+
+def test_a_rank_that_hangs_mid_step_is_given_up_on_and_a_new_group_starts_in_its_bundles(
+        driver: RayDriver, model: Path, tasks: list[dict[str, Any]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Regression: a step had no deadline on the driver. A rank hung before a collective left its
+    # peers waiting out the process group's 10 minutes, as long as the bridge client waits for
+    # trainer-step, so the controller gave up first and its trainer-start queued behind the step;
+    # a rank hung outside a collective (rank 0 saving to a stuck disk) held the shim's worker for good.
+    ckpt = tmp_path / "ckpt"
+    hook = {"rank": 1, "batchId": "s:openclawrl:1", "marker": str(tmp_path / "hung"), "hangS": 3600}
+    monkeypatch.setenv("REEF_TRAINER_TEST_CRASH", json.dumps(hook))
+    monkeypatch.setattr(group_module, "STEP_TIMEOUT_S", 30.0)  # far above a step of these tasks here
+    group = TrainerGroup(driver)
+    try:
+        group.start(spec(str(model), str(ckpt), lr=LR))
+        with pytest.raises(ShimError) as hung:
+            group.step("s:openclawrl:1", tasks)
+        assert hung.value.code == "REEF_ERR_TRAINER_RANK" and hung.value.retryable
+        assert "no answer within 30 s" in hung.value.message and "rank(s) 0, 1 had not answered" in hung.value.message
+        assert (tmp_path / "hung").exists()
+        assert not (ckpt / "v1").exists()
+        # The hung rank was killed, not left holding its bundle or the group's port.
+        group.start(spec(str(model), str(ckpt), lr=LR))
+        retried = group.step("s:openclawrl:1", tasks)
+    finally:
+        group.stop()
+    assert retried["trained"] is True and retried["weightVersion"] == "v1"

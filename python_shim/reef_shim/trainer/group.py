@@ -25,6 +25,11 @@ log = logging.getLogger("reef_shim.trainer")
 BASE_VERSION = "v0"  # the base model's weights, before any step
 SETUP_TIMEOUT_S = 600.0
 PUSH_TIMEOUT_S = 300.0  # rank 0 gives up on the engine after this; the ranks are waited on a minute longer
+# A step's ranks are given up on (killed: REEF_ERR_TRAINER_RANK) after this: the bridge client's
+# trainer-step timeout (600 s, bridge/client.ts) less a minute, so the answer arrives before the
+# client stops waiting. Without it a hung rank held the shim's worker until the process group's
+# own timeout (10 min, as long as the client waits) or, hung outside a collective, for good.
+STEP_TIMEOUT_S = 540.0
 CRASH_HOOK_ENV = "REEF_TRAINER_TEST_CRASH"
 
 
@@ -164,7 +169,7 @@ class TrainerGroup:
         meta = {"weightVersion": version, "parent": self._version, "batchId": batch_id}
         refs = [rank.step.remote(batch_id, [tasks[i] for i in shards[r]], totals, str(out) if r == 0 else None, meta)
                 for r, rank in enumerate(self._ranks)]
-        results = self._gather(refs, f"trainer-step {batch_id}", None)
+        results = self._gather(refs, f"trainer-step {batch_id}", _Deadline(STEP_TIMEOUT_S, started))
         failed = next((r["error"] for r in results if r["error"]), None)
         if failed:
             raise ShimError("REEF_ERR_TRAINER", f"trainer: batch {batch_id}: {failed}")
@@ -252,8 +257,11 @@ class TrainerGroup:
                 raise ShimError("REEF_ERR_SHIM", f"python shim failed: shutting down during {what}")
             if deadline is not None and now > deadline.at:
                 self._kill_all()
+                # Which one hung is not known from here: its peers wait on it in a collective.
+                silent = ", ".join(str(refs.index(p)) for p in pending)
                 raise ShimError("REEF_ERR_TRAINER_RANK", f"trainer rank {refs.index(pending[0])} failed: "
-                                f"{what}: no answer within {deadline.budget_s:.0f} s")
+                                f"{what}: no answer within {deadline.budget_s:.0f} s (rank(s) {silent} had not "
+                                "answered); every rank was stopped")
             if pending and now - logged >= 10:
                 log.info("%s: waiting for %d of %d rank(s) (%.0f s)", what, len(pending), len(refs), now - started)
                 logged = now

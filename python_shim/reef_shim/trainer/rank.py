@@ -131,13 +131,17 @@ class TrainerRank:
 
     def _maybe_crash(self, batch_id: str) -> None:
         # Test hook, REEF_TRAINER_TEST_CRASH='{"rank": 1, "batchId": "...", "marker": "/tmp/x"}':
-        # that rank dies once, mid-step (the marker file makes the retry survive).
+        # that rank dies once, mid-step (the marker file makes the retry survive); with
+        # `"hangS": n` it hangs that long instead, its peers waiting in the next collective.
         if not self.crash_hook:
             return
         hook = json.loads(self.crash_hook)
         rank, batch, marker = hook["rank"], hook["batchId"], hook["marker"]
         if int(rank) == self.rank and batch == batch_id and not os.path.exists(marker):
             Path(marker).write_text(str(os.getpid()))
+            if hook.get("hangS"):
+                time.sleep(float(hook["hangS"]))
+                return
             os._exit(17)
 
     def step(self, batch_id: str, tasks: list[TrainTask], totals: dict[str, float], out_dir: str | None,
