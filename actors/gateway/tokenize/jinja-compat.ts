@@ -300,7 +300,7 @@ function tojsonFilter(interp: FilterApplier, operand: Runtime, filter: FilterNod
 }
 
 // ---------------------------------------------------------------------------------------------
-// Python's `==`, `in`, and `~` with an undefined operand (template-compiler.ts does the same)
+// Python's `==`, `in`, `~` with an undefined operand, and str + str only (template-compiler.ts does the same)
 //
 // The interpreter compared lists and mappings by identity (`left.value == right.value`) and the
 // rest with JS's loose `==` ('1' == 1, none == undefined), where jinja2 compares by value with
@@ -345,6 +345,8 @@ function runtimeEquals(a: Runtime, b: Runtime): boolean {
 }
 
 type BinaryNode = { operator: { value: string }; left: unknown; right: unknown };
+/** Names no template can use (not identifiers in Jinja), bound to operands evaluated already. */
+const OPERANDS = { left: { type: 'Identifier', value: '#left' }, right: { type: 'Identifier', value: '#right' } };
 type BinaryEvaluator = {
   evaluate(node: unknown, env: Environment): Runtime;
   evaluateBinaryExpression(node: BinaryNode, env: Environment): Runtime;
@@ -355,9 +357,25 @@ if (!binaryProto.__reefPyEquals) {
   const original = binaryProto.evaluateBinaryExpression;
   binaryProto.evaluateBinaryExpression = function evaluateBinaryExpression(this: BinaryEvaluator, node: BinaryNode, env: Environment): Runtime {
     const op = node.operator.value;
-    if (op !== '==' && op !== '!=' && op !== 'in' && op !== 'not in' && op !== '~') return original.call(this, node, env);
+    if (op !== '==' && op !== '!=' && op !== 'in' && op !== 'not in' && op !== '~' && op !== '+') return original.call(this, node, env);
     const left = this.evaluate(node.left, env);
     const right = this.evaluate(node.right, env);
+    if (op === '+') {
+      const ls = left.type === 'StringValue';
+      const rs = right.type === 'StringValue';
+      if (ls && rs) return new StringValue((left.value as string) + (right.value as string));
+      // Python refuses str + anything else; the interpreter wrote "[object Map]" for a mapping
+      // (DeepSeek's `'...' + tool['function']['arguments']` with arguments sent as an object).
+      if (ls || rs) {
+        const other = ls ? right : left;
+        if (other.type !== 'UndefinedValue' && other.type !== 'NullValue') throw new TypeError(`can only concatenate str (not ${other.type}) to str`);
+      }
+      // The interpreter's `+` on the values already evaluated.
+      const scope = new Environment(env) as unknown as { setVariable(name: string, value: unknown): unknown };
+      scope.setVariable(OPERANDS.left.value, left);
+      scope.setVariable(OPERANDS.right.value, right);
+      return original.call(this, { ...node, ...OPERANDS }, scope as unknown as Environment);
+    }
     if (op === '==' || op === '!=') return new BooleanValue(runtimeEquals(left, right) === (op === '=='));
     if (op === '~') {
       if (left.type === 'NullValue' || right.type === 'NullValue') throw new Error('Cannot perform operation on null values');

@@ -704,6 +704,9 @@ describe('compile-time and run-time fallback', () => {
     ['a float with an integral value', '{{ (messages | length) / 2 }}', { messages: [1, 2] }, '1.0'],
     ['a float literal with an integral value', '{{ 2.0 }}', {}, '2.0'],
     ['+ of a list and a string', '{{ messages + "x" }}', { messages: ['a'] }, null],
+    // A TypeError in Python; the interpreter wrote "args: [object Map]" (DeepSeek templates add tool-call arguments to strings).
+    ['+ of a string and a mapping', '{{ "args: " + call.arguments }}', { call: { arguments: { city: 'Paris' } } }, Error],
+    ['+ of a string and a number', '{{ "n=" + messages | length }}', { messages: [] }, Error],
     ['a string method as a value', '{{ "abc".upper }}', {}, null],
     ['raise_exception', '{{ raise_exception("stop: " ~ messages | length) }}', { messages: [] }, Error],
     ['an unknown filter', '{{ messages | shuffle }}', { messages: [] }, Error],

@@ -560,8 +560,7 @@ function add(l: unknown, r: unknown): unknown {
     return Number.isInteger(l) && Number.isInteger(r) ? intResult(x) : floatResult(x);
   }
   if (Array.isArray(l) && Array.isArray(r)) return l.concat(r);
-  if (listItems(l) !== null || listItems(r) !== null) unsupported('+ with a list or tuple');
-  if (typeof l === 'string' || typeof r === 'string') return catStr(l) + catStr(r);
+  // Also a string and anything else: a TypeError in Python, which the interpreter raises too (jinja-compat.ts).
   return unsupported('+ between these types');
 }
 
