@@ -127,6 +127,23 @@ describe('JudgeCore', () => {
     expect(judge.stats()).toMatchObject({ judged: 1, late_completions: 1 });
   });
 
+  it('a lease whose turn could not be read is given back at once, not held for leaseMs by an actor that never got it', async () => {
+    await write(conversation(1, 2));
+    let failures = 1;
+    const flaky = storeWith({
+      get: async (id) => {
+        if (failures-- > 0) throw new Error('SQLITE_BUSY: database is locked');
+        return store.get(id);
+      },
+    });
+    const judge = await core({ store: flaky });
+    await judge.pump();
+    await expect(judge.lease('prm-0', 0)).rejects.toThrow('SQLITE_BUSY');
+    const again = await judge.lease('prm-1', 0);
+    expect(again.turn).not.toBeNull();
+    expect(judge.stats()).toMatchObject({ leased: 1, redispatched: 0 });
+  });
+
   it('a released lease is dispatched again at once, and a waiting long-poll gets it', async () => {
     await write(conversation(1, 2));
     const judge = await core();

@@ -162,7 +162,22 @@ export class JudgeCore {
     const deadline = this.now() + waitMs;
     for (;;) {
       const p = this.takeFree(actorId);
-      if (p !== null) return { turn: await this.turnOf(p.ev), leaseId: p.leaseId, leaseMs: this.leaseMs };
+      if (p !== null) {
+        const leaseId = p.leaseId;
+        try {
+          return { turn: await this.turnOf(p.ev), leaseId, leaseMs: this.leaseMs };
+        } catch (err) {
+          // The actor gets an error, not the lease: held, the turn would wait out leaseMs and then
+          // count as redispatched.
+          if (p.leaseId === leaseId) {
+            p.leaseId = null;
+            p.actorId = null;
+            p.expiresAt = 0;
+            this.wake();
+          }
+          throw err;
+        }
+      }
       const left = deadline - this.now();
       if (left <= 0 || this.closed) return { turn: null, leaseId: null, leaseMs: this.leaseMs };
       // Woken by a new turn or a release; the short cap notices leases that ran out.
