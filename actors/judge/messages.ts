@@ -50,7 +50,7 @@ export const judgeTurnSchema = z.object({
   nextStateRecordId: z.string(),
   scenario: z.string(),
   sessionKey: z.string(),
-  /** What the reply answered: the request's newest user or tool message (system reminders after it skipped). */
+  /** What the reply answered: the request's user/tool messages after its last assistant message, read as a next state is (system reminders skipped). */
   context: z.string(),
   /** The assistant's reply text, with its tool calls as JSON lines. */
   reply: z.string(),

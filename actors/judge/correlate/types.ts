@@ -51,7 +51,7 @@ export type WarningCode = 'untagged-traffic' | 'evictions' | 'unbound-turns';
 
 export interface NextState {
   role: 'user' | 'tool';
-  /** The message text (text parts joined; other content as canonical JSON). */
+  /** The message text (text parts joined; other content as canonical JSON); several messages as labelled blocks (see nextStateOf). */
   content: string;
 }
 
