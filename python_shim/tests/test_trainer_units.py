@@ -37,6 +37,9 @@ def wire(**over: object) -> dict:
     ({"responseIds": b"\x01\x02\x03"}, "tasks[0].responseIds: 3 bytes is not a whole number"),
     ({"responseIds": b""}, "tasks[0]: prompt and response must not be empty"),
     ({"logprobs": f32([float("nan"), 0.0])}, "tasks[0].logprobs: holds NaN"),
+    # -inf travels as the engine's floor: the finiteness check alone let it through, and its RL
+    # ratio exp(ℓθ + 10000) failed the whole batch as a non-finite loss or gradient, unnamed.
+    ({"logprobs": f32([-0.1, -10000.0])}, "tasks[0].logprobs[1]: -10000 is the engine's floor"),
     ({"teacherPromptIds": [i32([])]}, "tasks[0].teacherPromptIds[0]: empty prompt"),
 ])
 def test_decode_names_the_broken_field(over: dict, message: str) -> None:

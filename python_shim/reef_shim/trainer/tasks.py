@@ -89,6 +89,16 @@ def decode_task(raw: dict[str, Any], path: str, vocab: int) -> TrainTask:
         raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"{path}.topkIds: an id is outside the vocabulary [0, {vocab})")
     if not np.isfinite(logprobs).all():
         raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"{path}.logprobs: holds NaN or infinite values")
+    from ..engines.sampling import LOGPROB_FLOOR  # imports torch: not at shim start
+
+    # The wire writes -inf as the floor, so the check above cannot see it: a token the engine gave
+    # no probability was not sampled by it, and its ratio exp(ℓθ − ℓold) overflows to a
+    # non-finite loss or gradient that fails the whole batch without naming the task.
+    floored = np.flatnonzero(logprobs <= LOGPROB_FLOOR)
+    if floored.size:
+        i = int(floored[0])
+        raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"{path}.logprobs[{i}]: {logprobs[i]:g} is the engine's floor "
+                        f"({LOGPROB_FLOOR:g}, -inf on the wire): the engine cannot have sampled that token")
     teachers = []
     for h, p in enumerate(raw["teacherPromptIds"]):
         ids = _ids(p, f"{path}.teacherPromptIds[{h}]", vocab)
