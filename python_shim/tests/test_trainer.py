@@ -275,3 +275,23 @@ def test_a_rank_that_hangs_mid_step_is_given_up_on_and_a_new_group_starts_in_its
     finally:
         group.stop()
     assert retried["trained"] is True and retried["weightVersion"] == "v1"
+
+
+def test_a_start_replaces_a_running_group_in_its_bundles_and_calls_after_stop_are_refused(
+        driver: RayDriver, model: Path, tasks: list[dict[str, Any]], tmp_path: Path) -> None:
+    group = TrainerGroup(driver)
+    try:
+        first = group.start(spec(str(model), str(tmp_path / "ckpt"), lr=LR))
+        # No trainer-stop between: each bundle has room for one rank, so the second group places
+        # only once the first one's ranks are gone.
+        second = group.start(spec(str(model), str(tmp_path / "ckpt"), lr=LR))
+        out = group.step("s:openclawrl:1", tasks[:1])
+    finally:
+        group.stop()
+    assert set(first["pids"]).isdisjoint(second["pids"]) and out["trained"] is True
+    for call in (lambda: group.step("s:openclawrl:2", tasks[:1]), lambda: group.load(out["checkpointPath"]),
+                 lambda: group.push_weights("http://127.0.0.1:9", out["weightVersion"])):
+        with pytest.raises(ShimError) as stopped:
+            call()
+        assert stopped.value.code == "REEF_ERR_TRAINER" and "not started" in stopped.value.message
+    assert group.stop() == {}
