@@ -43,6 +43,7 @@ type LoopEvaluator = {
   evaluateFor(node: LoopNode, env: Environment): Runtime<string>;
   evaluateBlock(stmts: Statement[], env: Environment): Runtime<string>;
 };
+const STATEMENTS = new Set(['Set', 'If', 'For', 'Macro', 'CallStatement', 'Break', 'Continue', 'FilterStatement', 'Comment', 'Program']);
 interface LoopFrame { body: Statement[]; broken: boolean; ended: boolean; finished: boolean }
 
 const loopProto = Interpreter.prototype as unknown as LoopEvaluator & { __reefLoopControls?: boolean };
@@ -94,7 +95,9 @@ if (!loopProto.__reefLoopControls) {
         if (err instanceof BreakControl) frame.broken = true;
         return new StringValue(result + inner) as Runtime<string>;
       }
-      if (value.type !== 'NullValue' && value.type !== 'UndefinedValue') result += value.toString();
+      // A none value printed by {{ }} is "None" in jinja2; statements (set, macro, ...) answer none for no output.
+      if (value.type === 'NullValue') result += STATEMENTS.has(st.type) ? '' : 'None';
+      else if (value.type !== 'UndefinedValue') result += value.toString();
     }
     if (loopBody) frame.finished = true;
     return new StringValue(result) as Runtime<string>;
@@ -154,6 +157,11 @@ if (!envProto.__reefFrozen) {
       if (type === 'StringValue') return new StringValue(pyStrip((operand as Runtime<string>).value, null, true, true));
       // jinja2's undefined is the empty string to `trim` (Llama 3's `message['content'] | trim` without a content).
       if (type === 'UndefinedValue') return new StringValue('');
+    }
+    if (filter.type === 'Identifier' && filter.value === 'string') {
+      const type = (operand as Runtime).type;
+      if (type === 'BooleanValue' || type === 'FloatValue') return new StringValue(String(operand));
+      if (type === 'NullValue') return new StringValue('None');
     }
     const name = filter.type === 'Identifier' ? filter.value : filter.type === 'CallExpression' && filter.callee?.type === 'Identifier' ? filter.callee.value : null;
     if (name !== 'tojson') return originalFilter.call(this, operand, filter, env);
@@ -378,8 +386,7 @@ if (!binaryProto.__reefPyEquals) {
     }
     if (op === '==' || op === '!=') return new BooleanValue(runtimeEquals(left, right) === (op === '=='));
     if (op === '~') {
-      if (left.type === 'NullValue' || right.type === 'NullValue') throw new Error('Cannot perform operation on null values');
-      const text = (v: Runtime): string => (v.type === 'UndefinedValue' ? '' : String((v.value as { toString(): string }).toString()));
+      const text = (v: Runtime): string => (v.type === 'UndefinedValue' ? '' : v.type === 'NullValue' ? 'None' : v.type === 'BooleanValue' || v.type === 'FloatValue' ? v.toString() : String((v.value as { toString(): string }).toString()));
       return new StringValue(text(left) + text(right));
     }
     // `in` and `not in`: the interpreter's checks and errors, with Python's equality for list items.
@@ -393,4 +400,18 @@ if (!binaryProto.__reefPyEquals) {
     throw new SyntaxError(`Unknown operator "${op}" between ${left.type} and ${right.type}`);
   };
   binaryProto.__reefPyEquals = true;
+}
+
+// Python's str() of booleans and floats wherever the interpreter prints or converts them with
+// toString ({{ }}, the string filter): "True"/"False" and repr's float form, as jinja2 writes them
+// (template-compiler.ts's pyScalar).
+const scalarProto = Object.getPrototypeOf(sample(true)) as { toString(): string; __reefPyStr?: boolean };
+if (!scalarProto.__reefPyStr) {
+  scalarProto.toString = function toString(this: Runtime<boolean>): string {
+    return this.value ? 'True' : 'False';
+  };
+  (Object.getPrototypeOf(sample(1.5)) as { toString(): string }).toString = function toString(this: Runtime<number>): string {
+    return pyFloatRepr(this.value);
+  };
+  scalarProto.__reefPyStr = true;
 }

@@ -24,4 +24,8 @@ export const PYTHON_RENDERED: [what: string, source: string, ctx: Record<string,
   ['what an iteration printed before break or continue is kept; else runs when no iteration finished, outside the loop scope',
     "{% for m in ms %}y{% if m[0] == 1 %}X{% break %}{% endif %}z{% else %}E{% endfor %}|{% for m in ms %}{% for c in m %}{{ c }}{% if c == 2 %}!{% break %}{% endif %}-{% endfor %};{% endfor %}|{% set x = 'out' %}{% for x in [1, 2] %}a{% if x == 2 %}b{% continue %}{% endif %}c{% continue %}{% else %}[{{ x }}]{% endfor %}|{% for m in ms %}a{% set s %}q{% break %}{% endset %}{% filter upper %}q{% break %}{% endfilter %}b{% endfor %}[{{ s }}]",
     { ms: [[1, 2, 3], [2]] }, 'yXE|1-2!;2!;|acab[out]|a[]'],
+  ['booleans, none and floats print as Python\'s str() writes them ({{ }}, ~, string), as Qwen3-Coder prints tool-call arguments',
+    "{% for k, v in args | items %}<{{ k }}>{{ v | tojson if v is mapping or (v is sequence and v is not string) else v | string }}</{{ k }}>{% endfor %}|{{ args.flag }} {{ args.none }} {{ args.tiny }} {{ args.big }} {{ none }}|{{ 'a' ~ args.off ~ none ~ args.x ~ args.n }}",
+    { args: { flag: true, off: false, none: null, n: 3, x: 0.5, tiny: 1e-5, big: 1e16, list: [1, 'a', true], obj: { k: true } } },
+    '<flag>True</flag><off>False</off><none>None</none><n>3</n><x>0.5</x><tiny>1e-05</tiny><big>10000000000000000</big><list>[1, "a", true]</list><obj>{"k": true}</obj>|True None 1e-05 10000000000000000 None|aFalseNone0.53'],
 ];

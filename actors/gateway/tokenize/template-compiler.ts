@@ -215,19 +215,34 @@ function floatResult(x: number): number {
   return x;
 }
 
-/** What a `{{ }}` prints; null and undefined print nothing. */
+/**
+ * Python's `str()` of a scalar: how jinja2 prints it and how `~` and the `string` filter convert
+ * it (jinja-compat.ts gives the interpreter the same). The interpreter wrote JS's `true`, `false`,
+ * nothing for none and `1e-7`, where Qwen3-Coder's templates print tool-call arguments with
+ * `args_value | string` and transformers writes `True`, `None` and `1e-07`.
+ */
+function pyScalar(v: string | number | boolean | null): string {
+  switch (typeof v) {
+    case 'string': return v;
+    case 'number': return Number.isInteger(v) ? String(v) : pyFloatRepr(v);
+    case 'boolean': return v ? 'True' : 'False';
+  }
+  return 'None';
+}
+
+/** What a `{{ }}` prints: undefined prints nothing; lists and mappings keep the interpreter's JSON form. */
 function toStr(v: unknown): string {
   switch (typeof v) {
     case 'string': return v;
-    case 'number': return String(v);
-    case 'boolean': return v ? 'true' : 'false';
+    case 'number':
+    case 'boolean': return pyScalar(v);
     case 'undefined': return '';
-    case 'object': return v === null ? '' : toJson(v, JSON_DEFAULT, 0, false);
+    case 'object': return v === null ? 'None' : toJson(v, JSON_DEFAULT, 0, false);
   }
   return unsupported(`printing a ${typeof v}`);
 }
 
-/** `.value.toString()` of the interpreter's `~` and string `+`. */
+/** `.value.toString()` of the interpreter's `join`. */
 function catStr(v: unknown): string {
   switch (typeof v) {
     case 'string': return v;
@@ -596,11 +611,17 @@ function power(l: unknown, r: unknown): unknown {
   return float ? floatResult(x) : intResult(x);
 }
 
-/** `~`, where jinja2 prints an undefined operand as the empty string (jinja-compat.ts too). */
+/** `~`: Python's str() of each side, an undefined one being the empty string (jinja-compat.ts too). */
 function concat(l: unknown, r: unknown): string {
   if (typeof l === 'string' && typeof r === 'string') return l + r;
-  if (l === null || r === null) unsupported('~ on a none value');
-  return (l === undefined ? '' : catStr(l)) + (r === undefined ? '' : catStr(r));
+  return concatPart(l) + concatPart(r);
+}
+
+function concatPart(v: unknown): string {
+  if (v === undefined) return '';
+  if (typeof v === 'object' && v !== null) unsupported('~ with a list or mapping');
+  if (typeof v !== 'string' && typeof v !== 'number' && typeof v !== 'boolean' && v !== null) unsupported(`~ with a ${typeof v}`);
+  return pyScalar(v);
 }
 
 function getAttr(o: unknown, name: string): unknown {
@@ -886,10 +907,11 @@ function identFilter(name: string): FilterFn {
     };
     case 'string': return (v) => {
       switch (typeof v) {
-        case 'string': return v;
-        case 'number': return String(v);
-        case 'boolean': return v ? 'true' : 'false';
+        case 'string':
+        case 'number':
+        case 'boolean': return pyScalar(v);
       }
+      if (v === null) return 'None';
       return Array.isArray(v) ? toJson(v, JSON_DEFAULT, 0, false) : unsupported('string of this type');
     };
     case 'trim': return (v) => (typeof v === 'string' ? pyStrip(v, null, true, true) : v === undefined ? '' : unsupported('trim of this type'));
