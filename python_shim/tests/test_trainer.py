@@ -270,6 +270,7 @@ def test_a_rank_that_hangs_mid_step_is_given_up_on_and_a_new_group_starts_in_its
         assert (tmp_path / "hung").exists()
         assert not (ckpt / "v1").exists()
         # The hung rank was killed, not left holding its bundle or the group's port.
+        monkeypatch.undo()  # the retry under the real deadline: a busy machine may take 30 s for it
         group.start(spec(str(model), str(ckpt), lr=LR))
         retried = group.step("s:openclawrl:1", tasks)
     finally:
