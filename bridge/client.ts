@@ -81,7 +81,9 @@ export function defaultTimeoutMs<T extends BridgeRequestType>(type: T, fields: R
       // 600 s (group.py SETUP_TIMEOUT_S), after stopping a group it replaces (up to 15 s).
       return 660_000;
     case 'trainer-step':
-      return 600_000; // a batch of 16 long turns on a real model takes minutes
+      // a batch of 16 long turns on a real model takes minutes. group.py STEP_TIMEOUT_S (540 s) is
+      // kept under this, so that the shim gives up on a hung rank and answers before the client does.
+      return 600_000;
     case 'trainer-load':
       // The shim waits up to 600 s for the ranks to load (group.py SETUP_TIMEOUT_S). A client that
       // gave up first would send its retry behind a load still running on the shim's worker.
