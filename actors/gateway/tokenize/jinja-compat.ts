@@ -415,3 +415,41 @@ if (!scalarProto.__reefPyStr) {
   };
   scalarProto.__reefPyStr = true;
 }
+
+// ---------------------------------------------------------------------------------------------
+// `o[k]` with a key Python's lookup fails on: undefined, as in jinja2 (template-compiler.ts's
+// getItem). The interpreter threw for any key but a string (and an integer on a list or string).
+
+type MemberNode = { type: string; object: unknown; property: { type: string }; computed: boolean };
+type MemberEvaluator = {
+  evaluate(node: unknown, env: Environment): Runtime;
+  evaluateMemberExpression(node: MemberNode, env: Environment): Runtime;
+};
+const UndefinedValue = sample(undefined).constructor as RuntimeClass;
+const memberProto = Interpreter.prototype as unknown as MemberEvaluator & { __reefPyItems?: boolean };
+if (!memberProto.__reefPyItems) {
+  const original = memberProto.evaluateMemberExpression;
+  memberProto.evaluateMemberExpression = function evaluateMemberExpression(this: MemberEvaluator, node: MemberNode, env: Environment): Runtime {
+    if (!node.computed || node.property.type === 'SliceExpression') return original.call(this, node, env);
+    const object = this.evaluate(node.object, env);
+    let key = this.evaluate(node.property, env);
+    if (key.type === 'BooleanValue') key = sample(key.value ? 1 : 0);
+    const sequence = object.type === 'ArrayValue' || object.type === 'TupleValue' || object.type === 'StringValue';
+    if (key.type !== 'StringValue' && object.type !== 'UndefinedValue' && !(sequence && key.type === 'IntegerValue')) return new UndefinedValue(undefined);
+    const scope = new Environment(env) as unknown as { setVariable(name: string, value: unknown): unknown };
+    scope.setVariable(OPERANDS.left.value, object);
+    scope.setVariable(OPERANDS.right.value, key);
+    return original.call(this, { ...node, object: OPERANDS.left, property: OPERANDS.right }, scope as unknown as Environment);
+  };
+  memberProto.__reefPyItems = true;
+}
+
+// `is iterable` and `is sequence` as jinja2 answers them: true for mappings, tuples and undefined
+// too (template-compiler.ts's TESTS).
+const tests = (Environment as unknown as { TESTS: Map<string, (operand: Runtime) => boolean> & { __reefPyTests?: boolean } }).TESTS;
+if (!tests.__reefPyTests) {
+  const ITERABLE = new Set(['ArrayValue', 'TupleValue', 'StringValue', 'ObjectValue', 'KeywordArgumentsValue', 'UndefinedValue']);
+  tests.set('iterable', (operand) => ITERABLE.has(operand.type));
+  tests.set('sequence', (operand) => ITERABLE.has(operand.type));
+  tests.__reefPyTests = true;
+}

@@ -641,14 +641,22 @@ function getAttr(o: unknown, name: string): unknown {
   return undefined;
 }
 
+/**
+ * `o[k]`. jinja2 answers undefined wherever Python's lookup fails (a list, a mapping or none
+ * subscripted with a key it cannot take); only an undefined `o` raises. Hermes' tool template
+ * looks up `type_map[json_spec.type]` with a list of types (`["string", "null"]`), which the
+ * interpreter refused (jinja-compat.ts gives it jinja2's answer).
+ */
 function getItem(o: unknown, k: unknown): unknown {
   if (typeof k === 'string') return getAttr(o, k);
-  if (isInt(k)) {
-    if (Array.isArray(o)) return o.at(k);
-    if (typeof o === 'string') return o.at(k);
-    if (o instanceof Tuple) return o.items.at(k);
+  if (o === undefined) return unsupported('subscript of an undefined value');
+  const index = typeof k === 'boolean' ? Number(k) : k;
+  if (isInt(index)) {
+    if (Array.isArray(o)) return o.at(index);
+    if (typeof o === 'string') return o.at(index);
+    if (o instanceof Tuple) return o.items.at(index);
   }
-  return unsupported('subscript of this type');
+  return undefined;
 }
 
 function sliceList<T>(a: readonly T[], start: number | undefined, stop: number | undefined, step: number | undefined): T[] {
@@ -850,9 +858,11 @@ const TESTS: Record<string, (v: unknown) => boolean> = {
   string: (v) => typeof v === 'string',
   number: (v) => typeof v === 'number',
   integer: (v) => isInt(v),
-  iterable: (v) => Array.isArray(v) || typeof v === 'string',
+  // jinja2 iterates a mapping (its keys) and undefined (nothing), and takes both for sequences
+  // (Hermes' json_to_python_type tests a missing `type` with `is iterable`); jinja-compat.ts too.
+  iterable: (v) => v === undefined || Array.isArray(v) || v instanceof Tuple || typeof v === 'string' || isPlain(v) || v instanceof LoopInfo,
   mapping: (v) => isPlain(v) || v instanceof LoopInfo,
-  sequence: (v) => Array.isArray(v) || v instanceof Tuple || typeof v === 'string' || isPlain(v) || v instanceof LoopInfo,
+  sequence: (v) => v === undefined || Array.isArray(v) || v instanceof Tuple || typeof v === 'string' || isPlain(v) || v instanceof LoopInfo,
   lower: (v) => typeof v === 'string' && v === v.toLowerCase(),
   upper: (v) => typeof v === 'string' && v === v.toUpperCase(),
   defined: (v) => v !== undefined,
