@@ -1,6 +1,6 @@
 import { Environment, Interpreter } from '@huggingface/jinja';
 import { pyFloatRepr, pySplitWhitespace, pyStrip } from './py-str.js';
-import { asciiOnly, freezePlain } from './template-compiler.js';
+import { asciiOnly, freezePlain, pyMod } from './template-compiler.js';
 
 /**
  * Python's jinja2 iterates an undefined value as an empty sequence; @huggingface/jinja throws.
@@ -317,6 +317,8 @@ function tojsonFilter(interp: FilterApplier, operand: Runtime, filter: FilterNod
 
 const BooleanValue = sample(true).constructor as RuntimeClass;
 const NUMERIC = new Set(['BooleanValue', 'IntegerValue', 'FloatValue']);
+const NUMBERS = new Set(['IntegerValue', 'FloatValue']);
+const FloatValue = sample(1.5).constructor as RuntimeClass;
 
 /** Python's `a == b` for two runtime values. */
 function runtimeEquals(a: Runtime, b: Runtime): boolean {
@@ -365,9 +367,22 @@ if (!binaryProto.__reefPyEquals) {
   const original = binaryProto.evaluateBinaryExpression;
   binaryProto.evaluateBinaryExpression = function evaluateBinaryExpression(this: BinaryEvaluator, node: BinaryNode, env: Environment): Runtime {
     const op = node.operator.value;
-    if (op !== '==' && op !== '!=' && op !== 'in' && op !== 'not in' && op !== '~' && op !== '+') return original.call(this, node, env);
+    if (op !== '==' && op !== '!=' && op !== 'in' && op !== 'not in' && op !== '~' && op !== '+' && op !== '%') return original.call(this, node, env);
     const left = this.evaluate(node.left, env);
     const right = this.evaluate(node.right, env);
+    /** The interpreter's own operator on the values already evaluated. */
+    const delegate = (): Runtime => {
+      const scope = new Environment(env) as unknown as { setVariable(name: string, value: unknown): unknown };
+      scope.setVariable(OPERANDS.left.value, left);
+      scope.setVariable(OPERANDS.right.value, right);
+      return original.call(this, { ...node, ...OPERANDS }, scope as unknown as Environment);
+    };
+    if (op === '%') {
+      if (!NUMBERS.has(left.type) || !NUMBERS.has(right.type)) return delegate();
+      // Python's sign rule (the interpreter's was JS's: -7 % 3 gave -1).
+      const x = pyMod(left.value as number, right.value as number);
+      return left.type === 'IntegerValue' && right.type === 'IntegerValue' ? sample(x) : new FloatValue(x);
+    }
     if (op === '+') {
       const ls = left.type === 'StringValue';
       const rs = right.type === 'StringValue';
@@ -378,11 +393,7 @@ if (!binaryProto.__reefPyEquals) {
         const other = ls ? right : left;
         if (other.type !== 'UndefinedValue' && other.type !== 'NullValue') throw new TypeError(`can only concatenate str (not ${other.type}) to str`);
       }
-      // The interpreter's `+` on the values already evaluated.
-      const scope = new Environment(env) as unknown as { setVariable(name: string, value: unknown): unknown };
-      scope.setVariable(OPERANDS.left.value, left);
-      scope.setVariable(OPERANDS.right.value, right);
-      return original.call(this, { ...node, ...OPERANDS }, scope as unknown as Environment);
+      return delegate();
     }
     if (op === '==' || op === '!=') return new BooleanValue(runtimeEquals(left, right) === (op === '=='));
     if (op === '~') {

@@ -34,4 +34,7 @@ export const PYTHON_RENDERED: [what: string, source: string, ctx: Record<string,
   ['mappings and undefined are iterable and sequences in jinja2',
     "{% for v in [s, l, d, u, n, 3, t] %}{{ 'I' if v is iterable else 'i' }}{{ 'S' if v is sequence else 's' }}{% endfor %}",
     { s: 'x', l: [1], d: { a: 1 }, n: null, t: true }, 'ISISISISisisis'],
+  ['% takes the sign of the divisor, as in Python',
+    "{{ -7 % 3 }} {{ 7 % -3 }} {{ -7.5 % 2 }} {{ 7.5 % -2 }} {{ 7 % 3 }} {{ -6 % 3 }} {{ n % 2 }}",
+    { n: -3 }, '2 -2 0.5 -0.5 1 0 1'],
 ];

@@ -590,13 +590,20 @@ function arith(op: string): (l: unknown, r: unknown) => unknown {
     case '*': return (l, r) => { check(l, r); const a = l as number; const b = r as number; return ints(a, b) ? intResult(a * b) : floatResult(a * b); };
     case '/': return (l, r) => { check(l, r); return floatResult((l as number) / (r as number)); };
     case '//': return (l, r) => { check(l, r); const a = l as number; const b = r as number; const x = Math.floor(a / b); return ints(a, b) ? intResult(x) : floatResult(x); };
-    case '%': return (l, r) => { check(l, r); const a = l as number; const b = r as number; return ints(a, b) ? intResult(a % b) : floatResult(a % b); };
+    case '%': return (l, r) => { check(l, r); const a = l as number; const b = r as number; return ints(a, b) ? intResult(pyMod(a, b)) : floatResult(pyMod(a, b)); };
     case '<': return (l, r) => { check(l, r); return (l as number) < (r as number); };
     case '>': return (l, r) => { check(l, r); return (l as number) > (r as number); };
     case '<=': return (l, r) => { check(l, r); return (l as number) <= (r as number); };
     case '>=': return (l, r) => { check(l, r); return (l as number) >= (r as number); };
   }
   return refuse(`operator ${op}`);
+}
+
+/** Python's `%`: the result takes the divisor's sign (`-7 % 3` is 2; JS's is -1); jinja-compat.ts too. */
+export function pyMod(a: number, b: number): number {
+  const r = a % b;
+  if (r === 0) return b < 0 ? -0 : 0;
+  return r < 0 !== b < 0 ? r + b : r;
 }
 
 function power(l: unknown, r: unknown): unknown {
