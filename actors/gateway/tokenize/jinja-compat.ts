@@ -1,5 +1,5 @@
 import { Environment, Interpreter } from '@huggingface/jinja';
-import { pyFloatRepr, pySplitWhitespace, pyStrip } from './py-str.js';
+import { pyCapitalize, pyFloatRepr, pySplitWhitespace, pyStrip } from './py-str.js';
 import { asciiOnly, freezePlain, pyMod } from './template-compiler.js';
 
 /**
@@ -158,6 +158,9 @@ if (!envProto.__reefFrozen) {
       // jinja2's undefined is the empty string to `trim` (Llama 3's `message['content'] | trim` without a content).
       if (type === 'UndefinedValue') return new StringValue('');
     }
+    if (filter.type === 'Identifier' && filter.value === 'capitalize' && (operand as Runtime).type === 'StringValue') {
+      return new StringValue(pyCapitalize((operand as Runtime<string>).value));
+    }
     if (filter.type === 'Identifier' && filter.value === 'string') {
       const type = (operand as Runtime).type;
       if (type === 'BooleanValue' || type === 'FloatValue') return new StringValue(String(operand));
@@ -233,6 +236,7 @@ if (!stringProto.__reefPyStrings) {
       for (const [name, left, right] of [['strip', true, true], ['lstrip', true, false], ['rstrip', false, true]] as const) {
         map.set(name, new FunctionValue((args: Runtime[]) => new StringValue(pyStrip(s, stripChars(name, args), left, right))));
       }
+      map.set('capitalize', new FunctionValue(() => new StringValue(pyCapitalize(s))));
       const split = (map.get('split') as Runtime<Call>).value;
       map.set('split', new FunctionValue((args: Runtime[], env: Environment) => {
         // A separator (or a wrong argument) keeps the interpreter's split and its errors.

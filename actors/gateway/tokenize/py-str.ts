@@ -102,3 +102,23 @@ export function pyFloatRepr(x: number): string {
   const digits = e.indexOf('e') + 2;
   return e.length - digits === 1 ? `${e.slice(0, digits)}0${e.slice(digits)}` : e;
 }
+
+/** Title case of the four Unicode digraphs, whose upper case differs from it (ǆ: Ǆ, but title ǅ). */
+const DIGRAPH_TITLE: Record<string, string> = { Ǆ: 'ǅ', ǅ: 'ǅ', ǆ: 'ǅ', Ǉ: 'ǈ', ǈ: 'ǈ', ǉ: 'ǈ', Ǌ: 'ǋ', ǋ: 'ǋ', ǌ: 'ǋ', Ǳ: 'ǲ', ǲ: 'ǲ', ǳ: 'ǲ' };
+
+/**
+ * `s.capitalize()` (and jinja2's `capitalize` filter): the first character in title case, the rest
+ * in lower case. JS templates upper-cased the first and left the rest as it was.
+ */
+export function pyCapitalize(s: string): string {
+  if (s.length === 0) return s;
+  const first = String.fromCodePoint(s.codePointAt(0)!);
+  let head = DIGRAPH_TITLE[first];
+  if (head === undefined) {
+    // Title case is the upper case with all but its first character lowered (ß: SS, title Ss).
+    const upper = first.toUpperCase();
+    const lead = String.fromCodePoint(upper.codePointAt(0)!);
+    head = lead + upper.slice(lead.length).toLowerCase();
+  }
+  return head + s.slice(first.length).toLowerCase();
+}

@@ -37,4 +37,7 @@ export const PYTHON_RENDERED: [what: string, source: string, ctx: Record<string,
   ['% takes the sign of the divisor, as in Python',
     "{{ -7 % 3 }} {{ 7 % -3 }} {{ -7.5 % 2 }} {{ 7.5 % -2 }} {{ 7 % 3 }} {{ -6 % 3 }} {{ n % 2 }}",
     { n: -3 }, '2 -2 0.5 -0.5 1 0 1'],
+  ['capitalize lowers the rest, as str.capitalize does (filter and method)',
+    "{{ s | capitalize }}|{{ s.capitalize() }}|{{ 'ǆemal' | capitalize }}|{{ 'ßx' | capitalize }}|{{ '' | capitalize }}|{{ 'élan ÉTÉ'.capitalize() }}",
+    { s: 'hELLO wORLD' }, 'Hello world|Hello world|ǅemal|Ssx||Élan été'],
 ];

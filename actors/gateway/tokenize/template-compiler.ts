@@ -1,5 +1,5 @@
 import { Template } from '@huggingface/jinja';
-import { pyFloatRepr, pySplitWhitespace, pyStrip } from './py-str.js';
+import { pyCapitalize, pyFloatRepr, pySplitWhitespace, pyStrip } from './py-str.js';
 
 /**
  * A chat template compiled into closures over plain JS values, with the exact semantics of the
@@ -801,7 +801,7 @@ function callStringMethod(o: string, name: string, pos: readonly unknown[], kwNa
     case 'lstrip':
     case 'rstrip': return stripText(o, name, pos, kwNames);
     case 'title': return titleCase(o);
-    case 'capitalize': return o.charAt(0).toUpperCase() + o.slice(1);
+    case 'capitalize': return pyCapitalize(o);
     case 'startswith':
     case 'endswith':
       if (pos.length === 0) unsupported(`${name} without a positional argument`);
@@ -935,7 +935,7 @@ function identFilter(name: string): FilterFn {
     case 'upper': return stringOnly(name, (s) => s.toUpperCase());
     case 'lower': return stringOnly(name, (s) => s.toLowerCase());
     case 'title': return stringOnly(name, titleCase);
-    case 'capitalize': return stringOnly(name, (s) => s.charAt(0).toUpperCase() + s.slice(1));
+    case 'capitalize': return stringOnly(name, pyCapitalize);
     case 'indent': return stringOnly(name, (s) => indentText(s, '    ', false, false));
     case 'int': return (v) => {
       if (typeof v === 'string') {
