@@ -1,5 +1,5 @@
 import { Environment, Interpreter } from '@huggingface/jinja';
-import { pyCapitalize, pyFloatRepr, pySplitWhitespace, pyStrip } from './py-str.js';
+import { pyCapitalize, pyCompare, pyFloatRepr, pySplitWhitespace, pyStrip } from './py-str.js';
 import { asciiOnly, freezePlain, pyMod } from './template-compiler.js';
 
 /**
@@ -278,7 +278,7 @@ function toJson(input: Runtime, o: ToJsonOptions, depth: number): string {
         return indent && core.length > 0 ? `[${child}${core.join(`${itemSep}${child}`)}${base}]` : `[${core.join(itemSep)}]`;
       }
       let entries = Array.from((input.value as Map<string, Runtime>).entries());
-      if (sortKeys) entries = entries.sort(([a], [b]) => a.localeCompare(b));
+      if (sortKeys) entries = entries.sort(([a], [b]) => pyCompare(a, b));
       const core = entries.map(([key, value]) => {
         const keyText = ensureAscii ? asciiOnly(JSON.stringify(key)) : JSON.stringify(key);
         const item = `${keyText}${keySep}${toJson(value, o, depth + 1)}`;

@@ -122,3 +122,22 @@ export function pyCapitalize(s: string): string {
   }
   return head + s.slice(first.length).toLowerCase();
 }
+
+/**
+ * Python's order of two strings (code point by code point), as `sorted` and `json.dumps(...,
+ * sort_keys=True)` use; JS's `<` compares UTF-16 units, which differs only past U+FFFF.
+ */
+export function pyCompare(a: string, b: string): number {
+  const n = Math.min(a.length, b.length);
+  for (let i = 0; i < n; i++) {
+    const x = a.charCodeAt(i);
+    const y = b.charCodeAt(i);
+    if (x === y) continue;
+    // A surrogate (an astral code point) sorts after every BMP character in code point order.
+    const sx = x >= 0xd800 && x <= 0xdfff;
+    const sy = y >= 0xd800 && y <= 0xdfff;
+    if (sx !== sy) return sx ? 1 : -1;
+    return x < y ? -1 : 1;
+  }
+  return a.length - b.length;
+}

@@ -40,4 +40,8 @@ export const PYTHON_RENDERED: [what: string, source: string, ctx: Record<string,
   ['capitalize lowers the rest, as str.capitalize does (filter and method)',
     "{{ s | capitalize }}|{{ s.capitalize() }}|{{ 'ǆemal' | capitalize }}|{{ 'ßx' | capitalize }}|{{ '' | capitalize }}|{{ 'élan ÉTÉ'.capitalize() }}",
     { s: 'hELLO wORLD' }, 'Hello world|Hello world|ǅemal|Ssx||Élan été'],
+  ['tojson(sort_keys=true) orders keys by code point, as json.dumps does',
+    "{{ d | tojson(sort_keys=true) }}",
+    { d: { b: 1, B: 2, a: { z: 1, Z: 2 }, _x: 3, Zeta: 4, über: 5, '10': 6, '9': 7, '😀': 8, '\uffee': 9 } },
+    '{"10": 6, "9": 7, "B": 2, "Zeta": 4, "_x": 3, "a": {"Z": 2, "z": 1}, "b": 1, "über": 5, "\uffee": 9, "😀": 8}'],
 ];

@@ -1,5 +1,5 @@
 import { Template } from '@huggingface/jinja';
-import { pyCapitalize, pyFloatRepr, pySplitWhitespace, pyStrip } from './py-str.js';
+import { pyCapitalize, pyCompare, pyFloatRepr, pySplitWhitespace, pyStrip } from './py-str.js';
 
 /**
  * A chat template compiled into closures over plain JS values, with the exact semantics of the
@@ -288,7 +288,7 @@ function toJson(v: unknown, o: JsonOptions, depth: number, undefinedAsNull: bool
   if (v instanceof Namespace) entries = Array.from(v.vals.entries());
   else if (v instanceof Special) return unsupported('JSON of a tuple, loop or macro');
   else entries = Object.entries(v);
-  if (o.sortKeys) entries.sort(([a], [b]) => a.localeCompare(b));
+  if (o.sortKeys) entries.sort(([a], [b]) => pyCompare(a, b));
   const core = entries.map(([k, x]) => {
     const key = o.ascii ? asciiOnly(JSON.stringify(k)) : JSON.stringify(k);
     const item = key + o.keySep + toJson(x, o, depth + 1, undefinedAsNull);
