@@ -167,6 +167,12 @@ if (!envProto.__reefFrozen) {
       if (type === 'NullValue') return new StringValue('None');
     }
     const name = filter.type === 'Identifier' ? filter.value : filter.type === 'CallExpression' && filter.callee?.type === 'Identifier' ? filter.callee.value : null;
+    if ((operand as Runtime).type === 'UndefinedValue' && typeof name === 'string') {
+      // jinja2 treats undefined as empty here (template-compiler.ts's OF_UNDEFINED); json.dumps refuses it.
+      if (name === 'tojson') throw new TypeError('Object of type Undefined is not JSON serializable');
+      const empty = OF_UNDEFINED.get(name);
+      if (empty !== undefined) return empty();
+    }
     if (name !== 'tojson') return originalFilter.call(this, operand, filter, env);
     if (!frozen.has(operand) || !isPureToJson(filter)) return tojsonFilter(this, operand as Runtime, filter, env);
     let memo = tojsonMemo.get(operand);
@@ -468,3 +474,10 @@ if (!tests.__reefPyTests) {
   tests.set('sequence', (operand) => ITERABLE.has(operand.type));
   tests.__reefPyTests = true;
 }
+
+const OF_UNDEFINED = new Map<string, () => Runtime>([
+  ...['length'].map((n) => [n, () => sample(0)] as const),
+  ...['join', 'string', 'lower', 'upper', 'capitalize', 'title'].map((n) => [n, () => new StringValue('')] as const),
+  ...['list', 'map', 'selectattr', 'rejectattr', 'items', 'reverse', 'sort'].map((n) => [n, () => new ArrayValue([])] as const),
+  ...['first', 'last'].map((n) => [n, () => sample(undefined)] as const),
+]);

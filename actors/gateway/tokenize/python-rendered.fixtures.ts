@@ -44,4 +44,7 @@ export const PYTHON_RENDERED: [what: string, source: string, ctx: Record<string,
     "{{ d | tojson(sort_keys=true) }}",
     { d: { b: 1, B: 2, a: { z: 1, Z: 2 }, _x: 3, Zeta: 4, über: 5, '10': 6, '9': 7, '😀': 8, '\uffee': 9 } },
     '{"10": 6, "9": 7, "B": 2, "Zeta": 4, "_x": 3, "a": {"Z": 2, "z": 1}, "b": 1, "über": 5, "\uffee": 9, "😀": 8}'],
+  ['filters take an undefined value as empty (a tool_calls key dropped with its null)',
+    "[{{ u | length }}|{{ u | join(',') }}|{{ u | string }}|{{ u | lower }}|{{ u | map(attribute='x') | list | length }}|{{ u | selectattr('x') | list | length }}|{{ u | first is defined }}|{{ u | items | list | length }}|{{ m.tool_calls | length }}]{% for c in m.tool_calls | map(attribute='id') %}{{ c }}{% endfor %}",
+    { m: { role: 'assistant' } }, '[0||||0|0|False|0|0]'],
 ];

@@ -705,6 +705,7 @@ describe('compile-time and run-time fallback', () => {
     ['a float literal with an integral value', '{{ 2.0 }}', {}, '2.0'],
     ['+ of a list and a string', '{{ messages + "x" }}', { messages: ['a'] }, null],
     // A TypeError in Python; the interpreter wrote "args: [object Map]" (DeepSeek templates add tool-call arguments to strings).
+    ['tojson of an undefined value (a TypeError in Python)', '{{ nothing | tojson }}', {}, Error],
     ['+ of a string and a mapping', '{{ "args: " + call.arguments }}', { call: { arguments: { city: 'Paris' } } }, Error],
     ['+ of a string and a number', '{{ "n=" + messages | length }}', { messages: [] }, Error],
     ['a string method as a value', '{{ "abc".upper }}', {}, null],

@@ -879,6 +879,15 @@ const TESTS: Record<string, (v: unknown) => boolean> = {
   eq: () => unsupported('eq without an operand'),
 };
 
+/**
+ * Filters jinja2 applies to an undefined value as to an empty string or list (jinja-compat.ts
+ * too); the interpreter refused them all. `tojson` of undefined is a TypeError in Python.
+ */
+const OF_UNDEFINED: Record<string, () => unknown> = {
+  length: () => 0, list: () => [], join: () => '', string: () => '', lower: () => '', upper: () => '', capitalize: () => '', title: () => '',
+  map: () => [], selectattr: () => [], rejectattr: () => [], items: () => [], reverse: () => [], sort: () => [], first: () => undefined, last: () => undefined,
+};
+
 /** Filters the interpreter implements that are not reproduced here: such a template keeps the interpreter. */
 const REFUSED_FILTERS = new Set(['unique', 'dictsort']);
 
@@ -1670,6 +1679,14 @@ class Compiler {
   }
 
   private filter(node: N, kind: Kind): FilterFn {
+    const name = node.type === 'Identifier' ? (node as IdentN).value : node.type === 'CallExpression' && (node as CallN).callee.type === 'Identifier' ? ((node as CallN).callee as IdentN).value : null;
+    const f = this.filterOf(node, kind);
+    const empty = name !== null && hasOwn(OF_UNDEFINED, name) ? OF_UNDEFINED[name]! : null;
+    if (name === 'tojson') return (v, s) => (v === undefined ? unsupported('tojson of an undefined value') : f(v, s));
+    return empty === null ? f : (v, s) => (v === undefined ? empty() : f(v, s));
+  }
+
+  private filterOf(node: N, kind: Kind): FilterFn {
     if (node.type === 'Identifier') return identFilter((node as IdentN).value);
     if (node.type !== 'CallExpression' || (node as CallN).callee.type !== 'Identifier') return refuse(`filter ${node.type}`);
     const n = node as CallN;
