@@ -1,5 +1,5 @@
 import { Environment, Interpreter } from '@huggingface/jinja';
-import { pyCapitalize, pyCompare, pyFloatRepr, pySplitWhitespace, pyStrip } from './py-str.js';
+import { pyCapitalize, pyCompare, pyFloatRepr, pySplitWhitespace, pyStrip, pyStrRepr } from './py-str.js';
 import { asciiOnly, freezePlain, pyMod } from './template-compiler.js';
 
 /**
@@ -165,6 +165,7 @@ if (!envProto.__reefFrozen) {
       const type = (operand as Runtime).type;
       if (type === 'BooleanValue' || type === 'FloatValue') return new StringValue(String(operand));
       if (type === 'NullValue') return new StringValue('None');
+      if (type === 'ArrayValue' || type === 'TupleValue' || type === 'ObjectValue' || type === 'NamespaceValue') return new StringValue(runtimeRepr(operand as Runtime));
     }
     const name = filter.type === 'Identifier' ? filter.value : filter.type === 'CallExpression' && filter.callee?.type === 'Identifier' ? filter.callee.value : null;
     if ((operand as Runtime).type === 'UndefinedValue' && typeof name === 'string') {
@@ -481,3 +482,38 @@ const OF_UNDEFINED = new Map<string, () => Runtime>([
   ...['list', 'map', 'selectattr', 'rejectattr', 'items', 'reverse', 'sort'].map((n) => [n, () => new ArrayValue([])] as const),
   ...['first', 'last'].map((n) => [n, () => sample(undefined)] as const),
 ]);
+
+/** Python's repr of a runtime value: lists and mappings print so in jinja2 (template-compiler.ts's pyRepr). */
+function runtimeRepr(v: Runtime): string {
+  switch (v.type) {
+    case 'StringValue': return pyStrRepr(v.value as string);
+    case 'IntegerValue': return String(v.value);
+    case 'FloatValue': return pyFloatRepr(v.value as number);
+    case 'BooleanValue': return v.value ? 'True' : 'False';
+    case 'NullValue': return 'None';
+    case 'UndefinedValue': return 'Undefined';
+    case 'ArrayValue': return '[' + (v.value as Runtime[]).map(runtimeRepr).join(', ') + ']';
+    case 'TupleValue': {
+      const items = (v.value as Runtime[]).map(runtimeRepr);
+      return items.length === 1 ? `(${items[0]},)` : '(' + items.join(', ') + ')';
+    }
+    case 'ObjectValue':
+    case 'NamespaceValue': {
+      const dict = '{' + Array.from((v.value as Map<string, Runtime>), ([k, x]) => pyStrRepr(k) + ': ' + runtimeRepr(x)).join(', ') + '}';
+      return v.type === 'NamespaceValue' ? `<Namespace ${dict}>` : dict;
+    }
+  }
+  return String(v);
+}
+
+// {{ }} of a list, mapping or namespace prints its repr (toString).
+const aNamespace = (new Environment() as unknown as { variables: Map<string, Runtime<(args: unknown[]) => Runtime>> }).variables.get('namespace')!.value([]);
+for (const value of [sample([]), sample({}), aNamespace]) {
+  const proto = Object.getPrototypeOf(value) as { toString(): string; __reefRepr?: boolean };
+  if (!proto.__reefRepr) {
+    proto.toString = function toString(this: Runtime): string {
+      return runtimeRepr(this);
+    };
+    proto.__reefRepr = true;
+  }
+}

@@ -141,3 +141,24 @@ export function pyCompare(a: string, b: string): number {
   }
   return a.length - b.length;
 }
+
+/** Characters Python's `str.isprintable` rejects (but the space), which `repr` escapes. */
+const NON_PRINTABLE = /^[\p{Cc}\p{Cf}\p{Cs}\p{Co}\p{Cn}\p{Zl}\p{Zp}\p{Zs}]$/u;
+
+/** `repr(s)`: how Python prints a string inside a printed list or dict. */
+export function pyStrRepr(s: string): string {
+  const quote = s.includes("'") && !s.includes('"') ? '"' : "'";
+  let out = quote;
+  for (const ch of s) {
+    const c = ch.codePointAt(0)!;
+    if (ch === quote || ch === '\\') out += '\\' + ch;
+    else if (ch === '\t') out += '\\t';
+    else if (ch === '\n') out += '\\n';
+    else if (ch === '\r') out += '\\r';
+    else if (c >= 0x20 && c < 0x7f) out += ch;
+    else if (c < 0x7f || c === 0x7f || (c > 0x7f && c !== 0x20 && NON_PRINTABLE.test(ch))) {
+      out += c < 0x100 ? '\\x' + c.toString(16).padStart(2, '0') : c < 0x10000 ? '\\u' + c.toString(16).padStart(4, '0') : '\\U' + c.toString(16).padStart(8, '0');
+    } else out += ch;
+  }
+  return out + quote;
+}

@@ -47,4 +47,8 @@ export const PYTHON_RENDERED: [what: string, source: string, ctx: Record<string,
   ['filters take an undefined value as empty (a tool_calls key dropped with its null)',
     "[{{ u | length }}|{{ u | join(',') }}|{{ u | string }}|{{ u | lower }}|{{ u | map(attribute='x') | list | length }}|{{ u | selectattr('x') | list | length }}|{{ u | first is defined }}|{{ u | items | list | length }}|{{ m.tool_calls | length }}]{% for c in m.tool_calls | map(attribute='id') %}{{ c }}{% endfor %}",
     { m: { role: 'assistant' } }, '[0||||0|0|False|0|0]'],
+  ['lists, mappings and namespaces print as Python\'s repr ({{ }}, string)',
+    "{{ args }}|{{ [1, 2.5, true, none, 'it\\'s', \"q\\\"\"] }}|{{ args | string }}|{{ namespace(a=1, b=[2]) }}|{{ {'k': u} }}",
+    { args: { city: 'Paris\n', n: [1, { deep: null }], s: 'tab\there \u00e9\u00a0\u200b\u0007 😀' } },
+    "{'city': 'Paris\\n', 'n': [1, {'deep': None}], 's': 'tab\\there é\\xa0\\u200b\\x07 😀'}|[1, 2.5, True, None, \"it's\", 'q\"']|{'city': 'Paris\\n', 'n': [1, {'deep': None}], 's': 'tab\\there é\\xa0\\u200b\\x07 😀'}|<Namespace {'a': 1, 'b': [2]}>|{'k': Undefined}"],
 ];

@@ -1,5 +1,5 @@
 import { Template } from '@huggingface/jinja';
-import { pyCapitalize, pyCompare, pyFloatRepr, pySplitWhitespace, pyStrip } from './py-str.js';
+import { pyCapitalize, pyCompare, pyFloatRepr, pySplitWhitespace, pyStrip, pyStrRepr } from './py-str.js';
 
 /**
  * A chat template compiled into closures over plain JS values, with the exact semantics of the
@@ -230,16 +230,36 @@ function pyScalar(v: string | number | boolean | null): string {
   return 'None';
 }
 
-/** What a `{{ }}` prints: undefined prints nothing; lists and mappings keep the interpreter's JSON form. */
+/** What a `{{ }}` prints: undefined prints nothing, lists and mappings as Python's repr. */
 function toStr(v: unknown): string {
   switch (typeof v) {
     case 'string': return v;
     case 'number':
     case 'boolean': return pyScalar(v);
     case 'undefined': return '';
-    case 'object': return v === null ? 'None' : toJson(v, JSON_DEFAULT, 0, false);
+    case 'object': return v === null ? 'None' : pyRepr(v);
   }
   return unsupported(`printing a ${typeof v}`);
+}
+
+/**
+ * Python's `repr` of a list or mapping (`['a', True, None]`, `{'k': 1.5}`), as jinja2 prints them
+ * and the `string` filter converts them; the interpreter wrote JSON (jinja-compat.ts now the same).
+ */
+function pyRepr(v: unknown): string {
+  switch (typeof v) {
+    case 'string': return pyStrRepr(v);
+    case 'number':
+    case 'boolean': return pyScalar(v);
+    case 'undefined': return 'Undefined';
+    case 'object': break;
+    default: return unsupported(`repr of a ${typeof v}`);
+  }
+  if (v === null) return 'None';
+  if (Array.isArray(v)) return '[' + v.map(pyRepr).join(', ') + ']';
+  const entries = isPlain(v) ? Object.entries(v) : v instanceof Namespace ? Array.from(v.vals) : unsupported('repr of a tuple, loop or macro');
+  const dict = '{' + entries.map(([k, x]) => pyStrRepr(k) + ': ' + pyRepr(x)).join(', ') + '}';
+  return v instanceof Namespace ? `<Namespace ${dict}>` : dict;
 }
 
 /** `.value.toString()` of the interpreter's `join`. */
@@ -938,7 +958,7 @@ function identFilter(name: string): FilterFn {
         case 'boolean': return pyScalar(v);
       }
       if (v === null) return 'None';
-      return Array.isArray(v) ? toJson(v, JSON_DEFAULT, 0, false) : unsupported('string of this type');
+      return Array.isArray(v) || isPlain(v) ? pyRepr(v) : unsupported('string of this type');
     };
     case 'trim': return (v) => (typeof v === 'string' ? pyStrip(v, null, true, true) : v === undefined ? '' : unsupported('trim of this type'));
     case 'upper': return stringOnly(name, (s) => s.toUpperCase());
