@@ -466,13 +466,17 @@ if (!memberProto.__reefPyItems) {
   memberProto.__reefPyItems = true;
 }
 
-// `is iterable` and `is sequence` as jinja2 answers them: true for mappings, tuples and undefined
-// too (template-compiler.ts's TESTS).
+// `is iterable`, `is sequence`, `is number` and `is callable` as jinja2 answers them
+// (template-compiler.ts's TESTS).
 const tests = (Environment as unknown as { TESTS: Map<string, (operand: Runtime) => boolean> & { __reefPyTests?: boolean } }).TESTS;
 if (!tests.__reefPyTests) {
   const ITERABLE = new Set(['ArrayValue', 'TupleValue', 'StringValue', 'ObjectValue', 'KeywordArgumentsValue', 'UndefinedValue']);
   tests.set('iterable', (operand) => ITERABLE.has(operand.type));
   tests.set('sequence', (operand) => ITERABLE.has(operand.type));
+  // A bool is a Number in Python; undefined is callable (its __call__ raises).
+  tests.set('number', (operand) => NUMERIC.has(operand.type));
+  const callable = tests.get('callable')!;
+  tests.set('callable', (operand) => operand.type === 'UndefinedValue' || callable(operand));
   tests.__reefPyTests = true;
 }
 

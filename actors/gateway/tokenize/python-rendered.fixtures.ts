@@ -51,4 +51,7 @@ export const PYTHON_RENDERED: [what: string, source: string, ctx: Record<string,
     "{{ args }}|{{ [1, 2.5, true, none, 'it\\'s', \"q\\\"\"] }}|{{ args | string }}|{{ namespace(a=1, b=[2]) }}|{{ {'k': u} }}",
     { args: { city: 'Paris\n', n: [1, { deep: null }], s: 'tab\there \u00e9\u00a0\u200b\u0007 😀' } },
     "{'city': 'Paris\\n', 'n': [1, {'deep': None}], 's': 'tab\\there é\\xa0\\u200b\\x07 😀'}|[1, 2.5, True, None, \"it's\", 'q\"']|{'city': 'Paris\\n', 'n': [1, {'deep': None}], 's': 'tab\\there é\\xa0\\u200b\\x07 😀'}|<Namespace {'a': 1, 'b': [2]}>|{'k': Undefined}"],
+  ['a boolean is a number; undefined is callable (its __call__ raises), as Python answers',
+    "{% for v in [true, 1, 1.5, none, 's', u] %}{{ 'N' if v is number else 'n' }}{{ 'I' if v is integer else 'i' }}{{ 'C' if v is callable else 'c' }}{% endfor %}",
+    {}, 'NicNIcNicnicnicniC'],
 ];

@@ -876,14 +876,16 @@ function callMethod(o: unknown, name: string, pos: readonly unknown[], kwNames: 
 
 const TESTS: Record<string, (v: unknown) => boolean> = {
   boolean: (v) => typeof v === 'boolean',
-  callable: (v) => (typeof v === 'function' ? unsupported('callable test on a function') : v instanceof Callable),
+  // jinja2's undefined has a __call__ (that raises), so Python's callable() holds for it.
+  callable: (v) => (typeof v === 'function' ? unsupported('callable test on a function') : v instanceof Callable || v === undefined),
   odd: (v) => (isInt(v) ? v % 2 !== 0 : unsupported('odd on a non-integer')),
   even: (v) => (isInt(v) ? v % 2 === 0 : unsupported('even on a non-integer')),
   false: (v) => v === false,
   true: (v) => v === true,
   none: (v) => v === null,
   string: (v) => typeof v === 'string',
-  number: (v) => typeof v === 'number',
+  // A bool is a Number in Python (`true is number`); not an integer to jinja2's test, though.
+  number: (v) => typeof v === 'number' || typeof v === 'boolean',
   integer: (v) => isInt(v),
   // jinja2 iterates a mapping (its keys) and undefined (nothing), and takes both for sequences
   // (Hermes' json_to_python_type tests a missing `type` with `is iterable`); jinja-compat.ts too.
