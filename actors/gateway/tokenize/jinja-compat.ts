@@ -263,7 +263,8 @@ interface ToJsonOptions { indent: number | null; ensureAscii: boolean; sortKeys:
 /** The interpreter's `toJSON`, line for line, except that a float is written as Python's json.dumps writes it. */
 function toJson(input: Runtime, o: ToJsonOptions, depth: number): string {
   const { indent, ensureAscii, separators, sortKeys } = o;
-  const [itemSep, keySep] = separators ?? (indent ? [',', ': '] : [', ', ': ']);
+  // indent=0 still breaks lines in json.dumps (the interpreter took 0 for none).
+  const [itemSep, keySep] = separators ?? (indent !== null ? [',', ': '] : [', ', ': ']);
   switch (input.type) {
     case 'NullValue':
     case 'UndefinedValue': return 'null';
@@ -277,21 +278,21 @@ function toJson(input: Runtime, o: ToJsonOptions, depth: number): string {
     case 'ArrayValue':
     case 'NamespaceValue':
     case 'ObjectValue': {
-      const unit = indent ? ' '.repeat(indent) : '';
+      const unit = indent !== null ? ' '.repeat(Math.max(0, indent)) : '';
       const base = '\n' + unit.repeat(depth);
       const child = base + unit;
       if (input.type === 'ArrayValue') {
         const core = (input.value as Runtime[]).map((x) => toJson(x, o, depth + 1));
-        return indent && core.length > 0 ? `[${child}${core.join(`${itemSep}${child}`)}${base}]` : `[${core.join(itemSep)}]`;
+        return indent !== null && core.length > 0 ? `[${child}${core.join(`${itemSep}${child}`)}${base}]` : `[${core.join(itemSep)}]`;
       }
       let entries = Array.from((input.value as Map<string, Runtime>).entries());
       if (sortKeys) entries = entries.sort(([a], [b]) => pyCompare(a, b));
       const core = entries.map(([key, value]) => {
         const keyText = ensureAscii ? asciiOnly(JSON.stringify(key)) : JSON.stringify(key);
         const item = `${keyText}${keySep}${toJson(value, o, depth + 1)}`;
-        return indent ? `${child}${item}` : item;
+        return indent !== null ? `${child}${item}` : item;
       });
-      return indent && core.length > 0 ? `{${core.join(itemSep)}${base}}` : `{${core.join(itemSep)}}`;
+      return indent !== null && core.length > 0 ? `{${core.join(itemSep)}${base}}` : `{${core.join(itemSep)}}`;
     }
   }
   throw new Error(`Cannot convert to JSON: ${input.type}`);

@@ -54,4 +54,7 @@ export const PYTHON_RENDERED: [what: string, source: string, ctx: Record<string,
   ['a boolean is a number; undefined is callable (its __call__ raises), as Python answers',
     "{% for v in [true, 1, 1.5, none, 's', u] %}{{ 'N' if v is number else 'n' }}{{ 'I' if v is integer else 'i' }}{{ 'C' if v is callable else 'c' }}{% endfor %}",
     {}, 'NicNIcNicnicnicniC'],
+  ['tojson(indent=0) breaks lines without indenting, as json.dumps does',
+    "{{ d | tojson(indent=0) }}|{{ [] | tojson(indent=0) }}|{{ d | tojson(indent=1) }}",
+    { d: { a: [1, {}], b: 'x' } }, '{\n"a": [\n1,\n{}\n],\n"b": "x"\n}|[]|{\n "a": [\n  1,\n  {}\n ],\n "b": "x"\n}'],
 ];

@@ -276,9 +276,9 @@ function catStr(v: unknown): string {
 // JSON, as the interpreter's toJSON writes it
 
 /** `pyFloats`: non-integral numbers as Python's json.dumps writes them (`tojson`, patched in jinja-compat.ts); printing keeps JS's. */
-interface JsonOptions { indent: number; ascii: boolean; sortKeys: boolean; itemSep: string; keySep: string; pyFloats: boolean }
+interface JsonOptions { indent: number | null; ascii: boolean; sortKeys: boolean; itemSep: string; keySep: string; pyFloats: boolean }
 
-const JSON_DEFAULT: JsonOptions = { indent: 0, ascii: false, sortKeys: false, itemSep: ', ', keySep: ': ', pyFloats: false };
+const JSON_DEFAULT: JsonOptions = { indent: null, ascii: false, sortKeys: false, itemSep: ', ', keySep: ': ', pyFloats: false };
 const JSON_TOJSON: JsonOptions = { ...JSON_DEFAULT, pyFloats: true };
 
 const NON_ASCII = /[\x7f-\uffff]/g;
@@ -297,12 +297,13 @@ function toJson(v: unknown, o: JsonOptions, depth: number, undefinedAsNull: bool
     default: return unsupported(`JSON of a ${typeof v}`);
   }
   if (v === null) return 'null';
-  const unit = o.indent > 0 ? ' '.repeat(o.indent) : '';
+  // indent=0 still breaks lines in json.dumps; only none (the default) writes one line.
+  const unit = o.indent !== null ? ' '.repeat(o.indent) : '';
   const base = '\n' + unit.repeat(depth);
   const child = base + unit;
   if (Array.isArray(v)) {
     const core = v.map((x) => toJson(x, o, depth + 1, undefinedAsNull));
-    return o.indent > 0 && core.length > 0 ? `[${child}${core.join(o.itemSep + child)}${base}]` : `[${core.join(o.itemSep)}]`;
+    return o.indent !== null && core.length > 0 ? `[${child}${core.join(o.itemSep + child)}${base}]` : `[${core.join(o.itemSep)}]`;
   }
   let entries: [string, unknown][];
   if (v instanceof Namespace) entries = Array.from(v.vals.entries());
@@ -312,9 +313,9 @@ function toJson(v: unknown, o: JsonOptions, depth: number, undefinedAsNull: bool
   const core = entries.map(([k, x]) => {
     const key = o.ascii ? asciiOnly(JSON.stringify(k)) : JSON.stringify(k);
     const item = key + o.keySep + toJson(x, o, depth + 1, undefinedAsNull);
-    return o.indent > 0 ? child + item : item;
+    return o.indent !== null ? child + item : item;
   });
-  return o.indent > 0 && core.length > 0 ? `{${core.join(o.itemSep)}${base}}` : `{${core.join(o.itemSep)}}`;
+  return o.indent !== null && core.length > 0 ? `{${core.join(o.itemSep)}${base}}` : `{${core.join(o.itemSep)}}`;
 }
 
 /** Values deep-copied and frozen by `freezePlain`: their JSON text can be kept. */
@@ -348,14 +349,14 @@ function freezeDeep(value: unknown): unknown {
 }
 
 function jsonOptions(indent: unknown, ascii: unknown, sortKeys: unknown, separators: unknown): JsonOptions {
-  let width = 0;
+  let width: number | null = null;
   if (indent !== null && indent !== MISSING) {
     if (!isInt(indent) || indent < 0) unsupported('tojson indent');
     width = indent;
   }
   if (ascii !== MISSING && typeof ascii !== 'boolean') unsupported('tojson ensure_ascii');
   if (sortKeys !== MISSING && typeof sortKeys !== 'boolean') unsupported('tojson sort_keys');
-  let itemSep = width > 0 ? ',' : ', ';
+  let itemSep = width !== null ? ',' : ', ';
   let keySep = ': ';
   if (separators !== null && separators !== MISSING) {
     const pair = listItems(separators);
