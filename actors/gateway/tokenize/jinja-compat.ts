@@ -1,5 +1,5 @@
 import { Environment, Interpreter } from '@huggingface/jinja';
-import { pyCapitalize, pyCompare, pyFloatRepr, pySplitWhitespace, pyStrip, pyStrRepr } from './py-str.js';
+import { jinjaTitle, pyCapitalize, pyCompare, pyFloatRepr, pyIsLower, pyIsUpper, pySplitWhitespace, pyStrip, pyStrRepr, pyTitle } from './py-str.js';
 import { asciiOnly, freezePlain, pyMod } from './template-compiler.js';
 
 /**
@@ -161,6 +161,9 @@ if (!envProto.__reefFrozen) {
     if (filter.type === 'Identifier' && filter.value === 'capitalize' && (operand as Runtime).type === 'StringValue') {
       return new StringValue(pyCapitalize((operand as Runtime<string>).value));
     }
+    if (filter.type === 'Identifier' && filter.value === 'title' && (operand as Runtime).type === 'StringValue') {
+      return new StringValue(jinjaTitle((operand as Runtime<string>).value));
+    }
     if (filter.type === 'Identifier' && filter.value === 'string') {
       const type = (operand as Runtime).type;
       if (type === 'BooleanValue' || type === 'FloatValue') return new StringValue(String(operand));
@@ -244,6 +247,7 @@ if (!stringProto.__reefPyStrings) {
         map.set(name, new FunctionValue((args: Runtime[]) => new StringValue(pyStrip(s, stripChars(name, args), left, right))));
       }
       map.set('capitalize', new FunctionValue(() => new StringValue(pyCapitalize(s))));
+      map.set('title', new FunctionValue(() => new StringValue(pyTitle(s))));
       const split = (map.get('split') as Runtime<Call>).value;
       map.set('split', new FunctionValue((args: Runtime[], env: Environment) => {
         // A separator (or a wrong argument) keeps the interpreter's split and its errors.
@@ -476,6 +480,8 @@ if (!tests.__reefPyTests) {
   tests.set('sequence', (operand) => ITERABLE.has(operand.type));
   // A bool is a Number in Python; undefined is callable (its __call__ raises).
   tests.set('number', (operand) => NUMERIC.has(operand.type));
+  tests.set('lower', (operand) => operand.type === 'StringValue' && pyIsLower(operand.value as string));
+  tests.set('upper', (operand) => operand.type === 'StringValue' && pyIsUpper(operand.value as string));
   const callable = tests.get('callable')!;
   tests.set('callable', (operand) => operand.type === 'UndefinedValue' || callable(operand));
   tests.__reefPyTests = true;

@@ -113,14 +113,51 @@ const DIGRAPH_TITLE: Record<string, string> = { Ǆ: 'ǅ', ǅ: 'ǅ', ǆ: 'ǅ', Ǉ
 export function pyCapitalize(s: string): string {
   if (s.length === 0) return s;
   const first = String.fromCodePoint(s.codePointAt(0)!);
-  let head = DIGRAPH_TITLE[first];
-  if (head === undefined) {
-    // Title case is the upper case with all but its first character lowered (ß: SS, title Ss).
-    const upper = first.toUpperCase();
-    const lead = String.fromCodePoint(upper.codePointAt(0)!);
-    head = lead + upper.slice(lead.length).toLowerCase();
+  return titleChar(first) + s.slice(first.length).toLowerCase();
+}
+
+/** One character in title case: its upper case with all but the first character lowered (ß: SS, title Ss). */
+function titleChar(ch: string): string {
+  const digraph = DIGRAPH_TITLE[ch];
+  if (digraph !== undefined) return digraph;
+  const upper = ch.toUpperCase();
+  const lead = String.fromCodePoint(upper.codePointAt(0)!);
+  return lead + upper.slice(lead.length).toLowerCase();
+}
+
+const CASED = /\p{Cased}/u;
+
+/** `s.title()`: a cased character after an uncased one is title-cased, every other one lowered ("they'Re", "Temp_C"). */
+export function pyTitle(s: string): string {
+  let out = '';
+  let prevCased = false;
+  for (const ch of s) {
+    out += prevCased ? ch.toLowerCase() : titleChar(ch);
+    prevCased = CASED.test(ch);
   }
-  return head + s.slice(first.length).toLowerCase();
+  return out;
+}
+
+const WORD_BEGINNING = new RegExp(`([-${PY_SPACE_CLASS}({\\[<]+)`, 'u');
+
+/** jinja2's `title` filter (not str.title): each word after a dash, space or opening bracket gets an upper-case first character and the rest lowered. */
+export function jinjaTitle(s: string): string {
+  let out = '';
+  for (const item of s.split(WORD_BEGINNING)) {
+    if (item.length === 0) continue;
+    const first = String.fromCodePoint(item.codePointAt(0)!);
+    out += first.toUpperCase() + item.slice(first.length).toLowerCase();
+  }
+  return out;
+}
+
+/** `s.islower()` / `s.isupper()` (jinja2's `lower` and `upper` tests): at least one cased character, and none of the other case. */
+export function pyIsLower(s: string): boolean {
+  return CASED.test(s) && s === s.toLowerCase();
+}
+
+export function pyIsUpper(s: string): boolean {
+  return CASED.test(s) && s === s.toUpperCase();
 }
 
 /**

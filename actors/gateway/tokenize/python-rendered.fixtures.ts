@@ -57,4 +57,7 @@ export const PYTHON_RENDERED: [what: string, source: string, ctx: Record<string,
   ['tojson(indent=0) breaks lines without indenting, as json.dumps does',
     "{{ d | tojson(indent=0) }}|{{ [] | tojson(indent=0) }}|{{ d | tojson(indent=1) }}",
     { d: { a: [1, {}], b: 'x' } }, '{\n"a": [\n1,\n{}\n],\n"b": "x"\n}|[]|{\n "a": [\n  1,\n  {}\n ],\n "b": "x"\n}'],
+  ['title (method: str.title; filter: jinja2\'s word split) and the lower/upper tests, as Python answers',
+    "{{ s.title() }}|{{ s | title }}|{% for v in ['4', '', 'abc', 'ABC', 'aB', 'ß', '4a', 'ǅ'] %}{{ 'l' if v is lower else '-' }}{{ 'U' if v is upper else '-' }}{% endfor %}",
+    { s: "they're temp_c hELLO x1y (wORLD)-ok élan ǆungla ßtraße" }, "They'Re Temp_C Hello X1Y (World)-Ok Élan ǅungla Sstraße|They're Temp_c Hello X1y (World)-Ok Élan Ǆungla SStraße|----l--U--l-l---"],
 ];

@@ -1,5 +1,5 @@
 import { Template } from '@huggingface/jinja';
-import { pyCapitalize, pyCompare, pyFloatRepr, pySplitWhitespace, pyStrip, pyStrRepr } from './py-str.js';
+import { jinjaTitle, pyCapitalize, pyCompare, pyFloatRepr, pyIsLower, pyIsUpper, pySplitWhitespace, pyStrip, pyStrRepr, pyTitle } from './py-str.js';
 
 /**
  * A chat template compiled into closures over plain JS values, with the exact semantics of the
@@ -763,10 +763,6 @@ function indentText(text: string, width: string, first: boolean, blank: boolean)
   return text.split('\n').map((line, i) => ((!first && i === 0) || (!blank && line.length === 0) ? line : width + line)).join('\n');
 }
 
-function titleCase(s: string): string {
-  return s.replace(/\b\w/g, (c) => c.toUpperCase());
-}
-
 function escapeRegExp(s: string): string {
   return s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 }
@@ -821,7 +817,7 @@ function callStringMethod(o: string, name: string, pos: readonly unknown[], kwNa
     case 'strip':
     case 'lstrip':
     case 'rstrip': return stripText(o, name, pos, kwNames);
-    case 'title': return titleCase(o);
+    case 'title': return pyTitle(o);
     case 'capitalize': return pyCapitalize(o);
     case 'startswith':
     case 'endswith':
@@ -893,8 +889,8 @@ const TESTS: Record<string, (v: unknown) => boolean> = {
   iterable: (v) => v === undefined || Array.isArray(v) || v instanceof Tuple || typeof v === 'string' || isPlain(v) || v instanceof LoopInfo,
   mapping: (v) => isPlain(v) || v instanceof LoopInfo,
   sequence: (v) => v === undefined || Array.isArray(v) || v instanceof Tuple || typeof v === 'string' || isPlain(v) || v instanceof LoopInfo,
-  lower: (v) => typeof v === 'string' && v === v.toLowerCase(),
-  upper: (v) => typeof v === 'string' && v === v.toUpperCase(),
+  lower: (v) => typeof v === 'string' && pyIsLower(v),
+  upper: (v) => typeof v === 'string' && pyIsUpper(v),
   defined: (v) => v !== undefined,
   undefined: (v) => v === undefined,
   // Unary here: the interpreter reads the missing second operand and throws.
@@ -966,7 +962,7 @@ function identFilter(name: string): FilterFn {
     case 'trim': return (v) => (typeof v === 'string' ? pyStrip(v, null, true, true) : v === undefined ? '' : unsupported('trim of this type'));
     case 'upper': return stringOnly(name, (s) => s.toUpperCase());
     case 'lower': return stringOnly(name, (s) => s.toLowerCase());
-    case 'title': return stringOnly(name, titleCase);
+    case 'title': return stringOnly(name, jinjaTitle);
     case 'capitalize': return stringOnly(name, pyCapitalize);
     case 'indent': return stringOnly(name, (s) => indentText(s, '    ', false, false));
     case 'int': return (v) => {
