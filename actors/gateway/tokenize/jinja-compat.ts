@@ -1,5 +1,5 @@
 import { Environment, Interpreter } from '@huggingface/jinja';
-import { jinjaTitle, pyCapitalize, pyCompare, pyFloatRepr, pyIsLower, pyIsUpper, pySplitWhitespace, pyStrip, pyStrRepr, pyTitle } from './py-str.js';
+import { jinjaTitle, pyCapitalize, pyCharAt, pyCompare, pyFloatRepr, pyIsLower, pyIsUpper, pyLen, pySplitWhitespace, pyStrip, pyStrRepr, pyTitle } from './py-str.js';
 import { asciiOnly, freezePlain, pyMod } from './template-compiler.js';
 
 /**
@@ -160,6 +160,10 @@ if (!envProto.__reefFrozen) {
     }
     if (filter.type === 'Identifier' && filter.value === 'capitalize' && (operand as Runtime).type === 'StringValue') {
       return new StringValue(pyCapitalize((operand as Runtime<string>).value));
+    }
+    if (filter.type === 'Identifier' && filter.value === 'length' && (operand as Runtime).type === 'StringValue') {
+      // Code points, as Python's len (the interpreter counted UTF-16 units).
+      return sample(pyLen((operand as Runtime<string>).value));
     }
     if (filter.type === 'Identifier' && filter.value === 'title' && (operand as Runtime).type === 'StringValue') {
       return new StringValue(jinjaTitle((operand as Runtime<string>).value));
@@ -463,6 +467,10 @@ if (!memberProto.__reefPyItems) {
     if (key.type === 'BooleanValue') key = sample(key.value ? 1 : 0);
     const sequence = object.type === 'ArrayValue' || object.type === 'TupleValue' || object.type === 'StringValue';
     if (key.type !== 'StringValue' && object.type !== 'UndefinedValue' && !(sequence && key.type === 'IntegerValue')) return new UndefinedValue(undefined);
+    if (object.type === 'StringValue' && key.type === 'IntegerValue') {
+      const ch = pyCharAt(object.value as string, key.value as number);
+      return ch === undefined ? new UndefinedValue(undefined) : new StringValue(ch);
+    }
     const scope = new Environment(env) as unknown as { setVariable(name: string, value: unknown): unknown };
     scope.setVariable(OPERANDS.left.value, object);
     scope.setVariable(OPERANDS.right.value, key);

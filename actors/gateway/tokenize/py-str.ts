@@ -153,12 +153,18 @@ export function jinjaTitle(s: string): string {
 
 /** `s.islower()` / `s.isupper()` (jinja2's `lower` and `upper` tests): at least one cased character, and none of the other case. */
 export function pyIsLower(s: string): boolean {
-  return CASED.test(s) && s === s.toLowerCase();
+  // By property, not by mapping: 𝔘 (Lu) has no lower case, and is still not lower.
+  return !UPPER_OR_TITLE.test(s) && LOWER.test(s);
 }
 
 export function pyIsUpper(s: string): boolean {
-  return CASED.test(s) && s === s.toUpperCase();
+  return !LOWER_OR_TITLE.test(s) && UPPER.test(s);
 }
+
+const LOWER = /\p{Lowercase}/u;
+const UPPER = /\p{Uppercase}/u;
+const UPPER_OR_TITLE = /[\p{Uppercase}\p{Lt}]/u;
+const LOWER_OR_TITLE = /[\p{Lowercase}\p{Lt}]/u;
 
 /**
  * Python's order of two strings (code point by code point), as `sorted` and `json.dumps(...,
@@ -198,4 +204,25 @@ export function pyStrRepr(s: string): string {
     } else out += ch;
   }
   return out + quote;
+}
+
+/** `len(s)`: code points, where JS's `length` counts UTF-16 units (an emoji is 1, not 2). */
+export function pyLen(s: string): number {
+  let n = s.length;
+  for (let i = 0; i < s.length - 1; i++) {
+    const c = s.charCodeAt(i);
+    if (c >= 0xd800 && c <= 0xdbff) {
+      const d = s.charCodeAt(i + 1);
+      if (d >= 0xdc00 && d <= 0xdfff) {
+        n--;
+        i++;
+      }
+    }
+  }
+  return n;
+}
+
+/** `s[i]`: the i-th code point (negative from the end), or undefined past either end. */
+export function pyCharAt(s: string, i: number): string | undefined {
+  return pyLen(s) === s.length ? s.at(i) : Array.from(s).at(i);
 }

@@ -1,5 +1,5 @@
 import { Template } from '@huggingface/jinja';
-import { jinjaTitle, pyCapitalize, pyCompare, pyFloatRepr, pyIsLower, pyIsUpper, pySplitWhitespace, pyStrip, pyStrRepr, pyTitle } from './py-str.js';
+import { jinjaTitle, pyCapitalize, pyCharAt, pyCompare, pyFloatRepr, pyIsLower, pyIsUpper, pyLen, pySplitWhitespace, pyStrip, pyStrRepr, pyTitle } from './py-str.js';
 
 /**
  * A chat template compiled into closures over plain JS values, with the exact semantics of the
@@ -681,7 +681,8 @@ function getItem(o: unknown, k: unknown): unknown {
   const index = typeof k === 'boolean' ? Number(k) : k;
   if (isInt(index)) {
     if (Array.isArray(o)) return o.at(index);
-    if (typeof o === 'string') return o.at(index);
+    // Code points, as Python indexes a str (JS's `at` counts UTF-16 units).
+    if (typeof o === 'string') return pyCharAt(o, index);
     if (o instanceof Tuple) return o.items.at(index);
   }
   return undefined;
@@ -930,7 +931,7 @@ function identFilter(name: string): FilterFn {
       return items !== null && items.length > 0 ? items[items.length - 1] : unsupported('last of an empty list or other type');
     };
     case 'length': return (v) => {
-      if (typeof v === 'string') return v.length;
+      if (typeof v === 'string') return pyLen(v);
       const items = listItems(v);
       if (items !== null) return items.length;
       if (isPlain(v)) return Object.keys(v).length;
