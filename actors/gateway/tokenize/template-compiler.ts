@@ -3,8 +3,9 @@ import { jinjaTitle, pyCapitalize, pyCharAt, pyCompare, pyFloatRepr, pyIsLower, 
 
 /**
  * A chat template compiled into closures over plain JS values, with the exact semantics of the
- * @huggingface/jinja 0.5 interpreter (quirks included: it is the interpreter's output that the
- * training data has always held, not Python jinja2's).
+ * @huggingface/jinja 0.5 interpreter as jinja-compat.ts patches it, which is Python jinja2's
+ * wherever a difference was found (transformers renders the training prompts with jinja2;
+ * test/parity/template-python.int.test.ts holds both renderers to it).
  *
  * The interpreter wraps every value in a class instance, builds a Map and a closure for every scope
  * and a Map of ~25 closures for each string method call; for a long agent prompt that churn is
