@@ -152,6 +152,7 @@ if (!envProto.__reefFrozen) {
   const interp = Interpreter.prototype as unknown as FilterApplier;
   const originalFilter = interp.applyFilter;
   interp.applyFilter = function applyFilter(this: FilterApplier, operand: object, filter: FilterNode, env: Environment): unknown {
+    const name = filter.type === 'Identifier' ? filter.value : filter.type === 'CallExpression' && filter.callee?.type === 'Identifier' ? filter.callee.value : null;
     if (filter.type === 'Identifier' && filter.value === 'trim') {
       const type = (operand as Runtime).type;
       if (type === 'StringValue') return new StringValue(pyStrip((operand as Runtime<string>).value, null, true, true));
@@ -168,13 +169,38 @@ if (!envProto.__reefFrozen) {
     if (filter.type === 'Identifier' && filter.value === 'title' && (operand as Runtime).type === 'StringValue') {
       return new StringValue(jinjaTitle((operand as Runtime<string>).value));
     }
+    if (name === 'join' && ((operand as Runtime).type === 'ArrayValue' || (operand as Runtime).type === 'TupleValue')) {
+      // Python's str() of each item (the interpreter joined the raw JS values: true, '' for none).
+      const [args, kwargs] = filter.type === 'CallExpression' ? this.evaluateArguments(filter.args ?? [], env) : [[], new Map<string, Runtime>()];
+      if (!kwargs.has('attribute')) {
+        const sep = args[0] ?? kwargs.get('d') ?? kwargs.get('separator') ?? new StringValue('');
+        if (sep.type !== 'StringValue') throw new Error('separator must be a string');
+        const text = (operand as Runtime<Runtime[]>).value.map((x) => (x.type === 'StringValue' ? (x.value as string) : x.type === 'UndefinedValue' ? '' : x.type === 'NullValue' ? 'None' : String(x)));
+        return new StringValue(text.join(sep.value as string));
+      }
+    }
+    if (name === 'unique' && filter.type === 'Identifier' && (operand as Runtime).type === 'ArrayValue') {
+      // jinja2's unique ignores case by default and compares 1, 1.0 and true as one value.
+      const seen = new Set<string>();
+      const out: Runtime[] = [];
+      for (const x of (operand as Runtime<Runtime[]>).value) {
+        let key: string;
+        if (x.type === 'StringValue') key = 's' + (x.value as string).toLowerCase();
+        else if (NUMERIC.has(x.type)) key = 'n' + Number(x.value);
+        else if (x.type === 'NullValue') key = 'none';
+        else throw new TypeError(`unhashable type in unique: ${x.type}`);
+        if (seen.has(key)) continue;
+        seen.add(key);
+        out.push(x);
+      }
+      return new ArrayValue(out);
+    }
     if (filter.type === 'Identifier' && filter.value === 'string') {
       const type = (operand as Runtime).type;
       if (type === 'BooleanValue' || type === 'FloatValue') return new StringValue(String(operand));
       if (type === 'NullValue') return new StringValue('None');
       if (type === 'ArrayValue' || type === 'TupleValue' || type === 'ObjectValue' || type === 'NamespaceValue') return new StringValue(runtimeRepr(operand as Runtime));
     }
-    const name = filter.type === 'Identifier' ? filter.value : filter.type === 'CallExpression' && filter.callee?.type === 'Identifier' ? filter.callee.value : null;
     if ((operand as Runtime).type === 'UndefinedValue' && typeof name === 'string') {
       // jinja2 treats undefined as empty here (template-compiler.ts's OF_UNDEFINED); json.dumps refuses it.
       if (name === 'tojson') throw new TypeError('Object of type Undefined is not JSON serializable');

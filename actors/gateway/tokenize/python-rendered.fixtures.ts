@@ -63,4 +63,7 @@ export const PYTHON_RENDERED: [what: string, source: string, ctx: Record<string,
   ['a string\'s length and index count code points, as Python\'s len and s[i]',
     "{{ s | length }}|{{ s[1] }}|{{ s[-1] }}|{{ s[3] }}|{{ s[9] is defined }}|{{ s[1:3] }}|{{ 'abc' | length }}{{ 'abc'[-1] }}",
     { s: 'a😀b👩‍💻' }, '6|😀|💻|👩|False|😀b|3c'],
+  ['join writes each item as Python\'s str()',
+    "{{ [1, 'a', none, true, 2.5, [1, 'x'], {'k': false}] | join(', ') }}|{{ xs | join }}",
+    { xs: [1e-5, false] }, "1, a, None, True, 2.5, [1, 'x'], {'k': False}|1e-05False"],
 ];

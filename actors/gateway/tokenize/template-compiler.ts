@@ -263,16 +263,6 @@ function pyRepr(v: unknown): string {
   return v instanceof Namespace ? `<Namespace ${dict}>` : dict;
 }
 
-/** `.value.toString()` of the interpreter's `join`. */
-function catStr(v: unknown): string {
-  switch (typeof v) {
-    case 'string': return v;
-    case 'number': return String(v);
-    case 'boolean': return v ? 'true' : 'false';
-  }
-  return unsupported('concatenating a value that is not a string, number or boolean');
-}
-
 // ---------------------------------------------------------------------------------------------
 // JSON, as the interpreter's toJSON writes it
 
@@ -751,12 +741,13 @@ function attrPath(item: unknown, path: string): unknown {
   return v;
 }
 
+/** `join`: Python's str() of each item (None, True, 1e-05, a list's repr), as jinja2 joins them (jinja-compat.ts too). */
 function joinItems(items: readonly unknown[], sep: string): string {
   let out = '';
   for (let i = 0; i < items.length; i++) {
     if (i > 0) out += sep;
     const x = items[i];
-    if (x !== null && x !== undefined) out += catStr(x);
+    if (x !== undefined) out += typeof x === 'string' ? x : toStr(x);
   }
   return out;
 }
@@ -1743,6 +1734,7 @@ class Compiler {
       case 'join': return (v, s) => {
         const items = typeof v === 'string' ? Array.from(v) : listItems(v);
         if (items === null) return unsupported('join of this type');
+        if (kwNames.some((k) => k !== 'separator')) unsupported('join keyword arguments');
         const sep = arg(values(s), 0, 'separator', '');
         if (typeof sep !== 'string') unsupported('join separator');
         return joinItems(items, sep);
