@@ -132,7 +132,9 @@ export class ChatTokenizer {
       this.full = new Tokenizer(files.tokenizerJson, files.tokenizerConfig);
       // A fresh parse: the library writes added tokens into the model's vocab tables it is given.
       this.plain = new Tokenizer({ ...(JSON.parse(text) as object), added_tokens: [] }, { ...files.tokenizerConfig, additional_special_tokens: [] });
-      this.template = new Template(files.chatTemplate);
+      // jinja2's lexer turns \r\n and \r in the source into \n (newline_sequence); the JS one keeps
+      // them, so a template saved with Windows line endings rendered a CR into every prompt.
+      this.template = new Template(files.chatTemplate.replace(/\r\n?/g, '\n'));
       splitAtUnicodeWhitespace(this.full.pre_tokenizer);
       splitAtUnicodeWhitespace(this.plain.pre_tokenizer);
     } catch (err) {

@@ -1,4 +1,8 @@
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
+import { copyTinyModel } from '../../../test/helpers/long-context-model.js';
 import { tinyModelDir } from '../../../cluster/paths.js';
 import { ReefError } from '../../runtime/errors.js';
 import { ChatTokenizer } from './chat-tokenizer.js';
@@ -205,5 +209,31 @@ describe('deeply frozen messages and tools (shared by a session\'s requests)', (
     // A shallow freeze is not enough to be cached by identity.
     const shallow = Object.freeze([{ role: 'user', content: 'x' }]);
     expect(normalizeMessages(shallow)[0]).not.toBe(normalizeMessages(shallow)[0]);
+  });
+});
+
+describe('template source line endings', () => {
+  it('a template saved with Windows line endings renders as jinja2 does, as the same template with \\n', () => {
+    const parent = mkdtempSync(join(tmpdir(), 'reef-crlf-'));
+    try {
+      // Line breaks in the source that reach the output (the tiny model's own template trims them all).
+      const template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+      const model = (name: string, eol: string) => {
+        const dir = copyTinyModel(join(parent, name));
+        writeFileSync(join(dir, 'chat_template.jinja'), template.replace(/\n/g, eol));
+        return ChatTokenizer.load(dir);
+      };
+      const lf = model('lf', '\n');
+      const crlf = model('crlf', '\r\n');
+      expect(model('cr', '\r').renderText(normalizeMessages([{ role: 'user', content: 'x' }]), null)).toBe(lf.renderText(normalizeMessages([{ role: 'user', content: 'x' }]), null));
+      const messages = normalizeMessages([{ role: 'system', content: 'Be brief.' }, { role: 'user', content: 'hi' }, { role: 'assistant', content: 'hello' }, { role: 'user', content: 'more' }]);
+      const text = crlf.renderText(messages, null);
+      // Python (transformers) renders no CR from the template's own line breaks.
+      expect(text).not.toContain('\r');
+      expect(text).toBe(lf.renderText(messages, null));
+      expect(Array.from(crlf.render(messages, null).ids)).toEqual(Array.from(lf.render(messages, null).ids));
+    } finally {
+      rmSync(parent, { recursive: true, force: true });
+    }
   });
 });
