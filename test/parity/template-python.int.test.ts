@@ -9,6 +9,7 @@ import { normalizeMessages, templateViewOf, type TemplateMessage } from '../../a
 import { PYTHON_RENDERED } from '../../actors/gateway/tokenize/python-rendered.fixtures.js';
 import { compileTemplate, Unsupported } from '../../actors/gateway/tokenize/template-compiler.js';
 import { CORPUS, PY_STR_TEMPLATE, TWELVE_TOOLS } from './corpus.js';
+import { pick, seeded, type Rand } from '../helpers/seeded.js';
 
 /*
  * Differential test against transformers' own renderer: generated conversations go through the
@@ -74,19 +75,6 @@ const TEMPLATES: Record<string, string> = {
   constructs: CONSTRUCTS_TEMPLATE,
 };
 
-type Rand = () => number;
-function seeded(seed: number): Rand {
-  let x = seed >>> 0 || 0x9e3779b9;
-  return () => {
-    x ^= x << 13;
-    x >>>= 0;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    x >>>= 0;
-    return x / 4294967296;
-  };
-}
-const pick = <T,>(r: Rand, xs: readonly T[]): T => xs[Math.floor(r() * xs.length)]!;
 
 const TEXTS = ['', ' ', 'Hello!', 'go on', 'naïve café — 東京 ǅ', '😀a astral a😀', '  padded  ', 'line\nbreaks\n', '<think>\nplan\n</think>\n\nanswer', '\u001c\u0085 ws \u3000', 'True', 'None'];
 const VALUES: unknown[] = [true, false, null, 0, 3, -1, 0.5, 1e-5, 1e16, 2.5e-8, 'text', '', [1, 'a', true], { k: null }, {}];

@@ -10,6 +10,7 @@ import { freezeValue } from './jinja-compat.js';
 import { normalizeMessages, templateView, type TemplateMessage } from './normalize.js';
 import { CompiledTemplate, compileTemplate, Unsupported } from './template-compiler.js';
 import { PYTHON_RENDERED } from './python-rendered.fixtures.js';
+import { pick, seeded, type Rand } from '../../../test/helpers/seeded.js';
 
 /*
  * Differential tests: every render of the compiled template is compared with @huggingface/jinja's
@@ -25,22 +26,6 @@ const TINY_TEMPLATE = readFileSync(join(repoRoot(), 'python_shim/reef_shim/tiny_
 // ---------------------------------------------------------------------------------------------
 // Seeded conversations
 
-type Rand = () => number;
-
-/** xorshift32: reproducible corpora without a dependency. */
-function seeded(seed: number): Rand {
-  let x = seed >>> 0 || 0x9e3779b9;
-  return () => {
-    x ^= x << 13;
-    x >>>= 0;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    x >>>= 0;
-    return x / 4294967296;
-  };
-}
-
-const pick = <T,>(r: Rand, xs: readonly T[]): T => xs[Math.floor(r() * xs.length)]!;
 const chance = (r: Rand, p: number): boolean => r() < p;
 const upTo = (r: Rand, n: number): number => Math.floor(r() * (n + 1));
 
