@@ -145,6 +145,34 @@ def test_a_rank_killed_mid_step_fails_retryably_and_the_retry_trains_once(
     assert sorted(p.name for p in ckpt.iterdir() if not p.name.startswith(".")) == [LEDGER, "v1", "v2"]
 
 
+def test_a_rank_that_raises_mid_step_fails_the_batch_not_retryably(
+        driver: RayDriver, model: Path, tasks: list[dict[str, Any]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A rank alive and raising (out of memory on this batch) raises again on a fresh group: as
+    # REEF_ERR_TRAINER_RANK the controller retried it, and then the tick, for good, and training
+    # stalled behind it; as REEF_ERR_TRAINER it dead-letters the batch after its attempts.
+    ckpt = tmp_path / "ckpt"
+    hook = {"rank": 1, "batchId": "s:openclawrl:1", "marker": str(tmp_path / "raised"), "raise": True}
+    monkeypatch.setenv("REEF_TRAINER_TEST_CRASH", json.dumps(hook))
+    group = TrainerGroup(driver)
+    try:
+        group.start(spec(str(model), str(ckpt), lr=LR))
+        with pytest.raises(ShimError) as failed:
+            group.step("s:openclawrl:1", tasks[:2])
+        assert failed.value.code == "REEF_ERR_TRAINER" and not failed.value.retryable
+        assert "trainer rank 1 raised during trainer-step s:openclawrl:1" in failed.value.message
+        assert "out of memory (test hook)" in failed.value.message
+        assert (tmp_path / "raised").exists() and not (ckpt / "v1").exists()
+        # Its peer was left in a collective: the group was stopped, and a fresh one trains.
+        with pytest.raises(ShimError) as broken:
+            group.step("s:openclawrl:1", tasks[:2])
+        assert broken.value.code == "REEF_ERR_TRAINER_RANK"
+        group.start(spec(str(model), str(ckpt), lr=LR))
+        assert group.step("s:openclawrl:1", tasks[:2])["weightVersion"] == "v1"
+    finally:
+        group.stop()
+
+
 def test_a_wait_on_the_ranks_ends_at_its_deadline_however_much_budget_it_had(driver: RayDriver) -> None:
     # trainer-start's phases share one deadline (the bridge client's timeout covers one budget,
     # not one per phase): a phase that starts after the budget is spent fails at once rather

@@ -169,7 +169,7 @@ class TrainerGroup:
         meta = {"weightVersion": version, "parent": self._version, "batchId": batch_id}
         refs = [rank.step.remote(batch_id, [tasks[i] for i in shards[r]], totals, str(out) if r == 0 else None, meta)
                 for r, rank in enumerate(self._ranks)]
-        results = self._gather(refs, f"trainer-step {batch_id}", _Deadline(STEP_TIMEOUT_S, started))
+        results = self._gather(refs, f"trainer-step {batch_id}", _Deadline(STEP_TIMEOUT_S, started), raised_by_step=True)
         failed = next((r["error"] for r in results if r["error"]), None)
         if failed:
             raise ShimError("REEF_ERR_TRAINER", f"trainer: batch {batch_id}: {failed}")
@@ -232,8 +232,9 @@ class TrainerGroup:
 
     # --- waiting on ranks -----------------------------------------------------------------------
 
-    def _gather(self, refs: list[Any], what: str, deadline: _Deadline | None) -> list[Any]:
-        """All results, or: kill the group at the first failed rank and raise REEF_ERR_TRAINER_RANK."""
+    def _gather(self, refs: list[Any], what: str, deadline: _Deadline | None, raised_by_step: bool = False) -> list[Any]:
+        """All results, or: kill the group at the first failed rank and raise REEF_ERR_TRAINER_RANK
+        (with `raised_by_step`, REEF_ERR_TRAINER when no rank died and one raised)."""
         import ray
 
         started = time.monotonic()
@@ -250,6 +251,11 @@ class TrainerGroup:
                 self._broken = f"{rank} failed: {type(e).__name__}"
                 log.error("%s: rank %d failed (%s); stopping every rank", what, rank, reason)
                 self._kill_all()
+                if raised_by_step and not any(isinstance(f[1], ray.exceptions.RayActorError) for f in failures):
+                    # Every rank is alive and one raised (out of memory on this batch, say): the same
+                    # batch on a fresh group raises again. Not retryable, so the controller dead-letters
+                    # it after its attempts instead of retrying it, and stalling training, for good.
+                    raise ShimError("REEF_ERR_TRAINER", f"trainer rank {rank} raised during {what}: {reason}") from e
                 raise ShimError("REEF_ERR_TRAINER_RANK", f"trainer rank {rank} failed: {what}: {reason}") from e
             now = time.monotonic()
             if self.driver.closing.is_set():

@@ -132,7 +132,8 @@ class TrainerRank:
     def _maybe_crash(self, batch_id: str) -> None:
         # Test hook, REEF_TRAINER_TEST_CRASH='{"rank": 1, "batchId": "...", "marker": "/tmp/x"}':
         # that rank dies once, mid-step (the marker file makes the retry survive); with
-        # `"hangS": n` it hangs that long instead, its peers waiting in the next collective.
+        # `"hangS": n` it hangs that long instead, its peers waiting in the next collective; with
+        # `"raise": true` it raises, as a rank out of memory on the batch does.
         if not self.crash_hook:
             return
         hook = json.loads(self.crash_hook)
@@ -142,6 +143,8 @@ class TrainerRank:
             if hook.get("hangS"):
                 time.sleep(float(hook["hangS"]))
                 return
+            if hook.get("raise"):
+                raise RuntimeError(f"out of memory (test hook) on rank {self.rank}")
             os._exit(17)
 
     def step(self, batch_id: str, tasks: list[TrainTask], totals: dict[str, float], out_dir: str | None,
