@@ -1,7 +1,8 @@
+import { spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { repoRoot } from '../cluster/paths.js';
+import { pythonBin, pythonEnv, repoRoot } from '../cluster/paths.js';
 import { defaultTimeoutMs, engineStartTimeoutS } from './client.js';
 
 /** A constant of the shim's trainer group, in seconds, as group.py defines it. */
@@ -29,5 +30,34 @@ describe('bridge client timeouts', () => {
     expect(defaultTimeoutMs('start-engine', { spec: {} as never })).toBeGreaterThanOrEqual((engineStartTimeoutS() + 30) * 1000);
     expect(engineStartTimeoutS({ REEF_ENGINE_START_TIMEOUT_S: '900' })).toBe(900);
     expect(() => engineStartTimeoutS({ REEF_ENGINE_START_TIMEOUT_S: '5m' })).toThrow(/REEF_ENGINE_START_TIMEOUT_S must be a positive number of seconds, got "5m"/);
+  });
+
+  it('read REEF_ENGINE_START_TIMEOUT_S as the shim does, value by value (Python\'s float() in engine_process.py)', () => {
+    // What the shim takes and what it refuses, checked against the real Python reader below.
+    const values = ['900', ' 12.5 ', '1e3', '.5', '0x10', '0b11', '1_0', 'inf', 'nan', '-3', '0', '5m'];
+    const script = `
+import json, sys
+from reef_shim.engine_process import engine_start_timeout_s
+from reef_shim.errors import ShimError
+out = []
+for v in json.loads(sys.argv[1]):
+    try:
+        out.append(engine_start_timeout_s({"REEF_ENGINE_START_TIMEOUT_S": v}))
+    except ShimError:
+        out.append(None)
+print(json.dumps(out))
+`;
+    const py = spawnSync(pythonBin(), ['-c', script, JSON.stringify(values)], { env: pythonEnv(), encoding: 'utf8' });
+    expect(py.status, py.stderr).toBe(0);
+    const shim = JSON.parse(py.stdout) as (number | null)[];
+    const client = values.map((v) => {
+      try {
+        return engineStartTimeoutS({ REEF_ENGINE_START_TIMEOUT_S: v });
+      } catch {
+        return null;
+      }
+    });
+    expect(client).toEqual(shim);
+    expect(shim.filter((x) => x !== null)).toEqual([900, 12.5, 1000, 0.5]);
   });
 });

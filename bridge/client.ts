@@ -53,7 +53,8 @@ export interface ShimProcessHandle {
 /** The shim's budget for starting one engine: REEF_ENGINE_START_TIMEOUT_S, which it reads too. */
 export function engineStartTimeoutS(env: NodeJS.ProcessEnv = process.env): number {
   const raw = env.REEF_ENGINE_START_TIMEOUT_S;
-  const s = raw === undefined || raw.trim() === '' ? 290 : Number(raw);
+  // Decimal text only, as the shim reads it (Python's float): Number() would also take 0x10 as 16.
+  const s = raw === undefined || raw.trim() === '' ? 290 : /^\s*(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$/.test(raw) ? Number(raw) : Number.NaN;
   if (!Number.isFinite(s) || s <= 0) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `REEF_ENGINE_START_TIMEOUT_S must be a positive number of seconds, got ${JSON.stringify(raw)}` });
   return s;
 }

@@ -2,8 +2,8 @@
 
     <checkpointDir>/v<n>/model.safetensors      full weights (a tied lm_head is saved once, as the embedding)
     <checkpointDir>/v<n>/config.json            + the base model's tokenizer / generation files
-    <checkpointDir>/v<n>/reef_checkpoint.json   {weightVersion, parent, batchId, createdAt, metrics}
-    <checkpointDir>/reef_trainer_ledger.json    {batches: {batchId: step result}}
+    <checkpointDir>/v<n>/reef_checkpoint.json   {weightVersion, parent, batchId, createdAt}
+    <checkpointDir>/reef_trainer_ledger.json    {batches: {batchId: step result}}, the newest LEDGER_KEEP
 
 A checkpoint is written into a hidden temporary directory and renamed into place, so a directory
 named `v<n>` is always complete (the next save removes a temporary one a crash left); the ledger
