@@ -306,6 +306,23 @@ describe('TrainerController', () => {
     expect(w.stepsRun.at(-1)).toBe('s:openclawrl:4');
   });
 
+  it('says how to go on when the last release\'s checkpoint cannot be loaded, since every restart fails alike', async () => {
+    const { dir, w } = await twoReleases();
+    const logged: string[] = [];
+    w.ports.log = (line) => logged.push(line);
+    w.ports.trainer.restart = async (path) => {
+      throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `checkpoint ${path}: incomplete metadata, file not fully covered` });
+    };
+    w.add('x', 1, 'anchor', 'v2');
+    w.add('y', 1, 'anchor', 'v2');
+    const c2 = new TrainerController(w.ports, opts(dir), w.durable.offset, w.durable.state);
+    await expect(c2.tick()).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
+    expect(logged.filter((l) => l.startsWith("the last release's checkpoint"))).toEqual(
+      Array(3).fill(`the last release's checkpoint ${join(dir, 'v2')} cannot be loaded, so training waits: roll back to an earlier release (POST /reef/scenarios/{scenario}/releases/rollback) to train on from it`));
+    // The batch waits in pending, not dead-lettered: the checkpoint, not the batch, is at fault.
+    expect(c2.deadLetters).toEqual([]);
+  });
+
   it('puts the current release back into an engine that came up with the base weights, and trains on', async () => {
     const { dir, w } = await twoReleases();
     expect(w.published).toEqual(['v1', 'v2']);

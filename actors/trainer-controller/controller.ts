@@ -357,6 +357,11 @@ export class TrainerController {
         this.trainerReady = false;
         const code = err instanceof ReefError ? err.code : null;
         this.ports.log(`batch ${batch.batchId}: trainer ${stage} failed (attempt ${attempt}): ${(err as Error).message}`);
+        if (stage === 'restart' && code === 'REEF_ERR_INVALID_ARGUMENT') {
+          // The last release's checkpoint is unusable (cut short, a tensor missing): every restart
+          // will fail alike, and no batch trains until an operator puts another release back.
+          this.ports.log(`the last release's checkpoint ${this.lastCheckpoint} cannot be loaded, so training waits: roll back to an earlier release (POST /reef/scenarios/{scenario}/releases/rollback) to train on from it`);
+        }
         // Only the step's answer is a verdict on the batch; a failed restart or load is the
         // group's trouble, and the batch waits for it in pending.
         if (stage === 'step' && code !== null && PERMANENT.has(code)) return this.deadLetter(batch, err as ReefError, attempt);
