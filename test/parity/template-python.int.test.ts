@@ -6,7 +6,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { pythonBin, pythonEnv, tinyModelDir } from '../../cluster/paths.js';
 import { freezeValue } from '../../actors/gateway/tokenize/jinja-compat.js';
 import { normalizeMessages, templateViewOf, type TemplateMessage } from '../../actors/gateway/tokenize/normalize.js';
-import { PYTHON_RENDERED } from '../../actors/gateway/tokenize/python-rendered.fixtures.js';
+import { INTERPRETER_PYTHON_RENDERED, PYTHON_RENDERED } from '../../actors/gateway/tokenize/python-rendered.fixtures.js';
 import { compileTemplate, Unsupported } from '../../actors/gateway/tokenize/template-compiler.js';
 import { CORPUS, PY_STR_TEMPLATE, TWELVE_TOOLS } from './corpus.js';
 import { pick, seeded, type Rand } from '../helpers/seeded.js';
@@ -118,14 +118,14 @@ describe('chat templates render what transformers renders', () => {
   let py: { fixtures: string[]; cases: (string | { error: string })[] };
 
   beforeAll(() => {
-    const input = JSON.stringify({ templates: TEMPLATES, fixtures: PYTHON_RENDERED.map(([, source, ctx]) => [source, ctx]), cases: all });
+    const input = JSON.stringify({ templates: TEMPLATES, fixtures: [...PYTHON_RENDERED, ...INTERPRETER_PYTHON_RENDERED].map(([, source, ctx]) => [source, ctx]), cases: all });
     const proc = spawnSync(pythonBin(), ['-c', RENDER_PY], { input, env: pythonEnv(), encoding: 'utf8', maxBuffer: 64 << 20, timeout: 120_000 });
     if (proc.status !== 0) throw new Error(`python failed (${proc.status}): ${proc.stderr}`);
     py = JSON.parse(proc.stdout) as typeof py;
   });
 
   it('the Python-rendered fixtures are what jinja2 renders', () => {
-    expect(py.fixtures).toEqual(PYTHON_RENDERED.map(([, , , python]) => python));
+    expect(py.fixtures).toEqual([...PYTHON_RENDERED, ...INTERPRETER_PYTHON_RENDERED].map(([, , , python]) => python));
   });
 
   it.each(Object.keys(TEMPLATES))('%s: compiled and interpreted renders equal Python\'s', (name) => {

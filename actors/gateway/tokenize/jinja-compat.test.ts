@@ -1,7 +1,7 @@
 import { Template } from '@huggingface/jinja';
 import { describe, expect, it } from 'vitest';
 import { freezeValue } from './jinja-compat.js';
-import { PYTHON_RENDERED } from './python-rendered.fixtures.js';
+import { INTERPRETER_PYTHON_RENDERED, PYTHON_RENDERED } from './python-rendered.fixtures.js';
 
 describe('frozen template values', () => {
   const tools = [{ name: 'a', n: 1.5, nested: { list: [1, 'two', null] } }];
@@ -36,6 +36,7 @@ describe('frozen template values', () => {
 describe('Python str methods and json floats in the interpreter', () => {
   it.each([
     ...PYTHON_RENDERED,
+    ...INTERPRETER_PYTHON_RENDERED,
     ['tojson of an integral float', '{{ (3 / 2 * 2) | tojson }}', {}, '3.0'],
     // The compiled renderer refuses unique (compile time); jinja2's ignores case and takes 1, 1.0 and true for one value.
     ['unique', "{{ ['A', 'a', 'b', 'B', 1, 1.5, true, none, none] | unique | join(',') }}", {}, 'A,b,1,1.5,None'],
@@ -53,6 +54,10 @@ describe('Python str methods and json floats in the interpreter', () => {
     ['a chars argument that is not a string', "{{ 'a'.strip(1) }}"],
     ['two arguments', "{{ 'a'.strip('a', 'b') }}"],
     ['a keyword argument', "{{ 'a'.rstrip(chars='a') }}"],
+    ['round with an unknown method', "{{ 1.5 | round(0, 'up') }}"],
+    ['round of a string', "{{ '1.5' | round }}"],
+    ['round of an undefined value', '{{ u | round }}'],
+    ['round to a float precision', '{{ 1.5 | round(1.0) }}'],
   ])('%s raises, as in Python', (_what, source) => {
     expect(() => new Template(source).render({})).toThrow();
   });

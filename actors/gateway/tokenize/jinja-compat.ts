@@ -562,3 +562,112 @@ for (const value of [sample([]), sample({}), aNamespace]) {
     proto.__reefRepr = true;
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// jinja2's numeric filters the interpreter lacks (it threw "Unknown filter"): `round`, `sum`,
+// `max`, `min`. template-compiler.ts does not compile them (an unknown filter there throws
+// Unsupported when it runs), so these renders are the interpreter's. Where an argument or a value
+// is outside what is reproduced exactly here, the filter throws: the request fails rather than
+// rendering text Python would not.
+
+/** The filter's arguments by jinja2's parameter names (positional, then keyword); Python's TypeError for the rest. */
+function filterArguments(interp: FilterApplier, filter: FilterNode, env: Environment, params: readonly string[]): (Runtime | undefined)[] {
+  const out: (Runtime | undefined)[] = params.map(() => undefined);
+  if (filter.type !== 'CallExpression') return out;
+  const [args, kwargs] = interp.evaluateArguments(filter.args ?? [], env);
+  if (args.length > params.length) throw new TypeError(`${String(filter.callee?.value)}() takes at most ${params.length} arguments`);
+  args.forEach((a, i) => (out[i] = a));
+  for (const [key, value] of kwargs) {
+    const i = params.indexOf(key);
+    if (i < 0 || out[i] !== undefined) throw new TypeError(`${String(filter.callee?.value)}() got an unexpected or repeated argument '${key}'`);
+    out[i] = value;
+  }
+  return out;
+}
+
+/** A finite double as m * 2^e exactly (m a non-negative integer). */
+function decompose(x: number): [bigint, bigint] {
+  const view = new DataView(new ArrayBuffer(8));
+  view.setFloat64(0, Math.abs(x));
+  const bits = view.getBigUint64(0);
+  const exp = Number((bits >> 52n) & 0x7ffn);
+  const frac = bits & ((1n << 52n) - 1n);
+  return exp === 0 ? [frac, -1074n] : [frac | (1n << 52n), BigInt(exp - 1075)];
+}
+
+/** `q` rounded half to even from num/den (both non-negative, den > 0). */
+function roundHalfEven(num: bigint, den: bigint): bigint {
+  const q = num / den;
+  const twice = 2n * (num - q * den);
+  return twice > den || (twice === den && (q & 1n) === 1n) ? q + 1n : q;
+}
+
+/**
+ * Python's round(x, p) of a float: the exact binary value rounded half to even at p decimals, read
+ * back as the nearest float (CPython's double_round), with its shortcuts for very large and small p.
+ */
+function pyRoundFloat(x: number, p: number): number {
+  if (!Number.isFinite(x) || x === 0 || p > 323) return x;
+  if (p < -308) return 0 * x;
+  const [m, e] = decompose(x);
+  let num = e >= 0n ? m << e : m;
+  let den = e >= 0n ? 1n : 1n << -e;
+  if (p >= 0) num *= 10n ** BigInt(p);
+  else den *= 10n ** BigInt(-p);
+  const rounded = Number(`${x < 0 ? '-' : ''}${roundHalfEven(num, den)}e${-p}`);
+  if (!Number.isFinite(rounded)) throw new RangeError('rounded value too large to represent');
+  return rounded;
+}
+
+/** Python's round(n, p) of an int: n itself for p >= 0, else the nearest multiple of 10^-p, ties to even. */
+function pyRoundInt(n: number, p: number): number {
+  if (p >= 0) return n;
+  const unit = 10n ** BigInt(-p);
+  const big = BigInt(n);
+  const magnitude = roundHalfEven(big < 0n ? -big : big, unit) * unit;
+  const out = Number(big < 0n ? -magnitude : magnitude);
+  if (!Number.isSafeInteger(out)) throw new RangeError('round: integer result beyond what is exact here');
+  return out;
+}
+
+/** jinja2's `round(value, precision=0, method='common')`. */
+function roundFilter(operand: Runtime, precisionArg: Runtime | undefined, methodArg: Runtime | undefined): Runtime {
+  const method = methodArg === undefined ? 'common' : methodArg.type === 'StringValue' ? (methodArg.value as string) : null;
+  if (method !== 'common' && method !== 'ceil' && method !== 'floor') throw new Error('method must be common, ceil or floor');
+  // An int precision (a bool is one); Python's ceil and floor would take a float too, not reproduced here.
+  if (precisionArg !== undefined && precisionArg.type !== 'IntegerValue' && precisionArg.type !== 'BooleanValue') throw new TypeError('round: precision must be an integer');
+  const p = precisionArg === undefined ? 0 : Number(precisionArg.value);
+  if (!NUMERIC.has(operand.type)) throw new TypeError(`type ${operand.type} doesn't define __round__ method`);
+  const x = Number(operand.value);
+  const float = operand.type === 'FloatValue';
+  if (method === 'common') return float ? new FloatValue(pyRoundFloat(x, p)) : sample(pyRoundInt(x, p));
+  // math.ceil / math.floor of value * 10**precision, then divided by 10**precision.
+  const step = method === 'ceil' ? Math.ceil : Math.floor;
+  if (p >= 0) {
+    if (!float) return new FloatValue(x);
+    if (p > 308) throw new RangeError('int too large to convert to float');
+    const scaled = x * Number(`1e${p}`);
+    if (!Number.isFinite(scaled)) throw new RangeError(`cannot convert float ${scaled} to integer`);
+    // An int over an int: the exact quotient, rounded once.
+    return new FloatValue(Number(`${BigInt(step(scaled))}e-${p}`));
+  }
+  const factor = Number(`1e${p}`);
+  const scaled = x * factor;
+  if (!Number.isFinite(scaled)) throw new RangeError(`cannot convert float ${scaled} to integer`);
+  // An int over a float; the int is 0, never -0.
+  return new FloatValue((step(scaled) + 0) / factor);
+}
+
+const numericProto = Interpreter.prototype as unknown as FilterApplier & { __reefPyNumericFilters?: boolean };
+if (!numericProto.__reefPyNumericFilters) {
+  const original = numericProto.applyFilter;
+  numericProto.applyFilter = function applyFilter(this: FilterApplier, operand: object, filter: FilterNode, env: Environment): unknown {
+    const name = filter.type === 'Identifier' ? filter.value : filter.type === 'CallExpression' && filter.callee?.type === 'Identifier' ? filter.callee.value : null;
+    if (name === 'round') {
+      const [precision, method] = filterArguments(this, filter, env, ['precision', 'method']);
+      return roundFilter(operand as Runtime, precision, method);
+    }
+    return original.call(this, operand, filter, env);
+  };
+  numericProto.__reefPyNumericFilters = true;
+}

@@ -67,3 +67,17 @@ export const PYTHON_RENDERED: [what: string, source: string, ctx: Record<string,
     "{{ [1, 'a', none, true, 2.5, [1, 'x'], {'k': false}] | join(', ') }}|{{ xs | join }}",
     { xs: [1e-5, false] }, "1, a, None, True, 2.5, [1, 'x'], {'k': False}|1e-05False"],
 ];
+
+/**
+ * Templates with what transformers' jinja2 renders for them, using jinja2 filters and loop helpers
+ * that only the interpreter patch (jinja-compat.ts) reproduces: the compiled renderer throws
+ * Unsupported for these, and the request is rendered by the interpreter.
+ */
+export const INTERPRETER_PYTHON_RENDERED: [what: string, source: string, ctx: Record<string, unknown>, python: string][] = [
+  ["round (common): Python's round, half to even on the exact value; an int stays an int",
+    "{% for v in xs %}{{ v | round }},{% endfor %}|{% for v in xs %}{{ v | round(1) }},{% endfor %}|{% for v in xs %}{{ v | round(-1) }},{% endfor %}|{{ 2.675 | round(2) }} {{ (n / 3) | round(4) }} {{ tiny | round(8) }} {{ 0.125 | round(2) }} {{ 0.375 | round(2) }} {{ 7 | round(2) }} {{ 1234.5 | round(-2) }} {{ true | round }} {{ 123.456 | round(-300) }} {{ tiny | round(400) }} {{ neg | round(-400) }} {{ sub | round(324) }} {{ sub | round(323) }}",
+    {"xs":[2.5,3.5,-2.5,-0.4,0.05,0.15,25,-35,15,7,0],"n":10,"tiny":1e-7,"neg":-123.456,"sub":5e-324}, "2.0,4.0,-2.0,-0.0,0.0,0.0,25,-35,15,7,0,|2.5,3.5,-2.5,-0.4,0.1,0.1,25,-35,15,7,0,|0.0,0.0,-0.0,-0.0,0.0,0.0,20,-40,20,10,0,|2.67 3.3333 1e-07 0.12 0.38 7 1200.0 1 0.0 1e-07 -0.0 5e-324 0.0"],
+  ["round with ceil and floor: math.ceil/floor of value * 10**precision over 10**precision, a float",
+    "{% for v in xs %}{{ v | round(method='ceil') }},{{ v | round(0, 'floor') }},{{ v | round(2, 'ceil') }},{{ v | round(precision=1, method='floor') }},{{ v | round(-1, 'ceil') }};{% endfor %}{{ (n / 3) | round(3, 'floor') }} {{ tiny | round(25, 'ceil') }} {{ 1234.5 | round(-2, 'floor') }} {{ true | round(1, 'ceil') }}",
+    {"xs":[2.1,-2.1,-0.3,0.3,1.2345,7,-7,15,2.675,0],"n":10,"tiny":1.2345e-20}, "3.0,2.0,2.1,2.1,10.0;-2.0,-3.0,-2.1,-2.1,0.0;0.0,-1.0,-0.3,-0.3,0.0;1.0,0.0,0.3,0.3,10.0;2.0,1.0,1.24,1.2,10.0;7.0,7.0,7.0,7.0,10.0;-7.0,-7.0,-7.0,-7.0,0.0;15.0,15.0,15.0,15.0,20.0;3.0,2.0,2.68,2.6,10.0;0.0,0.0,0.0,0.0,0.0;3.333 1.23451e-20 1200.0 1.0"],
+];

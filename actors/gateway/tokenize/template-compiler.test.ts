@@ -9,7 +9,7 @@ import { ChatTokenizer, type ChatTokenizerOptions } from './chat-tokenizer.js';
 import { freezeValue } from './jinja-compat.js';
 import { normalizeMessages, templateView, type TemplateMessage } from './normalize.js';
 import { CompiledTemplate, compileTemplate, Unsupported } from './template-compiler.js';
-import { PYTHON_RENDERED } from './python-rendered.fixtures.js';
+import { INTERPRETER_PYTHON_RENDERED, PYTHON_RENDERED } from './python-rendered.fixtures.js';
 import { pick, seeded, type Rand } from '../../../test/helpers/seeded.js';
 
 /*
@@ -729,6 +729,13 @@ describe('compile-time and run-time fallback', () => {
   it.each(PYTHON_RENDERED)('%s: compiled, as Python renders it', (_what, source, ctx, python) => {
     const { compiled, interpreted } = render(source, ctx as Record<string, unknown>);
     expect(compiled).toBe(python);
+    expect(interpreted).toBe(python);
+  });
+
+  /* jinja2 filters and loop helpers not compiled: Unsupported, and the interpreter renders what Python does. */
+  it.each(INTERPRETER_PYTHON_RENDERED)('%s: Unsupported compiled, interpreted as Python renders it', (_what, source, ctx, python) => {
+    const { compiled, interpreted } = render(source, ctx as Record<string, unknown>);
+    expect(compiled).toBeInstanceOf(Unsupported);
     expect(interpreted).toBe(python);
   });
 
