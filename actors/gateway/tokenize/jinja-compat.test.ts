@@ -58,6 +58,9 @@ describe('Python str methods and json floats in the interpreter', () => {
     ['round of a string', "{{ '1.5' | round }}"],
     ['round of an undefined value', '{{ u | round }}'],
     ['round to a float precision', '{{ 1.5 | round(1.0) }}'],
+    ['sum of a string item', "{{ [1, 'a'] | sum }}"],
+    ['sum of a missing attribute', "{{ [{'n': 1}, {}] | sum(attribute='n') }}"],
+    ['sum of an int', '{{ 3 | sum }}'],
   ])('%s raises, as in Python', (_what, source) => {
     expect(() => new Template(source).render({})).toThrow();
   });

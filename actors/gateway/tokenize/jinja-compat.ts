@@ -658,6 +658,73 @@ function roundFilter(operand: Runtime, precisionArg: Runtime | undefined, method
   return new FloatValue((step(scaled) + 0) / factor);
 }
 
+/**
+ * jinja2's `make_attrgetter` parts: the attribute split at dots, a part of ASCII digits an int
+ * index. A part with other characters Python's isdigit takes (int() of them may fail) raises here.
+ */
+function attributeParts(attribute: Runtime | undefined): (string | number)[] {
+  if (attribute === undefined || attribute.type === 'NullValue') return [];
+  if (attribute.type === 'IntegerValue') return [attribute.value as number];
+  if (attribute.type !== 'StringValue') throw new TypeError('attribute must be a string or an int');
+  return (attribute.value as string).split('.').map((part) => {
+    if (/^[0-9]+$/.test(part)) return Number(part);
+    if (/[^\x00-\x7f]/.test(part)) throw new Error('attribute parts beyond ASCII are not reproduced');
+    return part;
+  });
+}
+
+/**
+ * jinja2's `environment.getitem` along the parts: a mapping's key, a list's index. A lookup that
+ * misses with an int (a mapping's key '0', an index past the end) is undefined, as in jinja2; one
+ * that misses with a name raises here, since Python would go on to the object's attributes.
+ */
+function lookupAttribute(item: Runtime, parts: readonly (string | number)[]): Runtime {
+  let v = item;
+  for (const part of parts) {
+    if (typeof part === 'number') {
+      const items = v.type === 'ArrayValue' || v.type === 'TupleValue' ? (v.value as Runtime[]) : null;
+      if (items === null && v.type !== 'ObjectValue') throw new TypeError(`lookup of ${part} in ${v.type} is not reproduced`);
+      v = items !== null && part < items.length ? items[part]! : new UndefinedValue(undefined);
+      continue;
+    }
+    const found = v.type === 'ObjectValue' ? (v.value as Map<string, Runtime>).get(part) : undefined;
+    if (found === undefined) throw new TypeError(`no key '${part}' in ${v.type}`);
+    v = found;
+  }
+  return v;
+}
+
+/** What Python's iter() gives for the operand of sum, max or min: a mapping's keys, a string's code points, nothing for undefined. */
+function iterated(operand: Runtime, filter: string): Runtime[] {
+  switch (operand.type) {
+    case 'ArrayValue':
+    case 'TupleValue': return operand.value as Runtime[];
+    case 'UndefinedValue': return [];
+    case 'ObjectValue': return Array.from((operand.value as Map<string, Runtime>).keys(), (k) => new StringValue(k));
+    case 'StringValue': return Array.from(operand.value as string, (c) => new StringValue(c));
+  }
+  throw new TypeError(`'${operand.type}' object is not iterable (${filter})`);
+}
+
+/** jinja2's `sum(iterable, attribute=None, start=0)`: Python's sum of numbers, left to right. */
+function sumFilter(operand: Runtime, attribute: Runtime | undefined, start: Runtime | undefined): Runtime {
+  const parts = attributeParts(attribute);
+  const first = start ?? sample(0);
+  if (!NUMERIC.has(first.type)) throw new TypeError(`sum of a ${first.type} start is not reproduced`);
+  const items = iterated(operand, 'sum').map((item) => lookupAttribute(item, parts));
+  if (items.length === 0) return first;
+  let float = first.type === 'FloatValue';
+  let total = Number(first.value);
+  for (const item of items) {
+    if (!NUMERIC.has(item.type)) throw new TypeError(`unsupported operand type(s) for +: ${float ? 'float' : 'int'} and ${item.type}`);
+    float ||= item.type === 'FloatValue';
+    total += Number(item.value);
+    // Python's ints are exact at any size; past 2^53 JS's are not.
+    if (!float && !Number.isSafeInteger(total)) throw new RangeError('sum: integer beyond what is exact here');
+  }
+  return float ? new FloatValue(total) : sample(total);
+}
+
 const numericProto = Interpreter.prototype as unknown as FilterApplier & { __reefPyNumericFilters?: boolean };
 if (!numericProto.__reefPyNumericFilters) {
   const original = numericProto.applyFilter;
@@ -666,6 +733,10 @@ if (!numericProto.__reefPyNumericFilters) {
     if (name === 'round') {
       const [precision, method] = filterArguments(this, filter, env, ['precision', 'method']);
       return roundFilter(operand as Runtime, precision, method);
+    }
+    if (name === 'sum') {
+      const [attribute, start] = filterArguments(this, filter, env, ['attribute', 'start']);
+      return sumFilter(operand as Runtime, attribute, start);
     }
     return original.call(this, operand, filter, env);
   };

@@ -80,4 +80,10 @@ export const INTERPRETER_PYTHON_RENDERED: [what: string, source: string, ctx: Re
   ["round with ceil and floor: math.ceil/floor of value * 10**precision over 10**precision, a float",
     "{% for v in xs %}{{ v | round(method='ceil') }},{{ v | round(0, 'floor') }},{{ v | round(2, 'ceil') }},{{ v | round(precision=1, method='floor') }},{{ v | round(-1, 'ceil') }};{% endfor %}{{ (n / 3) | round(3, 'floor') }} {{ tiny | round(25, 'ceil') }} {{ 1234.5 | round(-2, 'floor') }} {{ true | round(1, 'ceil') }}",
     {"xs":[2.1,-2.1,-0.3,0.3,1.2345,7,-7,15,2.675,0],"n":10,"tiny":1.2345e-20}, "3.0,2.0,2.1,2.1,10.0;-2.0,-3.0,-2.1,-2.1,0.0;0.0,-1.0,-0.3,-0.3,0.0;1.0,0.0,0.3,0.3,10.0;2.0,1.0,1.24,1.2,10.0;7.0,7.0,7.0,7.0,10.0;-7.0,-7.0,-7.0,-7.0,0.0;15.0,15.0,15.0,15.0,20.0;3.0,2.0,2.68,2.6,10.0;0.0,0.0,0.0,0.0,0.0;3.333 1.23451e-20 1200.0 1.0"],
+  ["sum: Python's sum from start (0), an int until a float is added, floats added left to right as Python 3.11 does; undefined sums to start",
+    "{{ ints | sum }} {{ floats | sum }} {{ mixed | sum }} {{ [] | sum }} {{ [] | sum(start=2.5) }} {{ [] | sum(start=true) }} {{ [true, true] | sum }} {{ ints | sum(start=10) }} {{ ints | sum(start=0.5) }} {{ u | sum }} {{ u | sum(start=3) }} {{ {} | sum }} {{ '' | sum }} {{ (1, 2.5) | sum }} {{ [0.1, 0.2, 0.3] | sum }} {{ [big, 1] | sum }}",
+    {"ints":[1,2,3],"floats":[0.1,0.2],"mixed":[1,0.5,true],"big":9007199254740990}, "6 0.30000000000000004 2.5 0 2.5 True 2 16 6.5 0 3 0 0 3.5 0.6000000000000001 9007199254740991"],
+  ["sum(attribute=...): jinja2's attribute getter, dotted and with indexes",
+    "{{ items | sum(attribute='n') }} {{ items | sum('n', 100) }} {{ items | sum(attribute='p.q', start=0.25) }} {{ rows | sum(attribute='1') }} {{ rows | sum(attribute=0) }} {{ messages | selectattr('role', 'equalto', 'tool') | sum(attribute='tokens') }}",
+    {"items":[{"n":1,"p":{"q":0.5}},{"n":2,"p":{"q":1.25}}],"rows":[[1,2],[3,4.5]],"messages":[{"role":"user","tokens":3},{"role":"tool","tokens":7},{"role":"tool","tokens":5}]}, "3 103 2.0 6.5 4 12"],
 ];
