@@ -61,6 +61,9 @@ describe('Python str methods and json floats in the interpreter', () => {
     ['sum of a string item', "{{ [1, 'a'] | sum }}"],
     ['sum of a missing attribute', "{{ [{'n': 1}, {}] | sum(attribute='n') }}"],
     ['sum of an int', '{{ 3 | sum }}'],
+    ['max of a string and a number', "{{ [1, 'a'] | max }}"],
+    ['min with none', '{{ [none, 1] | min }}'],
+    ['max of a missing attribute', "{{ [{'n': 1}, {}] | max(attribute='n') }}"],
   ])('%s raises, as in Python', (_what, source) => {
     expect(() => new Template(source).render({})).toThrow();
   });

@@ -725,6 +725,40 @@ function sumFilter(operand: Runtime, attribute: Runtime | undefined, start: Runt
   return float ? new FloatValue(total) : sample(total);
 }
 
+/** Python's `a > b` for the values max and min compare: numbers (booleans among them) or strings; else raises. */
+function pyGreater(a: Runtime, b: Runtime): boolean {
+  if (NUMERIC.has(a.type) && NUMERIC.has(b.type)) return Number(a.value) > Number(b.value);
+  if (a.type === 'StringValue' && b.type === 'StringValue') return pyCompare(a.value as string, b.value as string) > 0;
+  throw new TypeError(`comparison of ${a.type} and ${b.type} is not reproduced`);
+}
+
+/**
+ * jinja2's `max`/`min(value, case_sensitive=False, attribute=None)`: Python's max/min with a key
+ * (the attribute, strings lowered unless case_sensitive), the first of equal items; undefined for
+ * an empty sequence.
+ */
+function extremeFilter(operand: Runtime, largest: boolean, caseSensitive: Runtime | undefined, attribute: Runtime | undefined): Runtime {
+  if (caseSensitive !== undefined && caseSensitive.type !== 'BooleanValue') throw new TypeError('case_sensitive other than a boolean is not reproduced');
+  const lower = caseSensitive === undefined || caseSensitive.value === false;
+  const parts = attributeParts(attribute);
+  const items = iterated(operand, largest ? 'max' : 'min');
+  if (items.length === 0) return new UndefinedValue(undefined);
+  const keyOf = (item: Runtime): Runtime => {
+    const k = lookupAttribute(item, parts);
+    return lower && k.type === 'StringValue' ? new StringValue((k.value as string).toLowerCase()) : k;
+  };
+  let best = items[0]!;
+  let bestKey = keyOf(best);
+  for (const item of items.slice(1)) {
+    const key = keyOf(item);
+    if (largest ? pyGreater(key, bestKey) : pyGreater(bestKey, key)) {
+      best = item;
+      bestKey = key;
+    }
+  }
+  return best;
+}
+
 const numericProto = Interpreter.prototype as unknown as FilterApplier & { __reefPyNumericFilters?: boolean };
 if (!numericProto.__reefPyNumericFilters) {
   const original = numericProto.applyFilter;
@@ -737,6 +771,10 @@ if (!numericProto.__reefPyNumericFilters) {
     if (name === 'sum') {
       const [attribute, start] = filterArguments(this, filter, env, ['attribute', 'start']);
       return sumFilter(operand as Runtime, attribute, start);
+    }
+    if (name === 'max' || name === 'min') {
+      const [caseSensitive, attribute] = filterArguments(this, filter, env, ['case_sensitive', 'attribute']);
+      return extremeFilter(operand as Runtime, name === 'max', caseSensitive, attribute);
     }
     return original.call(this, operand, filter, env);
   };

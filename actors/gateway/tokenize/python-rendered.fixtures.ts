@@ -86,4 +86,10 @@ export const INTERPRETER_PYTHON_RENDERED: [what: string, source: string, ctx: Re
   ["sum(attribute=...): jinja2's attribute getter, dotted and with indexes",
     "{{ items | sum(attribute='n') }} {{ items | sum('n', 100) }} {{ items | sum(attribute='p.q', start=0.25) }} {{ rows | sum(attribute='1') }} {{ rows | sum(attribute=0) }} {{ messages | selectattr('role', 'equalto', 'tool') | sum(attribute='tokens') }}",
     {"items":[{"n":1,"p":{"q":0.5}},{"n":2,"p":{"q":1.25}}],"rows":[[1,2],[3,4.5]],"messages":[{"role":"user","tokens":3},{"role":"tool","tokens":7},{"role":"tool","tokens":5}]}, "3 103 2.0 6.5 4 12"],
+  ["max and min: Python's max/min, strings compared lowered unless case_sensitive, the first of equal items; undefined when empty",
+    "{{ ns | max }} {{ ns | min }} {{ [1, true, 1.0] | max }} {{ [1.0, 1, true] | min }} {{ [2, 2.5, false] | max }} {{ [] | max is defined }}[{{ [] | min }}] {{ u | max is defined }} {{ ws | max }} {{ ws | min }} {{ ws | max(case_sensitive=true) }} {{ ws | min(true) }} {{ 'hello' | max }} {{ 'Hello' | min }} {{ {'b': 1, 'A': 2, 'a': 3} | max }} {{ {'b': 1, 'A': 2} | min(case_sensitive=true) }} {{ us | max }} {{ us | min }}",
+    {"ns":[3,-1,2.5,0],"ws":["b","B","a","A","éclair","Zed","zed"],"us":["ä","z","𝔘","ǅ","ａ"]}, "3 -1 1 1.0 2.5 False[] False éclair a éclair A o e b A 𝔘 z"],
+  ["max and min with attribute=: the item whose attribute is largest (smallest)",
+    "{{ (ms | max(attribute='n')).name }} {{ (ms | min(attribute='n')).name }} {{ (ms | max(attribute='name')).name }} {{ (ms | max(attribute='name', case_sensitive=true)).name }} {{ (ms | min(false, 'name')).name }} {{ (ms | max(attribute='p.q')).name }} {{ rows | max(attribute='1') }} {{ rows | min(attribute=0) }}",
+    {"ms":[{"name":"b","n":2,"p":{"q":0.5}},{"name":"C","n":7,"p":{"q":0.25}},{"name":"a","n":7,"p":{"q":0.75}},{"name":"c","n":-1,"p":{"q":0.75}}],"rows":[[1,2],[3,4.5],[0,9]]}, "C c C c a a [0, 9] [0, 9]"],
 ];
