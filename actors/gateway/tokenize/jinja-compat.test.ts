@@ -64,6 +64,8 @@ describe('Python str methods and json floats in the interpreter', () => {
     ['max of a string and a number', "{{ [1, 'a'] | max }}"],
     ['min with none', '{{ [none, 1] | min }}'],
     ['max of a missing attribute', "{{ [{'n': 1}, {}] | max(attribute='n') }}"],
+    ['loop.cycle with no items', '{% for x in [1] %}{{ loop.cycle() }}{% endfor %}'],
+    ['loop.cycle with a keyword argument', '{% for x in [1] %}{{ loop.cycle(a=1) }}{% endfor %}'],
   ])('%s raises, as in Python', (_what, source) => {
     expect(() => new Template(source).render({})).toThrow();
   });

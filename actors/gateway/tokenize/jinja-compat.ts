@@ -780,3 +780,46 @@ if (!numericProto.__reefPyNumericFilters) {
   };
   numericProto.__reefPyNumericFilters = true;
 }
+
+// ---------------------------------------------------------------------------------------------
+// `loop.cycle(a, b, ...)`: jinja2's loop helper, the argument at loop.index0 modulo their number
+// (the interpreter's loop had no cycle, and calling the undefined failed). The loop object stays
+// the interpreter's nine-entry mapping (its length and printing unchanged, as template-compiler.ts
+// reproduces them); `cycle` is answered on attribute or subscript access to it. The compiled
+// renderer throws Unsupported for loop.cycle, so these renders are the interpreter's.
+
+const LOOP_KEYS = ['index', 'index0', 'revindex', 'revindex0', 'first', 'last', 'length', 'previtem', 'nextitem'];
+const loopObjects = new WeakSet<object>();
+type VariableSetter = { setVariable(name: string, value: unknown): unknown };
+const variableProto = Environment.prototype as unknown as VariableSetter & { __reefLoopCycle?: boolean };
+if (!variableProto.__reefLoopCycle) {
+  const originalSetVariable = variableProto.setVariable;
+  variableProto.setVariable = function setVariable(this: VariableSetter, name: string, value: unknown): unknown {
+    if (name === 'loop' && (value as Runtime | null)?.type === 'ObjectValue') {
+      const keys = Array.from(((value as Runtime).value as Map<string, Runtime>).keys());
+      if (keys.length === LOOP_KEYS.length && keys.every((k, i) => k === LOOP_KEYS[i])) loopObjects.add(value as object);
+    }
+    return originalSetVariable.call(this, name, value);
+  };
+  const cycleOf = (loop: Runtime): Runtime => {
+    const index0 = ((loop.value as Map<string, Runtime>).get('index0')!.value as number);
+    return new FunctionValue((args: Runtime[]) => {
+      if (args.some((a) => a.type === 'KeywordArgumentsValue')) throw new TypeError("cycle() got an unexpected keyword argument");
+      if (args.length === 0) throw new TypeError('no items for cycling given');
+      return args[index0 % args.length]!;
+    });
+  };
+  const original = memberProto.evaluateMemberExpression;
+  memberProto.evaluateMemberExpression = function evaluateMemberExpression(this: MemberEvaluator, node: MemberNode, env: Environment): Runtime {
+    // `x.cycle` or `x['cycle']` (a literal key: other lookups go straight through, at no cost).
+    const property = node.property as { type: string; value?: unknown };
+    if (property.value !== 'cycle' || property.type !== (node.computed ? 'StringLiteral' : 'Identifier')) return original.call(this, node, env);
+    const object = this.evaluate(node.object, env);
+    if (loopObjects.has(object)) return cycleOf(object);
+    // Anything else: the lookup as before, on the object evaluated already.
+    const scope = new Environment(env) as unknown as VariableSetter;
+    scope.setVariable(OPERANDS.left.value, object);
+    return original.call(this, { ...node, object: OPERANDS.left }, scope as unknown as Environment);
+  };
+  variableProto.__reefLoopCycle = true;
+}

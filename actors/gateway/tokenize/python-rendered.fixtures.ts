@@ -92,4 +92,10 @@ export const INTERPRETER_PYTHON_RENDERED: [what: string, source: string, ctx: Re
   ["max and min with attribute=: the item whose attribute is largest (smallest)",
     "{{ (ms | max(attribute='n')).name }} {{ (ms | min(attribute='n')).name }} {{ (ms | max(attribute='name')).name }} {{ (ms | max(attribute='name', case_sensitive=true)).name }} {{ (ms | min(false, 'name')).name }} {{ (ms | max(attribute='p.q')).name }} {{ rows | max(attribute='1') }} {{ rows | min(attribute=0) }}",
     {"ms":[{"name":"b","n":2,"p":{"q":0.5}},{"name":"C","n":7,"p":{"q":0.25}},{"name":"a","n":7,"p":{"q":0.75}},{"name":"c","n":-1,"p":{"q":0.75}}],"rows":[[1,2],[3,4.5],[0,9]]}, "C c C c a a [0, 9] [0, 9]"],
+  ["loop.cycle: the argument at loop.index0 modulo their number, for the loop it belongs to (filtered loops count what they iterate)",
+    "{% for m in messages %}{{ loop.cycle('odd', 'even') }}:{{ m.role }};{% endfor %}|{% for x in xs if x > 1 %}{{ loop.cycle(a, b, 'c') }}{% endfor %}|{% for x in xs %}{% set outer = loop %}{% for y in [1, 2] %}{{ loop.cycle('<', '>') }}{{ outer.cycle(1, 2, 3) }}{% endfor %},{% endfor %}|{% for x in xs %}{{ loop['cycle'](x, -x) }}{% if x == 3 %}{% break %}{% endif %}{% endfor %}|{% for k, v in {'p': 1, 'q': 2} | items %}{{ loop.cycle([k], none, true) }}{% endfor %}|{% for x in xs %}{{ loop.cycle('only') }}{% endfor %}",
+    {"messages":[{"role":"system"},{"role":"user"},{"role":"assistant"}],"xs":[1,2,3,4,5],"a":"A","b":2.5}, "odd:system;even:user;odd:assistant;|A2.5cA|<1>1,<2>2,<3>3,<1>1,<2>2,|1-23|['p']None|onlyonlyonlyonlyonly"],
+  ["loop.cycle is defined, as attribute and as subscript",
+    "{% for x in xs %}[{{ loop.cycle is defined }}{{ loop['cycle'] is defined }}]{% endfor %}",
+    {"xs":[1]}, "[TrueTrue]"],
 ];

@@ -119,7 +119,8 @@ class LoopInfo extends Special {
       case 'previtem': return i > 0 ? items[i - 1] : undefined;
       case 'nextitem': return i < n - 1 ? items[i + 1] : undefined;
     }
-    if (OBJECT_METHODS.has(name)) unsupported(`loop.${name}`);
+    // loop.cycle is rendered by the interpreter (jinja-compat.ts).
+    if (OBJECT_METHODS.has(name) || name === 'cycle') unsupported(`loop.${name}`);
     return undefined;
   }
 }
