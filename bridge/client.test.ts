@@ -34,7 +34,7 @@ describe('bridge client timeouts', () => {
 
   it('read REEF_ENGINE_START_TIMEOUT_S as the shim does, value by value (Python\'s float() in engine_process.py)', () => {
     // What the shim takes and what it refuses, checked against the real Python reader below.
-    const values = ['900', ' 12.5 ', '1e3', '.5', '0x10', '0b11', '1_0', 'inf', 'nan', '-3', '0', '5m'];
+    const values = ['900', ' 12.5 ', '1e3', '.5', '+7', '0x10', '0b11', '1_0', 'inf', 'nan', '-3', '0', '5m'];
     const script = `
 import json, sys
 from reef_shim.engine_process import engine_start_timeout_s
@@ -58,6 +58,6 @@ print(json.dumps(out))
       }
     });
     expect(client).toEqual(shim);
-    expect(shim.filter((x) => x !== null)).toEqual([900, 12.5, 1000, 0.5]);
+    expect(shim.filter((x) => x !== null)).toEqual([900, 12.5, 1000, 0.5, 7]);
   });
 });

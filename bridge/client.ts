@@ -1,4 +1,5 @@
 import type { z } from 'zod';
+import { decimalNumber } from '../actors/runtime/decimal.js';
 import { ReefError } from '../actors/runtime/errors.js';
 import type { LogFn } from '../actors/runtime/log.js';
 import { RpcClient } from '../actors/runtime/rpc.js';
@@ -54,7 +55,7 @@ export interface ShimProcessHandle {
 export function engineStartTimeoutS(env: NodeJS.ProcessEnv = process.env): number {
   const raw = env.REEF_ENGINE_START_TIMEOUT_S;
   // Decimal text only, as the shim reads it (Python's float): Number() would also take 0x10 as 16.
-  const s = raw === undefined || raw.trim() === '' ? 290 : /^\s*(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$/.test(raw) ? Number(raw) : Number.NaN;
+  const s = raw === undefined || raw.trim() === '' ? 290 : decimalNumber(raw);
   if (!Number.isFinite(s) || s <= 0) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `REEF_ENGINE_START_TIMEOUT_S must be a positive number of seconds, got ${JSON.stringify(raw)}` });
   return s;
 }

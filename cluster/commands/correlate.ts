@@ -2,6 +2,7 @@ import { createReadStream, existsSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { Correlator } from '../../actors/judge/correlate/correlator.js';
 import type { CorrelationCounters, CorrelationEvent, CorrelationRecord } from '../../actors/judge/correlate/types.js';
+import { decimalNumber } from '../../actors/runtime/decimal.js';
 import { ReefError } from '../../actors/runtime/errors.js';
 import { flagBool, flagString, type ParsedArgs } from '../args.js';
 import type { Io } from '../cli.js';
@@ -128,8 +129,6 @@ export function renderCorrelation(r: CorrelateReport): string {
   return out.join('\n');
 }
 
-const DECIMAL = /^\s*[+]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$/;
-
 /**
  * A flag's value, checked as the config checks the key it stands for (`session_ttl_s`,
  * `max_open_sessions`): the correlator refuses a fractional session count with a RangeError, which
@@ -138,7 +137,7 @@ const DECIMAL = /^\s*[+]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$/;
 function numberFlag(args: ParsedArgs, name: string, integer: boolean): number | undefined {
   const v = flagString(args, name);
   if (v === null) return undefined;
-  const n = DECIMAL.test(v) ? Number(v) : Number.NaN;
+  const n = decimalNumber(v);
   const ok = integer ? Number.isSafeInteger(n) && n >= 1 : Number.isFinite(n) && n > 0;
   if (!ok) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `--${name} must be ${integer ? 'an integer >= 1' : 'a positive number'}, got ${v}` });
   return n;
