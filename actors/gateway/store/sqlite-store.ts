@@ -107,7 +107,6 @@ export class SqliteStore implements RecordStore {
   private checkpointer: Checkpointer | null = null;
   private readonly committer: GroupCommitter<RecordRow>;
   private readonly chunkMemo = new ChunkMemo();
-  private pageBytes = PAGE_BYTES;
   private readonly reports: ReportTable;
   private readonly judged: JudgedTurnTable;
   private readonly sql;
@@ -123,7 +122,7 @@ export class SqliteStore implements RecordStore {
       try {
         db.pragma(`busy_timeout = ${options.busyTimeoutMs ?? 5000}`);
         checkSchema(db);
-        return new SqliteStore(db, path, commit, null).pagedBy(options.pageBytes);
+        return new SqliteStore(db, path, commit, null, options.pageBytes ?? PAGE_BYTES);
       } catch (err) {
         db.close();
         // SQLite reads a WAL store through a -shm file it creates beside it, even read-only.
@@ -149,7 +148,7 @@ export class SqliteStore implements RecordStore {
       // of, and the worker costs tens of ms to start and stop.
       const interval = options.checkpointIntervalMs ?? 200;
       const checkpointer = background ? () => new Checkpointer(path, interval, synchronous) : null;
-      return new SqliteStore(db, path, commit, checkpointer).pagedBy(options.pageBytes);
+      return new SqliteStore(db, path, commit, checkpointer, options.pageBytes ?? PAGE_BYTES);
     } catch (err) {
       db.close();
       throw err;
@@ -161,6 +160,7 @@ export class SqliteStore implements RecordStore {
     readonly path: string,
     commitOptions: GroupCommitOptions,
     private readonly startCheckpointer: (() => Checkpointer) | null,
+    private readonly pageBytes: number,
   ) {
     const insertRecord = db.prepare(INSERT_RECORD_SQL);
     const insertChunk = db.prepare(INSERT_CHUNK_SQL);
@@ -312,11 +312,6 @@ export class SqliteStore implements RecordStore {
       throw new ReefError('REEF_ERR_STORE', { reason: (err as Error).message }, { cause: err });
     }
     return row;
-  }
-
-  private pagedBy(pageBytes: number | undefined): this {
-    if (pageBytes !== undefined) this.pageBytes = pageBytes;
-    return this;
   }
 
   async list(options: ListOptions): Promise<Page<RecordSummary>> {
