@@ -3,6 +3,7 @@ import { basename, join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { EngineClient } from '../../cluster/engine-client.js';
 import type { ReefConfig } from '../../cluster/config/index.js';
+import { PRINTABLE_ASCII } from '../../cluster/config/schema.js';
 import { ReefError } from '../runtime/errors.js';
 import type { Handlers } from '../runtime/mailbox.js';
 import { Authenticator, type ApiKeySpec } from './auth.js';
@@ -64,7 +65,7 @@ export function resolveApiKeys(cfg: ReefConfig, env: NodeJS.ProcessEnv = process
     // must still match.
     const key = k.key ?? (k.key_env ? env[k.key_env]?.trim() : undefined);
     if (!key) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}].key_env: environment variable ${k.key_env} is not set or is blank` });
-    if (!/^[\x20-\x7e]*$/.test(key)) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}].key_env: environment variable ${k.key_env} holds characters other than printable ASCII, which no client can send in a header` });
+    if (!PRINTABLE_ASCII.test(key)) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}].key_env: environment variable ${k.key_env} holds characters other than printable ASCII, which no client can send in a header` });
     return { key, scenarios: k.scenarios, maxConcurrency: k.max_concurrency };
   });
 }

@@ -7,6 +7,7 @@ import { ReefError } from '../runtime/errors.js';
 import { errorBody, sendError, sendReefError } from './http-errors.js';
 import { parsedBodyProblem } from './body-checks.js';
 import { registerOpenAIRoutes } from './routes/openai.js';
+import { NotUtf8Error } from './tokenize/utf8.js';
 
 /** 64 MiB: OpenClaw resends whole transcripts with large tool outputs every turn. */
 export const BODY_LIMIT = 64 * 1024 * 1024;
@@ -61,7 +62,7 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
   const parseJson = app.getDefaultJsonParser('error', 'error');
   app.removeContentTypeParser('application/json');
   app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (request, body, done) => {
-    if (!isUtf8(body as Buffer)) return done(Object.assign(new Error('request body is not valid UTF-8'), { statusCode: 400 }), undefined);
+    if (!isUtf8(body as Buffer)) return done(Object.assign(new NotUtf8Error(), { statusCode: 400 }), undefined);
     parseJson(request, (body as Buffer).toString('utf8'), done);
   });
 

@@ -60,7 +60,7 @@ export async function statusCommand(args: ParsedArgs, io: Io): Promise<number> {
 
 /**
  * What the stack has recorded, judged and trained, as its actors persisted it: read from the
- * record store (read-only) rather than asked of the gateway, which may want an API key. Null,
+ * record store (read-only) rather than asked of the gateway, which may want an API key; `{error}`,
  * with the reason, when the store cannot be read.
  */
 export async function pipelineOf(dataDir: string): Promise<PipelineSummary | { error: string }> {

@@ -39,6 +39,9 @@ const scenarioName = () => {
   return z.string(e).regex(SCENARIO_RE, e);
 };
 
+/** What an API key may hold: the characters a client can send in a header (checked for key_env values too). */
+export const PRINTABLE_ASCII = /^[\x20-\x7e]*$/;
+
 const apiKey = z
   .strictObject(
     {
@@ -48,7 +51,7 @@ const apiKey = z
         .refine((k) => k.trim() === k, { error: 'must not begin or end with whitespace' })
         // Node reads header bytes as Latin-1, so a key with other characters (é, emoji) never
         // matches what a client sends, or matches from one client library and not another.
-        .refine((k) => /^[\x20-\x7e]*$/.test(k), { error: 'must be printable ASCII (characters a client can send in a header)' })
+        .refine((k) => PRINTABLE_ASCII.test(k), { error: 'must be printable ASCII (characters a client can send in a header)' })
         .nullable()
         .default(null),
       key_env: envName().nullable().default(null),
