@@ -151,8 +151,6 @@ class TrainerRank:
              meta: dict[str, Any]) -> dict[str, Any]:
         """Forward, loss, backward, AdamW; then every rank helps gather the full weights and rank 0
         saves them to `out_dir`. Returns this rank's metric sums (and, on rank 0, save timing)."""
-        import torch.distributed as dist
-
         started = time.monotonic()
         self.optimizer.zero_grad(set_to_none=True)
         if tasks:
@@ -163,9 +161,7 @@ class TrainerRank:
             loss, sums = self.policy(input_ids=dummy, use_cache=False).logits.sum() * 0.0, empty_sums()
         self._maybe_crash(batch_id)
         # All ranks agree on finiteness before anyone steps, so a NaN batch fails cleanly everywhere.
-        bad = torch.tensor([0.0 if torch.isfinite(loss) else 1.0], device=self.device)
-        dist.all_reduce(bad)
-        if bad.item() > 0:
+        if self._any_rank(not bool(torch.isfinite(loss))):
             return {"error": "non-finite loss: the batch was not applied", "sums": sums}
         loss.backward()
         # A finite loss can still give a non-finite gradient (an overflow in backward); AdamW would
@@ -183,6 +179,14 @@ class TrainerRank:
         if self.rank == 0 and out_dir is not None:
             save_s = save_checkpoint(state, self.model_path, Path(out_dir), meta)
         return {"error": None, "sums": sums, "train_s": forward_backward_s, "save_s": save_s}
+
+    def _any_rank(self, flag: bool) -> bool:
+        """Whether `flag` holds on any rank (one all-reduce, so every rank takes the same branch)."""
+        import torch.distributed as dist
+
+        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        dist.all_reduce(t)
+        return t.item() > 0
 
     def _grad_norm(self) -> tuple[float, bool]:
         """The gradient's global norm, and whether every rank's shard of it is finite (one all-reduce)."""
@@ -261,7 +265,6 @@ class TrainerRank:
     def load(self, path: str) -> str | None:
         """Policy weights from a checkpoint directory; the optimizer starts afresh (docs/training.md).
         Returns why the checkpoint cannot be used (no rank changed a weight then), or None."""
-        import torch.distributed as dist
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         from ..engines.weights import WeightError, load_checked_state_dict
@@ -276,9 +279,7 @@ class TrainerRank:
             why = str(e)
         # All ranks agree before any loads: set_model_state_dict scatters each tensor from rank 0,
         # so a rank that skipped it would leave the others waiting in that scatter.
-        bad = torch.tensor([0.0 if why is None else 1.0], device=self.device)
-        dist.all_reduce(bad)
-        if bad.item() > 0:
+        if self._any_rank(why is not None):
             return why or "another rank could not use it"
         if self.tied:
             state["lm_head.weight"] = state["model.embed_tokens.weight"]
