@@ -10,6 +10,37 @@ import { type ShimProcess, spawnShim } from './shim-process.js';
 const quiet = (): void => {};
 const LAYOUT: Layout = { trainer: { gpus: 4 }, rollout: { gpus: 1 }, prm: { gpus: 1, replicas: 1 }, student: { gpus: 1 }, cpusPerBundle: 1 };
 
+/**
+ * A ROUTER standing in for a shim: `answer(type, reply)` is called for each request (`reply` sends
+ * `{type: 'ok', requestId, ...fields}`), and `body` runs with a client connected to it.
+ */
+async function withFakeShim(
+  answer: (type: string, reply: (fields: Record<string, unknown>) => void) => void,
+  heartbeatMs: number,
+  body: (client: BridgeClient) => Promise<void>,
+): Promise<void> {
+  const router = new zmq.Router();
+  await router.bind('tcp://127.0.0.1:*');
+  // One send at a time: a socket refuses a send while another is in progress.
+  let sending: Promise<void> = Promise.resolve();
+  const serving = (async () => {
+    for await (const [identity, payload] of router) {
+      const msg = decode(payload!) as { type: string; requestId: string };
+      answer(msg.type, (fields) => {
+        sending = sending.then(() => router.send([identity!, encode({ type: 'ok', requestId: msg.requestId, ...fields })])).catch(() => {});
+      });
+    }
+  })().catch(() => {});
+  const client = await BridgeClient.connect(router.lastEndpoint!, { heartbeatMs });
+  try {
+    await body(client);
+  } finally {
+    await client.close();
+    router.close();
+    await serving;
+  }
+}
+
 async function rejection(p: Promise<unknown>): Promise<ReefError> {
   const err = await p.then(
     () => {
@@ -131,18 +162,9 @@ describe('a shim that dies', () => {
   });
 
   it('rejects a pending call when another shim answers at its endpoint (the request went to the old one)', async () => {
-    const router = new zmq.Router();
-    await router.bind('tcp://127.0.0.1:*');
     let pid = 111;
-    const serving = (async () => {
-      for await (const [identity, payload] of router) {
-        const msg = decode(payload!) as { type: string; requestId: string };
-        // A restarted shim answers pings at once and never hears of what the old one was doing.
-        if (msg.type === 'ping') await router.send([identity!, encode({ type: 'ok', requestId: msg.requestId, pid, version: 'x', rayConnected: false })]);
-      }
-    })().catch(() => {});
-    const client = await BridgeClient.connect(router.lastEndpoint!, { heartbeatMs: 200 });
-    try {
+    // A restarted shim answers pings at once and never hears of what the old one was doing.
+    await withFakeShim((type, reply) => (type === 'ping' ? reply({ pid, version: 'x', rayConnected: false }) : undefined), 200, async (client) => {
       const pending = client.callUnchecked({ type: 'trainer-step' }, { timeoutMs: 60_000 });
       pid = 222;
       // Not the call's own timeout (60 s, REEF_ERR_TIMEOUT): the new pid gave the restart away.
@@ -151,32 +173,18 @@ describe('a shim that dies', () => {
       expect(err.message).toContain('pid 111');
       expect(err.message).toContain('pid 222');
       expect(client.isDown).toBe(true);
-    } finally {
-      await client.close();
-      router.close();
-      await serving;
-    }
+    });
   });
 
   it('keeps a slow call that the live shim is still working on', async () => {
-    const router = new zmq.Router();
-    await router.bind('tcp://127.0.0.1:*');
-    const serving = (async () => {
-      for await (const [identity, payload] of router) {
-        const msg = decode(payload!) as { type: string; requestId: string };
-        if (msg.type === 'ping') await router.send([identity!, encode({ type: 'ok', requestId: msg.requestId, pid: 111, version: 'x', rayConnected: false })]);
-        else setTimeout(() => void router.send([identity!, encode({ type: 'ok', requestId: msg.requestId, done: true })]), 1_500);
-      }
-    })().catch(() => {});
-    const client = await BridgeClient.connect(router.lastEndpoint!, { heartbeatMs: 100 });
-    try {
+    const answer = (type: string, reply: (fields: Record<string, unknown>) => void): void => {
+      if (type === 'ping') reply({ pid: 111, version: 'x', rayConnected: false });
+      else setTimeout(() => reply({ done: true }), 1_500);
+    };
+    await withFakeShim(answer, 100, async (client) => {
       expect(await client.callUnchecked({ type: 'trainer-step' }, { timeoutMs: 10_000 })).toMatchObject({ done: true });
       expect(client.isDown).toBe(false);
-    } finally {
-      await client.close();
-      router.close();
-      await serving;
-    }
+    });
   });
 
   it('fails to connect to nothing', async () => {
