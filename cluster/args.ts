@@ -18,16 +18,18 @@ const VALUED = new Set(['config', 'data-dir', 'scenario', 'out', 'session-ttl-s'
 /**
  * The flags each command reads (besides --help and --version). Another one is a mistake that would
  * otherwise run the command without it: `reef config check F --data-dir D` checked F and said
- * nothing of D. Config overrides count only where a config is loaded.
+ * nothing of D. Config overrides count only where a config is loaded. `args`: the most arguments
+ * the command reads after its name; more were ignored (`reef up -c a.yaml b.yaml` started a.yaml,
+ * `reef down prm` stopped the whole stack).
  */
-export const COMMAND_FLAGS: Readonly<Record<string, { flags: readonly string[]; overrides: boolean }>> = {
-  up: { flags: ['config', 'detach'], overrides: true },
-  status: { flags: ['config', 'data-dir', 'json'], overrides: true },
-  scale: { flags: ['config', 'data-dir'], overrides: true },
-  down: { flags: ['config', 'data-dir'], overrides: true },
-  export: { flags: ['config', 'data-dir', 'scenario', 'out'], overrides: true },
-  correlate: { flags: ['json', 'session-ttl-s', 'max-open-sessions'], overrides: false },
-  config: { flags: [], overrides: true },
+export const COMMAND_FLAGS: Readonly<Record<string, { flags: readonly string[]; overrides: boolean; args: number }>> = {
+  up: { flags: ['config', 'detach'], overrides: true, args: 0 },
+  status: { flags: ['config', 'data-dir', 'json'], overrides: true, args: 0 },
+  scale: { flags: ['config', 'data-dir'], overrides: true, args: 2 },
+  down: { flags: ['config', 'data-dir'], overrides: true, args: 0 },
+  export: { flags: ['config', 'data-dir', 'scenario', 'out'], overrides: true, args: 1 },
+  correlate: { flags: ['json', 'session-ttl-s', 'max-open-sessions'], overrides: false, args: 1 },
+  config: { flags: [], overrides: true, args: 2 },
 };
 
 /** Every flag some command reads: any other one is a typo, caught before the command is known. */

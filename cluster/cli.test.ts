@@ -14,6 +14,12 @@ describe('reef CLI flags per command', () => {
     [['up', '--json'], /reef up does not take --json \(it takes --config, --detach\)/],
     [['down', '--out', 'x'], /reef down does not take --out/],
     [['correlate', 'records.jsonl', '--reef.port=1'], /reef correlate reads no config, so --reef\.port=1 would change nothing/],
+    // Extra arguments were ignored: `reef down prm` stopped the whole stack, `reef up -c a.yaml
+    // b.yaml` started a.yaml alone.
+    [['down', 'prm', '--data-dir', '/nonexistent-reef-dir'], /reef down takes no arguments; "prm" would be ignored/],
+    [['up', '-c', 'a.yaml', 'b.yaml'], /reef up takes no arguments; "b\.yaml" would be ignored/],
+    [['status', 'gateway', '--data-dir', '/nonexistent-reef-dir'], /reef status takes no arguments/],
+    [['export', 'records', 'extra', '--scenario', 's', '--data-dir', '/nonexistent-reef-dir'], /reef export takes at most 1 argument; "extra"/],
   ])('refuses %j before running anything (exit 2)', async (argv, message) => {
     const r = await reef(...argv);
     expect(r.code).toBe(2);

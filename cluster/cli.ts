@@ -32,10 +32,15 @@ usage:
 
 const defaultIo: Io = { stdout: (s) => process.stdout.write(s.endsWith('\n') ? s : `${s}\n`), stderr: (s) => process.stderr.write(s.endsWith('\n') ? s : `${s}\n`) };
 
-/** Why `cmd` cannot take the flags given, or null. */
+/** Why `cmd` cannot take the flags or arguments given, or null. */
 function flagProblem(cmd: string, args: ParsedArgs): string | null {
   const takes = COMMAND_FLAGS[cmd];
   if (takes === undefined) return null;
+  const extra = args.positionals.slice(1 + takes.args);
+  if (extra.length > 0) {
+    const what = takes.args === 0 ? 'no arguments' : `at most ${takes.args} argument${takes.args === 1 ? '' : 's'}`;
+    return `reef ${cmd} takes ${what}; ${extra.map((a) => JSON.stringify(a)).join(' ')} would be ignored`;
+  }
   for (const name of args.flags.keys()) {
     if (!takes.flags.includes(name)) {
       const list = takes.flags.length === 0 ? 'no flags' : takes.flags.map((f) => `--${f}`).join(', ');
