@@ -114,6 +114,9 @@ export function parseChatRequest(body: unknown): { ok: true; value: ChatCompleti
     if (Array.isArray(req.tools)) req.tools = (body as { tools: Tool[] }).tools;
   }
   if (req.n != null && req.n !== 1) return { ok: false, issue: { param: 'n', message: 'n must be 1: Reef records one completion per request' } };
+  // Both engines find an empty string at the start of any text: the reply would end, empty, after one token.
+  const stops = req.stop == null ? [] : Array.isArray(req.stop) ? req.stop : [req.stop];
+  if (stops.includes('')) return { ok: false, issue: { param: 'stop', message: 'stop: a stop string must not be empty' } };
   for (const [i, m] of req.messages.entries()) {
     const parts = Array.isArray(m.content) ? m.content : [];
     const bad = parts.findIndex((p) => p.type !== 'text');
