@@ -22,6 +22,19 @@ describe('parseArgs', () => {
     expect(() => parseArgs(['up', '-c'])).toThrow(/--config needs a value/);
   });
 
+  // `reef down --data-dir "$DIR"` with DIR unset stopped the stack of the default data dir.
+  it.each([[['down', '--data-dir', '']], [['down', '--data-dir=']], [['up', '-c=']], [['export', 'records', '--scenario=']]])('rejects an empty value in %j', (argv) => {
+    expect(() => parseArgs(argv)).toThrow(/needs a value/);
+  });
+
+  // `reef up --detach=yes` ran in the foreground: a value other than true was read as false.
+  it('takes true or false as the value of a switch, and refuses any other', () => {
+    expect(Object.fromEntries(parseArgs(['status', '--json=true']).flags)).toEqual({ json: true });
+    expect(Object.fromEntries(parseArgs(['status', '--json=false']).flags)).toEqual({});
+    expect(() => parseArgs(['up', '--detach=yes'])).toThrow('--detach takes no value (or =true, =false), not "yes"');
+    expect(() => parseArgs(['status', '--json=1'])).toThrow(/--json takes no value/);
+  });
+
   it('keeps everything after the first = in a flag value, and takes -- as the end of flags', () => {
     const got = parseArgs(['export', '--out=a=b.jsonl', '--config=x.yaml', '--', '--json', '--reef.port=1']);
     expect(Object.fromEntries(got.flags)).toEqual({ out: 'a=b.jsonl', config: 'x.yaml' });

@@ -63,13 +63,15 @@ export function parseArgs(argv: readonly string[]): ParsedArgs {
       const hint = closest(name, KNOWN);
       throw new Error(`unknown flag ${arg.slice(0, arg.length - long.length + rawName.length)}${hint === null ? '' : ` (did you mean --${hint}?)`}`);
     }
-    if (eq >= 0) flags.set(name, long.slice(eq + 1));
-    else if (VALUED.has(name)) {
-      const value = argv[i + 1];
-      if (value === undefined || value.startsWith('-')) throw new Error(`--${name} needs a value`);
+    if (VALUED.has(name)) {
+      const value = eq >= 0 ? long.slice(eq + 1) : argv[++i];
+      // An empty value read as no flag: `reef down --data-dir "$DIR"` with DIR unset stopped the
+      // stack of the default data dir.
+      if (value === undefined || value === '' || (eq < 0 && value.startsWith('-'))) throw new Error(`--${name} needs a value`);
       flags.set(name, value);
-      i++;
-    } else flags.set(name, true);
+    } else if (eq < 0 || long.slice(eq + 1) === 'true') flags.set(name, true);
+    // Any other value read as false: `reef up --detach=yes` ran in the foreground.
+    else if (long.slice(eq + 1) !== 'false') throw new Error(`--${name} takes no value (or =true, =false), not ${JSON.stringify(long.slice(eq + 1))}`);
   }
   return { positionals, flags, overrides };
 }
@@ -80,5 +82,5 @@ export function flagString(args: ParsedArgs, name: string): string | null {
 }
 
 export function flagBool(args: ParsedArgs, name: string): boolean {
-  return args.flags.get(name) === true || args.flags.get(name) === 'true';
+  return args.flags.get(name) === true;
 }
