@@ -7,6 +7,9 @@ describe('parseChatRequest: fields refused after the schema', () => {
   it.each([
     ['an empty stop string (regression: both engines ended every reply after one token, empty)', { stop: '' }, 'stop', /must not be empty/],
     ['an empty string among the stop strings', { stop: ['\n\n', ''] }, 'stop', /must not be empty/],
+    ['logprobs: true (regression: answered logprobs: null)', { logprobs: true }, 'logprobs', /not returned in the reply.*records\/\{id\}/],
+    ['top_logprobs without logprobs', { top_logprobs: 5 }, 'top_logprobs', /not returned in the reply/],
+    ['top_logprobs with logprobs: false', { logprobs: false, top_logprobs: 2 }, 'top_logprobs', /not returned in the reply/],
     ['n = 2', { n: 2 }, 'n', /n must be 1/],
   ] as const)('%s', (_name, extra, param, message) => {
     const out = parseChatRequest({ messages: MESSAGES, ...extra });
@@ -21,6 +24,9 @@ describe('parseChatRequest: fields refused after the schema', () => {
     ['a single stop string', { stop: 'END' }],
     ['stop: null', { stop: null }],
     ['stop: []', { stop: [] }],
+    ['logprobs: false', { logprobs: false }],
+    ['logprobs: null, top_logprobs: null', { logprobs: null, top_logprobs: null }],
+    ['top_logprobs: 0', { logprobs: false, top_logprobs: 0 }],
   ] as const)('accepts %s', (_name, extra) => {
     expect(parseChatRequest({ messages: MESSAGES, ...extra }).ok).toBe(true);
   });

@@ -76,6 +76,8 @@ export const ChatCompletionRequest = z.object({
 }).loose();
 export type ChatCompletionRequest = z.infer<typeof ChatCompletionRequest>;
 
+const LOGPROBS_REFUSED = 'logprobs are not returned in the reply; the record of the turn holds each token\'s logprob and top-K (GET /reef/scenarios/{scenario}/records/{id})';
+
 export interface RequestIssue {
   /** The OpenAI `param` of the error: a dotted path such as `messages[2].role`. */
   param: string | null;
@@ -117,6 +119,11 @@ export function parseChatRequest(body: unknown): { ok: true; value: ChatCompleti
   // Both engines find an empty string at the start of any text: the reply would end, empty, after one token.
   const stops = req.stop == null ? [] : Array.isArray(req.stop) ? req.stop : [req.stop];
   if (stops.includes('')) return { ok: false, issue: { param: 'stop', message: 'stop: a stop string must not be empty' } };
+  // Answered with `logprobs: null`, a client that asked for them would fail far from the cause:
+  // the reply carries no per-token logprobs (the record keeps them with the top-K).
+  const wants = body as { logprobs?: unknown; top_logprobs?: unknown };
+  if (wants.logprobs === true) return { ok: false, issue: { param: 'logprobs', message: LOGPROBS_REFUSED } };
+  if (wants.top_logprobs != null && wants.top_logprobs !== 0) return { ok: false, issue: { param: 'top_logprobs', message: LOGPROBS_REFUSED } };
   for (const [i, m] of req.messages.entries()) {
     const parts = Array.isArray(m.content) ? m.content : [];
     const bad = parts.findIndex((p) => p.type !== 'text');
