@@ -102,6 +102,13 @@ describe('streamCompletion', () => {
 });
 
 describe('completeOnce', () => {
+  it('answers the message as the SDK types it, refusal: null included (regression: absent), and records the parsed message', async () => {
+    const h = harness([event('<think>hm</think>Hi.', 3, { type: 'stop', matched: 2 })]);
+    const body = (await completeOnce(h.deps, h.p))!.body as { choices: Array<Record<string, unknown>> };
+    expect(body.choices).toEqual([{ index: 0, message: { role: 'assistant', content: 'Hi.', reasoning_content: 'hm', refusal: null }, finish_reason: 'stop', logprobs: null }]);
+    expect(h.records[0]!.response).toEqual({ role: 'assistant', content: 'Hi.', reasoning_content: 'hm' });
+  });
+
   it('a generation the engine aborted is an error, not a complete reply (regression: answered finish_reason stop)', async () => {
     const h = harness(events(['Half an'], { type: 'abort', matched: null }));
     await expect(completeOnce(h.deps, h.p)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_FAILED' });

@@ -185,7 +185,8 @@ export async function completeOnce(deps: ChatDeps, p: Prepared, signal?: AbortSi
     object: 'chat.completion',
     created: Math.floor(p.ctx.startedAt / 1000),
     model: p.model ?? deps.modelName,
-    choices: [{ index: 0, message, finish_reason: fr, logprobs: null }],
+    // `refusal` is a required field of the SDK's message type (OpenAI sends null); the record keeps the parsed message.
+    choices: [{ index: 0, message: { ...message, refusal: null }, finish_reason: fr, logprobs: null }],
     usage,
   };
   const recordId = await commit(deps, buildRecord(deps, p, res, 'ok', null, message));
