@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
@@ -60,6 +60,35 @@ describe('schema and settings', () => {
       // Left as it was: a reader does not upgrade a store under the gateway that owns it.
       expect(pragma(path, 'user_version')).toBe(version);
     }
+  });
+
+  it('refuses a damaged file and a store another process holds locked with REEF_ERR_STORE naming the file (SQLite\'s bare message named neither)', async () => {
+    const damaged = join(dir, 'damaged.db');
+    writeFileSync(damaged, 'not a database, '.repeat(256));
+    for (const readonly of [false, true]) {
+      expect(() => SqliteStore.open(damaged, { readonly })).toThrow(
+        expect.objectContaining({ code: 'REEF_ERR_STORE', message: expect.stringContaining(`${damaged} is not a SQLite database`) }),
+      );
+    }
+
+    const path = join(dir, 'r.db');
+    const writer = SqliteStore.open(path);
+    await writer.append(sampleRecord(1));
+    await writer.close();
+    const holder = new Database(path);
+    holder.exec('BEGIN IMMEDIATE');
+    try {
+      expect(() => SqliteStore.open(path, { busyTimeoutMs: 50 })).toThrow(
+        expect.objectContaining({ code: 'REEF_ERR_STORE', message: expect.stringContaining(`${path} is locked by another process`) }),
+      );
+    } finally {
+      holder.exec('ROLLBACK');
+      holder.close();
+    }
+    // Nothing was lost or changed by the refused opens.
+    const again = SqliteStore.open(path);
+    expect(await again.headOffset()).toBe(1);
+    await again.close();
   });
 
   it('maps durability to the synchronous level (FULL = 2 for power, NORMAL = 1 for process)', async () => {

@@ -94,6 +94,32 @@ function toJson(value: unknown, what: string): string {
   return text;
 }
 
+/**
+ * Why a store did not open, naming the file and what to do: SQLite's own message ("file is not a
+ * database", "database is locked") named neither, and `reef export` printed it as a stack trace.
+ */
+function openFailure(path: string, err: unknown, readonly: boolean, busyMs: number): unknown {
+  if (err instanceof ReefError) return err;
+  const code = String((err as { code?: unknown }).code ?? '');
+  const message = (err as Error).message;
+  let reason: string;
+  if (code === 'SQLITE_NOTADB') {
+    reason = `${path} is not a SQLite database (damaged, or another kind of file); restore it from a backup or move it aside`;
+  } else if (code.startsWith('SQLITE_CORRUPT')) {
+    reason = `${path} is damaged (${message}); restore it from a backup or move it aside`;
+  } else if (code.startsWith('SQLITE_BUSY') || code.startsWith('SQLITE_LOCKED')) {
+    reason = `${path} is locked by another process (waited ${busyMs} ms for it); stop whatever holds it (another Reef stack on the same data dir, an open sqlite3 shell) and try again`;
+  } else if (readonly && code === 'SQLITE_READONLY_DIRECTORY') {
+    // SQLite reads a WAL store through a -shm file it creates beside it, even read-only.
+    reason = `cannot read ${path}: SQLite must create ${path}-shm beside it and its directory is not writable; copy the store to a writable directory first`;
+  } else if (code.startsWith('SQLITE_')) {
+    reason = `cannot open ${path}${readonly ? '' : ' for writing'}: ${message}`;
+  } else {
+    return err;
+  }
+  return new ReefError('REEF_ERR_STORE', { reason }, { cause: err });
+}
+
 interface ScenarioRow {
   name: string;
   created_at: number;
@@ -117,29 +143,32 @@ export class SqliteStore implements RecordStore {
   /** Opens (creating if needed) the store at `path` and brings its schema up to date. */
   static open(path: string, options: SqliteStoreOptions = {}): SqliteStore {
     const commit = { maxBatch: options.maxBatch ?? 256, maxDelayMs: options.maxDelayMs ?? 0, onCommit: options.onCommit ?? null, company: options.company ?? null };
+    const busyMs = options.busyTimeoutMs ?? 5000;
     if (options.readonly === true) {
-      const db = new Database(path, { readonly: true, fileMustExist: true });
+      let db: Database.Database | null = null;
       try {
-        db.pragma(`busy_timeout = ${options.busyTimeoutMs ?? 5000}`);
+        db = new Database(path, { readonly: true, fileMustExist: true });
+        db.pragma(`busy_timeout = ${busyMs}`);
         checkSchema(db);
         return new SqliteStore(db, path, commit, null, options.pageBytes ?? PAGE_BYTES);
       } catch (err) {
-        db.close();
-        // SQLite reads a WAL store through a -shm file it creates beside it, even read-only.
-        if ((err as { code?: string }).code === 'SQLITE_READONLY_DIRECTORY') {
-          throw new ReefError('REEF_ERR_STORE', { reason: `cannot read ${path}: SQLite must create ${path}-shm beside it and its directory is not writable; copy the store to a writable directory first` });
-        }
-        throw err;
+        db?.close();
+        throw openFailure(path, err, true, busyMs);
       }
     }
-    const db = new Database(path);
+    let db: Database.Database;
+    try {
+      db = new Database(path);
+    } catch (err) {
+      throw openFailure(path, err, false, busyMs);
+    }
     const synchronous = options.durability === 'power' ? 'FULL' : 'NORMAL';
     const background = options.checkpoint !== 'inline' && path !== ':memory:' && path !== '';
     try {
       db.pragma('journal_mode = WAL');
       db.pragma(`synchronous = ${synchronous}`);
       db.pragma('foreign_keys = ON');
-      db.pragma(`busy_timeout = ${options.busyTimeoutMs ?? 5000}`);
+      db.pragma(`busy_timeout = ${busyMs}`);
       // With background checkpoints the automatic one (64 MB of WAL) only catches a stalled worker.
       if (background) db.pragma(`wal_autocheckpoint = ${WAL_SAFETY_PAGES}`);
       db.pragma(`journal_size_limit = ${WAL_SIZE_LIMIT}`);
@@ -151,7 +180,7 @@ export class SqliteStore implements RecordStore {
       return new SqliteStore(db, path, commit, checkpointer, options.pageBytes ?? PAGE_BYTES);
     } catch (err) {
       db.close();
-      throw err;
+      throw openFailure(path, err, false, busyMs);
     }
   }
 
