@@ -366,3 +366,58 @@ def test_policy_scores_in_the_engine_logprob_convention(model) -> None:
         assert not torch.allclose(sampled, tempered)
     with pytest.raises(ValueError, match="expected one of sampled, tempered, raw"):
         policy_logprobs(model, [t], cpu, "processed")
+
+
+def _objective_batch(seed: int, B: int = 4, T: int = 5, K: int = 3, H: int = 2) -> dict[str, torch.Tensor]:
+    """Random objective tensors with ragged masks (mixed lengths), ratios and differences on both
+    sides of every clip, one sample without a teacher candidate."""
+    g = torch.Generator().manual_seed(seed)
+    u = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    old = -0.2 - 2 * u(B, T)
+    topk_old = torch.log_softmax(u(B, T, K + 1) * 3, dim=-1)[..., :K]
+    lengths = [5, 2, 4, 1]
+    mask = torch.tensor([[1.0] * n + [0.0] * (T - n) for n in lengths], dtype=torch.float64)
+    return {
+        "logp_new": old + (u(B, T) - 0.5),
+        "logp_old": old,
+        "mask": mask,
+        "reward": torch.tensor([1.0, -1.0, 0.5, 1.0], dtype=torch.float64),
+        "topk_ids": torch.stack([torch.randperm(8, generator=g)[:K] for _ in range(B * T)]).reshape(B, T, K),
+        "topk_logp_old": topk_old,
+        "topk_logp_new": topk_old + (u(B, T, K) - 0.5),
+        "teacher_topk_logp": topk_old[:, None] + 3 * (u(B, H, T, K) - 0.5),
+        "teacher_top_ids": torch.randint(0, 8, (B, H, T, K), generator=g),
+        "cand_mask": torch.tensor([[True, True], [False, False], [True, False], [False, True]]),
+    }
+
+
+def test_ranks_weighted_by_their_tokens_give_the_gradient_of_the_whole_batch() -> None:
+    # FSDP2 averages the ranks' gradients; each rank's loss is weighted by its share of the batch's
+    # tokens times the world size, so the average is the gradient of the global means. The shards
+    # hold 5 + 2 and 4 + 1 tokens (unequal), and only one of them a sample without a teacher.
+    from recipes.openclawrl.objective import openclawrl_loss
+    from reef_shim.trainer.loss import local_loss
+
+    full = _objective_batch(0)
+    cfg = ObjectiveConfig(w_rl=0.7, w_opd=1.3)
+    leaves = {k: full[k].clone().requires_grad_() for k in ("logp_new", "topk_logp_new")}
+    whole, m_whole = openclawrl_loss({**full, **leaves}, cfg)
+    whole.backward()
+    assert m_whole["rl_clip_frac"] > 0 and m_whole["opd_clip_frac"] > 0  # both clips take part
+
+    totals = {"tokens": float(full["mask"].sum())}
+    grads = {k: torch.zeros_like(full[k]) for k in leaves}
+    sums = []
+    for rows in ([0, 1], [2, 3]):
+        part = {k: v[rows] for k, v in full.items()}
+        part_leaves = {k: part[k].clone().requires_grad_() for k in leaves}
+        loss, s = local_loss({**part, **part_leaves}, cfg, totals, 2, openclawrl_loss)
+        loss.backward()
+        for k in leaves:
+            grads[k][rows] += part_leaves[k].grad / 2  # what FSDP2's average makes of it
+        sums.append(s)
+    for k in leaves:
+        assert torch.allclose(grads[k], leaves[k].grad, atol=1e-12), k
+    combined = combine(sums, cfg)
+    for key in ("loss", "rl_loss", "opd_loss", "rl_clip_frac", "opd_clip_frac", "mean_abs_d", "chosen_overlap"):
+        assert combined[key] == pytest.approx(m_whole[key], abs=1e-12), key
