@@ -31,3 +31,22 @@ describe('parseChatRequest: fields refused after the schema', () => {
     expect(parseChatRequest({ messages: MESSAGES, ...extra }).ok).toBe(true);
   });
 });
+
+describe('parseChatRequest: what an invalid field is told', () => {
+  it.each([
+    ['tool_choice of an unknown value (regression: "Invalid input")', { tool_choice: 'any' }, 'tool_choice', 'tool_choice: expected "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'],
+    ['tool_choice naming no function', { tool_choice: { type: 'function' } }, 'tool_choice', 'tool_choice: expected "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'],
+    ['five stop strings (regression: "Invalid input")', { stop: ['a', 'b', 'c', 'd', 'e'] }, 'stop', 'stop: Too big: expected array to have <=4 items'],
+    ['a stop string that is a number', { stop: ['a', 1] }, 'stop[1]', 'stop[1]: expected string, received number'],
+    ['stop that is a number', { stop: 5 }, 'stop', 'stop: expected a string or an array of at most 4 strings'],
+    ['a text part without its text (regression: "expected a string or an array of content parts")', { messages: [{ role: 'user', content: [{ type: 'text' }] }] }, 'messages[0].content[0].text', 'messages[0].content[0].text: expected string, received undefined'],
+    ['a content part without a type', { messages: [{ role: 'user', content: [{ text: 'x' }] }] }, 'messages[0].content[0].type', 'messages[0].content[0].type: a content part needs a type; expected {"type": "text", "text": ...}'],
+    ['a refusal part in an assistant message', { messages: [{ role: 'assistant', content: [{ type: 'refusal', refusal: 'no' }] }, { role: 'user', content: 'x' }] }, 'messages[0].content[0].type', 'messages[0].content[0].type: content part type "refusal" is not supported: this model takes text only'],
+    ['a content part that is not an object', { messages: [{ role: 'tool', content: ['x'] }] }, 'messages[0].content[0]', 'messages[0].content[0]: expected object, received string'],
+    ['content that is neither a string nor an array', { messages: [{ role: 'user', content: 42 }] }, 'messages[0].content', 'messages[0].content: expected a string or an array of content parts'],
+    ['an unknown role', { messages: [{ role: 'wizard', content: 'hi' }] }, 'messages[0].role', 'messages[0].role: unknown role "wizard"; expected system, developer, user, assistant or tool'],
+  ] as const)('%s', (_name, extra, param, message) => {
+    const out = parseChatRequest({ messages: MESSAGES, ...extra });
+    expect(out).toEqual({ ok: false, issue: { param, message } });
+  });
+});

@@ -105,7 +105,7 @@ export function parseChatRequest(body: unknown): { ok: true; value: ChatCompleti
   if (req === null) {
     const parsed = ChatCompletionRequest.safeParse(body);
     if (!parsed.success) {
-      const first = parsed.error.issues[0]!;
+      const first = innermost(parsed.error.issues[0]!, body);
       const param = paramOf(first.path);
       return { ok: false, issue: { param, message: `${param ?? 'body'}: ${describeIssue(first, body)}` } };
     }
@@ -132,12 +132,39 @@ export function parseChatRequest(body: unknown): { ok: true; value: ChatCompleti
   return { ok: true, value: req };
 }
 
+function valueAt(body: unknown, path: readonly PropertyKey[]): unknown {
+  let v = body;
+  for (const seg of path) v = v !== null && typeof v === 'object' ? (v as Record<PropertyKey, unknown>)[seg] : undefined;
+  return v;
+}
+
+/**
+ * The issue to report: for a string-or-array field (`content`, `stop`) given an array, the array
+ * branch's own issue, with its full path, rather than the union's "Invalid input" at the field.
+ */
+function innermost(issue: z.core.$ZodIssue, body: unknown): z.core.$ZodIssue {
+  if (issue.code !== 'invalid_union' || 'discriminator' in issue || !Array.isArray(valueAt(body, issue.path))) return issue;
+  // The branch that took the array: the others fail on the type of the value itself.
+  const branch = issue.errors.find((errs) => errs.length > 0 && !(errs[0]!.code === 'invalid_type' && errs[0]!.path.length === 0));
+  if (branch === undefined) return issue;
+  const sub = branch[0]!;
+  return innermost({ ...sub, path: [...issue.path, ...sub.path] } as z.core.$ZodIssue, body);
+}
+
 function describeIssue(issue: z.core.$ZodIssue, body: unknown): string {
   if (issue.code === 'invalid_union' && 'discriminator' in issue && issue.discriminator === 'role') {
     const i = issue.path[1];
     const role = typeof i === 'number' ? (body as { messages: Array<{ role?: unknown }> }).messages[i]?.role : undefined;
     return role === undefined ? 'missing role' : `unknown role ${JSON.stringify(role)}; expected system, developer, user, assistant or tool`;
   }
+  if (issue.code === 'invalid_union' && 'discriminator' in issue && issue.discriminator === 'type' && issue.path.at(-3) === 'content') {
+    const type = valueAt(body, issue.path);
+    return type === undefined ? 'a content part needs a type; expected {"type": "text", "text": ...}' : `content part type ${JSON.stringify(type)} is not supported: this model takes text only`;
+  }
   if (issue.code === 'invalid_union' && issue.path.at(-1) === 'content') return 'expected a string or an array of content parts';
+  if (issue.code === 'invalid_union' && issue.path.length === 1 && issue.path[0] === 'stop') return 'expected a string or an array of at most 4 strings';
+  if (issue.code === 'invalid_union' && issue.path.length === 1 && issue.path[0] === 'tool_choice') {
+    return 'expected "none", "auto", "required" or {"type": "function", "function": {"name": ...}}';
+  }
   return issue.message.replace(/^Invalid input: /, '');
 }
