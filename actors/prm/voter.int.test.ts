@@ -63,7 +63,7 @@ describe('voteTurn with PrmClient', () => {
     engine.options.delayMs = () => 0;
     const failed = await voteTurn(turn, prm, 1, new Semaphore(4), new AbortController().signal);
     expect(failed.scoreCalls[0]!.error).toMatch(/^REEF_ERR_ENGINE_FAILED: .*answered 500/);
-    expect(failed.unreachable).toBe(false); // a 500 may be this prompt's: the turn is judged on it
+    expect(failed.unreachable).toBe(false); // a 500 may be this prompt's: the worker tries the turn again before it judges it so
     // Overloaded or behind a proxy while it restarts: "not now", as unreachable as a refused connection.
     for (const status of [429, 503]) {
       engine.options.failWith = status;

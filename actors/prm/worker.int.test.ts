@@ -171,4 +171,54 @@ describe('PrmWorker against a judge mailbox', () => {
     expect(judged.stats()).toMatchObject({ judged: 1, dropped: 0 });
     expect(calls).toBeGreaterThan(2);
   }, 30_000);
+  it('a PRM that fails every call (a 500 to all) keeps the turn: tried again, then given back, judged once the PRM answers', async () => {
+    const judged = await judge(5000);
+    await turns(conversation(1, 2));
+    let broken = true;
+    const prm: PrmCaller = {
+      api: 'sglang',
+      model: null,
+      async call() {
+        if (broken) throw new ReefError('REEF_ERR_ENGINE_FAILED', { engine: 'http://prm', reason: '/generate answered 500: internal error' });
+        return { text: 'The user moved on. \\boxed{1}', url: 'http://prm' };
+      },
+      close: async () => {},
+    };
+    const w = startWorker(prm, { concurrency: 2, waitMs: 200 });
+    await waitFor(() => w.stats().leases_released >= 1, { what: 'the turn given back', timeoutMs: 15_000 });
+    expect(judged.stats()).toMatchObject({ judged: 0, dropped: 0, pending: 1 });
+    expect(w.stats()).toMatchObject({ turns_failed: 0, turns_completed: 0 });
+    // Three tries, then back to the judge (which may have leased it out again since).
+    const tries = logs.filter((l) => l.includes('answered 500')).slice(0, 3);
+    expect(tries.map((l) => /trying again \(\d of 3\)|giving the turn back/.exec(l)?.[0])).toEqual(['trying again (2 of 3)', 'trying again (3 of 3)', 'giving the turn back']);
+    broken = false;
+    await waitFor(() => judged.stats().judged === 1, { what: 'the turn judged', timeoutMs: 15_000 });
+    expect(judged.stats()).toMatchObject({ judged: 1, dropped: 0 });
+  }, 40_000);
+
+  it('a turn whose calls all fail while the PRM answers other turns is judged on its failed votes after three tries', async () => {
+    const judged = await judge(5000);
+    await turns(conversation(1, 2));
+    await turns(conversation(2, 2));
+    let failures = 0;
+    const prm: PrmCaller = {
+      api: 'sglang',
+      model: null,
+      async call(prompt) {
+        if (prompt.includes('Question 1.0?')) {
+          failures++;
+          throw new ReefError('REEF_ERR_ENGINE_FAILED', { engine: 'http://prm', reason: '/generate answered 400: too long' });
+        }
+        // The other turn is answered while the first one is being tried.
+        await waitFor(() => failures > 0, { what: 'a failed call of the first turn' });
+        return { text: 'The user moved on. \\boxed{1}', url: 'http://prm' };
+      },
+      close: async () => {},
+    };
+    const w = startWorker(prm, { concurrency: 4, waitMs: 200 });
+    await waitFor(() => judged.stats().judged === 2 && w.stats().turns_completed === 2, { what: 'both turns judged', timeoutMs: 15_000 });
+    expect(judged.stats()).toMatchObject({ judged: 2, dropped: 1, votes_failed: 2 }); // the last try's calls
+    expect(failures).toBe(3 * 2);
+    expect(w.stats()).toMatchObject({ turns_failed: 1, turns_prm_failing: 0, leases_released: 0 });
+  }, 40_000);
 });

@@ -102,6 +102,8 @@ export interface PrmWorkerOptions {
 
 /** How long a turn the PRM could not be reached for is held before it goes back to the judge. */
 const UNREACHABLE_PAUSE_MS = 1000;
+/** Tries of a turn whose every PRM call failed before it is judged, or given back, on that. */
+const FAILED_TURN_TRIES = 3;
 
 /** Resolves after `ms`, or at once when `signal` aborts (the abort is not an error here). */
 const sleep = (ms: number, signal?: AbortSignal): Promise<void> => delay(ms, undefined, signal ? { signal } : {}).catch(() => {});
@@ -115,7 +117,7 @@ export class PrmWorker {
   readonly credits: number;
   private readonly limit: Semaphore;
   private readonly jobs = new Map<string, Job>();
-  private readonly counters = { turns_leased: 0, turns_completed: 0, turns_refused: 0, leases_lost: 0, leases_released: 0, prm_calls_ok: 0, prm_calls_failed: 0 };
+  private readonly counters = { turns_leased: 0, turns_completed: 0, turns_refused: 0, turns_failed: 0, turns_prm_failing: 0, leases_lost: 0, leases_released: 0, prm_calls_ok: 0, prm_calls_failed: 0 };
   private leaseMs = 15_000;
   private stopping = false;
   private loop: Promise<void> | null = null;
@@ -187,18 +189,50 @@ export class PrmWorker {
     const job = { turn, leaseId, abort: new AbortController(), why: null } as unknown as Job;
     job.done = (async () => {
       const startedAt = Date.now();
-      const votes = await voteTurn(turn, this.o.prm, this.o.m, this.limit, job.abort.signal);
-      for (const c of [...votes.scoreCalls, ...votes.hintCalls]) this.counters[c.error === null ? 'prm_calls_ok' : 'prm_calls_failed']++;
-      if (job.why === null && votes.unreachable) {
-        // Sent as they are, these votes would judge the turn "no valid vote → dropped" for good
-        // because the PRM was down or restarting. The turn goes back for a later try instead; the
-        // pause (the lease renewed meanwhile) keeps the actor from spinning on a dead PRM.
-        this.o.log(`turn ${turn.turnRecordId}: the PRM was unreachable for every call; giving the turn back`);
-        await sleep(UNREACHABLE_PAUSE_MS, job.abort.signal);
-        if (job.why !== 'lost') await this.giveBack([leaseId]);
-      } else if (job.why === 'drain') await this.giveBack([leaseId]);
-      // A lost lease was given to another actor; its partial (aborted) votes are not worth sending.
-      else if (job.why === null) await this.complete(job, votes, startedAt);
+      // Replies the PRM gave to any call of this actor before this turn's first try: a PRM that
+      // answers other turns meanwhile fails this one's calls for reasons of its own.
+      const repliesBefore = this.counters.prm_calls_ok;
+      for (let attempt = 1; ; attempt++) {
+        const votes = await voteTurn(turn, this.o.prm, this.o.m, this.limit, job.abort.signal);
+        let replied = false;
+        for (const c of [...votes.scoreCalls, ...votes.hintCalls]) {
+          this.counters[c.error === null ? 'prm_calls_ok' : 'prm_calls_failed']++;
+          if (c.error === null) replied = true;
+        }
+        if (job.why === 'drain') {
+          await this.giveBack([leaseId]);
+          return;
+        }
+        // A lost lease was given to another actor; its partial (aborted) votes are not worth sending.
+        if (job.why === 'lost') return;
+        if (replied) {
+          await this.complete(job, votes, startedAt);
+          return;
+        }
+        const reason = votes.scoreCalls[0]?.error ?? votes.hintCalls[0]?.error ?? 'no call made';
+        // Sent as they are, votes with no reply in them would judge the turn "no valid vote →
+        // dropped" for good. A PRM that is down, restarting, or fails every call (a 500 to all,
+        // a broken model) says nothing about the turn: it goes back to the judge for a later
+        // try, after a pause (the lease renewed meanwhile) that keeps the actor from spinning.
+        // Only a turn that keeps failing while the PRM answers other turns is judged on its
+        // failed votes (its own prompt is what the PRM cannot take).
+        const prmFailing = this.counters.prm_calls_ok === repliesBefore;
+        if (votes.unreachable || (prmFailing && attempt >= FAILED_TURN_TRIES)) {
+          this.counters.turns_prm_failing++;
+          this.o.log(`turn ${turn.turnRecordId}: the PRM ${votes.unreachable ? 'was unreachable for' : 'failed'} every call (${reason}); giving the turn back`);
+          await sleep(UNREACHABLE_PAUSE_MS, job.abort.signal);
+          if (job.why !== 'lost') await this.giveBack([leaseId]);
+          return;
+        }
+        if (attempt >= FAILED_TURN_TRIES) {
+          this.counters.turns_failed++;
+          this.o.log(`turn ${turn.turnRecordId}: every PRM call failed on ${attempt} tries while the PRM answered other turns (${reason}); completing it without a vote`);
+          await this.complete(job, votes, startedAt);
+          return;
+        }
+        this.o.log(`turn ${turn.turnRecordId}: every PRM call failed (${reason}); trying again (${attempt + 1} of ${FAILED_TURN_TRIES})`);
+        await sleep(UNREACHABLE_PAUSE_MS * 2 ** (attempt - 1), job.abort.signal);
+      }
     })()
       .catch((err: unknown) => this.o.log(`turn ${turn.turnRecordId} failed: ${String(err)}`))
       .finally(() => {
