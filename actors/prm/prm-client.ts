@@ -12,7 +12,10 @@ import type { PrmSettings } from './settings.js';
 export interface PrmCaller {
   readonly api: 'sglang' | 'openai';
   readonly model: string | null;
-  /** The URL the next call goes to (for the judgment's record). */
+  /**
+   * One call; `url` is where it went (for the judgment's record). `text` is the reply as the model
+   * wrote it, with the `<think>` in front that the PRM's template put at the end of the prompt.
+   */
   call(prompt: string, opts: { rid: string; signal?: AbortSignal }): Promise<{ text: string; url: string }>;
   close(): Promise<void>;
 }
@@ -51,10 +54,15 @@ export class PrmClient implements PrmCaller {
     const deadline = AbortSignal.timeout(this.s.timeoutMs);
     const signal = opts.signal === undefined ? deadline : AbortSignal.any([deadline, opts.signal]);
     const messages = [{ role: 'user', content: prompt }];
+    const rendered = this.api === 'sglang' ? this.tokenizer!.render(normalizeMessages(messages), null) : null;
+    // A template that opens the reasoning block in the prompt (Qwen3 Thinking, R1-style) has the
+    // reply continue it: without its `<think>` in front, reasoning cut off at max_new_tokens would
+    // read as the answer, its "\boxed{0} if I cannot tell" as a vote (votes.ts answerOf).
+    const opensThink = rendered !== null && this.tokenizer!.endsInsideBlock(rendered, '<think>', '</think>');
     const [path, body, headers] =
-      this.api === 'sglang'
+      rendered !== null
         ? ['/generate', {
-            input_ids: Array.from(this.tokenizer!.render(normalizeMessages(messages), null).ids),
+            input_ids: Array.from(rendered.ids),
             sampling_params: { temperature: this.s.temperature, max_new_tokens: this.s.maxTokens },
             rid: opts.rid,
             stream: false,
@@ -80,7 +88,8 @@ export class PrmClient implements PrmCaller {
     // this turn, which then goes back to the judge rather than into the log as dropped (voter.ts).
     if (NOT_NOW.has(status)) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: url, reason: `${path} answered ${status}: ${raw.slice(0, 300)}` });
     if (status >= 400) throw new ReefError('REEF_ERR_ENGINE_FAILED', { engine: url, reason: `${path} answered ${status}: ${raw.slice(0, 300)}` });
-    return { text: extractText(this.api, raw, url), url };
+    const text = extractText(this.api, raw, url);
+    return { text: opensThink ? `<think>${text}` : text, url };
   }
 
   async close(): Promise<void> {

@@ -1,6 +1,11 @@
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
+import { parseVote, verdict } from '../../recipes/openclawrl/judge/votes.js';
 import { tinyModelDir } from '../../cluster/paths.js';
 import { startFakeEngine, type FakeEngine } from '../../test/helpers/fake-engine.js';
+import { copyTinyModel } from '../../test/helpers/long-context-model.js';
 import type { JudgeTurn } from '../judge/messages.js';
 import { PrmClient } from './prm-client.js';
 import type { PrmSettings } from './settings.js';
@@ -85,5 +90,32 @@ describe('voteTurn with PrmClient', () => {
     await prm.close();
     expect(votes.scoreCalls).toEqual([{ output: 'ok \\boxed{-1}', error: null }]);
     expect(engine.requests[0]).toMatchObject({ model: 'judge-model', temperature: 0.6, max_tokens: 32, messages: [{ role: 'user' }] });
+  });
+  it('sglang: a template that opens <think> in the prompt has the reply read as continuing it', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'reef-prm-think-'));
+    try {
+      const model = copyTinyModel(join(dir, 'model'));
+      const template = join(model, 'chat_template.jinja');
+      const text = readFileSync(template, 'utf8');
+      const opened = text.replace("{{- '<|im_start|>assistant\\n' -}}\n{%- endif -%}", "{{- '<|im_start|>assistant\\n<think>\\n' -}}\n{%- endif -%}");
+      expect(opened).not.toBe(text);
+      writeFileSync(template, opened);
+      // Cut off at max_new_tokens while weighing the verdicts: no answer yet, so no vote.
+      const cut = 'The user thanked the assistant. I answer \\boxed{1} if accepted, \\boxed{0} if I cannot tell';
+      const engine = await startFakeEngine({ respond: (req) => ({ pieces: [String(req.body.rid).endsWith('-0') ? cut : 'Accepted.\n</think>\n\\boxed{1}'] }) });
+      engines.push(engine);
+      const plain = new PrmClient(settings(engine.url));
+      const thinking = new PrmClient(settings(engine.url, { tokenizerPath: model }));
+      const before = await voteTurn(turn, plain, 2, new Semaphore(4), new AbortController().signal);
+      const votes = await voteTurn(turn, thinking, 2, new Semaphore(4), new AbortController().signal);
+      await plain.close();
+      await thinking.close();
+      expect(before.scoreCalls.map((c) => c.output)).toEqual([cut, 'Accepted.\n</think>\n\\boxed{1}']);
+      expect(votes.scoreCalls.map((c) => c.output)).toEqual([`<think>${cut}`, '<think>Accepted.\n</think>\n\\boxed{1}']);
+      expect(votes.scoreCalls.map((c) => parseVote(c.output))).toEqual([null, 1]);
+      expect(verdict(votes.scoreCalls, votes.hintCalls, 3)).toMatchObject({ votesOk: 4, votesInvalid: 2 });
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });

@@ -22,6 +22,12 @@ describe('parseVote: the last \\boxed{} counts, only 1, -1, 0', () => {
     ['\\boxed{}', null],
     ['boxed{1}', null],
     ['no verdict at all', null],
+    // Reasoning weighs the verdicts; only the answer after it counts.
+    ['<think>\\boxed{1} if accepted, \\boxed{0} if I cannot tell</think>\n\\boxed{-1}', -1],
+    ['<think>It was redone, so \\boxed{-1}</think>\nThe user moved on.', null],
+    ['The template opened it: \\boxed{1} if accepted.</think>\\boxed{0}', 0],
+    ['<think>cut off at prm_max_tokens: \\boxed{0} if I cannot tell', null],
+    ['\\boxed{1} <think>a second block, cut off: \\boxed{-1}', 1],
     ['', null],
     [null, null],
   ])('%j → %j', (text, want) => {
@@ -53,6 +59,10 @@ describe('hints', () => {
     expect(parseHint('[HINT_START]never closed')).toBeNull();
     expect(parseHint('I end with [HINT_START] and the closing marker.\n[HINT_START]Use plain prose.[HINT_END]')).toBe('Use plain prose.');
     expect(parseHint(null)).toBeNull();
+    // A hint drafted in the reasoning is not the answer's hint.
+    expect(parseHint('<think>Maybe [HINT_START]Use a table.[HINT_END]? No.</think>\n\\boxed{1}')).toBeNull();
+    expect(parseHint('<think>[HINT_START]Use a table.[HINT_END]</think>[HINT_START]Use plain prose.[HINT_END]\\boxed{1}')).toBe('Use plain prose.');
+    expect(parseHint('<think>cut off: [HINT_START]Use a table.[HINT_END] \\boxed{1}')).toBeNull();
   });
 
   const h = (hint: string, vote = '1') => `[HINT_START]${hint}[HINT_END]\n\\boxed{${vote}}`;

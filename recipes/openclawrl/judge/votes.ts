@@ -15,6 +15,22 @@ const HINT = /\[HINT_START\]((?:(?!\[HINT_START\])[\s\S])*?)\[HINT_END\]/g;
 /** A verdict a model wrapped in formatting: `\text{-1}`, `\textbf{1}`, `\mathbf{0}`, `\mathrm{1}`. */
 const WRAPPED = /^\\(?:text|textbf|mathbf|mathrm)\{([^{}]*)\}$/;
 
+const THINK_OPEN = '<think>';
+const THINK_CLOSE = '</think>';
+
+/**
+ * A PRM reply without its reasoning: a thinking model writes `<think>…</think>` before its answer,
+ * and reasoning that weighs the verdicts ("\boxed{0} if I cannot tell") or drafts a hint is
+ * neither the verdict nor the hint. A reply cut off inside its reasoning (at `prm_max_tokens`)
+ * has no answer.
+ */
+export function answerOf(text: string): string {
+  const close = text.lastIndexOf(THINK_CLOSE);
+  const answer = close < 0 ? text : text.slice(close + THINK_CLOSE.length);
+  const open = answer.indexOf(THINK_OPEN);
+  return open < 0 ? answer : answer.slice(0, open);
+}
+
 /**
  * The contents of each complete `\boxed{…}`, braces balanced: a box holding braces of its own
  * (`\boxed{\text{-1}}`) is still a box, so an earlier one never stands in for it as the last.
@@ -38,11 +54,11 @@ function boxes(text: string): string[] {
  * The verdict of one PRM reply: the LAST `\boxed{…}` counts (a model that reconsiders ends with
  * its final answer), and only 1, -1 and 0 are valid; anything else, or no box, is null.
  * A typographic minus (−) is read as a minus, and a verdict wrapped in `\text{}` and the like as
- * the verdict.
+ * the verdict. Boxes in the reply's reasoning do not count (`answerOf`).
  */
 export function parseVote(text: string | null): Vote | null {
   if (text === null) return null;
-  const last = boxes(text).at(-1);
+  const last = boxes(answerOf(text)).at(-1);
   if (last === undefined) return null;
   const trimmed = last.trim();
   const v = (WRAPPED.exec(trimmed)?.[1] ?? trimmed).trim().replace(/^\u2212/, '-');
@@ -71,11 +87,11 @@ export function majority(votes: readonly (Vote | null)[]): Vote {
   return bestCount === 0 || tied ? 0 : best;
 }
 
-/** The text of the last complete `[HINT_START]…[HINT_END]` pair, trimmed; null when there is none. */
+/** The text of the last complete `[HINT_START]…[HINT_END]` pair after the reasoning, trimmed; null when there is none. */
 export function parseHint(text: string | null): string | null {
   if (text === null) return null;
   let last: string | null = null;
-  for (const m of text.matchAll(HINT)) last = m[1]!;
+  for (const m of answerOf(text).matchAll(HINT)) last = m[1]!;
   return last === null ? null : last.trim();
 }
 
