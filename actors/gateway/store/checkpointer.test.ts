@@ -30,6 +30,20 @@ describe('background checkpoints', () => {
     await again.close();
   });
 
+  it('count only checkpoints that copied something: an idle WAL already copied counted one every tick', async () => {
+    const store = SqliteStore.open(join(dir, 'r.db'), { checkpointIntervalMs: 5 });
+    // One commit, so that the first checkpoint the worker reports copied all there is.
+    await store.append(sampleRecord(1, { outputTokens: 256 }));
+    await until(() => store.stats().checkpoints > 0, 'a background checkpoint');
+    const settled = store.stats().checkpoints;
+    // Forty ticks with nothing committed.
+    await new Promise((r) => setTimeout(r, 200));
+    expect(store.stats().checkpoints).toBe(settled);
+    await store.append(sampleRecord(99, { outputTokens: 256 }));
+    await until(() => store.stats().checkpoints > settled, 'a checkpoint of the new commit');
+    await store.close();
+  });
+
   it('are not started in inline mode', async () => {
     const store = SqliteStore.open(join(dir, 'r.db'), { checkpoint: 'inline', checkpointIntervalMs: 10 });
     await store.append(sampleRecord(1));

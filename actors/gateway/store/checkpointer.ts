@@ -20,17 +20,29 @@ const db = new Database(workerData.path);
 db.pragma('busy_timeout = 1000');
 db.pragma('synchronous = ' + workerData.synchronous);
 let stopped = false;
+// data_version when the WAL was last found fully copied. It changes only when another connection
+// commits, so while it stands still there is nothing to copy: PASSIVE would report the frames it
+// copied before all over again, and every idle tick counted as one more checkpoint.
+let copiedAt = null;
 function checkpoint() {
   try {
+    const version = db.pragma('data_version', { simple: true });
+    if (version === copiedAt) return;
     // Under a steady stream of commits one pass never reaches the end of the log, and SQLite only
     // rewinds the WAL when a writer finds it fully copied; each further pass copies only what was
     // committed meanwhile, so a few passes catch up and the WAL stays small.
     let frames = 0;
     for (let pass = 0; pass < 8; pass++) {
       const [r] = db.pragma('wal_checkpoint(PASSIVE)');
-      if (!r || r.log <= 0) break;
+      if (!r || r.log <= 0) {
+        copiedAt = version;
+        break;
+      }
       frames = r.checkpointed;
-      if (r.checkpointed >= r.log) break;
+      if (r.checkpointed >= r.log) {
+        copiedAt = version;
+        break;
+      }
     }
     if (frames > 0) parentPort.postMessage({ type: 'checkpoint', frames });
   } catch (err) {
