@@ -104,10 +104,16 @@ function extractText(api: 'sglang' | 'openai', raw: string, url: string): string
   } catch {
     throw new ReefError('REEF_ERR_ENGINE_FAILED', { engine: url, reason: `reply is not JSON: ${raw.slice(0, 200)}` });
   }
-  const text =
-    api === 'sglang'
-      ? (body as { text?: unknown }).text
-      : (body as { choices?: { message?: { content?: unknown } }[] }).choices?.[0]?.message?.content;
+  let text: unknown;
+  if (api === 'sglang') text = (body as { text?: unknown }).text;
+  else {
+    const message = (body as { choices?: { message?: { content?: unknown; reasoning_content?: unknown; reasoning?: unknown } }[] }).choices?.[0]?.message;
+    text = message?.content;
+    // A server with a reasoning parser answers a reply cut off in its reasoning with no content:
+    // a reply without a verdict (an invalid vote), not a failed call.
+    const reasoning = message?.reasoning_content ?? message?.reasoning;
+    if ((text === null || text === undefined) && typeof reasoning === 'string') text = `<think>${reasoning}`;
+  }
   if (typeof text !== 'string') throw new ReefError('REEF_ERR_ENGINE_FAILED', { engine: url, reason: `reply has no text: ${raw.slice(0, 200)}` });
   return text;
 }

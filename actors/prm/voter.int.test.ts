@@ -1,4 +1,6 @@
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -116,6 +118,35 @@ describe('voteTurn with PrmClient', () => {
       expect(verdict(votes.scoreCalls, votes.hintCalls, 3)).toMatchObject({ votesOk: 4, votesInvalid: 2 });
     } finally {
       rmSync(dir, { recursive: true, force: true });
+    }
+  });
+  it('openai: a reply cut off in its reasoning (content null, reasoning_content) is a reply without a verdict, not a failed call', async () => {
+    const messages = [
+      { role: 'assistant', content: null, reasoning_content: 'The user thanked the assistant, so \\boxed{1} if' },
+      { role: 'assistant', content: null, reasoning: 'Still weighing \\boxed{0}' },
+      { role: 'assistant', content: null },
+    ];
+    let n = 0;
+    const server = createServer((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ choices: [{ index: 0, message: messages[n++ % messages.length], finish_reason: 'length' }] }));
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    process.env.REEF_TEST_VOTER_KEY = 'k';
+    const prm = new PrmClient(settings(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, { api: 'openai', model: 'm', apiKeyEnv: 'REEF_TEST_VOTER_KEY', tokenizerPath: null }));
+    try {
+      const results = [];
+      for (let i = 0; i < 3; i++) results.push(await prm.call('judge this', { rid: `r${i}` }).then((r) => r.text, (err: Error) => err.message));
+      expect(results[0]).toBe('<think>The user thanked the assistant, so \\boxed{1} if');
+      expect(results[1]).toBe('<think>Still weighing \\boxed{0}');
+      expect(results.slice(0, 2).map(parseVote)).toEqual([null, null]);
+      expect(results[2]).toMatch(/reply has no text/);
+    } finally {
+      await prm.close();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
     }
   });
 });
