@@ -63,6 +63,22 @@ const CASES: Case[] = [
     name: 'no tools offered, after reasoning', text: '<think>plan</think>\n<tool_call>{"name": "f"}</tool_call> <tool', opts: { tools: false },
     want: { reasoning_content: 'plan', content: '<tool_call>{"name": "f"}</tool_call> <tool', tool_calls: [] },
   },
+  {
+    name: 'arguments quoting the closing tag (regression: the call was cut there and left in the content)', text: 'Writing.\n<tool_call>\n{"name": "write", "arguments": {"text": "end with </tool_call> and \\"</tool_call>\\""}}\n</tool_call>\nDone.',
+    want: { reasoning_content: null, content: 'Writing.\n\nDone.', tool_calls: [['write', '{"text":"end with </tool_call> and \\"</tool_call>\\""}']] },
+  },
+  {
+    name: 'a closing tag after an escaped backslash ends the string', text: '<tool_call>{"name": "f", "arguments": {"p": "C:\\\\"}}</tool_call>',
+    want: { reasoning_content: null, content: null, tool_calls: [['f', '{"p":"C:\\\\"}']] },
+  },
+  {
+    name: 'a string that never closes is a cut-off call', text: '<tool_call>{"name": "f", "arguments": {"a": "oops</tool_call> more',
+    want: { reasoning_content: null, content: '<tool_call>{"name": "f", "arguments": {"a": "oops</tool_call> more', tool_calls: [] },
+  },
+  {
+    name: 'tags in prose that is not JSON', text: 'Wrap it in <tool_call> "quoted </tool_call> tags.',
+    want: { reasoning_content: null, content: 'Wrap it in <tool_call> "quoted </tool_call> tags.', tool_calls: [] },
+  },
   { name: 'parameters alias', text: '<tool_call>{"name": "f", "parameters": {"k": true}}</tool_call>', want: { reasoning_content: null, content: null, tool_calls: [['f', '{"k":true}']] } },
 ];
 

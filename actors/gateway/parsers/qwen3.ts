@@ -1,4 +1,4 @@
-import { parseToolCallBody, partialTagSuffix } from './tool-json.js';
+import { endsInsideJsonString, parseToolCallBody, partialTagSuffix } from './tool-json.js';
 import { callId, type OutputParser, type ParsedOutput, type ParseOptions, type StreamDelta, type StreamParser, type ToolCall } from './types.js';
 
 const THINK_OPEN = '<think>';
@@ -31,7 +31,7 @@ export const qwen3Parser: OutputParser = {
     while (opts.tools !== false) {
       const open = rest.indexOf(CALL_OPEN);
       if (open === -1) break;
-      const close = rest.indexOf(CALL_CLOSE, open + CALL_OPEN.length);
+      const close = callClose(rest, open);
       if (close === -1) break;
       content += rest.slice(0, open);
       const call = parseToolCallBody(rest.slice(open + CALL_OPEN.length, close).trim());
@@ -46,6 +46,18 @@ export const qwen3Parser: OutputParser = {
     return new Qwen3StreamParser(opts);
   },
 };
+
+/**
+ * Where the `<tool_call>` block opened at `open` closes, or -1: the first `</tool_call>` that is not
+ * inside a JSON string of the call, so that arguments quoting the tag (a file being written, a
+ * shell command) do not cut the call short and leave it, broken, in the content.
+ */
+function callClose(text: string, open: number): number {
+  const from = open + CALL_OPEN.length;
+  let close = text.indexOf(CALL_CLOSE, from);
+  while (close !== -1 && endsInsideJsonString(text.slice(from, close))) close = text.indexOf(CALL_CLOSE, close + 1);
+  return close;
+}
 
 function orNull(s: string): string | null {
   return s.length > 0 ? s : null;
@@ -148,7 +160,7 @@ class Qwen3StreamParser implements StreamParser {
         this.pending = p.slice(open);
         this.state = 'call';
       } else {
-        const close = p.indexOf(CALL_CLOSE, CALL_OPEN.length);
+        const close = callClose(p, 0);
         if (close === -1) {
           if (final) this.state = 'content'; // cut off: finish() releases it as content
           return;

@@ -38,3 +38,20 @@ export function partialTagSuffix(text: string, tag: string): number {
   for (let n = max; n > 0; n--) if (tag.startsWith(text.slice(text.length - n))) return n;
   return 0;
 }
+
+/**
+ * Whether `text`, read as the start of a JSON object, ends inside a string literal. Text that does
+ * not start (after whitespace) with `{` is no JSON call and never is.
+ */
+export function endsInsideJsonString(text: string): boolean {
+  const start = text.search(/\S/);
+  if (start === -1 || text[start] !== '{') return false;
+  let inString = false;
+  for (let i = start + 1; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (!inString) inString = c === 0x22; // "
+    else if (c === 0x5c) i++; // a backslash escapes the next character
+    else if (c === 0x22) inString = false;
+  }
+  return inString;
+}
