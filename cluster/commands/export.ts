@@ -1,5 +1,6 @@
 import { closeSync, existsSync, fsyncSync, openSync, renameSync, rmSync, writeSync } from 'node:fs';
 import { resolve } from 'node:path';
+import { logprobFromJson, logprobToJson } from '../../actors/gateway/store/json-numbers.js';
 import { SqliteStore } from '../../actors/gateway/store/sqlite-store.js';
 import type { AgentRecord } from '../../actors/gateway/store/types.js';
 import { ReefError } from '../../actors/runtime/errors.js';
@@ -27,29 +28,17 @@ export async function dataDirOf(args: ParsedArgs): Promise<string> {
   return resolve('.reef');
 }
 
-// A missing logprob (NaN) written as null came back as -Infinity: a token the engine gave no
-// logprob for read as one it could never have sampled.
-function toJsonNumber(x: number): number | string | null {
-  if (Number.isFinite(x)) return x;
-  return x === Number.NEGATIVE_INFINITY ? null : String(x);
-}
-
-function fromJsonNumber(x: unknown): number {
-  if (x === null) return Number.NEGATIVE_INFINITY;
-  return typeof x === 'string' ? Number(x) : (x as number);
-}
-
 /** One exported line (without its newline). */
 export function recordToJson(r: AgentRecord): string {
   const out: Record<string, unknown> = { ...r };
-  for (const k of PAYLOADS) out[k] = Array.from(r[k], toJsonNumber);
+  for (const k of PAYLOADS) out[k] = Array.from(r[k], logprobToJson);
   return JSON.stringify(out);
 }
 
 /** The record of an exported line, payloads as typed arrays again. */
 export function recordFromJson(line: string): AgentRecord {
   const raw = JSON.parse(line) as Record<string, unknown>;
-  const nums = (k: string): number[] => (Array.isArray(raw[k]) ? (raw[k] as unknown[]).map(fromJsonNumber) : []);
+  const nums = (k: string): number[] => (Array.isArray(raw[k]) ? (raw[k] as unknown[]).map(logprobFromJson) : []);
   return {
     ...(raw as unknown as AgentRecord),
     promptIds: Int32Array.from(nums('promptIds')),

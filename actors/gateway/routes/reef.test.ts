@@ -2,8 +2,10 @@ import Fastify from 'fastify';
 import { describe, expect, it } from 'vitest';
 import { ERRORS, type ErrorCode } from '../../runtime/errors.js';
 import { ConcurrencyLimiter, type Principal } from '../auth.js';
-import type { RecordStore } from '../store/types.js';
-import { checkReport, MAX_REFERENCES, registerReefRoutes } from './reef.js';
+import { sampleRecord } from '../store/fixtures.js';
+import { logprobFromJson } from '../store/json-numbers.js';
+import type { AgentRecord, RecordStore } from '../store/types.js';
+import { checkReport, MAX_REFERENCES, recordJson, registerReefRoutes } from './reef.js';
 
 describe('checkReport', () => {
   it('takes up to MAX_REFERENCES distinct references, finds a duplicate anywhere among them, and refuses more', () => {
@@ -14,6 +16,19 @@ describe('checkReport', () => {
     // Each reference is a lookup inside the report's write transaction: a body of millions held
     // the store's write lock (and the event loop) for seconds.
     expect(checkReport({ score: 1, references: [...references, '01M8NV70M0MR8ZXYQMS9ZZZZZZ'] })).toEqual(['references', `references may name at most ${MAX_REFERENCES} receipts, got ${MAX_REFERENCES + 1}`]);
+  });
+});
+
+describe('recordJson', () => {
+  it('keeps a token without a logprob (NaN) apart from a masked candidate (-Infinity), as reef export does; JSON wrote both as null', () => {
+    const record = {
+      ...sampleRecord(1, { outputTokens: 2, topK: 2 }), id: '01ARZ3NDEKTSV4RRFFQ69G5FAV', offset: 1,
+      logprobs: Float32Array.from([Number.NaN, -0.5]),
+      topkLogprobs: Float32Array.from([-0.25, Number.NEGATIVE_INFINITY, Number.NaN, -1]),
+    } as AgentRecord;
+    const body = JSON.parse(JSON.stringify(recordJson(record, null))) as { logprobs: unknown[]; topk: { logprobs: unknown[] }[] };
+    expect(body.logprobs.map(logprobFromJson)).toEqual([Number.NaN, -0.5]);
+    expect(body.topk.flatMap((row) => row.logprobs.map(logprobFromJson))).toEqual([-0.25, Number.NEGATIVE_INFINITY, Number.NaN, -1]);
   });
 });
 

@@ -3,6 +3,7 @@ import { ReefError } from '../../runtime/errors.js';
 import { SCENARIO_RE, SCENARIO_RULE } from '../../runtime/scenario-name.js';
 import { canSee, type Principal } from '../auth.js';
 import { sendError, sendReefError } from '../http-errors.js';
+import { logprobToJson } from '../store/json-numbers.js';
 import type { AgentRecord, RecordStore } from '../store/types.js';
 import { scenarioOf } from './openai.js';
 
@@ -58,15 +59,18 @@ export function checkReport(body: unknown): [string | null, string] | null {
   return null;
 }
 
-/** A record as JSON: token payloads become plain arrays, top-K rows become [ids, logprobs] pairs. */
+/**
+ * A record as JSON: token payloads become plain arrays, top-K rows become [ids, logprobs] pairs.
+ * Logprobs are written as `reef export` writes them (store/json-numbers.ts).
+ */
 export function recordJson(r: AgentRecord, judgment: unknown): Record<string, unknown> {
   const K = r.topK;
   const topk = Array.from({ length: r.outputIds.length }, (_, t) => ({
     ids: Array.from(r.topkIds.subarray(t * K, (t + 1) * K)),
-    logprobs: Array.from(r.topkLogprobs.subarray(t * K, (t + 1) * K)),
+    logprobs: Array.from(r.topkLogprobs.subarray(t * K, (t + 1) * K), logprobToJson),
   }));
   const { promptIds, outputIds, logprobs, topkIds: _ids, topkLogprobs: _lps, ...summary } = r;
-  return { ...summary, promptIds: Array.from(promptIds), outputIds: Array.from(outputIds), logprobs: Array.from(logprobs), topk, judgment: judgment ?? null };
+  return { ...summary, promptIds: Array.from(promptIds), outputIds: Array.from(outputIds), logprobs: Array.from(logprobs, logprobToJson), topk, judgment: judgment ?? null };
 }
 
 export function registerReefRoutes(app: FastifyInstance, deps: ReefRouteDeps, principalOf: (req: FastifyRequest) => Principal): void {
