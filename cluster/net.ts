@@ -13,3 +13,17 @@ export function freePort(): Promise<number> {
     });
   });
 }
+
+/**
+ * Why nothing can listen on `host:port` now (EADDRINUSE: another process has it; EACCES: a
+ * privileged port), or null: it was free a moment ago, or the address gives another error, which
+ * the process that binds it reports itself.
+ */
+export function portTaken(host: string, port: number): Promise<string | null> {
+  return new Promise((resolve) => {
+    const srv = createServer();
+    srv.unref();
+    srv.once('error', (err: NodeJS.ErrnoException) => resolve(err.code === 'EADDRINUSE' ? 'in use by another process' : err.code === 'EACCES' ? 'a port this user may not bind' : null));
+    srv.listen({ host, port, exclusive: true }, () => srv.close(() => resolve(null)));
+  });
+}

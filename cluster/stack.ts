@@ -6,7 +6,7 @@ import { ReefError } from '../actors/runtime/errors.js';
 import { type LogFn, stderrLog } from '../actors/runtime/log.js';
 import { layoutFromConfig } from './config/index.js';
 import type { ReefConfig } from './config/index.js';
-import { freePort } from './net.js';
+import { freePort, portTaken } from './net.js';
 import type { StackEngines } from './stack-env.js';
 import { pythonBin, pythonEnv } from './paths.js';
 import { claimRunFile, clearRunFile, writeRunFile, type RunFile } from './run-file.js';
@@ -123,6 +123,13 @@ export class Stack {
 
   private static async create(opts: StackOptions, runDir: string, runFile: RunFile): Promise<Stack> {
     const cfg = opts.config;
+    // The gateway binds its port last, after minutes of engine start-up, and a gateway that cannot
+    // bind only shows as an actor that never registered: look now, before anything starts.
+    const fixed: Array<[string, string, number]> = [['reef.port', cfg.reef.host, cfg.reef.port], ...enginePortsOf(cfg)];
+    for (const [key, host, port] of fixed) {
+      const why = port > 0 ? await portTaken(host, port) : null;
+      if (why !== null) throw new ReefError('REEF_ERR_SUPERVISOR', { reason: `cannot start: ${key} ${port} on ${host} is ${why}` });
+    }
     // Engines get their ports now so that actor configs and a replayed layout agree on URLs.
     const engines: EngineSlot[] = [];
     const overrides: Record<string, unknown> = {};
@@ -283,6 +290,15 @@ export class Stack {
 }
 
 export type { RunFile };
+
+/** The configured engine ports (`0`: chosen at start-up, left out), on the engines' 127.0.0.1. */
+function enginePortsOf(cfg: ReefConfig): Array<[string, string, number]> {
+  const c = cfg.cluster;
+  const out: Array<[string, string, number]> = [['cluster.rollout.port', '127.0.0.1', c.rollout.port]];
+  for (let i = 0; i < c.prm.replicas; i++) out.push([i === 0 ? 'cluster.prm.port' : `cluster.prm.port + ${i}`, '127.0.0.1', c.prm.port > 0 ? c.prm.port + i : 0]);
+  if (c.student) out.push(['cluster.student.port', '127.0.0.1', c.student.port]);
+  return out;
+}
 
 function engineUrl(spec: EngineSpec): string {
   return `http://${spec.host}:${spec.port}`;

@@ -1,0 +1,47 @@
+import { existsSync, rmSync } from 'node:fs';
+import { createServer, type Server } from 'node:net';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { testConfig } from '../test/helpers/stack.js';
+import { loadConfig } from './config/index.js';
+import { Stack } from './stack.js';
+
+const cleanups: Array<() => unknown> = [];
+afterEach(async () => {
+  while (cleanups.length > 0) await cleanups.pop()!();
+});
+
+/** A port some other process holds for the length of the test. */
+async function heldPort(): Promise<number> {
+  const srv: Server = createServer();
+  await new Promise<void>((resolve) => srv.listen(0, '127.0.0.1', resolve));
+  cleanups.push(() => new Promise((resolve) => srv.close(resolve)));
+  return (srv.address() as { port: number }).port;
+}
+
+describe('Stack.up with a configured port another process holds', () => {
+  // The gateway binds last, after the engines (minutes on a GPU); its EADDRINUSE then showed only
+  // as "gateway-0 not ready within 20000 ms" once the whole stack had been started and torn down.
+  it.each([
+    ['reef.port', (c: Record<string, any>, port: number) => (c.reef.port = port)],
+    ['cluster.rollout.port', (c: Record<string, any>, port: number) => (c.cluster.rollout.port = port)],
+  ])('fails before starting anything, naming %s, and frees the data dir', async (key, set) => {
+    const port = await heldPort();
+    const cfg = testConfig((c) => set(c, port));
+    cleanups.push(() => rmSync(cfg.dir, { recursive: true, force: true }));
+    let shimStarted = false;
+    const up = Stack.up({
+      config: await loadConfig(cfg.path, []),
+      configPath: cfg.path,
+      overrides: [],
+      log: () => {},
+      shimCommand: () => {
+        shimStarted = true;
+        return { command: 'false', args: [], env: {} };
+      },
+    });
+    await expect(up).rejects.toMatchObject({ code: 'REEF_ERR_SUPERVISOR', message: expect.stringContaining(`${key} ${port} on 127.0.0.1 is in use by another process`) });
+    expect(shimStarted).toBe(false);
+    expect(existsSync(join(cfg.dir, 'data', 'run', 'supervisor.json'))).toBe(false);
+  });
+});
