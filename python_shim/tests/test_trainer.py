@@ -133,16 +133,25 @@ def test_a_rank_killed_mid_step_fails_retryably_and_the_retry_trains_once(
         retried = group.step("s:openclawrl:2", tasks[2:])
         again = group.step("s:openclawrl:2", tasks[2:])
         replayed = group.step("s:openclawrl:1", tasks[:2])
+        # Batch 3 trained from v2, its release not published, and a rollback to v1 before the
+        # retry: answered from the ledger, v3 went out as the rollback's child, undoing it.
+        third = group.step("s:openclawrl:3", tasks[:1])
+        group.load(first["checkpointPath"])
+        rolled = group.step("s:openclawrl:3", tasks[:1])
     finally:
         group.stop()
+    assert third["trained"] is True and third["weightVersion"] == "v3"
+    assert rolled["trained"] is True and rolled["weightVersion"] == "v4"
+    assert json.loads((ckpt / "v4" / "reef_checkpoint.json").read_text())["parent"] == "v1"
     assert retried["trained"] is True and retried["weightVersion"] == "v2"
     # Trained from v1, not from the base the tasks were generated with.
     assert retried["metrics"]["train_rollout_logprob_abs_diff"] > 1e-3
     assert again["trained"] is False and again["weightVersion"] == "v2" and again["metrics"] == retried["metrics"]
     assert replayed["trained"] is False and replayed["weightVersion"] == "v1"
     ledger = json.loads((ckpt / LEDGER).read_text())["batches"]
-    assert sorted(ledger) == ["s:openclawrl:1", "s:openclawrl:2"]
-    assert sorted(p.name for p in ckpt.iterdir() if not p.name.startswith(".")) == [LEDGER, "v1", "v2"]
+    assert sorted(ledger) == ["s:openclawrl:1", "s:openclawrl:2", "s:openclawrl:3"]
+    assert ledger["s:openclawrl:3"]["weightVersion"] == "v4"
+    assert sorted(p.name for p in ckpt.iterdir() if not p.name.startswith(".")) == [LEDGER, "v1", "v2", "v3", "v4"]
 
 
 def test_a_rank_that_raises_mid_step_fails_the_batch_not_retryably(

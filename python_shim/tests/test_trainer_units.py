@@ -15,7 +15,7 @@ from reef_shim.trainer.checkpoint import Ledger, next_version, save_checkpoint
 from reef_shim.trainer.loss import combine, empty_sums
 from reef_shim.trainer.scoring import policy_logprobs, response_logits, teacher_scores
 from reef_shim.trainer.tasks import TrainTask, decode_tasks, shard
-from reef_shim.trainer.group import check_devices
+from reef_shim.trainer.group import TrainerGroup, check_devices
 from reef_shim.trainer.rank import pick_device
 from reef_shim.trainer.weight_push import push_backend
 from recipes.openclawrl.objective import ObjectiveConfig
@@ -421,3 +421,50 @@ def test_ranks_weighted_by_their_tokens_give_the_gradient_of_the_whole_batch() -
     combined = combine(sums, cfg)
     for key in ("loss", "rl_loss", "opd_loss", "rl_clip_frac", "opd_clip_frac", "mean_abs_d", "chosen_overlap"):
         assert combined[key] == pytest.approx(m_whole[key], abs=1e-12), key
+
+
+def _group_holding(tmp_path: Path, version: str, entries: dict[str, tuple[str, str | None]]) -> TrainerGroup:
+    """A group (no ranks: not started) holding `version`, its ledger `{batchId: (weightVersion, parent)}`."""
+    group = TrainerGroup(driver=None)
+    group._ledger = Ledger(tmp_path)
+    for batch_id, (v, parent) in entries.items():
+        entry = {"batchId": batch_id, "weightVersion": v, "checkpointPath": str(tmp_path / v), "metrics": {}, "stepMs": 1.0}
+        group._ledger.record(batch_id, entry if parent is None else {**entry, "parent": parent})
+    group._version = version
+    return group
+
+
+@pytest.mark.parametrize("holds", ["v2", "v3", "v4"])
+def test_the_ledger_answers_a_batch_whose_weights_the_group_holds_or_descends_from(tmp_path: Path, holds: str) -> None:
+    # b:3 trained v3 from v2: a retry on v2 (its release never committed), or a replay on v3 or on
+    # v4, trained from v3, which both hold its training already.
+    group = _group_holding(tmp_path, holds, {"b:1": ("v1", "v0"), "b:2": ("v2", "v1"), "b:3": ("v3", "v2"),
+                                             "b:4": ("v4", "v3")})
+    out = group.step("b:3", [])
+    assert out["trained"] is False and out["weightVersion"] == "v3" and "parent" not in out
+
+
+@pytest.mark.parametrize("holds", ["v1", "v0"])
+def test_a_batch_trained_from_weights_a_rollback_put_aside_trains_again_on_the_weights_held(tmp_path: Path,
+                                                                                          holds: str) -> None:
+    # b:3 trained v3 from v2; its publish failed and a rollback loaded v1 (or the base) before the
+    # retry. Answered from the ledger, the controller loaded v3 and released it as the rollback's
+    # child: the rollback undone, unseen. The step goes on to train it (here: no ranks to train on).
+    group = _group_holding(tmp_path, holds, {"b:1": ("v1", "v0"), "b:2": ("v2", "v1"), "b:3": ("v3", "v2")})
+    with pytest.raises(ShimError, match="not started"):
+        group.step("b:3", [])
+
+
+def test_a_ledger_entry_written_without_its_parent_still_answers(tmp_path: Path) -> None:
+    group = _group_holding(tmp_path, "v1", {"b:3": ("v3", None)})
+    assert group.step("b:3", [])["trained"] is False
+
+
+def test_a_batch_recorded_again_is_the_ledger_s_newest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from reef_shim.trainer import checkpoint
+
+    monkeypatch.setattr(checkpoint, "LEDGER_KEEP", 2)
+    ledger = Ledger(tmp_path)
+    for batch_id, v in [("b:1", "v1"), ("b:2", "v2"), ("b:1", "v3"), ("b:3", "v4")]:
+        ledger.record(batch_id, {"weightVersion": v})
+    assert Ledger(tmp_path).batches == {"b:1": {"weightVersion": "v3"}, "b:3": {"weightVersion": "v4"}}

@@ -3,7 +3,7 @@
     <checkpointDir>/v<n>/model.safetensors      full weights (a tied lm_head is saved once, as the embedding)
     <checkpointDir>/v<n>/config.json            + the base model's tokenizer / generation files
     <checkpointDir>/v<n>/reef_checkpoint.json   {weightVersion, parent, batchId, createdAt}
-    <checkpointDir>/reef_trainer_ledger.json    {batches: {batchId: step result}}, the newest LEDGER_KEEP
+    <checkpointDir>/reef_trainer_ledger.json    {batches: {batchId: step result + parent}}, the newest LEDGER_KEEP
 
 A checkpoint is written into a hidden temporary directory and renamed into place, so a directory
 named `v<n>` is always complete (the next save removes a temporary one a crash left); the ledger
@@ -75,7 +75,9 @@ class Ledger:
     def record(self, batch_id: str, result: dict[str, Any]) -> None:
         # Memory follows the disk: an entry only here would answer "already trained" to a retry
         # and be gone after a restart.
-        batches = {**self.batches, batch_id: result}
+        # A batch trained again (on the weights of a rollback) moves to the end, as the newest.
+        batches = {k: v for k, v in self.batches.items() if k != batch_id}
+        batches[batch_id] = result
         # Oldest first: dicts keep insertion order, and the file keeps the dict's. The entry just
         # recorded, the one a retry can hit, is always kept.
         for old in list(batches)[: max(0, len(batches) - LEDGER_KEEP)]:

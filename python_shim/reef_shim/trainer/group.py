@@ -152,8 +152,15 @@ class TrainerGroup:
 
     def step(self, batch_id: str, raw_tasks: list[dict[str, Any]]) -> dict[str, Any]:
         if self._ledger is not None and (done := self._ledger.get(batch_id)) is not None:
-            log.info("trainer-step %s: already trained as %s; not training it again", batch_id, done["weightVersion"])
-            return {**done, "trained": False}
+            if self._answers(done):
+                log.info("trainer-step %s: already trained as %s; not training it again", batch_id, done["weightVersion"])
+                return {**{k: v for k, v in done.items() if k != "parent"}, "trained": False}
+            # Trained from weights the group does not descend from: a rollback came between the
+            # step and its release (whose publish failed). Answering it would put the weights the
+            # rollback took back into the engine, as a child of the rollback; that training was
+            # never released, so the batch trains now, once, on the weights held.
+            log.warning("trainer-step %s: trained before as %s from %s, which the weights held (%s) do not descend "
+                        "from; training it on these", batch_id, done["weightVersion"], done["parent"], self._version)
         self._require()
         assert self._ledger is not None
         started = time.monotonic()
@@ -182,7 +189,7 @@ class TrainerGroup:
         result = {"batchId": batch_id, "weightVersion": version, "checkpointPath": str(out), "metrics": metrics,
                   "stepMs": (time.monotonic() - started) * 1000}
         try:
-            self._ledger.record(batch_id, result)
+            self._ledger.record(batch_id, {**result, "parent": meta["parent"]})
         except OSError as e:
             # The ranks have taken the step, the ledger does not know it: a retry on these ranks
             # would train the batch a second time on top of the first. A fresh group restarts from
@@ -195,6 +202,22 @@ class TrainerGroup:
                  metrics["loss"], metrics["train_rollout_logprob_abs_diff"], metrics["tokens"], result["stepMs"],
                  metrics["save_ms"])
         return {**result, "trained": True}
+
+    def _answers(self, done: dict[str, Any]) -> bool:
+        """Whether a ledger entry is the answer to its batch for the weights held: they are the ones
+        it was trained from (a retry), or descend from its checkpoint (the batch is in them)."""
+        assert self._ledger is not None
+        if done.get("parent") is None or done["parent"] == self._version:  # no parent: written before it was kept
+            return True
+        trained_from = {e["weightVersion"]: e.get("parent") for e in self._ledger.batches.values()}
+        seen: set[str] = set()
+        v: str | None = self._version
+        while v is not None and v not in seen:
+            if v == done["weightVersion"]:
+                return True
+            seen.add(v)
+            v = trained_from.get(v)
+        return False
 
     def _spec_options(self) -> dict[str, Any]:
         return self._spec["options"] if self._spec else {}
