@@ -21,7 +21,13 @@ function world(dir: string) {
   const log: JudgedTurnRow[] = [];
   const records = new Map<string, AgentRecord>();
   const durable = { offset: 0, state: null as ControllerState | null };
-  const trained = new Map<string, StepResult>();
+  const trained = new Map<string, StepResult & { from: string }>();
+  /** Each trained version's parent: the trainer's ledger answers a batch whose weights the group holds or descends from. */
+  const parentOf = new Map<string, string>();
+  const descends = (v: string, from: string): boolean => {
+    for (let at: string | undefined = v; at !== undefined; at = parentOf.get(at)) if (at === from) return true;
+    return false;
+  };
   const stepsRun: string[] = [];
   /** `batch@weights`: the weights the group held when it really trained each batch. */
   const trainedOn: string[] = [];
@@ -80,7 +86,10 @@ function world(dir: string) {
           throw new ReefError('REEF_ERR_SHIM', { reason: 'rank 1 died' }, { message: 'rank 1 died' });
         }
         const done = trained.get(batchId);
-        if (done) return { ...done, trained: false };
+        if (done && (done.from === holds || descends(holds, done.weightVersion))) {
+          const { from: _from, ...result } = done;
+          return { ...result, trained: false };
+        }
         if (broken) throw rankDied();
         const fail = failing.get(batchId);
         if (fail) throw fail();
@@ -92,11 +101,13 @@ function world(dir: string) {
         stepsRun.push(batchId);
         trainedOn.push(`${batchId}@${holds}`);
         const weightVersion = `v${++version}`;
+        parentOf.set(weightVersion, holds);
+        const from = holds;
         holds = weightVersion;
         const checkpointPath = join(dir, weightVersion);
         mkdirSync(checkpointPath, { recursive: true });
         const result = { batchId, weightVersion, checkpointPath, metrics: { loss: 0.5 }, stepMs: 1, trained: true };
-        trained.set(batchId, result);
+        trained.set(batchId, { ...result, from });
         return result;
       },
     },
@@ -574,6 +585,30 @@ describe('TrainerController', () => {
     await c.tick();
     expect(w.trainedOn.at(-1)).toBe('s:openclawrl:4@v1');
     expect(c.releases.at(-1)!.parent).toBe('v1');
+  });
+
+  it('a batch stepped but not released when a rollback came trains on the rollback, which stays in effect', async () => {
+    const { w, c } = await twoReleases();
+    w.add('e', 1, 'anchor', 'v1');
+    w.add('f', 1, 'anchor', 'v1');
+    const publish = w.ports.publish;
+    w.ports.publish = async () => {
+      w.ports.publish = publish;
+      throw new Error('engine gone');
+    };
+    await expect(c.tick()).rejects.toThrow('engine gone');
+    expect(w.trainedOn.at(-1)).toBe('s:openclawrl:3@v2');
+    const rb = await c.rollback('release-1');
+    expect(rb.weightVersion).toBe('v1');
+    w.calls.length = 0;
+    await c.tick();
+    // Answered from the ledger, v3 (trained from v2) went out as the rollback's child.
+    expect(w.calls).toEqual(['restart:v1', 'step:s:openclawrl:3']);
+    expect(w.trainedOn.at(-1)).toBe('s:openclawrl:3@v1');
+    expect(c.releases.map((r) => [r.weightVersion, r.parent, r.rollbackOf])).toEqual([
+      ['v1', null, null], ['v2', 'v1', null], ['v1', 'v2', 'release-1'], ['v4', 'v1', null],
+    ]);
+    expect(w.holds).toBe('v4');
   });
 
   it('a rollback whose publish fails leaves the group not ready: the next step restarts it from the last release', async () => {
