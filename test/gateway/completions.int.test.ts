@@ -303,4 +303,14 @@ describe.each([['inline', undefined], ['worker', 0]] as const)('gateway completi
     expect(body.object).toBe('list');
     expect(body.data[0]).toMatchObject({ id: 'tiny-model', object: 'model', max_model_len: 4096 });
   });
+
+  it('GET /v1/models/{model} answers the served model, and 404 for another (regression: 404 for both)', async () => {
+    const list = (await (await fetch(`${s.url}/v1/models`)).json()) as any;
+    const one = await fetch(`${s.url}/v1/models/tiny-model`);
+    expect(one.status).toBe(200);
+    expect(await one.json()).toEqual(list.data[0]);
+    const other = await fetch(`${s.url}/v1/models/gpt-4o`);
+    expect(other.status).toBe(404);
+    expect(await other.json()).toEqual({ error: { message: 'model "gpt-4o" (this gateway serves "tiny-model") not found', type: 'not_found_error', param: 'model', code: 'REEF_ERR_NOT_FOUND' } });
+  });
 });

@@ -28,10 +28,13 @@ export function scenarioOf(req: FastifyRequest, fallback: string): string {
 
 
 export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts: { defaultScenario: string; principalOf: (req: FastifyRequest) => Principal }): void {
-  app.get('/v1/models', async () => ({
-    object: 'list',
-    data: [{ id: deps.modelName, object: 'model', created: 0, owned_by: 'reef', max_model_len: deps.tokenizer.contextLength }],
-  }));
+  const model = () => ({ id: deps.modelName, object: 'model', created: 0, owned_by: 'reef', max_model_len: deps.tokenizer.contextLength });
+  app.get('/v1/models', async () => ({ object: 'list', data: [model()] }));
+  // The SDKs' models.retrieve(id); some clients check the model they were configured with this way.
+  app.get<{ Params: { model: string } }>('/v1/models/:model', async (request, reply) => {
+    if (request.params.model === deps.modelName) return model();
+    return sendReefError(reply, new ReefError('REEF_ERR_NOT_FOUND', { what: `model ${JSON.stringify(request.params.model)} (this gateway serves ${JSON.stringify(deps.modelName)})` }), 'model');
+  });
 
   // Chat completions take their body as raw bytes: parsing, validation and serialisation happen
   // on the tokenizer worker that also renders the prompt (tokenize/prepare.ts), so an
