@@ -20,6 +20,8 @@ export interface PrmCaller {
   close(): Promise<void>;
 }
 
+const STAGE = 'pipeline.record2record.config';
+
 /** Statuses that say the PRM cannot answer now, whatever the request: 429, 502, 503, 504. */
 const NOT_NOW = new Set([429, 502, 503, 504]);
 
@@ -37,14 +39,16 @@ export class PrmClient implements PrmCaller {
     this.model = s.model;
     this.agent = new Agent({ connections: Math.max(4, s.concurrency * 2), keepAliveTimeout: 30_000 });
     if (s.api === 'sglang') {
-      if (s.tokenizerPath === null) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: 'prm_api sglang needs prm_tokenizer_path' });
+      if (s.tokenizerPath === null) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `${STAGE}.prm_api sglang needs ${STAGE}.prm_tokenizer_path (the PRM's chat template)` });
       this.tokenizer = ChatTokenizer.load(s.tokenizerPath);
       this.apiKey = null;
     } else {
       this.tokenizer = null;
       const name = s.apiKeyEnv;
       const key = name === null ? undefined : process.env[name];
-      if (key === undefined || key === '') throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `prm_api openai: environment variable ${String(name)} (prm_api_key_env) is not set` });
+      // With the stack's own PRM engines the schema does not ask for a key variable.
+      if (name === null) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `${STAGE}.prm_api openai needs ${STAGE}.prm_api_key_env (the environment variable holding the PRM's API key)` });
+      if (key === undefined || key === '') throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `${STAGE}.prm_api openai: environment variable ${name} (${STAGE}.prm_api_key_env) is not set` });
       this.apiKey = key;
     }
   }

@@ -85,7 +85,9 @@ describe('voteTurn with PrmClient', () => {
     const engine = await startFakeEngine({ respond: () => ({ pieces: ['ok \\boxed{-1}'] }) });
     engines.push(engine);
     const s = settings(engine.url, { api: 'openai', model: 'judge-model', apiKeyEnv: 'REEF_TEST_VOTER_KEY', tokenizerPath: null });
-    expect(() => new PrmClient(s)).toThrow(/REEF_TEST_VOTER_KEY/);
+    expect(() => new PrmClient(s)).toThrow(/environment variable REEF_TEST_VOTER_KEY \(pipeline\.record2record\.config\.prm_api_key_env\) is not set/);
+    // The stack's own PRM engines: the schema did not ask for the variable.
+    expect(() => new PrmClient({ ...s, apiKeyEnv: null })).toThrow(/pipeline\.record2record\.config\.prm_api openai needs pipeline\.record2record\.config\.prm_api_key_env/);
     process.env.REEF_TEST_VOTER_KEY = 'k';
     const prm = new PrmClient(s);
     const votes = await voteTurn(turn, prm, 1, new Semaphore(1), new AbortController().signal);

@@ -294,6 +294,8 @@ describe('the PRM settings against the PRM engines Reef starts', () => {
       'cluster.prm.replicas: 1 PRM engine(s) would start and never be called: pipeline.record2record.config.prm_url names the PRM the judge calls; set replicas to 0, or leave prm_url empty to judge with these engines'],
     ['the OpenAI API of an hf PRM engine, which serves /generate only', { cluster: { rollout: { model_path: '/m' }, prm: { model_path: '/p', engine: 'hf' } }, pipeline: stage({ prm_api: 'openai', prm_model: 'prm', prm_api_key_env: 'K' }) },
       'pipeline.record2record.config.prm_api: openai needs /v1/chat/completions, which the hf PRM engine does not serve: use sglang (its /generate), or cluster.prm.engine: sglang'],
+    ['the OpenAI API of the PRM engines Reef starts without the key variable the PRM actors send', { cluster: { rollout: { model_path: '/m' }, prm: { model_path: '/p' } }, pipeline: stage({ prm_api: 'openai', prm_model: 'prm' }) },
+      'pipeline.record2record.config.prm_api_key_env: required when prm_api is openai'],
     ['a hub id for the PRM with no tokenizer directory for the actors', { cluster: { rollout: { model_path: '/m' }, prm: { model_path: 'Qwen/Qwen3-4B' } } },
       'pipeline.record2record.config.prm_tokenizer_path: required: cluster.prm.model_path (Qwen/Qwen3-4B) is a hub id, not a directory here, and the PRM actors read the PRM\'s chat template from a directory'],
   ])('refuses %s', async (_name, raw, line) => {

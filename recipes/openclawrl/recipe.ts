@@ -35,6 +35,11 @@ export class OpenClawRLRecipe {
       if (stage.prm_api === 'openai' && prm.engine === 'hf') {
         issues.push({ path: at('prm_api'), message: "openai needs /v1/chat/completions, which the hf PRM engine does not serve: use sglang (its /generate), or cluster.prm.engine: sglang" });
       }
+      // The stage schema asks for these only beside prm_url; the PRM actors need them here too.
+      if (stage.prm_api === 'openai') {
+        if (stage.prm_model == null) issues.push({ path: at('prm_model'), message: 'required when prm_api is openai' });
+        if (stage.prm_api_key_env == null) issues.push({ path: at('prm_api_key_env'), message: 'required when prm_api is openai' });
+      }
       // The PRM actors render judge prompts with this chat template themselves; a hub id here
       // is only fetched by the engine, so the actors would fail at their start.
       if (stage.prm_api === 'sglang' && !stage.prm_tokenizer_path && prm.model_path !== null && !isAbsolute(prm.model_path)) {
