@@ -94,6 +94,34 @@ describe('group commit', () => {
     expect(committer.snapshot()).toMatchObject({ commits: 2, records: 2, failedAppends: 1, pending: 0 });
   });
 
+  it('fails a batch at once when the database fails, not for an item (locked, full): each retry alone failed the same way, a lock after its whole busy timeout', async () => {
+    const batches: number[][] = [];
+    const locked = Object.assign(new Error('database is locked'), { code: 'SQLITE_BUSY' });
+    const committer = new GroupCommitter<number>((items) => {
+      batches.push(items);
+      throw locked;
+    }, { maxBatch: 100, maxDelayMs: 0 });
+    const results = await Promise.allSettled([1, 2, 3].map((x) => committer.enqueue(x)));
+    expect(results).toEqual([1, 2, 3].map(() => ({ status: 'rejected', reason: locked })));
+    expect(batches).toEqual([[1, 2, 3]]);
+    expect(committer.snapshot()).toMatchObject({ commits: 0, failedAppends: 3, pending: 0 });
+  });
+
+  it('a store another process holds locked refuses a batch of appends with REEF_ERR_STORE, and commits once the lock is gone', async () => {
+    const path = join(dir, 'r.db');
+    const store = SqliteStore.open(path, { busyTimeoutMs: 20 });
+    await store.append(sampleRecord(0));
+    const holder = new Database(path);
+    holder.exec('BEGIN IMMEDIATE');
+    const refused = await Promise.allSettled([1, 2, 3].map((i) => store.append(sampleRecord(i))));
+    holder.exec('ROLLBACK');
+    holder.close();
+    for (const r of refused) expect(r).toMatchObject({ status: 'rejected', reason: { code: 'REEF_ERR_STORE', message: expect.stringMatching(/locked/) } });
+    const again = await store.append(sampleRecord(4));
+    expect(again.offset).toBe(2);
+    await store.close();
+  });
+
   it('waits up to maxDelayMs for company', async () => {
     const batches: number[][] = [];
     const committer = new GroupCommitter<number>((items) => (batches.push(items), items), { maxBatch: 100, maxDelayMs: 20 });

@@ -58,6 +58,18 @@ interface Waiter<R> {
   reject: (err: unknown) => void;
 }
 
+/**
+ * Whether a failed transaction failed for the database as a whole rather than for one of its items:
+ * locked by another process past the busy timeout, disk full, an I/O error, a read-only or damaged
+ * file. Each item alone fails the same way, so retrying them one by one only repeats the failure,
+ * and a locked database holds the event loop for the whole busy timeout at every try: a batch of
+ * 256 blocked the gateway for 256 × 5 s.
+ */
+export function failsEveryItem(err: unknown): boolean {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === 'string' && /^SQLITE_(BUSY|LOCKED|FULL|IOERR|READONLY|CORRUPT|NOTADB|CANTOPEN|NOMEM|PERM|PROTOCOL)/.test(code);
+}
+
 /** `write` runs the items in ONE transaction and returns their offsets, or throws (rolled back). */
 export type BatchWriter<R> = (items: R[]) => number[];
 
@@ -100,16 +112,20 @@ export class GroupCommitter<R> {
     if (batch.length > 1) for (const w of batch) this.tryCommit([w]);
   }
 
-  /** Settles the waiters when the transaction commits; leaves them pending when it fails in a group. */
+  /**
+   * Settles the waiters when the transaction commits, or when it fails for all of them alike, and
+   * answers true; leaves them pending when it fails in a group for what may be one item.
+   */
   private tryCommit(batch: Waiter<R>[]): boolean {
     const started = performance.now();
     let offsets: number[];
     try {
       offsets = this.write(batch.map((w) => w.item));
     } catch (err) {
-      if (batch.length === 1) {
-        this.failed += 1;
-        batch[0]!.reject(err);
+      if (batch.length === 1 || failsEveryItem(err)) {
+        this.failed += batch.length;
+        for (const w of batch) w.reject(err);
+        return true;
       }
       return false;
     }
