@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { parseChatRequest } from './openai-schema.js';
 
 const MESSAGES = [{ role: 'user', content: 'hi' }];
+const TOOL = (name: string) => ({ type: 'function', function: { name, parameters: { type: 'object' } } });
 
 describe('parseChatRequest: fields refused after the schema', () => {
   it.each([
@@ -11,6 +12,10 @@ describe('parseChatRequest: fields refused after the schema', () => {
     ['top_logprobs without logprobs', { top_logprobs: 5 }, 'top_logprobs', /not returned in the reply/],
     ['top_logprobs with logprobs: false', { logprobs: false, top_logprobs: 2 }, 'top_logprobs', /not returned in the reply/],
     ['n = 2', { n: 2 }, 'n', /n must be 1/],
+    ['tool_choice "required" without tools', { tool_choice: 'required' }, 'tool_choice', /^tool_choice "required" needs tools: the request offers none$/],
+    ['tool_choice "required" with an empty tool list', { tools: [], tool_choice: 'required' }, 'tool_choice', /needs tools/],
+    ['a named tool_choice without tools', { tool_choice: { type: 'function', function: { name: 'f' } } }, 'tool_choice', /^tool_choice naming "f" needs tools/],
+    ['a named tool_choice of a tool not offered', { tools: [TOOL('g')], tool_choice: { type: 'function', function: { name: 'f' } } }, 'tool_choice.function.name', /^tool_choice names "f", which is not among the request's tools$/],
   ] as const)('%s', (_name, extra, param, message) => {
     const out = parseChatRequest({ messages: MESSAGES, ...extra });
     expect(out.ok).toBe(false);
@@ -27,6 +32,10 @@ describe('parseChatRequest: fields refused after the schema', () => {
     ['logprobs: false', { logprobs: false }],
     ['logprobs: null, top_logprobs: null', { logprobs: null, top_logprobs: null }],
     ['top_logprobs: 0', { logprobs: false, top_logprobs: 0 }],
+    ['tool_choice "auto" without tools', { tool_choice: 'auto' }],
+    ['tool_choice: null without tools', { tool_choice: null }],
+    ['tool_choice "required" with tools', { tools: [TOOL('f')], tool_choice: 'required' }],
+    ['a named tool_choice of an offered tool', { tools: [TOOL('g'), TOOL('f')], tool_choice: { type: 'function', function: { name: 'f' } } }],
   ] as const)('accepts %s', (_name, extra) => {
     expect(parseChatRequest({ messages: MESSAGES, ...extra }).ok).toBe(true);
   });

@@ -119,6 +119,17 @@ export function parseChatRequest(body: unknown): { ok: true; value: ChatCompleti
   // Both engines find an empty string at the start of any text: the reply would end, empty, after one token.
   const stops = req.stop == null ? [] : Array.isArray(req.stop) ? req.stop : [req.stop];
   if (stops.includes('')) return { ok: false, issue: { param: 'stop', message: 'stop: a stop string must not be empty' } };
+  // Not enforced (generation is not constrained), but a call the client demands of a tool it did
+  // not offer can never come back as a tool call: the markup would stay in the content.
+  const offered = (req.tools ?? []).map((t) => t.function.name);
+  const choice = req.tool_choice;
+  const named = choice != null && typeof choice === 'object' ? choice.function.name : null;
+  if ((choice === 'required' || named !== null) && offered.length === 0) {
+    return { ok: false, issue: { param: 'tool_choice', message: `tool_choice ${named === null ? '"required"' : `naming ${JSON.stringify(named)}`} needs tools: the request offers none` } };
+  }
+  if (named !== null && !offered.includes(named)) {
+    return { ok: false, issue: { param: 'tool_choice.function.name', message: `tool_choice names ${JSON.stringify(named)}, which is not among the request's tools` } };
+  }
   // Answered with `logprobs: null`, a client that asked for them would fail far from the cause:
   // the reply carries no per-token logprobs (the record keeps them with the top-K).
   const wants = body as { logprobs?: unknown; top_logprobs?: unknown };
