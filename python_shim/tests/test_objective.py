@@ -399,3 +399,16 @@ def test_bad_batch_is_rejected(change, words):
     change(b)
     with pytest.raises(ShimError, match=words):
         openclawrl_loss(b, ObjectiveConfig())
+
+
+def test_a_batch_without_a_masked_token_gives_zero_and_a_finite_gradient():
+    # Nothing to train on: no 0/0 in either mean, whatever the unmasked positions hold.
+    b = random_batch(3)
+    b["mask"] = torch.zeros_like(b["mask"])
+    b["logp_new"] = b["logp_new"].clone().fill_(float("inf")).requires_grad_()
+    b["topk_logp_new"] = b["topk_logp_new"].clone().requires_grad_()
+    loss, m = openclawrl_loss(b, ObjectiveConfig())
+    assert loss.item() == 0.0 and all(math.isfinite(v) for v in m.values())
+    assert m["tokens"] == 0 and m["opd_tokens"] == 0 and m["rl_clip_frac"] == 0 and m["opd_clip_frac"] == 0
+    loss.backward()
+    assert (b["logp_new"].grad == 0).all() and (b["topk_logp_new"].grad == 0).all()
