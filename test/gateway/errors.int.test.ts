@@ -74,6 +74,13 @@ describe.each([['inline', undefined], ['worker', 0]] as const)('gateway request 
     await expect400({ ...CHAT, n: 2 }, 'n', /n must be 1/);
   });
 
+  it('an empty stop string, logprobs, a tool_choice no offered tool can meet', async () => {
+    await expect400({ ...CHAT, stop: ['END', ''] }, 'stop', /must not be empty/);
+    await expect400({ ...CHAT, logprobs: true, top_logprobs: 3 }, 'logprobs', /not returned in the reply/);
+    await expect400({ ...CHAT, tool_choice: 'required' }, 'tool_choice', /needs tools/);
+    await expect400({ ...CHAT, tools: [{ type: 'function', function: { name: 'g' } }], tool_choice: { type: 'function', function: { name: 'f' } } }, 'tool_choice.function.name', /not among the request's tools/);
+  });
+
   it('an image content part', async () => {
     await expect400({ messages: [{ role: 'user', content: [{ type: 'text', text: 'see' }, { type: 'image_url', image_url: { url: 'data:,' } }] }] }, 'messages[0].content[1].type', /not supported/);
   });
