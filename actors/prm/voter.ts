@@ -39,7 +39,10 @@ export interface TurnVotes {
  * semaphore. A call that fails or times out is a failed vote (its error is kept), not a failed turn,
  * unless no call reached the PRM at all (`unreachable`).
  */
-export async function voteTurn(turn: JudgeTurn, prm: PrmCaller, m: number, limit: Semaphore, signal: AbortSignal): Promise<TurnVotes> {
+export async function voteTurn(turn: JudgeTurn, prm: PrmCaller, m: number, limit: Semaphore, signal: AbortSignal, attempt = 1): Promise<TurnVotes> {
+  // A try's calls get rids of their own: the engine may still hold a timed-out call of the last
+  // try, and SGLang keys its requests, and the abort it sends once it sees that caller gone, by rid.
+  const tail = attempt === 1 ? '' : `-try${attempt}`;
   let url = '';
   let down = 0;
   const one = async (kind: PromptKind, i: number): Promise<CallResult> => {
@@ -47,7 +50,7 @@ export async function voteTurn(turn: JudgeTurn, prm: PrmCaller, m: number, limit
     try {
       const reply = await limit.run(() => {
         if (signal.aborted) throw new ReefError('REEF_ERR_ACTOR_DRAINING', { actor: 'prm' });
-        return prm.call(prompt, { rid: `${turn.turnRecordId}-${kind}-${i}`, signal });
+        return prm.call(prompt, { rid: `${turn.turnRecordId}-${kind}-${i}${tail}`, signal });
       });
       url = reply.url;
       return { output: reply.text, error: null };

@@ -175,10 +175,12 @@ describe('PrmWorker against a judge mailbox', () => {
     const judged = await judge(5000);
     await turns(conversation(1, 2));
     let broken = true;
+    const rids: string[] = [];
     const prm: PrmCaller = {
       api: 'sglang',
       model: null,
-      async call() {
+      async call(_prompt, { rid }) {
+        rids.push(rid);
         if (broken) throw new ReefError('REEF_ERR_ENGINE_FAILED', { engine: 'http://prm', reason: '/generate answered 500: internal error' });
         return { text: 'The user moved on. \\boxed{1}', url: 'http://prm' };
       },
@@ -191,6 +193,8 @@ describe('PrmWorker against a judge mailbox', () => {
     // Three tries, then back to the judge (which may have leased it out again since).
     const tries = logs.filter((l) => l.includes('answered 500')).slice(0, 3);
     expect(tries.map((l) => /trying again \(\d of 3\)|giving the turn back/.exec(l)?.[0])).toEqual(['trying again (2 of 3)', 'trying again (3 of 3)', 'giving the turn back']);
+    // Each try's calls have rids of their own (the engine keys requests and aborts by rid).
+    expect(rids.slice(0, 6).map((r) => r.replace(/^.*-(score|hint)-/, '$1-')).sort()).toEqual(['hint-0', 'hint-0-try2', 'hint-0-try3', 'score-0', 'score-0-try2', 'score-0-try3']);
     broken = false;
     await waitFor(() => judged.stats().judged === 1, { what: 'the turn judged', timeoutMs: 15_000 });
     expect(judged.stats()).toMatchObject({ judged: 1, dropped: 0 });

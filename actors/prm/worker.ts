@@ -193,7 +193,7 @@ export class PrmWorker {
       // answers other turns meanwhile fails this one's calls for reasons of its own.
       const repliesBefore = this.counters.prm_calls_ok;
       for (let attempt = 1; ; attempt++) {
-        const votes = await voteTurn(turn, this.o.prm, this.o.m, this.limit, job.abort.signal);
+        const votes = await voteTurn(turn, this.o.prm, this.o.m, this.limit, job.abort.signal, attempt);
         let replied = false;
         for (const c of [...votes.scoreCalls, ...votes.hintCalls]) {
           this.counters[c.error === null ? 'prm_calls_ok' : 'prm_calls_failed']++;
