@@ -8,7 +8,10 @@ import { SqliteStore } from '../../actors/gateway/store/sqlite-store.js';
 import type { AgentRecord } from '../../actors/gateway/store/types.js';
 import { parseArgs } from '../args.js';
 import type { Io } from '../cli.js';
-import { exportCommand, recordFromJson, recordToJson } from './export.js';
+import { exportCommand, recordFromJson, recordToJson, WRITE_CHARS } from './export.js';
+
+/** The size of every text the export handed to write (a write at offset 0 starts one). */
+const handed: number[] = [];
 
 // write(2) may write less than it was asked to without an error (a file size limit, a disk filling
 // up); this one always does, at most 1000 bytes a call.
@@ -18,6 +21,7 @@ vi.mock('node:fs', async (importOriginal) => {
     const bytes = typeof data === 'string' ? Buffer.from(data) : Buffer.from(data.buffer, data.byteOffset, data.byteLength);
     const from = typeof data === 'string' ? 0 : (offset ?? 0);
     const upTo = typeof data === 'string' || length === undefined ? bytes.length : from + length;
+    if (from === 0) handed.push(upTo);
     return real.writeSync(fd, bytes, from, Math.min(1000, upTo - from));
   };
   return { ...real, writeSync };
@@ -56,5 +60,23 @@ describe('reef export records --out', () => {
     const lines = readFileSync(out, 'utf8').split('\n');
     expect(lines.pop()).toBe('');
     expect(lines.map((l) => recordFromJson(l).tags.seed)).toEqual(['0', '1', '2', '3', '4']);
+  });
+
+  it('writes a page of long records in pieces of about WRITE_CHARS (a page was one string, past V8\'s longest on long outputs)', async () => {
+    dir = mkdtempSync(join(tmpdir(), 'reef-export-'));
+    const store = SqliteStore.open(join(dir, 'records.sqlite'));
+    // ~0.9 MB of JSON each, all on one page.
+    const sample = { outputTokens: 4096, topK: 8 };
+    for (let i = 0; i < 12; i++) await store.append(sampleRecord(i, sample));
+    await store.close();
+    const out = join(dir, 'out.jsonl');
+    handed.length = 0;
+    expect(await exportCommand(parseArgs(['export', 'records', '--scenario', 'default', '--out', out, '--data-dir', dir]), { stdout: () => undefined, stderr: () => undefined })).toBe(0);
+    const lines = readFileSync(out, 'utf8').split('\n');
+    expect(lines.pop()).toBe('');
+    expect(lines.map((l) => recordFromJson(l).tags.seed)).toEqual(Array.from({ length: 12 }, (_, i) => String(i)));
+    const longest = Math.max(...lines.map((l) => Buffer.byteLength(l) + 1));
+    expect(handed.length).toBeGreaterThan(1);
+    for (const n of handed) expect(n).toBeLessThanOrEqual(WRITE_CHARS + longest);
   });
 });

@@ -18,6 +18,12 @@ import { loadConfig } from '../config/index.js';
  */
 const PAYLOADS = ['promptIds', 'outputIds', 'logprobs', 'topkIds', 'topkLogprobs'] as const;
 const PAGE = 500;
+/**
+ * Characters of lines held before they are written. A page of 500 records was one string: with
+ * long outputs (a 9,000-token answer with top-4 is over 1 MB of JSON) that is past the longest
+ * string V8 can make (~512 Mi characters), and the export died with "Invalid string length".
+ */
+export const WRITE_CHARS = 4 * 1024 * 1024;
 
 /** Where the record store lives: `--data-dir`, the config's `reef.data_dir`, or `.reef`. */
 export async function dataDirOf(args: ParsedArgs): Promise<string> {
@@ -87,20 +93,32 @@ export async function exportCommand(args: ParsedArgs, io: Io): Promise<number> {
   try {
     if (partPath !== null) fd = openSync(partPath, 'w');
     if ((await store.getScenario(scenario)) === null) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `scenario ${scenario} in ${path}` });
+    let lines: string[] = [];
+    let chars = 0;
+    const flush = () => {
+      if (fd !== null && lines.length > 0) writeAll(fd, `${lines.join('\n')}\n`);
+      lines = [];
+      chars = 0;
+    };
     let after: string | null = null;
     do {
       const page = await store.list({ scenario, after, limit: PAGE });
-      const lines: string[] = [];
       for (const summary of page.items) {
         const record = await store.get(summary.id);
-        if (record !== null) lines.push(recordToJson(record));
+        if (record === null) continue;
+        const line = recordToJson(record);
+        count += 1;
+        if (fd === null) {
+          io.stdout(line);
+          continue;
+        }
+        lines.push(line);
+        chars += line.length + 1;
+        if (chars >= WRITE_CHARS) flush();
       }
-      if (fd !== null) {
-        if (lines.length > 0) writeAll(fd, `${lines.join('\n')}\n`);
-      } else for (const line of lines) io.stdout(line);
-      count += lines.length;
       after = page.next;
     } while (after !== null);
+    flush();
     // On disk before the rename puts it in place of an earlier file, which a crash must not leave empty.
     if (fd !== null) fsyncSync(fd);
     done = true;
