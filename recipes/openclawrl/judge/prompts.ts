@@ -24,9 +24,14 @@ export const MAX_FIELD_CHARS = 12_000;
 
 export function clip(text: string, max = MAX_FIELD_CHARS): string {
   if (text.length <= max) return text;
-  const head = Math.floor(max * 0.4);
-  const tail = max - head;
-  return `${text.slice(0, head)}\n[… ${text.length - max} characters left out …]\n${text.slice(text.length - tail)}`;
+  // Cuts fall between code points: half an emoji is a lone surrogate, which a PRM server's JSON
+  // parser or tokenizer refuses, failing every call of the turn.
+  const lowSurrogate = (i: number): boolean => (text.charCodeAt(i) & 0xfc00) === 0xdc00;
+  let head = Math.floor(max * 0.4);
+  if (lowSurrogate(head)) head--;
+  let start = text.length - (max - Math.floor(max * 0.4));
+  if (lowSurrogate(start)) start++;
+  return `${text.slice(0, head)}\n[… ${start - head} characters left out …]\n${text.slice(start)}`;
 }
 
 const cache = new Map<string, string>();

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { loadTemplate, renderPrompt } from './prompts.js';
+import { clip, loadTemplate, renderPrompt } from './prompts.js';
 import { decide, majority, parseHint, parseVote, selectHints, verdict, type Vote } from './votes.js';
 
 describe('parseVote: the last \\boxed{} counts, only 1, -1, 0', () => {
@@ -120,6 +120,17 @@ describe('prompts', () => {
       expect(text).toContain('(from the user)');
       expect(text).toContain('Thanks!');
     }
+  });
+
+  it('clip keeps head and tail, and never cuts an emoji in half', () => {
+    expect(clip('abcdefghij', 10)).toBe('abcdefghij');
+    expect(clip('0123456789abcdef', 10)).toBe('0123\n[… 6 characters left out …]\nabcdef');
+    // 4 + 6 of 10: the head would end, and the tail start, between the halves of a pair.
+    const text = `abc\u{1F600}${'x'.repeat(10)}\u{1F600}defgh`;
+    const clipped = clip(text, 10);
+    expect(clipped).toBe(`abc\n[… 14 characters left out …]\ndefgh`);
+    expect(clipped.isWellFormed()).toBe(true);
+    expect(clip('\u{1F600}'.repeat(10), 10).isWellFormed()).toBe(true);
   });
 
   it('say what counts as acceptance and rejection, and how to answer', () => {
