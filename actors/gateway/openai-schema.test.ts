@@ -44,6 +44,7 @@ describe('parseChatRequest: fields refused after the schema', () => {
 describe('parseChatRequest: what an invalid field is told', () => {
   it.each([
     ['tool_choice of an unknown value (regression: "Invalid input")', { tool_choice: 'any' }, 'tool_choice', 'tool_choice: expected "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'],
+    ['tool_choice that is an array', { tool_choice: ['auto'] }, 'tool_choice', 'tool_choice: expected "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'],
     ['tool_choice naming no function', { tool_choice: { type: 'function' } }, 'tool_choice', 'tool_choice: expected "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'],
     ['five stop strings (regression: "Invalid input")', { stop: ['a', 'b', 'c', 'd', 'e'] }, 'stop', 'stop: Too big: expected array to have <=4 items'],
     ['a stop string that is a number', { stop: ['a', 1] }, 'stop[1]', 'stop[1]: expected string, received number'],

@@ -155,8 +155,8 @@ function valueAt(body: unknown, path: readonly PropertyKey[]): unknown {
  */
 function innermost(issue: z.core.$ZodIssue, body: unknown): z.core.$ZodIssue {
   if (issue.code !== 'invalid_union' || 'discriminator' in issue || !Array.isArray(valueAt(body, issue.path))) return issue;
-  // The branch that took the array: the others fail on the type of the value itself.
-  const branch = issue.errors.find((errs) => errs.length > 0 && !(errs[0]!.code === 'invalid_type' && errs[0]!.path.length === 0));
+  // The branch that took the array: the others fail on the type (or value) of the array itself.
+  const branch = issue.errors.find((errs) => errs.length > 0 && !(errs[0]!.path.length === 0 && (errs[0]!.code === 'invalid_type' || errs[0]!.code === 'invalid_value')));
   if (branch === undefined) return issue;
   const sub = branch[0]!;
   return innermost({ ...sub, path: [...issue.path, ...sub.path] } as z.core.$ZodIssue, body);
