@@ -45,6 +45,9 @@ describe('OpenClaw-RL stage schemas', () => {
     [{ prm_url: 'http://[::1]:23001/prefix/', prm_tokenizer_path: '/t' }, []],
     [{ prm_api: 'openai' }, []],
     [{ prm_temperature: 3, prm_m: 0 }, ['prm_m: expected a positive integer', 'prm_temperature: expected a number in [0, 2]']],
+    // "No timeout" written as a huge one: past Node's longest timer, every PRM call timed out at once.
+    [{ prm_timeout_s: 2_147_483 }, []],
+    [{ prm_timeout_s: 1e9 }, ['prm_timeout_s: expected at most 2147483 (about 24.8 days, the longest timer Node keeps)']],
   ])('record2record %j', (config, want) => {
     expect(issuesOf(config)).toEqual(want);
   });

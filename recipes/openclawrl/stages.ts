@@ -28,6 +28,9 @@ function prmUrlProblem(url: string): string | null {
   return null;
 }
 
+/** Each PRM call's deadline is a Node timer: one past 2^31 - 1 ms fires at once, failing every call. */
+const MAX_PRM_TIMEOUT_S = 2_147_483;
+
 const record2recordSchema = z
   .strictObject({
     /** PRM engine base URL; '' = correlate-only (sessions bind, nothing is judged or trained). @default '' */
@@ -47,7 +50,7 @@ const record2recordSchema = z
     /** @default 8192 */
     prm_max_tokens: positiveInt().default(8192),
     /** @default 120 */
-    prm_timeout_s: positiveNumber().default(120),
+    prm_timeout_s: positiveNumber().max(MAX_PRM_TIMEOUT_S, { error: `expected at most ${MAX_PRM_TIMEOUT_S} (about 24.8 days, the longest timer Node keeps)` }).default(120),
     /** PRM requests in flight per PRM actor. @default 8 */
     prm_concurrency: positiveInt().default(8),
     /** Hints kept as teacher candidates per turn. @default 3 */
