@@ -189,8 +189,9 @@ export class Stack {
     // The bridge's shim is gone: fail its pending calls now rather than at their timeouts (300 s
     // for start-engine), so that a replay in flight moves on to the new shim.
     void this.bridge?.close();
-    this.log('shim restarted: replaying Ray, placement and engines');
+    // Before start-up's replay, and during any replay, that replay serves the new shim.
     if (!this.started || this.replaying !== null) return;
+    this.log('shim restarted: replaying Ray, placement and engines');
     this.replay().catch((err: Error) => {
       if (this.closed !== null) return;
       // A shim that shows running without its layout would stay that way: restart it, so that the

@@ -70,7 +70,8 @@ export interface StopOptions {
  * One child process kept alive: spawned in its own process group, its output forwarded line by
  * line, restarted with backoff whenever it exits without being asked to, or fails to get ready.
  * Events: `spawn` (pid), `ready` (pid, info), `exit` ({pid, code, signal, expected}),
- * `restart` ({reason, restarts, delayMs}), `line` ({stream, line}).
+ * `restart` ({reason, restarts, delayMs}), `line` ({stream, line}), `failed` (reason: its command
+ * could not be spawned before it was ever ready, and is not retried).
  */
 export class ManagedProcess extends EventEmitter {
   readonly id: string;
@@ -82,6 +83,11 @@ export class ManagedProcess extends EventEmitter {
   private exited: Promise<void> = Promise.resolve();
   private readySince: number | null = null;
   private killReason: string | null = null;
+  /** Why the last child died unasked, for a "not ready" error that would otherwise only count restarts. */
+  private lastDeath: string | null = null;
+  private everReady = false;
+  /** Set when the command cannot be started at all (see `onSpawnError`); nothing is retried then. */
+  private failed: string | null = null;
   private restartTimer: NodeJS.Timeout | null = null;
   private stopping: Promise<void> | null = null;
   private readonly backoff: Backoff;
@@ -111,22 +117,27 @@ export class ManagedProcess extends EventEmitter {
   /** Resolves at the next `ready` (now, if running); rejects after `timeoutMs` or on stop. */
   waitReady(timeoutMs: number): Promise<void> {
     if (this.state === 'running') return Promise.resolve();
+    const cannotStart = (): ReefError => new ReefError('REEF_ERR_SUPERVISOR', { reason: `${this.id} cannot be started: ${this.failed}` });
+    if (this.failed !== null) return Promise.reject(cannotStart());
     return new Promise((resolve, reject) => {
       const done = (err: Error | null): void => {
         clearTimeout(timer);
         this.off('ready', onReady);
         this.off('stopped', onStopped);
+        this.off('failed', onFailed);
         if (err === null) resolve();
         else reject(err);
       };
       const onReady = (): void => done(null);
       const onStopped = (): void => done(new ReefError('REEF_ERR_SUPERVISOR', { reason: `${this.id} was stopped before it was ready` }));
+      const onFailed = (): void => done(cannotStart());
       const timer = setTimeout(
-        () => done(new ReefError('REEF_ERR_SUPERVISOR', { reason: `${this.id} not ready within ${timeoutMs} ms (${this.restarts} restarts)` })),
+        () => done(new ReefError('REEF_ERR_SUPERVISOR', { reason: `${this.id} not ready within ${timeoutMs} ms (${this.restarts} restarts${this.lastDeath === null ? '' : `; the last died of ${this.lastDeath}`})` })),
         timeoutMs,
       );
       this.on('ready', onReady);
       this.on('stopped', onStopped);
+      this.on('failed', onFailed);
     });
   }
 
@@ -170,6 +181,9 @@ export class ManagedProcess extends EventEmitter {
         // A spawn failure (ENOENT, EACCES) emits 'error' without 'exit'.
         if (child.pid === undefined) {
           this.killReason = `spawn failed: ${err.message}`;
+          // A command that never started once (a missing venv, a wrong REEF_PYTHON) will not start
+          // on a retry either: restarting it until the ready timeout only hid why.
+          if (!this.everReady && this.stopping === null) this.failed = this.killReason;
           this.onExit(child, null, null);
           resolve();
         }
@@ -206,6 +220,7 @@ export class ManagedProcess extends EventEmitter {
       if (this.child !== child || !this.alive || this.state !== 'starting') return;
       this.readyInfo = info;
       this.readySince = Date.now();
+      this.everReady = true;
       this.state = 'running';
       this.emit('ready', child.pid, info);
     } catch (err) {
@@ -229,6 +244,13 @@ export class ManagedProcess extends EventEmitter {
     if (child.pid !== undefined) killGroup(child.pid);
     this.emit('exit', { pid: child.pid ?? null, code, signal, expected });
     if (expected) return;
+    this.lastDeath = reason;
+    if (this.failed !== null) {
+      this.log(`${this.id} cannot be started (${reason}); not retrying`);
+      this.state = 'stopped';
+      this.emit('failed', reason);
+      return;
+    }
     const healthyFor = this.readySince === null ? 0 : Date.now() - this.readySince;
     const delayMs = this.backoff.next(healthyFor);
     this.restarts++;
