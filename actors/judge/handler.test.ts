@@ -127,6 +127,18 @@ describe('JudgeCore', () => {
     expect(judge.stats()).toMatchObject({ judged: 1, late_completions: 1 });
   });
 
+  it('a lease renewed late, before any other actor took its turn, is still its holder\'s', async () => {
+    await write(conversation(1, 2));
+    const judge = await core();
+    await judge.pump();
+    const a = await judge.lease('prm-0', 0);
+    clock += 1500; // past leaseMs: the renewal was held up
+    expect(judge.renew('prm-0', [a.leaseId!])).toEqual({ renewed: [a.leaseId], lost: [] });
+    expect((await judge.lease('prm-1', 0)).turn).toBeNull();
+    expect((await judge.complete(done('prm-0', a.leaseId!, a.turn!.turnRecordId))).accepted).toBe(true);
+    expect(judge.stats()).toMatchObject({ judged: 1, redispatched: 0, late_completions: 0 });
+  });
+
   it('a lease whose turn could not be read is given back at once, not held for leaseMs by an actor that never got it', async () => {
     await write(conversation(1, 2));
     let failures = 1;

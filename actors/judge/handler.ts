@@ -200,7 +200,9 @@ export class JudgeCore {
     const lost: string[] = [];
     for (const id of leaseIds) {
       const p = held.get(id);
-      if (p === undefined || p.expiresAt <= this.now()) lost.push(id);
+      // A lease past its time that no other actor has taken yet is still this one's: a renewal
+      // held up (a slow link, a busy judge) must not throw away minutes of a thinking PRM's votes.
+      if (p === undefined) lost.push(id);
       else {
         p.expiresAt = expiresAt;
         renewed.push(id);
