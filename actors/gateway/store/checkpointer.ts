@@ -35,7 +35,8 @@ function checkpoint() {
     for (let pass = 0; pass < 8; pass++) {
       const [r] = db.pragma('wal_checkpoint(PASSIVE)');
       if (!r || r.log <= 0) {
-        copiedAt = version;
+        // busy: another connection's checkpoint held the lock and may have stopped part-way.
+        if (!r || !r.busy) copiedAt = version;
         break;
       }
       frames = r.checkpointed;
