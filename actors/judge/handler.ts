@@ -60,11 +60,13 @@ interface JudgeCounters {
   judged: number;
   dropped: number;
   redispatched: number;
+  /** Leases given back unjudged: by a draining actor, or one whose PRM answered none of the turn's calls. */
+  released: number;
   late_completions: number;
   duplicate_completions: number;
 }
 
-const zeroCounters = (): JudgeCounters => ({ votes_ok: 0, votes_failed: 0, votes_invalid: 0, judged: 0, dropped: 0, redispatched: 0, late_completions: 0, duplicate_completions: 0 });
+const zeroCounters = (): JudgeCounters => ({ votes_ok: 0, votes_failed: 0, votes_invalid: 0, judged: 0, dropped: 0, redispatched: 0, released: 0, late_completions: 0, duplicate_completions: 0 });
 
 export class JudgeCore {
   readonly leaseMs: number;
@@ -223,6 +225,7 @@ export class JudgeCore {
       released.push(id);
     }
     if (released.length > 0) {
+      this.counters.released += released.length;
       this.dirty = true;
       this.wake();
     }

@@ -189,6 +189,7 @@ describe('PrmWorker against a judge mailbox', () => {
     const w = startWorker(prm, { concurrency: 2, waitMs: 200 });
     await waitFor(() => w.stats().leases_released >= 1, { what: 'the turn given back', timeoutMs: 15_000 });
     expect(judged.stats()).toMatchObject({ judged: 0, dropped: 0, pending: 1 });
+    expect(judged.stats().released).toBeGreaterThanOrEqual(1); // seen in the judge's persisted counters (/metrics)
     expect(w.stats()).toMatchObject({ turns_failed: 0, turns_completed: 0 });
     // Three tries, then back to the judge (which may have leased it out again since).
     const tries = logs.filter((l) => l.includes('answered 500')).slice(0, 3);
