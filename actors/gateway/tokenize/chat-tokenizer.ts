@@ -4,6 +4,7 @@ import { Template } from '@huggingface/jinja';
 import { freezeValue, type FrozenValue } from './jinja-compat.js';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { ReefError } from '../../runtime/errors.js';
+import { AddedTokenSplitter } from './added-tokens.js';
 import { ControlTokenMarker, controlTokens, literalAlternation } from './control-tokens.js';
 import { loadModelFiles, type ModelFiles } from './model-files.js';
 import { isDeepFrozen, perFrozen } from './frozen.js';
@@ -35,7 +36,7 @@ export interface RenderResult {
   /**
    * What a later render may reuse (`RenderOptions.prior`). Null when this render cannot serve:
    * control tokens in user strings (the text was split at their markers), or a tokenizer whose
-   * added tokens need its full encoder.
+   * added tokens have flags (`lstrip`, `rstrip`, `single_word`, `normalized`).
    */
   encoded: EncodedPrompt | null;
 }
@@ -96,8 +97,18 @@ export class ChatTokenizer {
   readonly files: ModelFiles;
   readonly contextLength: number | null;
   private readonly full: Tokenizer;
-  /** Same model with no added tokens: encodes any text as plain text. */
+  /** Same model with no added tokens: encodes any text as plain text (a piece that does not start the input). */
   private readonly plain: Tokenizer;
+  /**
+   * The same for a piece at the start of the input: another tokenizer only where a Metaspace
+   * pre-tokenizer prepends its "▁" there alone (`prepend_scheme: "first"`), which the package
+   * does at the start of every string it is given, so at every piece.
+   */
+  private readonly plainAtStart: Tokenizer;
+  /** Both of those without the normaliser, for pieces the splitter has normalised (null: no such pieces). */
+  private readonly unnormalizing: [rest: Tokenizer, atStart: Tokenizer] | null = null;
+  /** Splits out added tokens whose flags `addedRe` cannot follow (null when `exactSplit`). */
+  private readonly splitter: AddedTokenSplitter | null;
   private readonly template: Template;
   /** The template compiled to closures, or null: the interpreter renders. */
   private compiled: CompiledTemplate | null = null;
@@ -109,7 +120,10 @@ export class ChatTokenizer {
   private readonly maxAddedLength: number;
   /** Renders that took ids from a prior render, and how many. */
   private readonly reuse = { renders: 0, ids: 0 };
-  /** Added tokens that rely on normalisation or stripping cannot be split out by plain matching. */
+  /**
+   * No added token relies on normalisation, stripping or word boundaries: plain matching (`addedRe`)
+   * splits them out, and a render can be reused. Otherwise `splitter` does, and renders are not reused.
+   */
   private readonly exactSplit: boolean;
   private readonly newlineIds: Int32Array;
   private readonly cache: PieceCache;
@@ -131,12 +145,12 @@ export class ChatTokenizer {
     try {
       this.full = new Tokenizer(files.tokenizerJson, files.tokenizerConfig);
       // A fresh parse: the library writes added tokens into the model's vocab tables it is given.
-      this.plain = new Tokenizer({ ...(JSON.parse(text) as object), added_tokens: [] }, { ...files.tokenizerConfig, additional_special_tokens: [] });
+      this.plain = this.plainTokenizer(text, { atStart: false, normalize: true });
+      this.plainAtStart = prependsAtFirstOnly(files.tokenizerJson.pre_tokenizer) ? this.plainTokenizer(text, { atStart: true, normalize: true }) : this.plain;
       // jinja2's lexer turns \r\n and \r in the source into \n (newline_sequence); the JS one keeps
       // them, so a template saved with Windows line endings rendered a CR into every prompt.
       this.template = new Template(files.chatTemplate.replace(/\r\n?/g, '\n'));
       splitAtUnicodeWhitespace(this.full.pre_tokenizer);
-      splitAtUnicodeWhitespace(this.plain.pre_tokenizer);
     } catch (err) {
       throw new ReefError('REEF_ERR_TOKENIZER', { modelDir: files.modelDir, reason: (err as Error).message }, { cause: err });
     }
@@ -145,6 +159,12 @@ export class ChatTokenizer {
     this.addedRe = new RegExp(literalAlternation(allAdded), 'gu');
     this.maxAddedLength = Math.max(1, ...allAdded.map((t) => t.length));
     this.exactSplit = files.addedTokens.every((t) => !t.normalized && !t.lstrip && !t.rstrip && !t.singleWord);
+    const normalizer = this.full.normalizer as ((s: string) => string) | null;
+    this.splitter = this.exactSplit ? null : new AddedTokenSplitter(files.addedTokens, normalizer === null ? null : (s) => normalizer(s));
+    if (normalizer !== null && files.addedTokens.some((t) => t.normalized)) {
+      const rest = this.plainTokenizer(text, { atStart: false, normalize: false });
+      this.unnormalizing = [rest, this.plainAtStart === this.plain ? rest : this.plainTokenizer(text, { atStart: true, normalize: false })];
+    }
     const explicit = Array.isArray(files.tokenizerConfig.chat_control_tokens) ? (files.tokenizerConfig.chat_control_tokens as string[]) : null;
     this.marker = new ControlTokenMarker(controlTokens(files.addedTokens, files.chatTemplate, explicit), allAdded);
     this.cache = new PieceCache(opts.cacheMaxIds);
@@ -160,6 +180,20 @@ export class ChatTokenizer {
         this.templateStats.interpreterOnly = `compiler failed: ${(err as Error).message}`;
       }
     }
+  }
+
+  /**
+   * The model without added tokens. A fresh parse each: the package writes added tokens into the
+   * vocab tables it is given. Not `atStart`: a Metaspace "first" prepends nothing (the crate
+   * prepends only at offset 0 of the input, and a piece after an added token is not there).
+   */
+  private plainTokenizer(json: string, opts: { atStart: boolean; normalize: boolean }): Tokenizer {
+    const spec: Record<string, unknown> = { ...(JSON.parse(json) as Record<string, unknown>), added_tokens: [] };
+    if (!opts.atStart) spec.pre_tokenizer = withoutFirstPrepend(spec.pre_tokenizer);
+    if (!opts.normalize) spec.normalizer = null;
+    const t = new Tokenizer(spec, { ...this.files.tokenizerConfig, additional_special_tokens: [] });
+    splitAtUnicodeWhitespace(t.pre_tokenizer);
+    return t;
   }
 
   static load(modelDir: string, opts: ChatTokenizerOptions = {}): ChatTokenizer {
@@ -323,24 +357,39 @@ export class ChatTokenizer {
    * `cuts`, notes the offset and id count after each added token.
    */
   private encodeTextInto(text: string, out: IdBuilder, from = 0, cuts: number[] | null = null): void {
-    if (!this.exactSplit) {
-      out.push(Int32Array.from(this.full.encode(text, { add_special_tokens: false }).ids));
+    if (this.splitter !== null) {
+      for (const piece of this.splitter.split(text)) {
+        if (piece.id !== null) out.pushOne(piece.id);
+        else if (piece.text === '') continue;
+        else if (piece.normalized) out.push(this.encodeNormalized(piece.text, piece.atStart));
+        else out.push(this.encodePlain(piece.text, piece.atStart));
+      }
       return;
     }
     let last = from;
     this.addedRe.lastIndex = from;
     for (const m of text.matchAll(this.addedRe)) {
-      if (m.index > last) out.push(this.encodePlain(text.slice(last, m.index)));
+      if (m.index > last) out.push(this.encodePlain(text.slice(last, m.index), last === 0));
       out.pushOne(this.addedIds.get(m[0])!);
       last = m.index + m[0].length;
       cuts?.push(last, out.length);
     }
-    if (last < text.length) out.push(this.encodePlain(text.slice(last)));
+    if (last < text.length) out.push(this.encodePlain(text.slice(last), last === 0));
   }
 
-  /** Encode as plain text (added-token matching off), through the piece cache. */
-  encodePlain(piece: string): Int32Array {
+  /**
+   * Encode as plain text (added-token matching off), through the piece cache. `atStart`: the piece
+   * starts the input, which only a Metaspace "first" tokenizer encodes differently (and that one
+   * piece per render is not cached).
+   */
+  encodePlain(piece: string, atStart = false): Int32Array {
+    if (atStart && this.plainAtStart !== this.plain) return Int32Array.from(this.plainAtStart.encode(piece, { add_special_tokens: false }).ids);
     return this.cache.getOrEncode(piece, (p) => Int32Array.from(this.plain.encode(p, { add_special_tokens: false }).ids));
+  }
+
+  /** Encode text the splitter has normalised already (only models with `normalized` added tokens get here). */
+  private encodeNormalized(piece: string, atStart: boolean): Int32Array {
+    return Int32Array.from(this.unnormalizing![atStart ? 1 : 0].encode(piece, { add_special_tokens: false }).ids);
   }
 
   /** A render split at the markers of control tokens found in user strings (never reused). */
@@ -366,7 +415,8 @@ export class ChatTokenizer {
    * does, so tokenizers that add a prefix space at the start of a string do not add one here.
    */
   private encodeMidChat(piece: string, asText: boolean): Int32Array {
-    const encode = (s: string): Int32Array => (asText ? this.encodePlain(s) : this.encodeText(s));
+    // Python encodes each piece as a string of its own: it starts the input.
+    const encode = (s: string): Int32Array => (asText ? this.encodePlain(s, true) : this.encodeText(s));
     const withNewline = encode('\n' + piece);
     const nl = this.newlineIds;
     if (withNewline.length >= nl.length && nl.every((id, i) => withNewline[i] === id)) return withNewline.subarray(nl.length);
@@ -502,4 +552,20 @@ class IdBuilder {
     this.parts.push(Int32Array.from(this.run));
     this.run = [];
   }
+}
+
+/** Whether a Metaspace pre-tokenizer in `p` (alone or in a Sequence) prepends its "▁" at the start of the input only. */
+function prependsAtFirstOnly(p: unknown): boolean {
+  if (p === null || typeof p !== 'object') return false;
+  const q = p as { type?: unknown; pretokenizers?: unknown; prepend_scheme?: unknown };
+  if (q.type === 'Sequence' && Array.isArray(q.pretokenizers)) return q.pretokenizers.some(prependsAtFirstOnly);
+  return q.type === 'Metaspace' && q.prepend_scheme === 'first';
+}
+
+/** `p` with every Metaspace "first" made "never": the pre-tokenizer for pieces that do not start the input. */
+function withoutFirstPrepend(p: unknown): unknown {
+  if (p === null || typeof p !== 'object') return p;
+  const q = p as { type?: unknown; pretokenizers?: unknown; prepend_scheme?: unknown };
+  if (q.type === 'Sequence' && Array.isArray(q.pretokenizers)) return { ...q, pretokenizers: q.pretokenizers.map(withoutFirstPrepend) };
+  return q.type === 'Metaspace' && q.prepend_scheme === 'first' ? { ...q, prepend_scheme: 'never' } : p;
 }

@@ -1,0 +1,99 @@
+"""Reference side of tokenizer-variants.int.test.ts.
+
+Reads {"tinyModelDir": str, "outDir": str, "strings": [str], "chats": [[message]]} as JSON on stdin,
+writes tokenizer variants of the tiny model under outDir (one directory each: added-token flags,
+normalisers, a SentencePiece-style byte-fallback BPE), and prints {"models": {name: {"encode":
+[[id]], "plain": [[id]], "chats": [{"ids", "sanitizedIds"}]}}} on stdout: what transformers gives
+for each string (with and without added-token matching) and each chat (apply_chat_template).
+"""
+
+import copy
+import json
+import os
+import sys
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer
+
+ADDED = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+NON_SPECIAL = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+
+
+def write(out_dir, name, spec, config, template):
+    path = os.path.join(out_dir, name)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(spec, f, ensure_ascii=False)
+    config = copy.deepcopy(config)
+    keys = ("content", "lstrip", "normalized", "rstrip", "single_word", "special")
+    config["added_tokens_decoder"] = {str(t["id"]): {k: t[k] for k in keys} for t in spec["added_tokens"]}
+    with open(os.path.join(path, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, ensure_ascii=False)
+    with open(os.path.join(path, "chat_template.jinja"), "w", encoding="utf-8") as f:
+        f.write(template)
+    return path
+
+
+def flag_variant(base, flags, normalizer):
+    """The tiny model with `flags` set on <|im_end|> and <think> (the template writes both), and a normaliser."""
+    spec = copy.deepcopy(base)
+    spec["normalizer"] = normalizer
+    for token in spec["added_tokens"]:
+        if token["content"] in ("<|im_end|>", "<think>"):
+            token.update(flags)
+    return spec
+
+
+def metaspace_first(corpus):
+    """A small SentencePiece-style BPE (Metaspace prepending "▁" at the start of the input only, byte fallback)."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    bytes_ = [f"<0x{i:02X}>" for i in range(256)]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "<s>", "</s>", *bytes_]))
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in ADDED])
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in NON_SPECIAL])
+    return json.loads(tok.to_str())
+
+
+def main() -> None:
+    request = json.loads(sys.stdin.read())
+    tiny = request["tinyModelDir"]
+    with open(os.path.join(tiny, "tokenizer.json"), encoding="utf-8") as f:
+        base = json.load(f)
+    with open(os.path.join(tiny, "tokenizer_config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    with open(os.path.join(tiny, "chat_template.jinja"), encoding="utf-8") as f:
+        template = f.read()
+    variants = {}
+    for flag in ("lstrip", "rstrip", "single_word", "normalized"):
+        for norm in (None, "Lowercase", "NFKC"):
+            name = f"{flag}-{norm or 'none'}"
+            variants[name] = flag_variant(base, {flag: True}, norm and {"type": norm})
+    variants["all-flags-lowercase"] = flag_variant(
+        base, {"lstrip": True, "rstrip": True, "single_word": True, "normalized": True}, {"type": "Lowercase"}
+    )
+    # Without "<" and ">", no added token is learnt as a piece of the model, and those two fall back to bytes.
+    corpus = [s.replace("<", "").replace(">", "") for s in request["strings"]] * 3
+    variants["metaspace-first"] = metaspace_first(corpus)
+
+    results = {}
+    for name, spec in variants.items():
+        path = write(request["outDir"], name, spec, config, template)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        chats = []
+        for messages in request["chats"]:
+            common = dict(add_generation_prompt=True, tokenize=True)
+            plain = tokenizer.apply_chat_template(messages, **common)
+            sanitized = tokenizer.apply_chat_template(messages, sanitize_control_tokens=True, **common)
+            chats.append({"ids": list(plain["input_ids"]), "sanitizedIds": list(sanitized["input_ids"])})
+        results[name] = {
+            "encode": [tokenizer.encode(s, add_special_tokens=False) for s in request["strings"]],
+            "plain": [tokenizer._encode_without_added_tokens(s) for s in request["strings"]],
+            "chats": chats,
+        }
+    json.dump({"models": results}, sys.stdout, ensure_ascii=False)
+
+
+if __name__ == "__main__":
+    main()
