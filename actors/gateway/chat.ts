@@ -24,7 +24,7 @@ export interface ChatDeps {
   modelName: string;
   /** K of the recorded top-K. @default 4 */
   topK: number;
-  /** max_new_tokens when the client sets none (capped by the context). @default 1024 */
+  /** max_new_tokens when the client sets none (capped by the context); Infinity = the rest of the context. reef.default_max_tokens */
   defaultMaxTokens: number;
 }
 

@@ -126,7 +126,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       metrics,
       modelName: basename(modelDir),
       topK,
-      defaultMaxTokens: 1024,
+      // null in config: the rest of the context (prepare caps every request by the room left).
+      defaultMaxTokens: cfg.reef.default_max_tokens ?? Number.POSITIVE_INFINITY,
     };
     const pipeline = new PipelineStatus(store);
     await pipeline.start();

@@ -37,6 +37,7 @@ describe('errors name the full path', () => {
     { name: 'enum', raw: { ...minimal(), training: { backend: 'ddp' } }, line: 'training.backend: expected one of fsdp2, tp, got "ddp"' },
     { name: 'required', raw: { cluster: { prm: { replicas: 0 } } }, line: 'cluster.rollout.model_path: required (expected a non-empty string)' },
     { name: 'prm model needed with replicas', raw: { cluster: { rollout: { model_path: '/m' } } }, line: 'cluster.prm.model_path: required when cluster.prm.replicas > 0 (use replicas: 0 for an external PRM)' },
+    { name: 'default max tokens', raw: { ...minimal(), reef: { default_max_tokens: 0 } }, line: 'reef.default_max_tokens: expected a positive integer, got 0' },
     { name: 'api key item', raw: { ...minimal(), reef: { api_keys: [{ key: 'k', key_env: 'K' }] } }, line: 'reef.api_keys[0]: set exactly one of key and key_env' },
     // Names the store would refuse on every request, and a key no client could present.
     { name: 'default scenario the store refuses', raw: { ...minimal(), reef: { default_scenario: 'Prod' } }, line: 'reef.default_scenario: expected a scenario name (lower-case letters, digits, ".", "_" and "-", starting with a letter or digit, at most 64), got "Prod"' },
@@ -101,6 +102,7 @@ describe('overrides', () => {
     { name: 'url stays a string', overrides: ['--pipeline.record2record.config.prm_url=http://h:23001', '--pipeline.record2record.config.prm_tokenizer_path=/t', '--cluster.prm.replicas=0'], get: (c) => c.pipeline.record2record.config.prm_url, want: 'http://h:23001' },
     { name: 'into a null section', overrides: ['--cluster.student.model_path=/s'], get: (c) => c.cluster.student, want: { gpus: 1, engine: 'sglang', model_path: '/s', port: 0, extra_args: [] } },
     { name: 'list item', overrides: ['--reef.api_keys[0].max_concurrency=3'], get: (c) => c.reef.api_keys[0]?.max_concurrency, want: 3 },
+    { name: 'no default max tokens (the rest of the context)', overrides: ['--reef.default_max_tokens=null'], get: (c) => c.reef.default_max_tokens, want: null },
     { name: 'without dashes', overrides: ['reef.log_level=debug'], get: (c) => c.reef.log_level, want: 'debug' },
   ];
   it.each(cases)('$name', async ({ overrides, get, want }) => {
@@ -133,7 +135,7 @@ describe('overrides', () => {
 describe('resolved config', () => {
   it('applies defaults', async () => {
     const cfg = await ok(minimal());
-    expect(cfg.reef).toEqual({ host: '127.0.0.1', port: 8600, api_keys: [], data_dir: '/srv/reef/.reef', default_scenario: 'default', log_level: 'info' });
+    expect(cfg.reef).toEqual({ host: '127.0.0.1', port: 8600, api_keys: [], data_dir: '/srv/reef/.reef', default_scenario: 'default', default_max_tokens: 1024, log_level: 'info' });
     expect(cfg.cluster).toMatchObject({ ray_address: null, num_gpus: 6, num_cpus: null, trainer: { gpus: 4 }, prm_actors: 2, cpus_per_bundle: 1, placement_timeout_s: 120, student: null });
     expect(cfg.cluster.rollout).toEqual({ gpus: 1, engine: 'sglang', model_path: '/models/policy', port: 0, extra_args: [] });
     expect(cfg.cluster.prm).toEqual({ gpus: 1, engine: 'sglang', model_path: '/models/prm', port: 0, extra_args: [], replicas: 1 });

@@ -72,6 +72,7 @@ export const reefSchema = section({
   api_keys: z.array(apiKey, { error: 'expected a list' }).default([]),
   data_dir: nonEmptyString().default('.reef'),
   default_scenario: scenarioName().default('default'),
+  default_max_tokens: positiveInt().nullable().default(1024),
   log_level: oneOf(['debug', 'info', 'warn', 'error']).default('info'),
 }).check(
   check((o, ctx) => {

@@ -33,6 +33,8 @@ export interface ReefSection {
   readonly data_dir: string;
   /** @default 'default' */
   readonly default_scenario: string;
+  /** New tokens for a request that sets neither max_tokens nor max_completion_tokens; null = the rest of the context. @default 1024 */
+  readonly default_max_tokens: number | null;
   /** @default 'info' */
   readonly log_level: LogLevel;
 }

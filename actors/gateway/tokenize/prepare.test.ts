@@ -235,6 +235,19 @@ describe('prepareChat sampling', () => {
     expect(samplingText(prepare({ temperature: 0.6, top_k: -1 }))).toBe(plain);
   });
 
+  it('gives a request without max_tokens reef.default_max_tokens, and with it null (Infinity here) the rest of the context', () => {
+    const maxNew = (defaultMaxTokens: number, extra = {}) => {
+      const out = prepareChat(tok, Buffer.from(JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], ...extra })), { ...params, defaultMaxTokens });
+      if (!out.ok) throw new Error(out.message);
+      return { n: JSON.parse(samplingText(out).slice('"sampling_params":'.length)).max_new_tokens as number, prompt: out.promptIds.length };
+    };
+    expect(maxNew(16).n).toBe(16);
+    const rest = maxNew(Number.POSITIVE_INFINITY);
+    expect(rest.n).toBe(tok.contextLength! - rest.prompt);
+    // The client's own limit still wins over either default.
+    expect(maxNew(Number.POSITIVE_INFINITY, { max_tokens: 7 }).n).toBe(7);
+  });
+
   it.each([0, -2, 2.5, '20', true, 2 ** 53])('refuses top_k %j with an OpenAI error naming top_k', (topK) => {
     expect(prepare({ top_k: topK })).toMatchObject({ ok: false, code: 'REEF_ERR_INVALID_ARGUMENT', param: 'top_k', message: expect.stringMatching(/^top_k: expected -1 \(off\) or an integer >= 1/) });
   });
