@@ -244,7 +244,7 @@ export class Stack {
     }
   }
 
-  async status(): Promise<{ actors: ReturnType<Supervisor['status']>; groups: GroupStatus[]; engines: Array<EngineInfo | EngineSpec>; ray: RayStatus | null; shim: { pid: number | null; state: string; restarts: number } }> {
+  async status(): Promise<{ actors: ReturnType<Supervisor['status']>; groups: GroupStatus[]; engines: Array<EngineInfo | EngineSpec>; ray: RayStatus | null; shim: { pid: number | null; state: string; restarts: number; lastExit: string | null } }> {
     let groups = this.groups;
     let engines: Array<EngineInfo | EngineSpec> = this.engines.map((s) => s.info ?? s.spec);
     let ray = this.ray;
@@ -259,7 +259,7 @@ export class Stack {
         this.log(`status: shim did not answer (${(err as Error).message}); showing the last known layout`);
       }
     }
-    return { actors: this.supervisor.status(), groups, engines, ray, shim: { pid: this.shim.pid, state: this.shim.state, restarts: this.shim.restarts } };
+    return { actors: this.supervisor.status(), groups, engines, ray, shim: { pid: this.shim.pid, state: this.shim.state, restarts: this.shim.restarts, lastExit: this.shim.lastExit } };
   }
 
   /** Drains the actors, stops engines and placement through the shim, stops the shim. Idempotent. */

@@ -39,6 +39,8 @@ export const actorInstanceStatusSchema = z.object({
   /** The actor's own lifecycle state; `failed` while it waits to be restarted. */
   state: lifecycleStateSchema,
   restarts: z.number().int(),
+  /** Why the last process died unasked (`exit code 1`, `exit signal SIGKILL`, `missed 6 heartbeats`); null if none did. */
+  lastExit: z.string().nullable(),
   /** ms epoch of the last heartbeat, null before the first. */
   lastHeartbeat: z.number().nullable(),
   mailbox: z.string().nullable(),

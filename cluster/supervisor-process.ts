@@ -83,8 +83,8 @@ export class ManagedProcess extends EventEmitter {
   private exited: Promise<void> = Promise.resolve();
   private readySince: number | null = null;
   private killReason: string | null = null;
-  /** Why the last child died unasked, for a "not ready" error that would otherwise only count restarts. */
-  private lastDeath: string | null = null;
+  /** Why the last child died unasked (`exit code 1`, `missed 6 heartbeats`), or null: `restarts` alone said how often, not why. */
+  lastExit: string | null = null;
   private everReady = false;
   /** Set when the command cannot be started at all (see `onSpawnError`); nothing is retried then. */
   private failed: string | null = null;
@@ -132,7 +132,7 @@ export class ManagedProcess extends EventEmitter {
       const onStopped = (): void => done(new ReefError('REEF_ERR_SUPERVISOR', { reason: `${this.id} was stopped before it was ready` }));
       const onFailed = (): void => done(cannotStart());
       const timer = setTimeout(
-        () => done(new ReefError('REEF_ERR_SUPERVISOR', { reason: `${this.id} not ready within ${timeoutMs} ms (${this.restarts} restarts${this.lastDeath === null ? '' : `; the last died of ${this.lastDeath}`})` })),
+        () => done(new ReefError('REEF_ERR_SUPERVISOR', { reason: `${this.id} not ready within ${timeoutMs} ms (${this.restarts} restarts${this.lastExit === null ? '' : `; the last died of ${this.lastExit}`})` })),
         timeoutMs,
       );
       this.on('ready', onReady);
@@ -244,7 +244,7 @@ export class ManagedProcess extends EventEmitter {
     if (child.pid !== undefined) killGroup(child.pid);
     this.emit('exit', { pid: child.pid ?? null, code, signal, expected });
     if (expected) return;
-    this.lastDeath = reason;
+    this.lastExit = reason;
     if (this.failed !== null) {
       this.log(`${this.id} cannot be started (${reason}); not retrying`);
       this.state = 'stopped';

@@ -88,6 +88,7 @@ describe('Supervisor with real actor processes', () => {
     const pong = await client(after.mailbox!).call<{ pid: number }>({ type: 'ping' });
     expect(pong.pid).toBe(after.pid);
     expect(restarts).toEqual([expect.objectContaining({ id: 'echo-1', reason: 'exit signal SIGKILL', restarts: 1 })]);
+    expect(after.lastExit).toBe('exit signal SIGKILL');
     expect(lines.some((l) => /^supervisor: restarted echo-1 \(exit signal SIGKILL\), restart #1 after \d+ ms$/.test(l))).toBe(true);
     expect(instance('echo-0').restarts).toBe(0);
   });
@@ -105,6 +106,7 @@ describe('Supervisor with real actor processes', () => {
     remember();
     await waitFor(() => !pidAlive(before.pid!), { what: 'the frozen process to be gone' });
     expect(lines.some((l) => l.includes('restarted echo-0 (missed 12 heartbeats), restart #1'))).toBe(true);
+    expect(instance('echo-0').lastExit).toBe('missed 12 heartbeats');
   });
 
   it('scales 2 → 4 → 1 through the control socket, draining the highest ids', async () => {

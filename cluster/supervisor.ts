@@ -144,6 +144,7 @@ export class Supervisor extends EventEmitter {
         pid: inst.proc.pid,
         state: stateOf(inst),
         restarts: inst.proc.restarts,
+        lastExit: inst.proc.lastExit,
         lastHeartbeat: inst.lastHeartbeat,
         mailbox: inst.mailbox,
         stats: inst.stats,

@@ -12,7 +12,7 @@ import { sampleRecord } from '../../actors/gateway/store/fixtures.js';
 import { SqliteStore } from '../../actors/gateway/store/sqlite-store.js';
 import { STATE_KEY as TRAINER_STATE_KEY } from '../../actors/trainer-controller/messages.js';
 import { downCommand, pipelineOf, scaleCommand, statusCommand } from './control.js';
-import { renderPipeline } from './render-status.js';
+import { renderPipeline, renderStatus } from './render-status.js';
 
 const cleanups: (() => void)[] = [];
 afterEach(() => {
@@ -104,5 +104,23 @@ describe('reef status: the pipeline section', () => {
       'judge     2 turns judged (1 dropped: no usable vote); votes 10 usable, 2 unreadable, 1 failed',
       'training  2 releases (serving v2); 2 batches of 32 turns; 3 stale, 0 dead-lettered',
     ]);
+  });
+});
+
+// A crash-looping actor showed as `failed` with a restart count; why it died was only in the log
+// of `reef up` (a file nobody is watching under --detach).
+describe('reef status: restarted children', () => {
+  it('says why each restarted child died last', () => {
+    const rf: RunFile = { pid: 1, state: 'running', control: 'tcp://127.0.0.1:1', startedAt: Date.now(), configPath: '/x/serve.yaml', gateway: 'http://127.0.0.1:8600' };
+    const text = renderStatus(rf, {
+      shim: { pid: 9, state: 'running', restarts: 1, lastExit: 'exit signal SIGKILL' },
+      actors: [
+        { id: 'gateway-0', pid: 11, state: 'running', restarts: 0, lastExit: null },
+        { id: 'judge-0', pid: null, state: 'failed', restarts: 3, lastExit: 'exit code 1' },
+      ],
+    }).split('\n');
+    expect(text).toContain('shim: pid 9, running, restarts 1 (last: exit signal SIGKILL)');
+    expect(text).toContain(`${'gateway-0'.padEnd(22)}${'11'.padEnd(9)}${'running'.padEnd(11)}0`);
+    expect(text).toContain(`${'judge-0'.padEnd(22)}${'-'.padEnd(9)}${'failed'.padEnd(11)}3 (last: exit code 1)`);
   });
 });

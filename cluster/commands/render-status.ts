@@ -10,14 +10,14 @@ export function renderStatus(rf: RunFile, status: Record<string, unknown>, pipel
   const uptime = Math.round((Date.now() - rf.startedAt) / 1000);
   lines.push(`reef: pid ${rf.pid}, up ${uptime} s, config ${rf.configPath}`);
   lines.push(`gateway: ${rf.gateway}`);
-  const shim = status.shim as { pid: number | null; state: string; restarts: number } | undefined;
-  if (shim) lines.push(`shim: pid ${shim.pid ?? '-'}, ${shim.state}, restarts ${shim.restarts}`);
+  const shim = status.shim as { pid: number | null; state: string; restarts: number; lastExit?: string | null } | undefined;
+  if (shim) lines.push(`shim: pid ${shim.pid ?? '-'}, ${shim.state}, restarts ${shim.restarts}${lastExit(shim)}`);
   const ray = status.ray as { address: string; resources: Record<string, number> } | null;
   if (ray) lines.push(`ray: ${ray.address} (${Object.entries(ray.resources).filter(([k]) => k === 'CPU' || k === 'GPU').map(([k, v]) => `${k} ${v}`).join(', ')})`);
 
   lines.push('', 'ACTOR                 PID      STATE      RESTARTS');
-  for (const a of (status.actors as Array<{ id: string; pid: number | null; state: string; restarts: number }>) ?? []) {
-    lines.push(`${a.id.padEnd(22)}${String(a.pid ?? '-').padEnd(9)}${a.state.padEnd(11)}${a.restarts}`);
+  for (const a of (status.actors as Array<{ id: string; pid: number | null; state: string; restarts: number; lastExit?: string | null }>) ?? []) {
+    lines.push(`${a.id.padEnd(22)}${String(a.pid ?? '-').padEnd(9)}${a.state.padEnd(11)}${a.restarts}${lastExit(a)}`);
   }
   lines.push('', 'PLACEMENT GROUP       STRATEGY     STATE     BUNDLES');
   for (const g of (status.groups as Array<{ name: string; strategy: string; state: string; bundles: Array<{ resources: Record<string, number> }> }>) ?? []) {
@@ -30,6 +30,11 @@ export function renderStatus(rf: RunFile, status: Record<string, unknown>, pipel
   }
   if (pipeline !== null) lines.push('', 'PIPELINE', ...renderPipeline(pipeline));
   return lines.join('\n');
+}
+
+/** Why a restarted child died last time, after its restart count. */
+function lastExit(c: { restarts: number; lastExit?: string | null }): string {
+  return c.restarts > 0 && c.lastExit ? ` (last: ${c.lastExit})` : '';
 }
 
 /** Whether the agent's turns are being recorded, judged and trained, in three lines. */
