@@ -1,6 +1,6 @@
 import type Database from 'better-sqlite3';
 import { ReefError } from '../../runtime/errors.js';
-import { invalid } from './rows.js';
+import { invalid, jsonText } from './rows.js';
 import type { JudgedTurn, NewJudgedTurn } from './types.js';
 
 /**
@@ -48,7 +48,7 @@ function validate(t: NewJudgedTurn): void {
   if (!Array.isArray(t.teacherCandidates) || !t.teacherCandidates.every((c) => c === null || typeof c === 'string')) {
     throw invalid('judged turn teacherCandidates must be an array of strings or nulls');
   }
-  if (JSON.stringify(t.judgment) === undefined) throw invalid('judged turn judgment must be JSON-serialisable');
+  jsonText(t.judgment, 'judged turn judgment');
 }
 
 export class JudgedTurnTable {

@@ -1,7 +1,7 @@
 import type Database from 'better-sqlite3';
 import { ReefError } from '../../runtime/errors.js';
 import { newId } from './ids.js';
-import { checkScenarioName, invalid } from './rows.js';
+import { checkScenarioName, invalid, jsonText } from './rows.js';
 import type { NewReport, Page, Report } from './types.js';
 
 /**
@@ -58,6 +58,8 @@ function validate(input: NewReport): void {
     throw invalid('report.feedback must be a string, an object or null');
   }
   if (input.metadata !== null && !isPlainObject(input.metadata)) throw invalid('report.metadata must be an object or null');
+  jsonText(input.feedback, 'report.feedback');
+  jsonText(input.metadata, 'report.metadata');
   if (!Array.isArray(input.references) || input.references.some((r) => typeof r !== 'string')) {
     throw invalid('report.references must be an array of record ids');
   }

@@ -62,16 +62,22 @@ function millis(value: unknown, field: string): number {
   return value as number;
 }
 
-function json(value: unknown, field: string): string {
+/**
+ * `value` as JSON text, or REEF_ERR_INVALID_ARGUMENT naming `what`: JSON.stringify throws a bare
+ * TypeError on a BigInt (msgpack decodes an integer past 2^53 to one) or a cycle.
+ */
+export function jsonText(value: unknown, what: string): string {
   let text: string | undefined;
   try {
     text = JSON.stringify(value);
   } catch {
     text = undefined;
   }
-  if (text === undefined) throw invalid(`record.${field} must be JSON-serialisable`);
+  if (text === undefined) throw invalid(`${what} must be JSON-serialisable`);
   return text;
 }
+
+const json = (value: unknown, field: string): string => jsonText(value, `record.${field}`);
 
 function count(value: unknown, field: string): number {
   if (!Number.isSafeInteger(value) || (value as number) < 0) throw invalid(`record.${field} must be a non-negative integer`);
@@ -137,7 +143,7 @@ function requestJsonBytes(request: Exclude<NewRecord['request'], ChatBody>): Buf
   if (request === null || typeof request !== 'object' || !Array.isArray(request.messages)) {
     throw invalid('record.request must be {messages, tools, params}');
   }
-  return Buffer.from(JSON.stringify({ messages: request.messages, tools: request.tools ?? null, params: request.params ?? {} }));
+  return Buffer.from(json({ messages: request.messages, tools: request.tools ?? null, params: request.params ?? {} }, 'request'));
 }
 
 /** The chunked request and prompt ids of one record, and what they were made from. */

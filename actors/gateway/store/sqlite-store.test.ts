@@ -121,6 +121,33 @@ describe('SqliteStore records', () => {
     expect(await store.headOffset()).toBe(0);
   });
 
+  it('refuses a value JSON cannot write (a BigInt, as msgpack decodes an integer past 2^53; a cycle) with REEF_ERR_INVALID_ARGUMENT, not a bare TypeError', async () => {
+    const cycle: Record<string, unknown> = {};
+    cycle.self = cycle;
+    const { id } = await store.append(sampleRecord(1));
+    const turn = { turnRecordId: id, nextStateRecordId: id, scenario: 'default', sessionKey: 's', decision: 'anchor' as const, reward: 1, teacherCandidates: [null] };
+    const report = { scenario: 'default', score: 1, feedback: null, references: [], metadata: null, clientId: null };
+    for (const bad of [10n ** 20n, cycle]) {
+      const wrapped = { n: bad };
+      for (const attempt of [
+        store.putState('k', wrapped),
+        store.commitConsumer('c', 1, 'k', wrapped),
+        store.putJudgment(id, wrapped),
+        store.appendJudgedTurn({ ...turn, judgment: wrapped }),
+        store.putReport({ ...report, metadata: wrapped }),
+        store.putReport({ ...report, feedback: wrapped }),
+        store.append({ ...sampleRecord(2), request: { messages: [wrapped], tools: null, params: {} } }),
+      ]) {
+        await expect(attempt).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT', message: expect.stringMatching(/JSON-serialisable/) });
+      }
+    }
+    // Nothing was written.
+    expect(await store.getState('k')).toBeNull();
+    expect(await store.getOffset('c')).toBe(0);
+    expect(await store.judgedHeadOffset()).toBe(0);
+    expect(await store.headOffset()).toBe(1);
+  });
+
   it('records aborted and failed streams whole, with their status and reason', async () => {
     const aborted = await store.markAborted({ ...sampleRecord(5), finishReason: null }, 'client disconnected');
     const failed = await store.markFailed(sampleRecord(6, { outputTokens: 0 }), 'engine returned 500');

@@ -7,7 +7,7 @@ import { newId } from './ids.js';
 import { JudgedTurnTable } from './judged-turns.js';
 import { ReportTable } from './reports.js';
 import {
-  FULL_COLUMNS, INSERT_CHUNK_SQL, INSERT_RECORD_SQL, SUMMARY_COLUMNS, checkScenarioName, chunkPayloads, invalid, stagedChunks, toRecord, toRow, toSummary,
+  FULL_COLUMNS, INSERT_CHUNK_SQL, INSERT_RECORD_SQL, SUMMARY_COLUMNS, checkScenarioName, chunkPayloads, invalid, jsonText, stagedChunks, toRecord, toRow, toSummary,
   type FullRowShape, type RecordRow, type SummaryRowShape,
 } from './rows.js';
 import { checkSchema, migrate } from './schema.js';
@@ -86,12 +86,6 @@ function checkOffset(offset: unknown): number {
 function checkKey(key: unknown, what: string): string {
   if (typeof key !== 'string' || key.length === 0) throw invalid(`${what} must be a non-empty string`);
   return key;
-}
-
-function toJson(value: unknown, what: string): string {
-  const text = JSON.stringify(value);
-  if (text === undefined) throw invalid(`${what} must be JSON-serialisable`);
-  return text;
 }
 
 /**
@@ -383,7 +377,7 @@ export class SqliteStore implements RecordStore {
 
   async commitConsumer(consumer: string, offset: number, stateKey: string, state: unknown): Promise<void> {
     this.live();
-    this.commitConsumerTx(checkKey(consumer, 'consumer'), checkOffset(offset), checkKey(stateKey, 'state key'), toJson(state, 'state'));
+    this.commitConsumerTx(checkKey(consumer, 'consumer'), checkOffset(offset), checkKey(stateKey, 'state key'), jsonText(state, 'state'));
   }
 
   /** The stored value, or null when the key has none. */
@@ -395,7 +389,7 @@ export class SqliteStore implements RecordStore {
 
   async putState(key: string, value: unknown): Promise<void> {
     this.live();
-    this.sql.putState.run(checkKey(key, 'state key'), toJson(value, 'state'), Date.now());
+    this.sql.putState.run(checkKey(key, 'state key'), jsonText(value, 'state'), Date.now());
   }
 
   async deleteState(key: string): Promise<void> {
@@ -406,7 +400,7 @@ export class SqliteStore implements RecordStore {
   /** Stores (or replaces) the judgment of a record; REEF_ERR_NOT_FOUND when there is no such record. */
   async putJudgment(recordId: string, judgment: unknown): Promise<void> {
     this.live();
-    this.putJudgmentTx(checkKey(recordId, 'record id'), toJson(judgment, 'judgment'));
+    this.putJudgmentTx(checkKey(recordId, 'record id'), jsonText(judgment, 'judgment'));
   }
 
   async getJudgment(recordId: string): Promise<unknown> {
