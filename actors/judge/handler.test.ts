@@ -167,6 +167,20 @@ describe('JudgeCore', () => {
     expect((await waiting).turn!.turnRecordId).toBe(a.turn!.turnRecordId);
   });
 
+  it('a released turn goes to the back of the line: the turns behind it are leased first', async () => {
+    await write(conversation(1, 4));
+    const judge = await core();
+    await judge.pump();
+    const a = await judge.lease('prm-0', 0);
+    judge.release('prm-0', [a.leaseId!]);
+    const b = await judge.lease('prm-0', 0);
+    expect(b.turn!.turnRecordId).not.toBe(a.turn!.turnRecordId);
+    judge.release('prm-0', [b.leaseId!]);
+    const leased = [(await judge.lease('prm-0', 0)).turn!.turnRecordId, (await judge.lease('prm-0', 0)).turn!.turnRecordId, (await judge.lease('prm-0', 0)).turn!.turnRecordId];
+    expect(leased).toEqual([expect.any(String), a.turn!.turnRecordId, b.turn!.turnRecordId]);
+    expect(new Set([...leased])).toHaveProperty('size', 3);
+  });
+
   it('resumes after a crash: same offset, unjudged turns pending again, judged ones not, old leases still valid', async () => {
     await write(interleave([conversation(1, 3), conversation(2, 2)]));
     const first = await core();

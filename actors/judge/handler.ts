@@ -222,6 +222,10 @@ export class JudgeCore {
       p.leaseId = null;
       p.actorId = null;
       p.expiresAt = 0;
+      // To the back of the line: turns are handed out oldest first, and a turn its PRM keeps
+      // failing on would otherwise be the next one leased, every time, to an actor of one credit.
+      this.pending.delete(p.ev.turnRecordId);
+      this.pending.set(p.ev.turnRecordId, p);
       released.push(id);
     }
     if (released.length > 0) {

@@ -19,7 +19,7 @@ export const leaseTurn = z.object({
 
 export const renewLease = z.object({ type: z.literal('renew-lease'), requestId: z.string(), actorId: z.string().min(1), leaseIds: z.array(z.string()) });
 
-/** Give leased turns back unjudged (a draining actor), so they are dispatched again at once. */
+/** Give leased turns back unjudged (a draining actor, a PRM failing their calls): they are dispatched again, behind the turns waiting. */
 export const releaseLease = z.object({ type: z.literal('release-lease'), requestId: z.string(), actorId: z.string().min(1), leaseIds: z.array(z.string()) });
 
 /** One PRM call: its reply text, or the error that stood in for it (a failed vote). */

@@ -226,4 +226,23 @@ describe('PrmWorker against a judge mailbox', () => {
     expect(failures).toBe(3 * 2);
     expect(w.stats()).toMatchObject({ turns_failed: 1, turns_prm_failing: 0, leases_released: 0 });
   }, 40_000);
+  it('a turn the PRM keeps failing on does not hold up the turns behind it, even for an actor of one credit', async () => {
+    const judged = await judge(5000);
+    await turns(conversation(1, 2));
+    await turns(conversation(2, 2));
+    const prm: PrmCaller = {
+      api: 'sglang',
+      model: null,
+      async call(prompt) {
+        if (prompt.includes('Question 1.0?')) throw new ReefError('REEF_ERR_ENGINE_FAILED', { engine: 'http://prm', reason: '/generate answered 400: too long' });
+        return { text: 'The user moved on. \\boxed{1}', url: 'http://prm' };
+      },
+      close: async () => {},
+    };
+    const w = startWorker(prm, { concurrency: 2, waitMs: 200 });
+    expect(w.credits).toBe(1);
+    await waitFor(() => judged.stats().judged === 1, { what: 'the second turn judged', timeoutMs: 15_000 });
+    expect(judged.stats()).toMatchObject({ judged: 1, dropped: 0, pending: 1 });
+    expect(judged.stats().released).toBeGreaterThanOrEqual(1);
+  }, 40_000);
 });
