@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { mkdirSync, openSync, closeSync } from 'node:fs';
+import { closeSync, fstatSync, mkdirSync, openSync, readSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { flagBool, flagString, type ParsedArgs } from '../args.js';
 import type { Io } from '../cli.js';
@@ -68,6 +68,39 @@ export async function upCommand(args: ParsedArgs, io: Io, seams: Pick<StackOptio
 /** How long `up --detach` waits for the stack; engine starts alone may take 300 s each. */
 const DETACH_TIMEOUT_MS = 600_000;
 
+/**
+ * The lines a file gains from `offset` on, as they come: what the background `reef up` writes to
+ * its log in this run (the file is appended to across runs).
+ */
+class LogTail {
+  private partial = '';
+  constructor(private readonly path: string, private offset: number) {}
+
+  /** Complete lines written since the last call. */
+  lines(): string[] {
+    let fd: number;
+    try {
+      fd = openSync(this.path, 'r');
+    } catch {
+      return [];
+    }
+    try {
+      const buf = Buffer.alloc(64 * 1024);
+      for (;;) {
+        const n = readSync(fd, buf, 0, buf.length, this.offset);
+        if (n <= 0) break;
+        this.offset += n;
+        this.partial += buf.toString('utf8', 0, n);
+      }
+    } finally {
+      closeSync(fd);
+    }
+    const lines = this.partial.split('\n');
+    this.partial = lines.pop()!;
+    return lines;
+  }
+}
+
 /** Starts `reef up` in the background and returns once it is up (or has failed). */
 async function detach(cfg: ReefConfig, configPath: string, args: ParsedArgs, io: Io): Promise<number> {
   const runDir = join(cfg.reef.data_dir, 'run');
@@ -76,6 +109,7 @@ async function detach(cfg: ReefConfig, configPath: string, args: ParsedArgs, io:
   if (existing) throw new ReefError('REEF_ERR_ALREADY_RUNNING', { pid: existing.pid, endpoint: existing.control ?? 'none yet: still starting' });
   const logPath = join(runDir, 'reef.log');
   const fd = openSync(logPath, 'a');
+  const log = new LogTail(logPath, fstatSync(fd).size);
   const child = spawn(process.execPath, [join(repoRoot(), 'bin', 'reef.js'), 'up', '-c', resolve(configPath), ...args.overrides], {
     detached: true,
     stdio: ['ignore', fd, fd],
@@ -86,13 +120,25 @@ async function detach(cfg: ReefConfig, configPath: string, args: ParsedArgs, io:
   let exited: number | null = null;
   child.on('exit', (code) => (exited = code ?? 1));
   const deadline = Date.now() + DETACH_TIMEOUT_MS;
+  // Start-up takes minutes with real engines: its steps are shown as they come, and on failure the
+  // error itself, which used to be left in the log behind "see <log>".
+  const errors: string[] = [];
+  const follow = (): void => {
+    for (const line of log.lines()) {
+      if (/^\[reef\] (step \d+\/\d+:|starting engine |engine \S+ healthy )/.test(line)) io.stderr(line);
+      else if (line.startsWith('reef: ')) errors.push(line);
+    }
+  };
   while (Date.now() < deadline) {
+    follow();
     const rf = readRunFile(runDir);
     if (rf && rf.pid === child.pid && rf.state === 'running') {
       io.stdout(`reef is up: gateway ${rf.gateway}/v1, control ${rf.control}\nstop with \`reef down -c ${configPath}\``);
       return 0;
     }
     if (exited !== null) {
+      follow();
+      for (const line of errors) io.stderr(line);
       io.stderr(`reef: start-up failed (exit ${exited}); see ${logPath}`);
       return 1;
     }
