@@ -76,10 +76,19 @@ def main() -> None:
     # Without "<" and ">", no added token is learnt as a piece of the model, and those two fall back to bytes.
     corpus = [s.replace("<", "").replace(">", "") for s in request["strings"]] * 3
     variants["metaspace-first"] = metaspace_first(corpus)
+    # Whitespace added tokens that the template writes: transformers takes those that are not
+    # str.isspace() for control tokens (U+FEFF is one, U+001C and U+0085 are not).
+    spaces = copy.deepcopy(base)
+    next_id = max(t["id"] for t in spaces["added_tokens"]) + 1
+    for i, content in enumerate(["\x1c", "\ufeff", "\x85", "\n\n"]):
+        flags = dict(single_word=False, lstrip=False, rstrip=False, normalized=False, special=False)
+        spaces["added_tokens"].append({"id": next_id + i, "content": content, **flags})
+    variants["whitespace-tokens"] = spaces
+    templates = {"whitespace-tokens": template + "{{- '\x1c' + '\ufeff' + '\x85' -}}"}
 
     results = {}
     for name, spec in variants.items():
-        path = write(request["outDir"], name, spec, config, template)
+        path = write(request["outDir"], name, spec, config, templates.get(name, template))
         tokenizer = AutoTokenizer.from_pretrained(path)
         chats = []
         for messages in request["chats"]:

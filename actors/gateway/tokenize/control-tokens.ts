@@ -1,5 +1,6 @@
 import { tokenize as lexTemplate } from '@huggingface/jinja';
 import type { AddedTokenSpec } from './model-files.js';
+import { isPySpace } from './py-str.js';
 
 /**
  * Special-token injection guard, the same scheme as transformers 5
@@ -45,7 +46,17 @@ export function controlTokens(added: readonly AddedTokenSpec[], template: string
     return added.filter((t) => t.special || set.has(t.content)).map((t) => t.content);
   }
   const literal = templateLiteralText(template);
-  return added.filter((t) => t.special || (literal.includes(t.content) && t.content.trim() !== '')).map((t) => t.content);
+  return added.filter((t) => t.special || (literal.includes(t.content) && !isPySpaceOnly(t.content))).map((t) => t.content);
+}
+
+/**
+ * Python's `str.isspace()`, which transformers leaves whitespace tokens (Gemma's "\n") out with;
+ * JS's `trim` disagrees at U+001C–U+001F, U+0085 and U+FEFF.
+ */
+function isPySpaceOnly(s: string): boolean {
+  if (s === '') return false;
+  for (let i = 0; i < s.length; i++) if (!isPySpace(s.charCodeAt(i))) return false;
+  return true;
 }
 
 /** Wraps control tokens in user strings; reusable for every render of one model. */
