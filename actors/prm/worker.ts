@@ -117,6 +117,8 @@ export class PrmWorker {
   readonly credits: number;
   private readonly limit: Semaphore;
   private readonly jobs = new Map<string, Job>();
+  /** Turns given back because every call failed: `prm_calls_ok` when their first try began. */
+  private readonly failedBefore = new Map<string, number>();
   private readonly counters = { turns_leased: 0, turns_completed: 0, turns_refused: 0, turns_failed: 0, turns_prm_failing: 0, leases_lost: 0, leases_released: 0, prm_calls_ok: 0, prm_calls_failed: 0 };
   private leaseMs = 15_000;
   private stopping = false;
@@ -189,9 +191,11 @@ export class PrmWorker {
     const job = { turn, leaseId, abort: new AbortController(), why: null } as unknown as Job;
     job.done = (async () => {
       const startedAt = Date.now();
-      // Replies the PRM gave to any call of this actor before this turn's first try: a PRM that
-      // answers other turns meanwhile fails this one's calls for reasons of its own.
-      const repliesBefore = this.counters.prm_calls_ok;
+      // Replies the PRM gave to any call of this actor before this turn's first try (under an
+      // earlier lease too): a PRM that answers other turns meanwhile fails this one's calls for
+      // reasons of its own.
+      const repliesBefore = this.failedBefore.get(turn.turnRecordId) ?? this.counters.prm_calls_ok;
+      this.failedBefore.delete(turn.turnRecordId);
       for (let attempt = 1; ; attempt++) {
         const votes = await voteTurn(turn, this.o.prm, this.o.m, this.limit, job.abort.signal, attempt);
         let replied = false;
@@ -220,6 +224,10 @@ export class PrmWorker {
         if (votes.unreachable || (prmFailing && attempt >= FAILED_TURN_TRIES)) {
           this.counters.turns_prm_failing++;
           this.o.log(`turn ${turn.turnRecordId}: the PRM ${votes.unreachable ? 'was unreachable for' : 'failed'} every call (${reason}); giving the turn back`);
+          // Remembered for when it comes back: an actor of one credit tries no other turn while it
+          // holds this one, so only the replies between its leases show the PRM answers others.
+          if (this.failedBefore.size >= 1024) this.failedBefore.delete(this.failedBefore.keys().next().value!);
+          this.failedBefore.set(turn.turnRecordId, repliesBefore);
           await sleep(UNREACHABLE_PAUSE_MS, job.abort.signal);
           if (job.why !== 'lost') await this.giveBack([leaseId]);
           return;
