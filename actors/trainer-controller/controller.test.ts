@@ -598,9 +598,9 @@ describe('TrainerController', () => {
     };
     await expect(c.tick()).rejects.toThrow('engine gone');
     expect(w.trainedOn.at(-1)).toBe('s:openclawrl:3@v2');
+    w.calls.length = 0;
     const rb = await c.rollback('release-1');
     expect(rb.weightVersion).toBe('v1');
-    w.calls.length = 0;
     await c.tick();
     // Answered from the ledger, v3 (trained from v2) went out as the rollback's child.
     expect(w.calls).toEqual(['restart:v1', 'step:s:openclawrl:3']);
@@ -609,6 +609,24 @@ describe('TrainerController', () => {
       ['v1', null, null], ['v2', 'v1', null], ['v1', 'v2', 'release-1'], ['v4', 'v1', null],
     ]);
     expect(w.holds).toBe('v4');
+  });
+
+  it('a rollback after one that lost a rank restarts the group from its target, with no batch pending to restart it', async () => {
+    const { w, c } = await twoReleases();
+    w.breakGroup();
+    await expect(c.rollback(null)).rejects.toThrow(/died/);
+    w.calls.length = 0;
+    const rb = await c.rollback(null);
+    expect(w.calls).toEqual(['restart:v1']);
+    expect(rb).toMatchObject({ weightVersion: 'v1', parent: 'v2', rollbackOf: 'release-1' });
+    expect(w.holds).toBe('v1');
+    // The group holds the last release: the next batch trains on it without another restart.
+    w.add('e', 1, 'anchor', 'v1');
+    w.add('f', 1, 'anchor', 'v1');
+    w.calls.length = 0;
+    await c.tick();
+    expect(w.calls).toEqual(['step:s:openclawrl:3']);
+    expect(w.trainedOn.at(-1)).toBe('s:openclawrl:3@v1');
   });
 
   it('a rollback whose publish fails leaves the group not ready: the next step restarts it from the last release', async () => {

@@ -476,7 +476,11 @@ export class TrainerController {
       const version = base ? 'base' : target!.weightVersion;
       const parent = this.currentVersion;
       try {
-        await this.ports.trainer.load(path);
+        // A group that is not ready may have lost a rank (a failed step or rollback): a load there
+        // fails until it is restarted, which only a pending batch did, so with none pending every
+        // rollback failed alike. The restart loads the target itself.
+        if (this.trainerReady) await this.ports.trainer.load(path);
+        else await this.ports.trainer.restart(path);
         const published = await this.ports.publish(path, version, 'rollback');
         this.countSync(published);
         const release: Release = {
@@ -492,6 +496,7 @@ export class TrainerController {
         };
         rels.push(release);
         await this.persist();
+        this.trainerReady = true; // it holds the last release now
         return release;
       } catch (err) {
         // The trainer may hold the rollback (or, after a failed load, anything) while the
