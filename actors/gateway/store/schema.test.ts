@@ -62,12 +62,19 @@ describe('schema and settings', () => {
     }
   });
 
-  it('refuses a damaged file and a store another process holds locked with REEF_ERR_STORE naming the file (SQLite\'s bare message named neither)', async () => {
+  it('refuses a damaged file, a file in a missing directory and a store another process holds locked with REEF_ERR_STORE naming the file (the bare message named none)', async () => {
     const damaged = join(dir, 'damaged.db');
     writeFileSync(damaged, 'not a database, '.repeat(256));
     for (const readonly of [false, true]) {
       expect(() => SqliteStore.open(damaged, { readonly })).toThrow(
         expect.objectContaining({ code: 'REEF_ERR_STORE', message: expect.stringContaining(`${damaged} is not a SQLite database`) }),
+      );
+    }
+
+    const nowhere = join(dir, 'no-such-dir', 'r.db');
+    for (const readonly of [false, true]) {
+      expect(() => SqliteStore.open(nowhere, { readonly })).toThrow(
+        expect.objectContaining({ code: 'REEF_ERR_STORE', message: expect.stringMatching(new RegExp(`cannot open ${nowhere}.*directory does not exist`)) }),
       );
     }
 

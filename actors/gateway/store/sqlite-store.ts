@@ -106,7 +106,8 @@ function openFailure(path: string, err: unknown, readonly: boolean, busyMs: numb
   } else if (readonly && code === 'SQLITE_READONLY_DIRECTORY') {
     // SQLite reads a WAL store through a -shm file it creates beside it, even read-only.
     reason = `cannot read ${path}: SQLite must create ${path}-shm beside it and its directory is not writable; copy the store to a writable directory first`;
-  } else if (code.startsWith('SQLITE_')) {
+  } else if (code.startsWith('SQLITE_') || /^Cannot open database\b/.test(message)) {
+    // The second: better-sqlite3's own refusal, as of a file in a directory that does not exist.
     reason = `cannot open ${path}${readonly ? '' : ' for writing'}: ${message}`;
   } else {
     return err;
