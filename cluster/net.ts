@@ -1,4 +1,4 @@
-import { createServer } from 'node:net';
+import { createServer, isIPv6 } from 'node:net';
 
 /** A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it). */
 export function freePort(): Promise<number> {
@@ -26,4 +26,9 @@ export function portTaken(host: string, port: number): Promise<string | null> {
     srv.once('error', (err: NodeJS.ErrnoException) => resolve(err.code === 'EADDRINUSE' ? 'in use by another process' : err.code === 'EACCES' ? 'a port this user may not bind' : null));
     srv.listen({ host, port, exclusive: true }, () => srv.close(() => resolve(null)));
   });
+}
+
+/** The gateway's base URL for `reef.host`/`reef.port`; an IPv6 address goes in brackets (`http://::1:8600` is no URL). */
+export function gatewayUrl(reef: { host: string; port: number }): string {
+  return `http://${isIPv6(reef.host) ? `[${reef.host}]` : reef.host}:${reef.port}`;
 }

@@ -1,9 +1,10 @@
-import { existsSync, rmSync } from 'node:fs';
+import { existsSync, readFileSync, rmSync } from 'node:fs';
 import { createServer, type Server } from 'node:net';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { testConfig } from '../test/helpers/stack.js';
 import { loadConfig } from './config/index.js';
+import { freePort } from './net.js';
 import { Stack } from './stack.js';
 
 const cleanups: Array<() => unknown> = [];
@@ -43,5 +44,34 @@ describe('Stack.up with a configured port another process holds', () => {
     await expect(up).rejects.toMatchObject({ code: 'REEF_ERR_SUPERVISOR', message: expect.stringContaining(`${key} ${port} on 127.0.0.1 is in use by another process`) });
     expect(shimStarted).toBe(false);
     expect(existsSync(join(cfg.dir, 'data', 'run', 'supervisor.json'))).toBe(false);
+  });
+});
+
+describe('Stack.up on an IPv6 reef.host', () => {
+  // The run file (what reef status and up --detach print) and the endpoints said http://::1:8600.
+  it('gives the gateway as a URL, the address in brackets', async () => {
+    const port = await freePort();
+    const cfg = testConfig((c) => {
+      c.reef.host = '::1';
+      c.reef.port = port;
+    });
+    cleanups.push(() => rmSync(cfg.dir, { recursive: true, force: true }));
+    const stop = new AbortController();
+    const up = Stack.up({
+      config: await loadConfig(cfg.path, []),
+      configPath: cfg.path,
+      overrides: [],
+      log: () => {},
+      signal: stop.signal,
+      // Never ready: the stack stays in start-up until it is stopped.
+      shimCommand: () => ({ command: process.execPath, args: ['-e', 'setInterval(() => {}, 1000)'], env: {} }),
+    });
+    const runFile = join(cfg.dir, 'data', 'run', 'supervisor.json');
+    const rf = JSON.parse(readFileSync(runFile, 'utf8')) as { gateway: string };
+    stop.abort();
+    await expect(up).rejects.toMatchObject({ code: 'REEF_ERR_SUPERVISOR' });
+    expect(rf.gateway).toBe(`http://[::1]:${port}`);
+    expect(new URL(rf.gateway).port).toBe(String(port));
+    expect(existsSync(runFile)).toBe(false);
   });
 });

@@ -6,7 +6,7 @@ import { ReefError } from '../actors/runtime/errors.js';
 import { type LogFn, stderrLog } from '../actors/runtime/log.js';
 import { layoutFromConfig } from './config/index.js';
 import type { ReefConfig } from './config/index.js';
-import { freePort, portTaken } from './net.js';
+import { freePort, gatewayUrl, portTaken } from './net.js';
 import type { StackEngines } from './stack-env.js';
 import { pythonBin, pythonEnv } from './paths.js';
 import { claimRunFile, clearRunFile, writeRunFile, type RunFile } from './run-file.js';
@@ -101,7 +101,7 @@ export class Stack {
     mkdirSync(runDir, { recursive: true });
     // Claimed before anything starts, so that a second `reef up` on this data dir fails now rather
     // than after minutes of bring-up, and `reef down` can stop a stack that is still starting.
-    const runFile: RunFile = { pid: process.pid, state: 'starting', control: null, startedAt: Date.now(), configPath: opts.configPath, gateway: `http://${cfg.reef.host}:${cfg.reef.port}` };
+    const runFile: RunFile = { pid: process.pid, state: 'starting', control: null, startedAt: Date.now(), configPath: opts.configPath, gateway: gatewayUrl(cfg.reef) };
     claimRunFile(runDir, runFile);
     let stack: Stack;
     try {

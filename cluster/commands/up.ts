@@ -4,6 +4,7 @@ import { join, resolve } from 'node:path';
 import { flagBool, flagString, type ParsedArgs } from '../args.js';
 import type { Io } from '../cli.js';
 import { loadConfig, type ReefConfig } from '../config/index.js';
+import { gatewayUrl } from '../net.js';
 import { repoRoot } from '../paths.js';
 import { ReefError } from '../../actors/runtime/errors.js';
 import { readRunFile } from '../run-file.js';
@@ -13,7 +14,7 @@ import { Stack, type StackOptions } from '../stack.js';
 function endpoints(cfg: ReefConfig, stack: Stack): string {
   const lines = [
     'reef is up',
-    `  gateway     http://${cfg.reef.host}:${cfg.reef.port}/v1  (OpenAI API; Reef API under /reef)`,
+    `  gateway     ${gatewayUrl(cfg.reef)}/v1  (OpenAI API; Reef API under /reef)`,
     ...stack.engines.map((e) => `  engine      ${e.spec.name.padEnd(10)} ${e.info?.url ?? '-'}  (${e.spec.kind}, weights ${e.info?.weightVersion ?? 'base'})`),
     `  control     ${stack.supervisor.endpoint}`,
     '  stop with Ctrl-C or `reef down`',
