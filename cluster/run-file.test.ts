@@ -26,6 +26,14 @@ function deadPid(): number {
 }
 
 describe('run file', () => {
+  it.each([[0], [-1], ['123'], [null], [1.5]])('treats a file whose pid is %j as no stack, signalling nothing', (pid) => {
+    const dir = runDir();
+    writeFileSync(runFilePath(dir), JSON.stringify({ ...starting(process.pid), pid }));
+    expect(readRunFile(dir)).toBeNull();
+    claimRunFile(dir, starting(process.pid));
+    expect(readRunFile(dir)).toEqual(starting(process.pid));
+  });
+
   it.skipIf(processStartMs(process.pid) === null)('takes over the file of a killed stack whose pid another process has since taken', () => {
     const dir = runDir();
     // A process started now, named by a file a stack wrote a minute ago: the pid was reused.

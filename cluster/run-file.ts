@@ -69,6 +69,9 @@ function holds(rf: RunFile): boolean {
 function parse(path: string): RunFile | null {
   try {
     const rf = JSON.parse(readFileSync(path, 'utf8')) as RunFile;
+    // kill(0) and kill(-1) reach this process group and every process of the user: a file whose pid
+    // is not one process (edited by hand, damaged) named a stack that `down` would "stop" that way.
+    if (!Number.isSafeInteger(rf.pid) || rf.pid <= 0) return null;
     // A file written before `state` existed belongs to a stack that was up.
     return { ...rf, state: rf.state === 'starting' ? 'starting' : 'running', control: rf.control ?? null };
   } catch {
