@@ -3,8 +3,9 @@
 Reads {"tinyModelDir": str, "outDir": str, "strings": [str], "chats": [[message]]} as JSON on stdin,
 writes tokenizer variants of the tiny model under outDir (one directory each: added-token flags,
 normalisers, a SentencePiece-style byte-fallback BPE), and prints {"models": {name: {"encode":
-[[id]], "plain": [[id]], "chats": [{"ids", "sanitizedIds"}]}}} on stdout: what transformers gives
-for each string (with and without added-token matching) and each chat (apply_chat_template).
+[[id]], "plain": [[id]], "chats": [{"ids", "sanitizedIds"}], "decode": [str]}}} on stdout: what transformers gives
+for each string (with and without added-token matching, and its ids decoded) and each chat
+(apply_chat_template).
 """
 
 import copy
@@ -85,10 +86,13 @@ def main() -> None:
         spaces["added_tokens"].append({"id": next_id + i, "content": content, **flags})
     variants["whitespace-tokens"] = spaces
     templates = {"whitespace-tokens": template + "{{- '\x1c' + '\ufeff' + '\x85' -}}"}
+    # transformers 5 ignores clean_up_tokenization_spaces for a BPE model when it decodes.
+    variants["clean-up-spaces"] = base
+    configs = {"clean-up-spaces": {**config, "clean_up_tokenization_spaces": True}}
 
     results = {}
     for name, spec in variants.items():
-        path = write(request["outDir"], name, spec, config, templates.get(name, template))
+        path = write(request["outDir"], name, spec, configs.get(name, config), templates.get(name, template))
         tokenizer = AutoTokenizer.from_pretrained(path)
         chats = []
         for messages in request["chats"]:
@@ -100,6 +104,7 @@ def main() -> None:
             "encode": [tokenizer.encode(s, add_special_tokens=False) for s in request["strings"]],
             "plain": [tokenizer._encode_without_added_tokens(s) for s in request["strings"]],
             "chats": chats,
+            "decode": [tokenizer.decode(tokenizer.encode(s, add_special_tokens=False)) for s in request["strings"]],
         }
     json.dump({"models": results}, sys.stdout, ensure_ascii=False)
 

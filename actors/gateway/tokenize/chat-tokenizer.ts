@@ -168,7 +168,12 @@ export class ChatTokenizer {
     const explicit = Array.isArray(files.tokenizerConfig.chat_control_tokens) ? (files.tokenizerConfig.chat_control_tokens as string[]) : null;
     this.marker = new ControlTokenMarker(controlTokens(files.addedTokens, files.chatTemplate, explicit), allAdded);
     this.cache = new PieceCache(opts.cacheMaxIds);
-    this.cleanUpSpaces = files.tokenizerConfig.clean_up_tokenization_spaces === true;
+    // transformers 5 skips the clean-up for a BPE model (it strips real spaces before punctuation)
+    // unless the config insists; Llama 3's config asks for it.
+    const model = files.tokenizerJson.model as { type?: unknown; merges?: unknown } | undefined;
+    const bpe = model?.type === 'BPE' || (model?.type === undefined && model?.merges !== undefined);
+    const config = files.tokenizerConfig;
+    this.cleanUpSpaces = config.clean_up_tokenization_spaces === true && (!bpe || config.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output === true);
     this.newlineIds = this.encodeText('\n');
     if (opts.compiledTemplate === false) this.templateStats.interpreterOnly = 'compiledTemplate: false';
     else {
