@@ -12,7 +12,12 @@ describe('parseVote: the last \\boxed{} counts, only 1, -1, 0', () => {
     ['first \\boxed{1} then on reflection \\boxed{-1}', -1],
     ['first \\boxed{-1} then \\boxed{1}', 1],
     ['\\boxed{1} but finally \\boxed{2}', null],
-    ['\\boxed{+1}', null],
+    // A sign on the accept verdict, and the dashes a model may write for a minus.
+    ['\\boxed{+1}', 1],
+    ['\\boxed{\\text{+1}}', 1],
+    ['\\boxed{+0}', null],
+    ['\\boxed{\u20131}', -1],
+    ['\\boxed{\uff0d1}', -1],
     ['\\boxed{\\text{-1}}', -1],
     ['\\boxed{ \\textbf{1} }', 1],
     ['first \\boxed{1} then on reflection \\boxed{\\text{-1}}', -1],

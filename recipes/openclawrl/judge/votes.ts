@@ -53,15 +53,15 @@ function boxes(text: string): string[] {
 /**
  * The verdict of one PRM reply: the LAST `\boxed{…}` counts (a model that reconsiders ends with
  * its final answer), and only 1, -1 and 0 are valid; anything else, or no box, is null.
- * A typographic minus (−) is read as a minus, and a verdict wrapped in `\text{}` and the like as
- * the verdict. Boxes in the reply's reasoning do not count (`answerOf`).
+ * A typographic minus or dash (−, –, ‐) is read as a minus, `+1` as 1, and a verdict wrapped in
+ * `\text{}` and the like as the verdict. Boxes in the reply's reasoning do not count (`answerOf`).
  */
 export function parseVote(text: string | null): Vote | null {
   if (text === null) return null;
   const last = boxes(answerOf(text)).at(-1);
   if (last === undefined) return null;
   const trimmed = last.trim();
-  const v = (WRAPPED.exec(trimmed)?.[1] ?? trimmed).trim().replace(/^\u2212/, '-');
+  const v = (WRAPPED.exec(trimmed)?.[1] ?? trimmed).trim().replace(/^[\u2010-\u2015\u2212\ufe63\uff0d]/, '-').replace(/^\+(?=1$)/, '');
   if (v === '1') return 1;
   if (v === '-1') return -1;
   if (v === '0') return 0;
