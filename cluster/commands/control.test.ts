@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { parseArgs } from '../args.js';
+import { freePort } from '../net.js';
 import type { Io } from '../cli.js';
 import { pidAlive, type RunFile } from '../run-file.js';
 import { processStartMs } from '../run-file.js';
@@ -78,6 +79,21 @@ describe('reef status / scale / down', () => {
     expect(other.signalCode).toBeNull();
     expect(pidAlive(pid)).toBe(true);
   });
+
+  // `down` of a stack whose control socket did not answer failed with REEF_ERR_TIMEOUT and left
+  // the stack running.
+  it('down sends SIGTERM to a running stack that does not acknowledge down, and waits for it to stop', async () => {
+    const dataDir = tempDataDir();
+    const stack = bystander();
+    await new Promise((resolve) => stack.once('spawn', resolve));
+    const exited = new Promise((resolve) => stack.once('exit', (_code, sig) => resolve(sig)));
+    writeRunFile(dataDir, { pid: stack.pid!, state: 'running', control: `tcp://127.0.0.1:${await freePort()}`, startedAt: Date.now(), configPath: '/x/serve.yaml', gateway: 'http://127.0.0.1:1' });
+    const io = capture();
+    await expect(downCommand(parseArgs(['down', '--data-dir', dataDir]), io, { ackTimeoutMs: 300 })).resolves.toBe(0);
+    expect(await exited).toBe('SIGTERM');
+    expect(io.out[0]).toMatch(new RegExp(`^reef \\(pid ${stack.pid}\\) did not answer down on tcp://127\\.0\\.0\\.1:\\d+ \\(.*timed out after 300 ms\\); sent it SIGTERM`));
+    expect(io.out.at(-1)).toBe('stopped');
+  }, 30_000);
 
   it('status shows a stack that is still starting when its pid is the process that wrote the file', async () => {
     const dataDir = tempDataDir();

@@ -101,20 +101,36 @@ export async function scaleCommand(args: ParsedArgs, rest: string[], io: Io): Pr
   }
 }
 
-export async function downCommand(args: ParsedArgs, io: Io): Promise<number> {
+/** Send `sig` to `pid`; false if it is gone already (it exited since its run file was read). */
+function signal(pid: number, sig: NodeJS.Signals): boolean {
+  try {
+    process.kill(pid, sig);
+    return true;
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ESRCH') return false;
+    throw err;
+  }
+}
+
+/** `ackTimeoutMs`: how long a running stack has to acknowledge `down` before it gets SIGTERM instead. */
+export async function downCommand(args: ParsedArgs, io: Io, opts: { ackTimeoutMs?: number } = {}): Promise<number> {
   const rf = await findStack(args);
   if (rf.state === 'starting') {
     // Its SIGTERM handler stops it after the start-up step in progress.
-    process.kill(rf.pid, 'SIGTERM');
+    signal(rf.pid, 'SIGTERM');
     io.stdout(`stopping reef (pid ${rf.pid}), which was still starting …`);
   } else {
     const rpc = connect(rf);
     try {
-      await rpc.call({ type: 'down' }, { timeoutMs: 15_000 });
+      await rpc.call({ type: 'down' }, { timeoutMs: opts.ackTimeoutMs ?? 15_000 });
+      io.stdout(`stopping reef (pid ${rf.pid}) …`);
+    } catch (err) {
+      // A control socket that does not answer (the stack is busy, or already closing it) left the
+      // stack running with only the RPC's error said; `reef up` drains on SIGTERM the same way.
+      if (signal(rf.pid, 'SIGTERM')) io.stdout(`reef (pid ${rf.pid}) did not answer down on ${rf.control} (${(err as Error).message}); sent it SIGTERM, which drains it the same way …`);
     } finally {
       await rpc.close();
     }
-    io.stdout(`stopping reef (pid ${rf.pid}) …`);
   }
   const deadline = Date.now() + 180_000;
   let lastNote = Date.now();
