@@ -288,6 +288,26 @@ describe('TrainerController', () => {
     expect(c.counters.trainer_restarts).toBe(2);
   });
 
+  it('leaves out a turn the trainer cannot take (a logprob the engine did not give, no output), not the batch it would join', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    for (const id of ['a', 'nan', 'b', 'inf', 'empty']) w.add(id, 1);
+    w.records.get('nan')!.logprobs = Float32Array.from([Number.NaN]);
+    w.records.get('inf')!.logprobs = Float32Array.from([Number.NEGATIVE_INFINITY]);
+    Object.assign(w.records.get('empty')!, { outputIds: new Int32Array(0), logprobs: new Float32Array(0), topkIds: new Int32Array(0), topkLogprobs: new Float32Array(0) });
+    const sent: string[][] = [];
+    const step = w.ports.trainer.step;
+    w.ports.trainer.step = async (id, tasks) => {
+      sent.push(tasks.map((t) => t.taskId));
+      return step(id, tasks);
+    };
+    const c = new TrainerController(w.ports, opts(dir), 0, null);
+    await c.tick();
+    expect(sent).toEqual([['a', 'b']]);
+    expect(c.counters.untrainable).toBe(3);
+    expect(c.deadLetters).toEqual([]);
+  });
+
   it('drops turns generated more than max_staleness releases back', async () => {
     const { w, c } = await twoReleases();
     expect(c.currentVersion).toBe('v2');

@@ -147,6 +147,20 @@ function sameLine(text: string, line: Record<string, unknown>): boolean {
   }
 }
 
+/** The engine's floor for a logprob it gives no probability (−inf on the wire), as the trainer reads it. */
+const LOGPROB_FLOOR = -10000;
+
+/**
+ * Why the trainer cannot take a turn's record as a task, or null: no output token, or a logprob the
+ * engine did not give (recorded NaN) or gave as −inf, which no sampled token has. The trainer checks
+ * the same (python_shim/reef_shim/trainer/tasks.py) and fails the whole batch for one such task.
+ */
+export function untrainable(rec: AgentRecord): string | null {
+  if (rec.outputIds.length === 0) return 'no output token';
+  const at = rec.logprobs.findIndex((lp) => !(lp > LOGPROB_FLOOR));
+  return at < 0 ? null : `the engine gave output token ${at} no logprob (${rec.logprobs[at]})`;
+}
+
 export function emptyState(): ControllerState {
   return { batcher: { lastN: {}, pending: {}, judged: {} }, pending: [], releases: [], deadLetters: [], counters: {} };
 }
@@ -278,6 +292,13 @@ export class TrainerController {
       }
       if (isStale(rec.weightVersion, lineage, this.opts.maxStaleness)) {
         this.bump('stale');
+        continue;
+      }
+      const why = untrainable(rec);
+      if (why !== null) {
+        // The trainer refuses such a task, and with it the whole batch: the other turns were dead-lettered too.
+        this.bump('untrainable');
+        this.ports.log(`turn ${row.turnRecordId} is not trained: ${why}`);
         continue;
       }
       const batch = this.batcher.add(row.scenario, { turnRecordId: row.turnRecordId, reward: row.reward, hints: row.hints });
