@@ -248,4 +248,34 @@ describe('PrmWorker against a judge mailbox', () => {
     await waitFor(() => judged.stats().judged === 2 && w.stats().turns_failed === 1, { what: 'the first turn judged on its failed votes', timeoutMs: 15_000 });
     expect(judged.stats()).toMatchObject({ judged: 2, dropped: 1, pending: 0, released: 1 });
   }, 40_000);
+  it('votes the judge does not take for a few seconds (a restart, a busy store) are offered again, not cast again', async () => {
+    let refusals = 0;
+    let until = Number.POSITIVE_INFINITY;
+    const judged = await judge(5000, (c) => ({
+      'complete-turn': async (msg) => {
+        if (until === Number.POSITIVE_INFINITY) until = Date.now() + 3000;
+        if (Date.now() < until) {
+          refusals++;
+          throw new Error('SQLITE_BUSY: database is locked');
+        }
+        return c.complete(msg);
+      },
+    }));
+    await turns(conversation(1, 2));
+    let calls = 0;
+    const prm: PrmCaller = {
+      api: 'sglang',
+      model: null,
+      async call() {
+        calls++;
+        return { text: 'The user moved on. \\boxed{1}', url: 'http://prm' };
+      },
+      close: async () => {},
+    };
+    const w = startWorker(prm, { concurrency: 2, waitMs: 200 });
+    await waitFor(() => judged.stats().judged === 1 && w.stats().turns_completed === 1, { what: 'the turn judged', timeoutMs: 15_000 });
+    expect(refusals).toBeGreaterThanOrEqual(4);
+    expect(calls).toBe(2); // voted once
+    expect(judged.stats()).toMatchObject({ judged: 1, redispatched: 0 });
+  }, 30_000);
 });

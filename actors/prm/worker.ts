@@ -102,6 +102,8 @@ export interface PrmWorkerOptions {
 
 /** How long a turn the PRM could not be reached for is held before it goes back to the judge. */
 const UNREACHABLE_PAUSE_MS = 1000;
+/** How long a turn's votes are offered to a judge that does not take them (restarting, busy store). */
+const COMPLETE_RETRY_MS = 60_000;
 /** Tries of a turn whose every PRM call failed before it is judged, or given back, on that. */
 const FAILED_TURN_TRIES = 3;
 
@@ -263,15 +265,19 @@ export class PrmWorker {
       startedAt,
       finishedAt: Date.now(),
     };
-    // The judge may be restarting; it resumes the turn as pending, so a retry still counts.
-    for (let attempt = 1; ; attempt++) {
+    // The judge may be restarting: it resumes the turn as pending, and the first completion counts
+    // even after the lease ran out. Rather than cast the votes (maybe minutes of a thinking PRM's
+    // work) again once the lease has run out, they are offered for a minute, unless the actor drains.
+    const deadline = Date.now() + COMPLETE_RETRY_MS;
+    for (let pause = 200; ; pause = Math.min(pause * 2, 5000)) {
       try {
         const reply = await this.o.link.call(msg, { timeoutMs: 10_000, schema: completeReply });
         this.counters[reply.accepted ? 'turns_completed' : 'turns_refused']++;
         return;
       } catch (err) {
-        if (attempt >= 5) throw err;
-        await sleep(200 * attempt);
+        if (job.why === 'drain' || Date.now() + pause > deadline) throw err;
+        this.o.log(`completing turn ${job.turn.turnRecordId} failed (${err instanceof ReefError ? err.code : String(err)}); trying again in ${pause} ms`);
+        await sleep(pause);
       }
     }
   }
