@@ -10,5 +10,12 @@ if (!existsSync(entry)) {
   console.error(`reef: ${entry} is missing; run \`npm run build\` in ${root} first`);
   process.exit(2);
 }
+// A reader that goes away (`reef up 2>&1 | grep -m1 'reef is up'`) made the next log line throw
+// EPIPE, which killed a running stack without draining it: its output is dropped instead.
+for (const stream of [process.stdout, process.stderr]) {
+  stream.on('error', (err) => {
+    if (err.code !== 'EPIPE') throw err;
+  });
+}
 const { main } = await import(entry);
 process.exitCode = await main(process.argv.slice(2));
