@@ -308,6 +308,35 @@ describe('TrainerController', () => {
     expect(c.deadLetters).toEqual([]);
   });
 
+  it('leaves out a turn whose teacher prompt cannot be rendered, and trains the turns beside it', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    w.add('a', 1);
+    w.add('bad', 1);
+    w.add('c', 1);
+    w.add('d', 1);
+    for (const row of w.log) row.hints = ['use the list'];
+    (w.records.get('bad')!.request.messages[0] as { content: string }).content = 'RAISE';
+    // As the template raises: a plain Error, not a ReefError.
+    w.ports.renderTeacher = async (messages) => {
+      if (JSON.stringify(messages).includes('RAISE')) throw new Error('template raised: unsupported role');
+      return Int32Array.from([9]);
+    };
+    const sent: string[][] = [];
+    const step = w.ports.trainer.step;
+    w.ports.trainer.step = async (id, tasks) => {
+      sent.push(tasks.map((t) => t.taskId));
+      return step(id, tasks);
+    };
+    const c = new TrainerController(w.ports, opts(dir), 0, null);
+    await c.tick();
+    await c.tick();
+    expect(sent).toEqual([['a'], ['c', 'd']]);
+    expect(c.counters.untrainable).toBe(1);
+    expect(c.deadLetters).toEqual([]);
+    expect(w.durable.state?.pending).toEqual([]);
+  });
+
   it('drops turns generated more than max_staleness releases back', async () => {
     const { w, c } = await twoReleases();
     expect(c.currentVersion).toBe('v2');

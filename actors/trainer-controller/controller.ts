@@ -350,8 +350,29 @@ export class TrainerController {
         this.state.pending[0] = batch;
         await this.persist();
       }
+      const rendered: TaskRef[] = [];
       for (const { ref, record } of fresh) {
-        tasks.push(await recordToTask({ record, reward: ref.reward, hints: ref.hints }, this.ports.renderTeacher));
+        try {
+          tasks.push(await recordToTask({ record, reward: ref.reward, hints: ref.hints }, this.ports.renderTeacher));
+          rendered.push(ref);
+        } catch (err) {
+          // The recorded request and the template are what they are: a teacher prompt that cannot
+          // be rendered never will be. Left out, the turn costs neither its batch (dead-lettered
+          // with it) nor training (a plain error failed every tick on this same batch).
+          this.bump('untrainable');
+          this.ports.log(`turn ${ref.turnRecordId} is not trained: its teacher prompt cannot be rendered: ${(err as Error).message}`);
+        }
+      }
+      if (rendered.length < fresh.length) {
+        if (rendered.length === 0) {
+          this.state.pending.shift();
+          await this.persist();
+          this.ports.log(`batch ${batch.batchId}: no turn's teacher prompt could be rendered; not trained`);
+          return true;
+        }
+        batch = { ...batch, tasks: rendered };
+        this.state.pending[0] = batch;
+        await this.persist();
       }
     } catch (err) {
       // A record that is gone, or that cannot be rendered, stays so: the batch could never train.
