@@ -31,8 +31,10 @@ describe('background checkpoints', () => {
   });
 
   it('count only checkpoints that copied something: an idle WAL already copied counted one every tick', async () => {
+    // Created and closed first, so that the WAL holds the one commit below and nothing else: the
+    // first checkpoint the worker reports then copied all there is.
+    await SqliteStore.open(join(dir, 'r.db')).close();
     const store = SqliteStore.open(join(dir, 'r.db'), { checkpointIntervalMs: 5 });
-    // One commit, so that the first checkpoint the worker reports copied all there is.
     await store.append(sampleRecord(1, { outputTokens: 256 }));
     await until(() => store.stats().checkpoints > 0, 'a background checkpoint');
     const settled = store.stats().checkpoints;
