@@ -77,6 +77,9 @@ def main() -> None:
     # Without "<" and ">", no added token is learnt as a piece of the model, and those two fall back to bytes.
     corpus = [s.replace("<", "").replace(">", "") for s in request["strings"]] * 3
     variants["metaspace-first"] = metaspace_first(corpus)
+    # The same vocabulary (its merges cross "▁") with the Metaspace cutting before each "▁".
+    variants["metaspace-split"] = copy.deepcopy(variants["metaspace-first"])
+    variants["metaspace-split"]["pre_tokenizer"]["split"] = True
     # Whitespace added tokens that the template writes: transformers takes those that are not
     # str.isspace() for control tokens (U+FEFF is one, U+001C and U+0085 are not).
     spaces = copy.deepcopy(base)

@@ -194,7 +194,7 @@ export class ChatTokenizer {
    */
   private plainTokenizer(json: string, opts: { atStart: boolean; normalize: boolean }): Tokenizer {
     const spec: Record<string, unknown> = { ...(JSON.parse(json) as Record<string, unknown>), added_tokens: [] };
-    if (!opts.atStart) spec.pre_tokenizer = withoutFirstPrepend(spec.pre_tokenizer);
+    spec.pre_tokenizer = metaspaceAsCrate(spec.pre_tokenizer, opts.atStart);
     if (!opts.normalize) spec.normalizer = null;
     const t = new Tokenizer(spec, { ...this.files.tokenizerConfig, additional_special_tokens: [] });
     splitAtUnicodeWhitespace(t.pre_tokenizer);
@@ -567,10 +567,20 @@ function prependsAtFirstOnly(p: unknown): boolean {
   return q.type === 'Metaspace' && q.prepend_scheme === 'first';
 }
 
-/** `p` with every Metaspace "first" made "never": the pre-tokenizer for pieces that do not start the input. */
-function withoutFirstPrepend(p: unknown): unknown {
+/**
+ * `p` with its Metaspace pre-tokenizers made to do what the crate's do in the package: a "first"
+ * one prepends nothing to a piece that does not start the input (`atStart` false), and `split`
+ * (the crate's default) cuts before each "▁", which the package ignores: it ran BPE over the whole
+ * piece, so merges across a "▁" gave other ids.
+ */
+function metaspaceAsCrate(p: unknown, atStart: boolean): unknown {
   if (p === null || typeof p !== 'object') return p;
-  const q = p as { type?: unknown; pretokenizers?: unknown; prepend_scheme?: unknown };
-  if (q.type === 'Sequence' && Array.isArray(q.pretokenizers)) return { ...q, pretokenizers: q.pretokenizers.map(withoutFirstPrepend) };
-  return q.type === 'Metaspace' && q.prepend_scheme === 'first' ? { ...q, prepend_scheme: 'never' } : p;
+  const q = p as { type?: unknown; pretokenizers?: unknown; prepend_scheme?: unknown; split?: unknown; replacement?: unknown };
+  if (q.type === 'Sequence' && Array.isArray(q.pretokenizers)) return { ...q, pretokenizers: q.pretokenizers.map((t) => metaspaceAsCrate(t, atStart)) };
+  if (q.type !== 'Metaspace') return p;
+  const metaspace = { ...q, split: false, prepend_scheme: !atStart && q.prepend_scheme === 'first' ? 'never' : q.prepend_scheme };
+  if (q.split === false) return metaspace;
+  // Each piece runs from a "▁" to the next (the crate's MergedWithNext); the package's Split keeps the matches when inverted.
+  const r = (typeof q.replacement === 'string' ? q.replacement : '\u2581').replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+  return { type: 'Sequence', pretokenizers: [metaspace, { type: 'Split', pattern: { Regex: `${r}[^${r}]*|[^${r}]+` }, behavior: 'MergedWithNext', invert: true }] };
 }
