@@ -278,4 +278,29 @@ describe('PrmWorker against a judge mailbox', () => {
     expect(calls).toBe(2); // voted once
     expect(judged.stats()).toMatchObject({ judged: 1, redispatched: 0 });
   }, 30_000);
+  it('a PRM that stays unreachable is asked less and less often, and as often as before once it answers', async () => {
+    const judged = await judge(5000);
+    await turns(conversation(1, 3));
+    let down = true;
+    const prm: PrmCaller = {
+      api: 'sglang',
+      model: null,
+      async call() {
+        if (down) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: 'http://prm', reason: 'connect ECONNREFUSED' });
+        return { text: 'The user moved on. \\boxed{1}', url: 'http://prm' };
+      },
+      close: async () => {},
+    };
+    const pauses = (): number[] => logs.map((l) => /giving the turn back in (\d+) ms/.exec(l)?.[1]).filter((p) => p !== undefined).map(Number);
+    startWorker(prm, { concurrency: 2, waitMs: 200 });
+    await waitFor(() => pauses().length >= 3, { what: 'three turns given back', timeoutMs: 15_000 });
+    expect(pauses().slice(0, 3)).toEqual([1000, 2000, 4000]);
+    down = false;
+    await waitFor(() => judged.stats().judged === 2, { what: 'both turns judged', timeoutMs: 15_000 });
+    const before = pauses().length;
+    down = true;
+    await turns(conversation(2, 2));
+    await waitFor(() => pauses().length > before, { what: 'the new turn given back', timeoutMs: 15_000 });
+    expect(pauses()[before]).toBe(1000);
+  }, 60_000);
 });

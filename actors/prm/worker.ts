@@ -102,6 +102,7 @@ export interface PrmWorkerOptions {
 
 /** How long a turn the PRM could not be reached for is held before it goes back to the judge. */
 const UNREACHABLE_PAUSE_MS = 1000;
+const MAX_UNREACHABLE_PAUSE_MS = 30_000;
 /** How long a turn's votes are offered to a judge that does not take them (restarting, busy store). */
 const COMPLETE_RETRY_MS = 60_000;
 /** Tries of a turn whose every PRM call failed before it is judged, or given back, on that. */
@@ -121,6 +122,8 @@ export class PrmWorker {
   private readonly jobs = new Map<string, Job>();
   /** Turns given back because every call failed: `prm_calls_ok` when their first try began. */
   private readonly failedBefore = new Map<string, number>();
+  /** Turns given back for a failing PRM since it last answered a call. */
+  private givenBackInARow = 0;
   private readonly counters = { turns_leased: 0, turns_completed: 0, turns_refused: 0, turns_failed: 0, turns_prm_failing: 0, leases_lost: 0, leases_released: 0, prm_calls_ok: 0, prm_calls_failed: 0 };
   private leaseMs = 15_000;
   private stopping = false;
@@ -205,6 +208,7 @@ export class PrmWorker {
           this.counters[c.error === null ? 'prm_calls_ok' : 'prm_calls_failed']++;
           if (c.error === null) replied = true;
         }
+        if (replied) this.givenBackInARow = 0;
         if (job.why === 'drain') {
           await this.giveBack([leaseId]);
           return;
@@ -225,12 +229,15 @@ export class PrmWorker {
         const prmFailing = this.counters.prm_calls_ok === repliesBefore;
         if (votes.unreachable || (prmFailing && attempt >= FAILED_TURN_TRIES)) {
           this.counters.turns_prm_failing++;
-          this.o.log(`turn ${turn.turnRecordId}: the PRM ${votes.unreachable ? 'was unreachable for' : 'failed'} every call (${reason}); giving the turn back`);
+          // Longer with every turn given back since the PRM last answered: a PRM down for hours is
+          // asked (and logged about) every half minute per credit, not every second.
+          const pause = Math.min(UNREACHABLE_PAUSE_MS * 2 ** this.givenBackInARow++, MAX_UNREACHABLE_PAUSE_MS);
+          this.o.log(`turn ${turn.turnRecordId}: the PRM ${votes.unreachable ? 'was unreachable for' : 'failed'} every call (${reason}); giving the turn back in ${pause} ms`);
           // Remembered for when it comes back: an actor of one credit tries no other turn while it
           // holds this one, so only the replies between its leases show the PRM answers others.
           if (this.failedBefore.size >= 1024) this.failedBefore.delete(this.failedBefore.keys().next().value!);
           this.failedBefore.set(turn.turnRecordId, repliesBefore);
-          await sleep(UNREACHABLE_PAUSE_MS, job.abort.signal);
+          await sleep(pause, job.abort.signal);
           if (job.why !== 'lost') await this.giveBack([leaseId]);
           return;
         }
