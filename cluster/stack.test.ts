@@ -1,11 +1,12 @@
 import { existsSync, readFileSync, rmSync } from 'node:fs';
 import { createServer, type Server } from 'node:net';
 import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it, vi } from 'vitest';
 import { testConfig } from '../test/helpers/stack.js';
 import { loadConfig } from './config/index.js';
 import { freePort } from './net.js';
-import { Stack } from './stack.js';
+import { repoRoot } from './paths.js';
+import { Stack, startUpLimitMs } from './stack.js';
 
 const cleanups: Array<() => unknown> = [];
 afterEach(async () => {
@@ -73,5 +74,19 @@ describe('Stack.up on an IPv6 reef.host', () => {
     expect(rf.gateway).toBe(`http://[::1]:${port}`);
     expect(new URL(rf.gateway).port).toBe(String(port));
     expect(existsSync(runFile)).toBe(false);
+  });
+});
+
+describe('startUpLimitMs: how long up --detach waits', () => {
+  afterEach(() => vi.unstubAllEnvs());
+
+  // A fixed 600 s: the reference layout's three engines may take 350 s each (start-engine's own
+  // limit), after up to 310 s of placement, so --detach stopped stacks that were still coming up.
+  it('outlasts every engine start and the placement, and follows REEF_ENGINE_START_TIMEOUT_S', async () => {
+    const ref = await loadConfig(join(repoRoot(), 'recipes/openclawrl/examples/openclawrl/serve.yaml'), []);
+    const base = startUpLimitMs(ref);
+    expect(base).toBeGreaterThan(3 * (290 + 60) * 1000 + (300 + 10) * 1000);
+    vi.stubEnv('REEF_ENGINE_START_TIMEOUT_S', '900');
+    expect(startUpLimitMs(ref) - base).toBe(3 * (900 - 290) * 1000);
   });
 });

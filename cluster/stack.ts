@@ -1,6 +1,6 @@
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { BridgeClient } from '../bridge/client.js';
+import { BridgeClient, defaultTimeoutMs } from '../bridge/client.js';
 import type { EngineInfo, EngineSpec, GroupStatus, RayStatus } from '../bridge/messages.js';
 import { ReefError } from '../actors/runtime/errors.js';
 import { type LogFn, stderrLog } from '../actors/runtime/log.js';
@@ -43,6 +43,31 @@ export interface EngineSlot {
 
 export const ACTORS = ['gateway', 'judge', 'trainer-controller'] as const;
 
+/** How long the shim has to print its ready line. */
+const SHIM_READY_MS = 60_000;
+/** How long `BridgeClient.connect` waits for the shim's first answer. */
+const BRIDGE_CONNECT_MS = 10_000;
+/** How long an actor has to register (the supervisor's default). */
+const ACTOR_START_MS = 20_000;
+
+/**
+ * The longest a start-up can take with each step running to its own limit: the shim, Ray, the
+ * placement groups (`cluster.placement_timeout_s`), each engine (REEF_ENGINE_START_TIMEOUT_S), each
+ * actor kind. `up --detach` waits that long: a fixed 600 s stopped a stack that a foreground
+ * `reef up` would have brought up (three engines, a 32B one among them, took longer).
+ */
+export function startUpLimitMs(cfg: ReefConfig): number {
+  const engines = 1 + cfg.cluster.prm.replicas + (cfg.cluster.student ? 1 : 0);
+  return (
+    SHIM_READY_MS +
+    BRIDGE_CONNECT_MS +
+    defaultTimeoutMs('init-ray', {} as never) +
+    defaultTimeoutMs('create-placement', { timeoutS: cfg.cluster.placement_timeout_s } as never) +
+    engines * defaultTimeoutMs('start-engine', {} as never) +
+    (ACTORS.length + 1) * ACTOR_START_MS
+  );
+}
+
 export class Stack {
   readonly supervisor: Supervisor;
   readonly shim: ManagedProcess;
@@ -72,6 +97,7 @@ export class Stack {
     };
     this.supervisor = new Supervisor({
       configPath: opts.configPath,
+      startTimeoutMs: ACTOR_START_MS,
       overrides: actorOverrides,
       ...(opts.actorCommand === undefined ? {} : { command: opts.actorCommand }),
       env: { REEF_ENGINES: JSON.stringify(urls) },
@@ -90,7 +116,7 @@ export class Stack {
       id: 'shim',
       ...shim,
       ready: readyOnJsonLine('ready'),
-      readyTimeoutMs: 60_000,
+      readyTimeoutMs: SHIM_READY_MS,
     });
   }
 
@@ -224,7 +250,7 @@ export class Stack {
     await this.shim.waitReady(120_000);
     if (generation !== this.shimGeneration) return;
     await this.bridge?.close();
-    const bridge = await BridgeClient.connect(this.shimEndpoint, { timeoutMs: 10_000, log: this.log });
+    const bridge = await BridgeClient.connect(this.shimEndpoint, { timeoutMs: BRIDGE_CONNECT_MS, log: this.log });
     if (generation !== this.shimGeneration) {
       await bridge.close();
       return;

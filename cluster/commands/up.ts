@@ -8,7 +8,7 @@ import { gatewayUrl } from '../net.js';
 import { repoRoot } from '../paths.js';
 import { ReefError } from '../../actors/runtime/errors.js';
 import { readRunFile } from '../run-file.js';
-import { Stack, type StackOptions } from '../stack.js';
+import { Stack, startUpLimitMs, type StackOptions } from '../stack.js';
 
 /** The line printed once everything is up: where to point an agent. */
 function endpoints(cfg: ReefConfig, stack: Stack): string {
@@ -66,9 +66,6 @@ export async function upCommand(args: ParsedArgs, io: Io, seams: Pick<StackOptio
   }
 }
 
-/** How long `up --detach` waits for the stack; engine starts alone may take 300 s each. */
-const DETACH_TIMEOUT_MS = 600_000;
-
 /**
  * The lines a file gains from `offset` on, as they come: what the background `reef up` writes to
  * its log in this run (the file is appended to across runs).
@@ -105,6 +102,9 @@ class LogTail {
 /** Starts `reef up` in the background and returns once it is up (or has failed). */
 async function detach(cfg: ReefConfig, configPath: string, args: ParsedArgs, io: Io): Promise<number> {
   const runDir = join(cfg.reef.data_dir, 'run');
+  // The stack's own steps are bounded; this is the backstop for one that hangs between them. It
+  // reads REEF_ENGINE_START_TIMEOUT_S, which is checked now rather than in the background.
+  const limitMs = startUpLimitMs(cfg) + 60_000;
   mkdirSync(runDir, { recursive: true });
   const existing = readRunFile(runDir);
   if (existing) throw new ReefError('REEF_ERR_ALREADY_RUNNING', { pid: existing.pid, endpoint: existing.control ?? 'none yet: still starting' });
@@ -120,7 +120,7 @@ async function detach(cfg: ReefConfig, configPath: string, args: ParsedArgs, io:
   io.stdout(`reef starting in the background (pid ${child.pid}); log: ${logPath}`);
   let exited: number | null = null;
   child.on('exit', (code) => (exited = code ?? 1));
-  const deadline = Date.now() + DETACH_TIMEOUT_MS;
+  const deadline = Date.now() + limitMs;
   // Start-up takes minutes with real engines: its steps are shown as they come, and on failure the
   // error itself, which used to be left in the log behind "see <log>".
   const errors: string[] = [];
@@ -149,12 +149,12 @@ async function detach(cfg: ReefConfig, configPath: string, args: ParsedArgs, io:
   if (exited === null && child.pid !== undefined) {
     try {
       process.kill(-child.pid, 'SIGTERM');
-      io.stderr(`reef: not up after ${DETACH_TIMEOUT_MS / 1000} s; stopping it (SIGTERM to process group ${child.pid}, which drains what it started); see ${logPath}`);
+      io.stderr(`reef: not up after ${Math.round(limitMs / 1000)} s; stopping it (SIGTERM to process group ${child.pid}, which drains what it started); see ${logPath}`);
       return 1;
     } catch {
       // exited just now
     }
   }
-  io.stderr(`reef: not up after ${DETACH_TIMEOUT_MS / 1000} s; see ${logPath}`);
+  io.stderr(`reef: not up after ${Math.round(limitMs / 1000)} s; see ${logPath}`);
   return 1;
 }

@@ -26,4 +26,12 @@ describe('reef up --detach that fails to start', () => {
     expect(err.some((l) => l.includes('step 3/4'))).toBe(false);
     expect(existsSync(join(cfg.dir, 'data', 'run', 'supervisor.json'))).toBe(false);
   });
+
+  // The background stack read it only once it got to its engines, minutes later.
+  it('refuses an invalid REEF_ENGINE_START_TIMEOUT_S before starting anything (exit 2)', async () => {
+    const r = await runReef(['up', '-c', cfg.path, '--detach'], { timeoutMs: 60_000, env: { REEF_ENGINE_START_TIMEOUT_S: '5m' } });
+    expect(r.code, `${r.stdout}\n${r.stderr}`).toBe(2);
+    expect(r.stderr).toContain('REEF_ENGINE_START_TIMEOUT_S must be a positive number of seconds, got "5m"');
+    expect(r.stdout).not.toContain('starting in the background');
+  });
 });
