@@ -94,7 +94,7 @@ describe('group commit', () => {
     expect(committer.snapshot()).toMatchObject({ commits: 2, records: 2, failedAppends: 1, pending: 0 });
   });
 
-  it('fails a batch at once when the database fails, not for an item (locked, full): each retry alone failed the same way, a lock after its whole busy timeout', async () => {
+  it('fails a batch at once when another process holds the database locked: each retry alone failed the same way, after the whole busy timeout', async () => {
     const batches: number[][] = [];
     const locked = Object.assign(new Error('database is locked'), { code: 'SQLITE_BUSY' });
     const committer = new GroupCommitter<number>((items) => {

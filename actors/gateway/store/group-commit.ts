@@ -59,15 +59,14 @@ interface Waiter<R> {
 }
 
 /**
- * Whether a failed transaction failed for the database as a whole rather than for one of its items:
- * locked by another process past the busy timeout, disk full, an I/O error, a read-only or damaged
- * file. Each item alone fails the same way, so retrying them one by one only repeats the failure,
- * and a locked database holds the event loop for the whole busy timeout at every try: a batch of
- * 256 blocked the gateway for 256 × 5 s.
+ * Whether a failed transaction found the database locked by another process past the busy timeout.
+ * That is no item's fault and each alone fails the same way, after holding the event loop for the
+ * whole busy timeout again: retrying a batch of 256 one by one blocked the gateway for 256 × 5 s.
+ * Other failures are retried item by item, and fail fast if they are not an item's (disk full).
  */
-export function failsEveryItem(err: unknown): boolean {
+function failsEveryItem(err: unknown): boolean {
   const code = (err as { code?: unknown } | null)?.code;
-  return typeof code === 'string' && /^SQLITE_(BUSY|LOCKED|FULL|IOERR|READONLY|CORRUPT|NOTADB|CANTOPEN|NOMEM|PERM|PROTOCOL)/.test(code);
+  return typeof code === 'string' && /^SQLITE_(BUSY|LOCKED)/.test(code);
 }
 
 /** `write` runs the items in ONE transaction and returns their offsets, or throws (rolled back). */
