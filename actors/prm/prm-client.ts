@@ -7,7 +7,7 @@ import type { PrmSettings } from './settings.js';
  * One judge prompt in, the PRM's reply text out. `sglang`: the prompt is rendered with the PRM's
  * own chat template and sent as token ids to the engine's `/generate`; `openai`: sent as a chat
  * message to `/v1/chat/completions`. Each call has its own deadline (`prm_timeout_s`); calls are
- * spread round-robin over the PRM URLs.
+ * spread round-robin over the PRM URLs, and one an engine is down for goes on to the next.
  */
 export interface PrmCaller {
   readonly api: 'sglang' | 'openai';
@@ -54,7 +54,6 @@ export class PrmClient implements PrmCaller {
   }
 
   async call(prompt: string, opts: { rid: string; signal?: AbortSignal }): Promise<{ text: string; url: string }> {
-    const url = this.s.urls[this.next++ % this.s.urls.length]!;
     const deadline = AbortSignal.timeout(this.s.timeoutMs);
     const signal = opts.signal === undefined ? deadline : AbortSignal.any([deadline, opts.signal]);
     const messages = [{ role: 'user', content: prompt }];
@@ -72,6 +71,23 @@ export class PrmClient implements PrmCaller {
             stream: false,
           }, {}]
         : ['/v1/chat/completions', { model: this.s.model, messages, temperature: this.s.temperature, max_tokens: this.s.maxTokens, stream: false }, { authorization: `Bearer ${this.apiKey}` }];
+    const json = JSON.stringify(body);
+    // One engine of several down, restarting or turning calls away: the call goes on to the next
+    // one within its deadline, rather than being a failed vote of each turn for as long.
+    const first = this.next++;
+    for (let k = 1; ; k++) {
+      const url = this.s.urls[(first + k - 1) % this.s.urls.length]!;
+      try {
+        const text = await this.post(url, path, json, headers, signal, deadline);
+        return { text: opensThink ? `<think>${text}` : text, url };
+      } catch (err) {
+        const down = err instanceof ReefError && err.code === 'REEF_ERR_ENGINE_DOWN';
+        if (!down || k >= this.s.urls.length || signal.aborted) throw err;
+      }
+    }
+  }
+
+  private async post(url: string, path: string, json: string, headers: Record<string, string>, signal: AbortSignal, deadline: AbortSignal): Promise<string> {
     let status: number;
     let raw: string;
     try {
@@ -79,7 +95,7 @@ export class PrmClient implements PrmCaller {
         method: 'POST',
         dispatcher: this.agent,
         headers: { 'content-type': 'application/json', ...headers },
-        body: JSON.stringify(body),
+        body: json,
         signal,
       });
       status = res.statusCode;
@@ -92,8 +108,7 @@ export class PrmClient implements PrmCaller {
     // this turn, which then goes back to the judge rather than into the log as dropped (voter.ts).
     if (NOT_NOW.has(status)) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: url, reason: `${path} answered ${status}: ${raw.slice(0, 300)}` });
     if (status >= 400) throw new ReefError('REEF_ERR_ENGINE_FAILED', { engine: url, reason: `${path} answered ${status}: ${raw.slice(0, 300)}` });
-    const text = extractText(this.api, raw, url);
-    return { text: opensThink ? `<think>${text}` : text, url };
+    return extractText(this.api, raw, url);
   }
 
   async close(): Promise<void> {

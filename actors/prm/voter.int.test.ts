@@ -151,4 +151,24 @@ describe('voteTurn with PrmClient', () => {
       await new Promise<void>((resolve) => server.close(() => resolve()));
     }
   });
+  it('a call an engine of several is down for, or turns away, goes on to the next engine', async () => {
+    const up = await startFakeEngine({ respond: () => ({ pieces: ['\\boxed{1}'] }) });
+    const busy = await startFakeEngine({ respond: () => ({ pieces: ['\\boxed{1}'] }), failWith: 503 });
+    const gone = await startFakeEngine({ respond: () => ({ pieces: ['\\boxed{1}'] }) });
+    engines.push(up, busy);
+    await gone.close();
+    const prm = new PrmClient(settings(up.url, { urls: [gone.url, busy.url, up.url] }));
+    const votes = await voteTurn(turn, prm, 3, new Semaphore(6), new AbortController().signal);
+    expect([...votes.scoreCalls, ...votes.hintCalls]).toEqual(Array(6).fill({ output: '\\boxed{1}', error: null }));
+    expect(votes.url).toBe(up.url);
+    // An engine that answers with an error is a failed vote, not one to go around.
+    up.options.failWith = 500;
+    const failed = await voteTurn(turn, prm, 1, new Semaphore(2), new AbortController().signal);
+    expect(failed.scoreCalls[0]!.error).toMatch(/^REEF_ERR_ENGINE_FAILED: .*answered 500/);
+    // Every engine down: the call fails as unreachable.
+    up.options.failWith = 503;
+    const down = await voteTurn(turn, prm, 1, new Semaphore(2), new AbortController().signal);
+    expect(down.unreachable).toBe(true);
+    await prm.close();
+  });
 });
