@@ -22,6 +22,11 @@ function endpoints(cfg: ReefConfig, stack: Stack): string {
   return lines.join('\n');
 }
 
+/** `p` as one shell word, to be pasted. */
+function shellWord(p: string): string {
+  return /^[\w@%+=:,./-]+$/.test(p) ? p : `'${p.replace(/'/g, `'\\''`)}'`;
+}
+
 /** `seams`: how the shim and the actors are started, for tests (see `StackOptions`). */
 export async function upCommand(args: ParsedArgs, io: Io, seams: Pick<StackOptions, 'shimCommand' | 'actorCommand'> = {}): Promise<number> {
   const configPath = flagString(args, 'config');
@@ -134,7 +139,8 @@ async function detach(cfg: ReefConfig, configPath: string, args: ParsedArgs, io:
     follow();
     const rf = readRunFile(runDir);
     if (rf && rf.pid === child.pid && rf.state === 'running') {
-      io.stdout(`reef is up: gateway ${rf.gateway}/v1, control ${rf.control}\nstop with \`reef down -c ${configPath}\``);
+      // By data dir: `-c FILE` alone missed a stack whose data dir an override moved.
+      io.stdout(`reef is up: gateway ${rf.gateway}/v1, control ${rf.control}\nstop with \`reef down --data-dir ${shellWord(cfg.reef.data_dir)}\``);
       return 0;
     }
     if (exited !== null) {
