@@ -46,7 +46,8 @@ export class PrmClient implements PrmCaller {
       this.tokenizer = null;
       const name = s.apiKeyEnv;
       const key = name === null ? undefined : process.env[name];
-      // With the stack's own PRM engines the schema does not ask for a key variable.
+      // The config loader asks for the variable (recipe.ts crossCheck for the stack's own engines);
+      // settings built another way get the same message naming the key.
       if (name === null) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `${STAGE}.prm_api openai needs ${STAGE}.prm_api_key_env (the environment variable holding the PRM's API key)` });
       if (key === undefined || key === '') throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `${STAGE}.prm_api openai: environment variable ${name} (${STAGE}.prm_api_key_env) is not set` });
       this.apiKey = key;
