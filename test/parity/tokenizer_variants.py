@@ -3,17 +3,18 @@
 Reads {"tinyModelDir": str, "outDir": str, "strings": [str], "chats": [[message]]} as JSON on stdin,
 writes tokenizer variants of the tiny model under outDir (one directory each: added-token flags,
 normalisers, a SentencePiece-style byte-fallback BPE), and prints {"models": {name: {"encode":
-[[id]], "plain": [[id]], "chats": [{"ids", "sanitizedIds"}], "decode": [str]}}} on stdout: what transformers gives
-for each string (with and without added-token matching, and its ids decoded) and each chat
-(apply_chat_template).
+[[id]], "plain": [[id]], "chats": [{"ids", "sanitizedIds"}], "decode": [str], "random": [{"ids", "text", "skipped"}]}}} on stdout: what transformers gives
+for each string (with and without added-token matching, and its ids decoded), random ids
+decoded, and each chat (apply_chat_template).
 """
 
 import copy
 import json
 import os
+import random
 import sys
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer
 
 ADDED = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -45,16 +46,38 @@ def flag_variant(base, flags, normalizer):
     return spec
 
 
-def metaspace_first(corpus):
-    """A small SentencePiece-style BPE (Metaspace prepending "▁" at the start of the input only, byte fallback)."""
+def sentencepiece(corpus, legacy):
+    """
+    A small SentencePiece-style BPE with byte fallback: a Metaspace prepending "▁" at the start of the
+    input only, or (`legacy`, Llama 2's conversion) a normaliser prepending it to every piece and a
+    ByteFallback decoder.
+    """
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
-    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+    if legacy:
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+        steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+        tok.decoder = decoders.Sequence(steps)
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+        tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
     bytes_ = [f"<0x{i:02X}>" for i in range(256)]
     tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "<s>", "</s>", *bytes_]))
     tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in ADDED])
     tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in NON_SPECIAL])
     return json.loads(tok.to_str())
+
+
+def random_decodes(tokenizer, vocab_size, added_ids):
+    """Seeded random id lists (byte tokens, added tokens, ids past the vocabulary) and their decodings."""
+    rnd = random.Random(7)
+    out = []
+    for _ in range(300):
+        ids = []
+        for _ in range(rnd.randint(1, 12)):
+            r = rnd.random()
+            ids.append(rnd.choice(added_ids) if r < 0.1 else vocab_size + 10_000 if r < 0.12 else rnd.randrange(min(vocab_size, 300)) if r < 0.6 else rnd.randrange(vocab_size))
+        out.append({"ids": ids, "text": tokenizer.decode(ids), "skipped": tokenizer.decode(ids, skip_special_tokens=True)})
+    return out
 
 
 def main() -> None:
@@ -76,7 +99,8 @@ def main() -> None:
     )
     # Without "<" and ">", no added token is learnt as a piece of the model, and those two fall back to bytes.
     corpus = [s.replace("<", "").replace(">", "") for s in request["strings"]] * 3
-    variants["metaspace-first"] = metaspace_first(corpus)
+    variants["metaspace-first"] = sentencepiece(corpus, legacy=False)
+    variants["sentencepiece-legacy"] = sentencepiece(corpus, legacy=True)
     # The same vocabulary (its merges cross "▁") with the Metaspace cutting before each "▁".
     variants["metaspace-split"] = copy.deepcopy(variants["metaspace-first"])
     variants["metaspace-split"]["pre_tokenizer"]["split"] = True
@@ -108,6 +132,7 @@ def main() -> None:
             "plain": [tokenizer._encode_without_added_tokens(s) for s in request["strings"]],
             "chats": chats,
             "decode": [tokenizer.decode(tokenizer.encode(s, add_special_tokens=False)) for s in request["strings"]],
+            "random": random_decodes(tokenizer, len(spec["model"]["vocab"]), [t["id"] for t in spec["added_tokens"]]),
         }
     json.dump({"models": results}, sys.stdout, ensure_ascii=False)
 

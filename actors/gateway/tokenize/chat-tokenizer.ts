@@ -2,11 +2,12 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Template } from '@huggingface/jinja';
 import { freezeValue, type FrozenValue } from './jinja-compat.js';
+import * as hfTokenizers from '@huggingface/tokenizers';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { ReefError } from '../../runtime/errors.js';
 import { AddedTokenSplitter } from './added-tokens.js';
 import { ControlTokenMarker, controlTokens, literalAlternation } from './control-tokens.js';
-import { loadModelFiles, type ModelFiles } from './model-files.js';
+import { loadModelFiles, type AddedTokenSpec, type ModelFiles } from './model-files.js';
 import { isDeepFrozen, perFrozen } from './frozen.js';
 import { templateViewOf, type TemplateMessage } from './normalize.js';
 import { PieceCache, type PieceCacheStats } from './piece-cache.js';
@@ -115,6 +116,7 @@ export class ChatTokenizer {
   private readonly templateStats: TemplateRenderStats = { interpreterOnly: null, compiled: 0, fallbacks: 0, checked: 0, mismatches: 0 };
   private readonly marker: ControlTokenMarker;
   private readonly addedIds = new Map<string, number>();
+  private readonly addedById = new Map<number, AddedTokenSpec>();
   private readonly addedRe: RegExp;
   /** Length of the longest added token: how far past a position the added-token scan looks. */
   private readonly maxAddedLength: number;
@@ -151,10 +153,14 @@ export class ChatTokenizer {
       // them, so a template saved with Windows line endings rendered a CR into every prompt.
       this.template = new Template(files.chatTemplate.replace(/\r\n?/g, '\n'));
       splitAtUnicodeWhitespace(this.full.pre_tokenizer);
+      decodeAsCrate(this.full.decoder, (this.files.tokenizerJson.decoder ?? null) as unknown);
     } catch (err) {
       throw new ReefError('REEF_ERR_TOKENIZER', { modelDir: files.modelDir, reason: (err as Error).message }, { cause: err });
     }
-    for (const t of files.addedTokens) this.addedIds.set(t.content, t.id);
+    for (const t of files.addedTokens) {
+      this.addedIds.set(t.content, t.id);
+      this.addedById.set(t.id, t);
+    }
     const allAdded = files.addedTokens.map((t) => t.content);
     this.addedRe = new RegExp(literalAlternation(allAdded), 'gu');
     this.maxAddedLength = Math.max(1, ...allAdded.map((t) => t.length));
@@ -428,9 +434,34 @@ export class ChatTokenizer {
     return encode(piece);
   }
 
+  /**
+   * The text of `ids`, as the tokenizers crate decodes them: ids outside the vocabulary are left
+   * out (the package wrote its unknown token for them, or threw), and `skipSpecialTokens` leaves
+   * out the added tokens marked special, not also those the config's `additional_special_tokens`
+   * names.
+   */
   decode(ids: ArrayLike<number>, opts: { skipSpecialTokens?: boolean } = {}): string {
-    if (ids.length === 0) return '';
-    return this.full.decode(Array.from(ids), { skip_special_tokens: opts.skipSpecialTokens ?? false, clean_up_tokenization_spaces: this.cleanUpSpaces });
+    const skip = opts.skipSpecialTokens ?? false;
+    const tokens: string[] = [];
+    for (let i = 0; i < ids.length; i++) {
+      const id = ids[i]!;
+      const added = this.addedById.get(id);
+      if (added !== undefined) {
+        if (!skip || !added.special) tokens.push(added.content);
+        continue;
+      }
+      const token = this.full.id_to_token(id);
+      if (token !== undefined) tokens.push(token);
+    }
+    if (tokens.length === 0) return '';
+    const decoder = this.full.decoder;
+    let text = decoder ? decoder(tokens) : tokens.join(' ');
+    const suffix = decoder?.end_of_word_suffix;
+    if (suffix) {
+      text = text.replaceAll(suffix, ' ');
+      if (skip) text = text.trim();
+    }
+    return this.cleanUpSpaces ? cleanUpTokenizationSpaces(text) : text;
   }
 
   tokenToId(token: string): number | null {
@@ -583,4 +614,62 @@ function metaspaceAsCrate(p: unknown, atStart: boolean): unknown {
   // Each piece runs from a "▁" to the next (the crate's MergedWithNext); the package's Split keeps the matches when inverted.
   const r = (typeof q.replacement === 'string' ? q.replacement : '\u2581').replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
   return { type: 'Sequence', pretokenizers: [metaspace, { type: 'Split', pattern: { Regex: `${r}[^${r}]*|[^${r}]+` }, behavior: 'MergedWithNext', invert: true }] };
+}
+
+/** transformers' `clean_up_tokenization`. */
+function cleanUpTokenizationSpaces(text: string): string {
+  return text
+    .replaceAll(' .', '.').replaceAll(' ?', '?').replaceAll(' !', '!').replaceAll(' ,', ',').replaceAll(" ' ", "'")
+    .replaceAll(" n't", "n't").replaceAll(" 'm", "'m").replaceAll(" 's", "'s").replaceAll(" 've", "'ve").replaceAll(" 're", "'re");
+}
+
+/**
+ * Makes the package's decoders in `d` (alone or in a Sequence, configured by `spec`) decode as the
+ * crate's: ByteFallback turns a run of byte tokens that is not UTF-8 into one U+FFFD per byte and
+ * keeps a leading U+FEFF (the package's TextDecoder read the valid bytes of a broken run and
+ * dropped a byte-order mark); Metaspace drops every "▁" of the first token unless its
+ * prepend_scheme is "never" (the package dropped the first token's leading space only, and always).
+ */
+function decodeAsCrate(d: unknown, spec: unknown): void {
+  // Exported at runtime; the package's type declarations do not resolve them under NodeNext.
+  const { ByteFallbackDecoder, MetaspaceDecoder } = hfTokenizers as unknown as Record<'ByteFallbackDecoder' | 'MetaspaceDecoder', abstract new (...args: never[]) => object>;
+  if (d === null || d === undefined) return;
+  const s = (spec ?? {}) as { decoders?: unknown[]; prepend_scheme?: unknown; add_prefix_space?: unknown };
+  const subs = (d as { decoders?: unknown[] }).decoders;
+  if (Array.isArray(subs)) {
+    subs.forEach((sub, i) => decodeAsCrate(sub, Array.isArray(s.decoders) ? s.decoders[i] : null));
+    return;
+  }
+  if (d instanceof ByteFallbackDecoder) {
+    const fatal = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+    (d as unknown as { decode_chain: (tokens: string[]) => string[] }).decode_chain = (tokens) => {
+      const out: string[] = [];
+      let bytes: number[] = [];
+      const flush = (): void => {
+        if (bytes.length === 0) return;
+        try {
+          out.push(fatal.decode(Uint8Array.from(bytes)));
+        } catch {
+          for (let i = 0; i < bytes.length; i++) out.push('\uFFFD');
+        }
+        bytes = [];
+      };
+      for (const t of tokens) {
+        const byte = t.length === 6 && t.startsWith('<0x') && t.endsWith('>') && /^[0-9A-Fa-f]{2}$/.test(t.slice(3, 5)) ? parseInt(t.slice(3, 5), 16) : null;
+        if (byte !== null) bytes.push(byte);
+        else {
+          flush();
+          out.push(t);
+        }
+      }
+      flush();
+      return out;
+    };
+  } else if (d instanceof MetaspaceDecoder) {
+    const replacement = (d as unknown as { replacement: string }).replacement;
+    // A tokenizer.json older than prepend_scheme has add_prefix_space instead.
+    const never = s.prepend_scheme === 'never' || (s.prepend_scheme === undefined && s.add_prefix_space === false);
+    (d as unknown as { decode_chain: (tokens: string[]) => string[] }).decode_chain = (tokens) =>
+      tokens.map((t, i) => t.replaceAll(replacement, i === 0 && !never ? '' : ' '));
+  }
 }
