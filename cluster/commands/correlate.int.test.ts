@@ -92,10 +92,13 @@ describe('reef export records + reef correlate', () => {
     expect(readdirSync(dir).filter((f) => f.startsWith('earlier.jsonl'))).toEqual(['earlier.jsonl']);
     expect(await correlateCommand(parseArgs(['correlate']), c.io)).toBe(2);
     await expect(correlateCommand(parseArgs(['correlate', join(dir, 'records.sqlite')]), c.io)).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
+    // It failed with a bare EISDIR.
+    await expect(correlateCommand(parseArgs(['correlate', dir]), c.io)).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT', message: expect.stringContaining(`${dir} is not a file`) });
   });
 
   // The correlator takes a whole number of sessions; 2.5 reached it and threw a RangeError, which
-  // the CLI printed as a crash with its stack instead of naming the flag.
+  // the CLI printed as a crash with its stack instead of naming the flag. A bad value is a usage
+  // error (exit 2), as an unknown flag is; it exited 1.
   it.each([
     ['--max-open-sessions=2.5', '--max-open-sessions must be an integer >= 1, got 2.5'],
     ['--max-open-sessions=Infinity', '--max-open-sessions must be an integer >= 1, got Infinity'],
@@ -105,7 +108,9 @@ describe('reef export records + reef correlate', () => {
   ])('refuses %s, naming the flag', async (flag, message) => {
     const file = join(dir, 'flags.jsonl');
     writeFileSync(file, `${JSON.stringify({ id: 'r1', scenario: 'demo', status: 'ok', finishedAt: 0, request: { messages: [user('hi')] }, response: asst('hello') })}\n`);
-    await expect(correlateCommand(parseArgs(['correlate', file, flag]), capture().io)).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT', message: expect.stringContaining(message) });
+    const c = capture();
+    expect(await correlateCommand(parseArgs(['correlate', file, flag]), c.io)).toBe(2);
+    expect(c.err.join('\n')).toContain(`reef: REEF_ERR_INVALID_ARGUMENT: ${message}`);
   });
 
   it('takes whole and fractional values where they make sense', async () => {

@@ -1,4 +1,4 @@
-import { createReadStream, existsSync } from 'node:fs';
+import { createReadStream, existsSync, statSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { Correlator } from '../../actors/judge/correlate/correlator.js';
 import type { CorrelationCounters, CorrelationEvent, CorrelationRecord } from '../../actors/judge/correlate/types.js';
@@ -37,6 +37,8 @@ export interface CorrelateReport {
 
 export async function correlateFile(path: string, options: { sessionTtlS?: number; maxOpenSessions?: number } = {}): Promise<CorrelateReport> {
   if (!existsSync(path)) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `file ${path}` });
+  // Read as a stream, a directory failed with a bare EISDIR and no error code.
+  if (!statSync(path).isFile()) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `${path} is not a file (reef correlate reads the JSON lines of reef export records)` });
   const correlator = new Correlator(options);
   const report: CorrelateReport = { records: 0, skipped: [], sideWithoutSession: [], sessions: [], counters: correlator.counters(), warnings: [] };
   const live = new Map<string, SessionReport>();
@@ -149,7 +151,16 @@ export async function correlateCommand(args: ParsedArgs, io: Io): Promise<number
     io.stderr('usage: reef correlate FILE.jsonl [--json] [--session-ttl-s=N] [--max-open-sessions=N]   (FILE from reef export records)');
     return 2;
   }
-  const report = await correlateFile(file, { sessionTtlS: numberFlag(args, 'session-ttl-s', false), maxOpenSessions: numberFlag(args, 'max-open-sessions', true) });
+  let options: { sessionTtlS?: number; maxOpenSessions?: number };
+  try {
+    options = { sessionTtlS: numberFlag(args, 'session-ttl-s', false), maxOpenSessions: numberFlag(args, 'max-open-sessions', true) };
+  } catch (err) {
+    // A bad flag value is a usage error, as an unknown flag is: exit 2, not 1.
+    const e = err as ReefError;
+    io.stderr(`reef: ${e.code}: ${e.message}`);
+    return 2;
+  }
+  const report = await correlateFile(file, options);
   io.stdout(flagBool(args, 'json') ? JSON.stringify(report, null, 2) : renderCorrelation(report));
   return 0;
 }
