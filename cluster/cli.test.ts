@@ -19,6 +19,9 @@ describe('reef CLI flags per command', () => {
     [['down', 'prm', '--data-dir', '/nonexistent-reef-dir'], /reef down takes no arguments; "prm" would be ignored/],
     [['up', '-c', 'a.yaml', 'b.yaml'], /reef up takes no arguments; "b\.yaml" would be ignored/],
     [['status', 'gateway', '--data-dir', '/nonexistent-reef-dir'], /reef status takes no arguments/],
+    // --data-dir won over -c FILE, and overrides went unread.
+    [['down', '-c', 'serve.yaml', '--data-dir', '/nonexistent-reef-dir'], /reef down takes -c FILE or --data-dir DIR, not both/],
+    [['status', '--data-dir', '/nonexistent-reef-dir', '--reef.data_dir=/x'], /reef status --data-dir reads no config, so --reef\.data_dir=\/x would change nothing/],
     [['export', 'records', 'extra', '--scenario', 's', '--data-dir', '/nonexistent-reef-dir'], /reef export takes at most 1 argument; "extra"/],
   ])('refuses %j before running anything (exit 2)', async (argv, message) => {
     const r = await reef(...argv);

@@ -48,6 +48,11 @@ function flagProblem(cmd: string, args: ParsedArgs): string | null {
     }
   }
   if (!takes.overrides && args.overrides.length > 0) return `reef ${cmd} reads no config, so ${args.overrides[0]} would change nothing`;
+  // --data-dir is read instead of any config: the other was ignored without a word.
+  if (args.flags.has('data-dir')) {
+    if (args.flags.has('config')) return `reef ${cmd} takes -c FILE or --data-dir DIR, not both`;
+    if (args.overrides.length > 0) return `reef ${cmd} --data-dir reads no config, so ${args.overrides[0]} would change nothing`;
+  }
   return null;
 }
 
