@@ -48,6 +48,31 @@ describe('Stack.up with a configured port another process holds', () => {
   });
 });
 
+describe('Stack.up with an invalid REEF_ENGINE_START_TIMEOUT_S', () => {
+  afterEach(() => vi.unstubAllEnvs());
+
+  // A foreground reef up read it only at its first engine start, once the shim and Ray were up.
+  it('fails before starting anything', async () => {
+    const cfg = testConfig();
+    cleanups.push(() => rmSync(cfg.dir, { recursive: true, force: true }));
+    vi.stubEnv('REEF_ENGINE_START_TIMEOUT_S', '5m');
+    let shimStarted = false;
+    const up = Stack.up({
+      config: await loadConfig(cfg.path, []),
+      configPath: cfg.path,
+      overrides: [],
+      log: () => {},
+      shimCommand: () => {
+        shimStarted = true;
+        return { command: 'false', args: [], env: {} };
+      },
+    });
+    await expect(up).rejects.toMatchObject({ code: 'REEF_ERR_CONFIG_INVALID', message: expect.stringContaining('REEF_ENGINE_START_TIMEOUT_S must be a positive number of seconds, got "5m"') });
+    expect(shimStarted).toBe(false);
+    expect(existsSync(join(cfg.dir, 'data', 'run', 'supervisor.json'))).toBe(false);
+  });
+});
+
 describe('Stack.up on an IPv6 reef.host', () => {
   // The run file (what reef status and up --detach print) and the endpoints said http://::1:8600.
   it('gives the gateway as a URL, the address in brackets', async () => {

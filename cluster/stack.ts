@@ -1,6 +1,6 @@
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { BridgeClient, defaultTimeoutMs } from '../bridge/client.js';
+import { BridgeClient, defaultTimeoutMs, engineStartTimeoutS } from '../bridge/client.js';
 import type { EngineInfo, EngineSpec, GroupStatus, RayStatus } from '../bridge/messages.js';
 import { ReefError } from '../actors/runtime/errors.js';
 import { type LogFn, stderrLog } from '../actors/runtime/log.js';
@@ -149,6 +149,8 @@ export class Stack {
 
   private static async create(opts: StackOptions, runDir: string, runFile: RunFile): Promise<Stack> {
     const cfg = opts.config;
+    // Read by the bridge client at the first engine start, after Ray and the placement groups.
+    engineStartTimeoutS();
     // The gateway binds its port last, after minutes of engine start-up, and a gateway that cannot
     // bind only shows as an actor that never registered: look now, before anything starts.
     const fixed: Array<[string, string, number]> = [['reef.port', cfg.reef.host, cfg.reef.port], ...enginePortsOf(cfg)];
