@@ -14,7 +14,8 @@ import { normalizeMessages } from '../../actors/gateway/tokenize/normalize.js';
  * model whose Metaspace prepends "▁" only at the start of the input (and one that also cuts before
  * each "▁", which the package ignores; one in Llama 2's style, with a ByteFallback decoder), whitespace added tokens
  * that the template writes (which of them are control tokens), and a BPE model whose config asks
- * for clean_up_tokenization_spaces (which transformers 5 ignores for BPE). Python writes the models
+ * for clean_up_tokenization_spaces (which transformers 5 ignores for BPE) or names a non-special
+ * token among its additional_special_tokens (still not skipped in decoding). Python writes the models
  * (tokenizer_variants.py) and encodes the same seeded strings and chats.
  */
 
@@ -76,11 +77,11 @@ describe('tokenizer variants against transformers', () => {
   });
 
   it('covers every variant', () => {
-    expect(Object.keys(py).length).toBe(18);
+    expect(Object.keys(py).length).toBe(19);
   });
 
   const names = ['lstrip', 'rstrip', 'single_word', 'normalized'].flatMap((f) => ['none', 'Lowercase', 'NFKC'].map((n) => `${f}-${n}`));
-  describe.each([...names, 'all-flags-lowercase', 'metaspace-first', 'metaspace-split', 'sentencepiece-legacy', 'whitespace-tokens', 'clean-up-spaces'])('%s', (name) => {
+  describe.each([...names, 'all-flags-lowercase', 'metaspace-first', 'metaspace-split', 'sentencepiece-legacy', 'whitespace-tokens', 'clean-up-spaces', 'additional-special-names'])('%s', (name) => {
     it('encodes every string as the tokenizers crate does, with added tokens and without', () => {
       const tok = ChatTokenizer.load(join(outDir, name));
       const want = py[name]!;

@@ -115,7 +115,12 @@ def main() -> None:
     templates = {"whitespace-tokens": template + "{{- '\x1c' + '\ufeff' + '\x85' -}}"}
     # transformers 5 ignores clean_up_tokenization_spaces for a BPE model when it decodes.
     variants["clean-up-spaces"] = base
-    configs = {"clean-up-spaces": {**config, "clean_up_tokenization_spaces": True}}
+    # A non-special token named in additional_special_tokens is not skipped by decode(skip_special_tokens=True).
+    variants["additional-special-names"] = base
+    configs = {
+        "clean-up-spaces": {**config, "clean_up_tokenization_spaces": True},
+        "additional-special-names": {**config, "additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<think>"]},
+    }
 
     results = {}
     for name, spec in variants.items():
