@@ -23,20 +23,31 @@ function numbers(o: unknown): Record<string, number> {
   return out;
 }
 
+const JUDGE_PATHS = ['$.correlator.counters', '$.counters'];
+const TRAINER_PATHS = ['$.counters', '$.releases'];
+
+/**
+ * Only the counters are read: the judge's state also holds every open session (about 1 MB at
+ * 4,096), which went whole through JSON.parse on the gateway's event loop every second.
+ */
 export async function readPipelineCounters(store: RecordStore): Promise<PipelineCounters> {
-  const [judge, trainer] = await Promise.all([store.getState(JUDGE_STATE_KEY), store.getState(TRAINER_STATE_KEY)]);
-  const j = (judge ?? {}) as { correlator?: { counters?: unknown }; counters?: unknown };
-  const t = (trainer ?? {}) as { releases?: Array<{ weightVersion: string }>; counters?: unknown };
+  const [judge, trainer] = await Promise.all([store.getStateFields(JUDGE_STATE_KEY, JUDGE_PATHS), store.getStateFields(TRAINER_STATE_KEY, TRAINER_PATHS)]);
+  const [correlation, judgeCounters] = judge?.values ?? [];
+  const [trainerCounters, releases] = trainer?.values ?? [];
+  const list = Array.isArray(releases) ? (releases as Array<{ weightVersion?: unknown }>) : [];
+  const last = list.at(-1)?.weightVersion;
   return {
-    correlation: numbers(j.correlator?.counters),
-    judge: numbers(j.counters),
-    training: { releases: t.releases?.length ?? 0, weightVersion: t.releases?.at(-1)?.weightVersion ?? null, counters: numbers(t.counters) },
+    correlation: numbers(correlation),
+    judge: numbers(judgeCounters),
+    training: { releases: list.length, weightVersion: typeof last === 'string' ? last : null, counters: numbers(trainerCounters) },
   };
 }
 
 export class PipelineStatus {
   private snapshot: PipelineCounters = EMPTY;
   private timer: NodeJS.Timeout | null = null;
+  /** The saved states' write times at the last read, and when that read was (ms since the epoch). */
+  private seen: { judge: number | null; trainer: number | null; at: number } | null = null;
 
   constructor(private readonly store: RecordStore, private readonly everyMs = 1000) {}
 
@@ -48,7 +59,15 @@ export class PipelineStatus {
 
   async refresh(): Promise<PipelineCounters> {
     try {
-      this.snapshot = await readPipelineCounters(this.store);
+      const at = Date.now();
+      const [judge, trainer] = await Promise.all([this.store.stateUpdatedAt(JUDGE_STATE_KEY), this.store.stateUpdatedAt(TRAINER_STATE_KEY)]);
+      // Write times are in ms: a write in the same ms as the last read's may have come after it.
+      const unchanged = (then: number | null, now: number | null, readAt: number) => then === now && (now === null || readAt > now);
+      const s = this.seen;
+      if (s === null || !unchanged(s.judge, judge, s.at) || !unchanged(s.trainer, trainer, s.at)) {
+        this.snapshot = await readPipelineCounters(this.store);
+        this.seen = { judge, trainer, at };
+      }
     } catch {
       // A closed or busy store keeps the last figures; the next refresh tries again.
     }

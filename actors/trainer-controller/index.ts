@@ -199,7 +199,8 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
       },
       servedVersion: async () => (await engine.modelInfo()).weight_version ?? null,
       // The judge saves its correlator (with the cumulative counters) under this key (actors/judge/handler.ts).
-      correlation: async () => ((await w.store.getState(JUDGE_STATE_KEY)) as { correlator?: { counters?: Record<string, number> } } | null)?.correlator?.counters ?? {},
+      // Only the counters: the rest of that state is every open session.
+      correlation: async () => ((await w.store.getStateFields(JUDGE_STATE_KEY, ['$.correlator.counters']))?.values[0] as Record<string, number> | null) ?? {},
       log: w.log,
     },
     {

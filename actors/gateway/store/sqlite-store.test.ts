@@ -288,6 +288,21 @@ describe('SqliteStore consumer state', () => {
     expect(await store.getState('judge/sessions')).toBeNull();
   });
 
+  it('reads parts of a saved state by JSON path, and when it was written', async () => {
+    expect(await store.getStateFields('judge/state', ['$.counters'])).toBeNull();
+    expect(await store.stateUpdatedAt('judge/state')).toBeNull();
+    const before = Date.now();
+    const state = { correlator: { counters: { tagged: 3 }, sessions: { a: { text: 'x'.repeat(1000) } } }, counters: { judged: 2 }, name: 'é "q"', list: [{ v: 'v1' }, { v: 'v2' }] };
+    await store.commitConsumer('judge', 4, 'judge/state', state);
+    const got = await store.getStateFields('judge/state', ['$.correlator.counters', '$.counters', '$.nothing', '$.name', '$.list', '$.list[#-1].v']);
+    expect(got?.values).toEqual([{ tagged: 3 }, { judged: 2 }, null, 'é "q"', [{ v: 'v1' }, { v: 'v2' }], 'v2']);
+    expect(got!.updatedAt).toBeGreaterThanOrEqual(before);
+    expect(await store.stateUpdatedAt('judge/state')).toBe(got!.updatedAt);
+    // Statements are kept per path count: a second call with other paths reads those.
+    expect((await store.getStateFields('judge/state', ['$.counters.judged', '$.correlator.counters.tagged']))?.values).toEqual([2, 3]);
+    await expect(store.getStateFields('judge/state', ['counters'])).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
+  });
+
   it('commitConsumer writes both or neither', async () => {
     await store.commitConsumer('judge', 3, 'judge/state', { v: 1 });
     await expect(store.commitConsumer('judge', 9, 'judge/state', undefined)).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });

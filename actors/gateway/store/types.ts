@@ -216,6 +216,10 @@ export interface RecordStore {
   commitConsumer(consumer: string, offset: number, stateKey: string, state: unknown): Promise<void>;
 
   getState(key: string): Promise<unknown>;
+  /** Parts of a stored value by JSON path (`$.a.b`), without reading the rest; null when the key has none. */
+  getStateFields(key: string, paths: readonly string[]): Promise<{ updatedAt: number; values: unknown[] } | null>;
+  /** When the key's value was last written (ms since the epoch), or null when it has none. */
+  stateUpdatedAt(key: string): Promise<number | null>;
   putState(key: string, value: unknown): Promise<void>;
   deleteState(key: string): Promise<void>;
 
