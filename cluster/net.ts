@@ -15,15 +15,20 @@ export function freePort(): Promise<number> {
 }
 
 /**
- * Why nothing can listen on `host:port` now (EADDRINUSE: another process has it; EACCES: a
- * privileged port), or null: it was free a moment ago, or the address gives another error, which
- * the process that binds it reports itself.
+ * Why nothing can listen on `host:port` now (in use, a privileged port, not this machine's
+ * address), or null: it was free a moment ago, or the address gives another error, which the
+ * process that binds it reports itself.
  */
 export function portTaken(host: string, port: number): Promise<string | null> {
+  const why: Record<string, string> = {
+    EADDRINUSE: 'the port is in use by another process',
+    EACCES: 'the port is one this user may not bind',
+    EADDRNOTAVAIL: `${host} is not an address of this machine`,
+  };
   return new Promise((resolve) => {
     const srv = createServer();
     srv.unref();
-    srv.once('error', (err: NodeJS.ErrnoException) => resolve(err.code === 'EADDRINUSE' ? 'in use by another process' : err.code === 'EACCES' ? 'a port this user may not bind' : null));
+    srv.once('error', (err: NodeJS.ErrnoException) => resolve(why[err.code ?? ''] ?? null));
     srv.listen({ host, port, exclusive: true }, () => srv.close(() => resolve(null)));
   });
 }

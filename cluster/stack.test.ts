@@ -42,8 +42,22 @@ describe('Stack.up with a configured port another process holds', () => {
         return { command: 'false', args: [], env: {} };
       },
     });
-    await expect(up).rejects.toMatchObject({ code: 'REEF_ERR_SUPERVISOR', message: expect.stringContaining(`${key} ${port} on 127.0.0.1 is in use by another process`) });
+    await expect(up).rejects.toMatchObject({ code: 'REEF_ERR_SUPERVISOR', message: expect.stringContaining(`${key} ${port} on 127.0.0.1: the port is in use by another process`) });
     expect(shimStarted).toBe(false);
+    expect(existsSync(join(cfg.dir, 'data', 'run', 'supervisor.json'))).toBe(false);
+  });
+});
+
+describe('Stack.up on a reef.host that is not this machine', () => {
+  // The gateway's bind failed only after the engines had started, as an actor that never registered.
+  it('fails before starting anything, naming the address', async () => {
+    const cfg = testConfig((c) => {
+      c.reef.host = '192.0.2.1'; // TEST-NET-1: assigned to no machine
+      c.reef.api_keys = [{ key: 'k' }];
+    });
+    cleanups.push(() => rmSync(cfg.dir, { recursive: true, force: true }));
+    const up = Stack.up({ config: await loadConfig(cfg.path, []), configPath: cfg.path, overrides: [], log: () => {}, shimCommand: () => ({ command: 'false', args: [], env: {} }) });
+    await expect(up).rejects.toMatchObject({ message: expect.stringContaining('reef.port 8600 on 192.0.2.1: 192.0.2.1 is not an address of this machine') });
     expect(existsSync(join(cfg.dir, 'data', 'run', 'supervisor.json'))).toBe(false);
   });
 });

@@ -156,7 +156,7 @@ export class Stack {
     const fixed: Array<[string, string, number]> = [['reef.port', cfg.reef.host, cfg.reef.port], ...enginePortsOf(cfg)];
     for (const [key, host, port] of fixed) {
       const why = port > 0 ? await portTaken(host, port) : null;
-      if (why !== null) throw new ReefError('REEF_ERR_SUPERVISOR', { reason: `cannot start: ${key} ${port} on ${host} is ${why}` });
+      if (why !== null) throw new ReefError('REEF_ERR_SUPERVISOR', { reason: `cannot start: ${key} ${port} on ${host}: ${why}` });
     }
     // Engines get their ports now so that actor configs and a replayed layout agree on URLs.
     const engines: EngineSlot[] = [];
