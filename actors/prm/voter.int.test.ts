@@ -56,7 +56,10 @@ describe('voteTurn with PrmClient', () => {
     expect(votes.hintCalls).toHaveLength(3);
     expect(engine.requests).toHaveLength(6);
     expect(most).toBeLessThanOrEqual(2);
-    expect(engine.requests.map((b) => b.rid).sort()).toEqual(['T1-hint-0', 'T1-hint-1', 'T1-hint-2', 'T1-score-0', 'T1-score-1', 'T1-score-2']);
+    const rids = engine.requests.map((b) => String(b.rid));
+    // One process mark on all of them, after the turn, kind and call.
+    expect(new Set(rids.map((r) => r.split('.')[1])).size).toBe(1);
+    expect(rids.map((r) => r.split('.')[0]).sort()).toEqual(['T1-hint-0', 'T1-hint-1', 'T1-hint-2', 'T1-score-0', 'T1-score-1', 'T1-score-2']);
   });
 
   it('a call past prm_timeout_s, or answered with an error, is a failed vote with its reason', async () => {
@@ -106,7 +109,7 @@ describe('voteTurn with PrmClient', () => {
       writeFileSync(template, opened);
       // Cut off at max_new_tokens while weighing the verdicts: no answer yet, so no vote.
       const cut = 'The user thanked the assistant. I answer \\boxed{1} if accepted, \\boxed{0} if I cannot tell';
-      const engine = await startFakeEngine({ respond: (req) => ({ pieces: [String(req.body.rid).endsWith('-0') ? cut : 'Accepted.\n</think>\n\\boxed{1}'] }) });
+      const engine = await startFakeEngine({ respond: (req) => ({ pieces: [String(req.body.rid).split('.')[0]!.endsWith('-0') ? cut : 'Accepted.\n</think>\n\\boxed{1}'] }) });
       engines.push(engine);
       const plain = new PrmClient(settings(engine.url));
       const thinking = new PrmClient(settings(engine.url, { tokenizerPath: model }));

@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { renderPrompt, type PromptKind } from '../../recipes/openclawrl/judge/prompts.js';
 import type { CallResult } from '../../recipes/openclawrl/judge/votes.js';
 import { ReefError } from '../runtime/errors.js';
@@ -34,6 +35,9 @@ export interface TurnVotes {
   unreachable: boolean;
 }
 
+/** This process's mark in the rids it sends. */
+const CALLER = randomBytes(4).toString('hex');
+
 /**
  * `m` score calls and `m` hint calls for one turn, all started at once and admitted by the
  * semaphore. A call that fails or times out is a failed vote (its error is kept), not a failed turn,
@@ -42,7 +46,9 @@ export interface TurnVotes {
 export async function voteTurn(turn: JudgeTurn, prm: PrmCaller, m: number, limit: Semaphore, signal: AbortSignal, attempt = 1): Promise<TurnVotes> {
   // A try's calls get rids of their own: the engine may still hold a timed-out call of the last
   // try, and SGLang keys its requests, and the abort it sends once it sees that caller gone, by rid.
-  const tail = attempt === 1 ? '' : `-try${attempt}`;
+  // And rids of this process: a lease that ran out goes to another PRM actor while this one's
+  // calls may still be held by the engine, whose abort of them would reach the same rids there.
+  const tail = `${attempt === 1 ? '' : `-try${attempt}`}.${CALLER}`;
   let url = '';
   let down = 0;
   const one = async (kind: PromptKind, i: number): Promise<CallResult> => {
