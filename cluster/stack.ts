@@ -120,18 +120,26 @@ export class Stack {
     });
   }
 
+  /** The gateway's base URL, on the port it listens on. */
+  get gateway(): string {
+    return this.runFile.gateway;
+  }
+
   /** Brings the whole stack up, logging each step; on failure tears down what it started. */
   static async up(opts: StackOptions): Promise<Stack> {
     const cfg = opts.config;
     const runDir = join(cfg.reef.data_dir, 'run');
     mkdirSync(runDir, { recursive: true });
+    // `reef.port: 0` picks a free port, here: the endpoints printed, the run file and a restarted
+    // gateway then all have the one it listens on (they said port 0).
+    const gatewayPort = cfg.reef.port > 0 ? cfg.reef.port : await freePort();
     // Claimed before anything starts, so that a second `reef up` on this data dir fails now rather
     // than after minutes of bring-up, and `reef down` can stop a stack that is still starting.
-    const runFile: RunFile = { pid: process.pid, state: 'starting', control: null, startedAt: Date.now(), configPath: opts.configPath, gateway: gatewayUrl(cfg.reef) };
+    const runFile: RunFile = { pid: process.pid, state: 'starting', control: null, startedAt: Date.now(), configPath: opts.configPath, gateway: gatewayUrl({ host: cfg.reef.host, port: gatewayPort }) };
     claimRunFile(runDir, runFile);
     let stack: Stack;
     try {
-      stack = await Stack.create(opts, runDir, runFile);
+      stack = await Stack.create(opts, runDir, runFile, gatewayPort);
     } catch (err) {
       clearRunFile(runDir);
       throw err;
@@ -147,7 +155,7 @@ export class Stack {
     }
   }
 
-  private static async create(opts: StackOptions, runDir: string, runFile: RunFile): Promise<Stack> {
+  private static async create(opts: StackOptions, runDir: string, runFile: RunFile, gatewayPort: number): Promise<Stack> {
     const cfg = opts.config;
     // Read by the bridge client at the first engine start, after Ray and the placement groups.
     engineStartTimeoutS();
@@ -177,6 +185,7 @@ export class Stack {
       const [k, ...v] = o.replace(/^--/, '').split('=');
       overrides[k!] = v.join('=');
     }
+    if (cfg.reef.port === 0) overrides['reef.port'] = String(gatewayPort);
 
     return new Stack(opts, runDir, runFile, `tcp://127.0.0.1:${await freePort()}`, engines, overrides);
   }

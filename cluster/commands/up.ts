@@ -4,17 +4,16 @@ import { join, resolve } from 'node:path';
 import { flagBool, flagString, type ParsedArgs } from '../args.js';
 import type { Io } from '../cli.js';
 import { loadConfig, type ReefConfig } from '../config/index.js';
-import { gatewayUrl } from '../net.js';
 import { repoRoot } from '../paths.js';
 import { ReefError } from '../../actors/runtime/errors.js';
 import { readRunFile } from '../run-file.js';
 import { Stack, startUpLimitMs, type StackOptions } from '../stack.js';
 
 /** The line printed once everything is up: where to point an agent. */
-function endpoints(cfg: ReefConfig, stack: Stack): string {
+function endpoints(stack: Stack): string {
   const lines = [
     'reef is up',
-    `  gateway     ${gatewayUrl(cfg.reef)}/v1  (OpenAI API; Reef API under /reef)`,
+    `  gateway     ${stack.gateway}/v1  (OpenAI API; Reef API under /reef)`,
     ...stack.engines.map((e) => `  engine      ${e.spec.name.padEnd(10)} ${e.info?.url ?? '-'}  (${e.spec.kind}, weights ${e.info?.weightVersion ?? 'base'})`),
     `  control     ${stack.supervisor.endpoint}`,
     '  stop with Ctrl-C or `reef down`',
@@ -62,7 +61,7 @@ export async function upCommand(args: ParsedArgs, io: Io, seams: Pick<StackOptio
       io.stderr('[reef] stopped before it was up');
       return 130;
     }
-    if (!stop.signal.aborted) io.stdout(endpoints(cfg, stack));
+    if (!stop.signal.aborted) io.stdout(endpoints(stack));
     await stack.stopped;
     return 0;
   } finally {

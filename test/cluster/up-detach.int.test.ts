@@ -2,7 +2,6 @@ import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { freePort } from '../../cluster/net.js';
 import { repoRoot } from '../../cluster/paths.js';
 import { readRunFile } from '../../cluster/run-file.js';
 import { pidAlive } from '../helpers/wait.js';
@@ -12,7 +11,7 @@ import { runReef, testConfig } from '../helpers/stack.js';
  * `reef up --detach` through the real CLI and actors, with REEF_PYTHON running the fake shim
  * (test/fixtures/fake-shim.mjs: the bridge protocol, no Ray, no engines behind the URLs).
  */
-describe('reef up --detach with the data dir moved by an override', () => {
+describe('reef up --detach with the data dir moved by an override and reef.port 0', () => {
   const root = repoRoot();
   const cfg = testConfig();
   const shimDir = mkdtempSync(join(tmpdir(), 'reef-fake-shim-'));
@@ -35,8 +34,14 @@ describe('reef up --detach with the data dir moved by an override', () => {
   it('shows its start-up steps, then a down command that stops it', async () => {
     writeFileSync(env.REEF_PYTHON, `#!/bin/sh\nexec "${process.execPath}" "${join(root, 'test', 'fixtures', 'fake-shim.mjs')}" "$@"\n`);
     chmodSync(env.REEF_PYTHON, 0o755);
-    const up = await runReef(['up', '-c', cfg.path, '--detach', `--reef.port=${await freePort()}`, `--reef.data_dir=${dataDir}`], { timeoutMs: 300_000, env });
+    // Port 0: the stack picks one.
+    const up = await runReef(['up', '-c', cfg.path, '--detach', '--reef.port=0', `--reef.data_dir=${dataDir}`], { timeoutMs: 300_000, env });
     expect(up.code, `${up.stdout}\n${up.stderr}`).toBe(0);
+    // It said http://127.0.0.1:0: the gateway listened on a port nobody was told.
+    const gateway = /^reef is up: gateway (http:\S+)\/v1,/m.exec(up.stdout)?.[1];
+    expect(gateway, up.stdout).toMatch(/^http:\/\/127\.0\.0\.1:[1-9]\d*$/);
+    expect(readRunFile(join(dataDir, 'run'))?.gateway).toBe(gateway);
+    expect((await fetch(`${gateway}/healthz`)).status).toBe(200);
     for (const step of ['1/4: supervisor', '2/4: python shim', '3/4: Ray, placement groups, engines', '4/4: actors']) expect(up.stderr).toContain(`[reef] step ${step}`);
     const hint = /^stop with `reef (down .*)`$/m.exec(up.stdout)?.[1];
     expect(hint, up.stdout).toBe(`down --data-dir ${dataDir}`);
