@@ -5,6 +5,7 @@ import { stackEngines } from '../../cluster/stack-env.js';
 import { SqliteStore } from '../gateway/store/sqlite-store.js';
 import type { Handlers } from '../runtime/mailbox.js';
 import type { LogFn } from '../runtime/log.js';
+import { ReefError } from '../runtime/errors.js';
 import { prmSettings } from '../prm/settings.js';
 import { CONSUMER, JudgeCore } from './handler.js';
 import type { JudgeMessage } from './messages.js';
@@ -30,18 +31,32 @@ export interface StartJudgeOptions {
   leaseMs?: number;
 }
 
+/**
+ * REEF_JUDGE_LEASE_MS, refused when set to anything but a whole number of ms a Node timer can wait:
+ * a typo used to fall back to 15 s unnoticed, and a huge value overflowed the PRM actors' renewal
+ * timers, which then fired at once, over and over.
+ */
+export function leaseFromEnv(value: string | undefined): number | null {
+  if (value === undefined || value.trim() === '') return null;
+  const ms = Number(value);
+  if (!Number.isSafeInteger(ms) || ms < 100 || ms > 2 ** 31 - 1) {
+    throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `REEF_JUDGE_LEASE_MS: expected whole milliseconds from 100 to ${2 ** 31 - 1}, got ${JSON.stringify(value)}` });
+  }
+  return ms;
+}
+
 export async function startJudge(opts: StartJudgeOptions): Promise<Judge> {
   const { config, log } = opts;
   const prm = prmSettings(config, stackEngines());
   mkdirSync(config.reef.data_dir, { recursive: true });
   const store = SqliteStore.open(join(config.reef.data_dir, 'records.sqlite'));
-  const envLease = Number(process.env.REEF_JUDGE_LEASE_MS);
+  const envLease = leaseFromEnv(process.env.REEF_JUDGE_LEASE_MS);
   const core = new JudgeCore({
     store,
     mode: prm.mode,
     correlator: { sessionTtlS: prm.stage.session_ttl_s, maxOpenSessions: prm.stage.max_open_sessions },
     maxHintCandidates: prm.maxHintCandidates,
-    leaseMs: opts.leaseMs ?? (Number.isFinite(envLease) && envLease > 0 ? envLease : 15_000),
+    leaseMs: opts.leaseMs ?? envLease ?? 15_000,
     log,
   });
   try {
