@@ -4,7 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-step() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+# Bold on a terminal only: escape codes in a CI log or a file are noise.
+if [ -t 1 ] && [ -z "${NO_COLOR:-}" ]; then
+  step() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+else
+  step() { printf '[setup] %s\n' "$*"; }
+fi
 
 # --- npm ---------------------------------------------------------------------------------------
 # Node's version is in the key: native modules (better-sqlite3, zeromq) are built for one Node ABI.
