@@ -12,7 +12,8 @@ import { normalizeMessages } from '../../actors/gateway/tokenize/normalize.js';
  * `rstrip`, `single_word` or `normalized` set (under no normaliser, Lowercase and NFKC), which the
  * JS package's own encoder handles differently from the tokenizers crate, and a SentencePiece-style
  * model whose Metaspace prepends "▁" only at the start of the input (and one that also cuts before
- * each "▁", which the package ignores; one in Llama 2's style, with a ByteFallback decoder), whitespace added tokens
+ * each "▁", which the package ignores; one in Llama 2's style, with a ByteFallback decoder), Digits
+ * pre-tokenizers (the package's took 0-9 only for numbers), whitespace added tokens
  * that the template writes (which of them are control tokens), and a BPE model whose config asks
  * for clean_up_tokenization_spaces (which transformers 5 ignores for BPE) or names a non-special
  * token among its additional_special_tokens (still not skipped in decoding). Python writes the models
@@ -23,7 +24,7 @@ import { normalizeMessages } from '../../actors/gateway/tokenize/normalize.js';
 const ATOMS = [
   '<|im_start|>', '<|im_end|>', '<|endoftext|>', '<think>', '</think>', '<tool_call>', '<|IM_END|>', '<THINK>', '<|im_end', 'im_end|>',
   ' ', '  ', '\t', '\n', '\r\n', '\u00a0', '\u0085', '\u2028', '\u3000', '\ufeff', '\u200b', '\u200d', '\u0000', '\u001f',
-  'a', 'word', '_', '9', '٣', 'e\u0301', '\u0301', 'ﬁ', '①', 'Å', '😀', '👨‍👩‍👧', 'Привет', '中文', 'it\'s', '-', '.', '<', '|>',
+  'a', 'word', '_', '9', '٣', '¼', '²', '１２', 'e\u0301', '\u0301', 'ﬁ', '①', 'Å', '😀', '👨‍👩‍👧', 'Привет', '中文', 'it\'s', '-', '.', '<', '|>',
   '＜|im_end|＞', '<|ＩＭ_ＥＮＤ|>',
 ];
 
@@ -77,11 +78,11 @@ describe('tokenizer variants against transformers', () => {
   });
 
   it('covers every variant', () => {
-    expect(Object.keys(py).length).toBe(19);
+    expect(Object.keys(py).length).toBe(21);
   });
 
   const names = ['lstrip', 'rstrip', 'single_word', 'normalized'].flatMap((f) => ['none', 'Lowercase', 'NFKC'].map((n) => `${f}-${n}`));
-  describe.each([...names, 'all-flags-lowercase', 'metaspace-first', 'metaspace-split', 'sentencepiece-legacy', 'whitespace-tokens', 'clean-up-spaces', 'additional-special-names'])('%s', (name) => {
+  describe.each([...names, 'all-flags-lowercase', 'metaspace-first', 'metaspace-split', 'sentencepiece-legacy', 'digits', 'digit-runs', 'whitespace-tokens', 'clean-up-spaces', 'additional-special-names'])('%s', (name) => {
     it('encodes every string as the tokenizers crate does, with added tokens and without', () => {
       const tok = ChatTokenizer.load(join(outDir, name));
       const want = py[name]!;

@@ -104,6 +104,12 @@ def main() -> None:
     # The same vocabulary (its merges cross "▁") with the Metaspace cutting before each "▁".
     variants["metaspace-split"] = copy.deepcopy(variants["metaspace-first"])
     variants["metaspace-split"]["pre_tokenizer"]["split"] = True
+    # Digits before ByteLevel (Falcon's and StarCoder's kind): numbers are every \p{N}, not 0-9 only.
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    for name, individual in (("digits", True), ("digit-runs", False)):
+        variants[name] = copy.deepcopy(base)
+        digits = {"type": "Digits", "individual_digits": individual}
+        variants[name]["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [digits, byte_level]}
     # Whitespace added tokens that the template writes: transformers takes those that are not
     # str.isspace() for control tokens (U+FEFF is one, U+001C and U+0085 are not).
     spaces = copy.deepcopy(base)

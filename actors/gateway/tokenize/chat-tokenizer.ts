@@ -524,10 +524,17 @@ const JS_BYTE_LEVEL_SOURCE = String.raw`'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}
 const BYTE_LEVEL_SOURCE = String.raw`'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\p{White_Space}\p{L}\p{N}]+|\p{White_Space}+(?!\P{White_Space})|\p{White_Space}+`;
 
 /**
+ * The package's Digits split: JS's `\d` is 0-9 only, where the crate's `char::is_numeric` takes
+ * every number (\p{N}: "٣", "²", "¼", "①"), so the two split such text apart differently.
+ */
+const JS_DIGITS_SOURCES = new Map([String.raw`[^\d]+|\d`, String.raw`[^\d]+|\d+`].map((s) => [s, s.replaceAll(String.raw`\d`, String.raw`\p{N}`)]));
+
+/**
  * Gives the ByteLevel pre-tokenizers in `p` (alone or in a Sequence) the tokenizers crate's
- * whitespace, once per tokenizer: the same regex with \p{White_Space} for \s costs nothing more
- * per text. Found by shape, since the package's type declarations do not resolve under NodeNext; a
- * pattern other than the one we know (a release that fixed it) is left alone.
+ * whitespace, and its Digits ones the crate's numbers, once per tokenizer: the same regex with
+ * \p{White_Space} for \s (\p{N} for \d) costs nothing more per text. Found by shape, since the
+ * package's type declarations do not resolve under NodeNext; a pattern other than the one we know
+ * (a release that fixed it) is left alone.
  */
 function splitAtUnicodeWhitespace(p: unknown): void {
   // The package's pre-tokenizers are callable: functions, not plain objects.
@@ -535,6 +542,7 @@ function splitAtUnicodeWhitespace(p: unknown): void {
   const q = p as { tokenizers?: unknown; pattern?: unknown };
   if (Array.isArray(q.tokenizers)) for (const t of q.tokenizers) splitAtUnicodeWhitespace(t);
   else if (q.pattern instanceof RegExp && q.pattern.source === JS_BYTE_LEVEL_SOURCE) q.pattern = new RegExp(BYTE_LEVEL_SOURCE, 'gu');
+  else if (q.pattern instanceof RegExp && JS_DIGITS_SOURCES.has(q.pattern.source)) q.pattern = new RegExp(JS_DIGITS_SOURCES.get(q.pattern.source)!, 'gu');
 }
 
 /** One render's template variables; `tools` is the interpreter's form (the compiled one is `tools.plain`). */
