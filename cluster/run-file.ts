@@ -94,6 +94,13 @@ export function reusedRunFile(runDir: string): { rf: RunFile; startedMs: number 
   return rf !== null && startedMs !== null ? { rf, startedMs } : null;
 }
 
+/** A run file left by a stack whose process is gone (it was killed, so it could not remove it), or null. */
+export function deadRunFile(runDir: string): RunFile | null {
+  const path = runFilePath(runDir);
+  const rf = existsSync(path) ? parse(path) : null;
+  return rf !== null && !pidAlive(rf.pid) ? rf : null;
+}
+
 /**
  * Create the run file of a starting stack, or fail with REEF_ERR_ALREADY_RUNNING when a live stack
  * holds it. The file is written aside and hard-linked into place, which fails if the name exists:

@@ -1,4 +1,4 @@
-import { type ChildProcess, spawn } from 'node:child_process';
+import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -94,6 +94,18 @@ describe('reef status / scale / down', () => {
     expect(io.out[0]).toMatch(new RegExp(`^reef \\(pid ${stack.pid}\\) did not answer down on tcp://127\\.0\\.0\\.1:\\d+ \\(.*timed out after 300 ms\\); sent it SIGTERM`));
     expect(io.out.at(-1)).toBe('stopped');
   }, 30_000);
+
+  it('down and status say that a stack was killed when its run file names a pid that has exited', async () => {
+    const dataDir = tempDataDir();
+    const gone = spawnSync(process.execPath, ['-e', '0']).pid!;
+    writeRunFile(dataDir, { pid: gone, state: 'running', control: 'tcp://127.0.0.1:1', startedAt: Date.now(), configPath: '/x/serve.yaml', gateway: 'http://127.0.0.1:1' });
+    for (const command of [downCommand, statusCommand]) {
+      await expect(command(parseArgs(['down', '--data-dir', dataDir]), capture())).rejects.toMatchObject({
+        code: 'REEF_ERR_NOT_RUNNING',
+        message: expect.stringContaining(`the stack of pid ${gone} (started `),
+      });
+    }
+  });
 
   it('status shows a stack that is still starting when its pid is the process that wrote the file', async () => {
     const dataDir = tempDataDir();

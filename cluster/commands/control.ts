@@ -6,7 +6,7 @@ import { RpcClient } from '../../actors/runtime/rpc.js';
 import { ReefError } from '../../actors/runtime/errors.js';
 import { flagBool, type ParsedArgs } from '../args.js';
 import type { Io } from '../cli.js';
-import { pidAlive, readRunFile, reusedRunFile, type RunFile } from '../run-file.js';
+import { deadRunFile, pidAlive, readRunFile, reusedRunFile, type RunFile } from '../run-file.js';
 import { renderStatus, type PipelineSummary } from './render-status.js';
 import { dataDirOf } from './export.js';
 
@@ -25,6 +25,13 @@ async function findStack(args: ParsedArgs): Promise<RunFile> {
   if (reused) {
     throw new ReefError('REEF_ERR_NOT_RUNNING', { path: runDir }, {
       message: `no running reef stack found at ${runDir}: its run file names pid ${reused.rf.pid}, which is now another process (started ${new Date(reused.startedMs).toISOString()}, after the stack's ${new Date(reused.rf.startedAt).toISOString()})`,
+    });
+  }
+  // Said only "no running reef stack": the user could not tell a killed stack from a wrong path.
+  const dead = deadRunFile(runDir);
+  if (dead) {
+    throw new ReefError('REEF_ERR_NOT_RUNNING', { path: runDir }, {
+      message: `no running reef stack found at ${runDir}: the stack of pid ${dead.pid} (started ${new Date(dead.startedAt).toISOString()}) exited without removing its run file, as a killed one does; the next reef up takes the file over`,
     });
   }
   throw new ReefError('REEF_ERR_NOT_RUNNING', { path: runDir });
