@@ -292,6 +292,46 @@ describe('EngineClient.generateStream', () => {
     );
   });
 
+  it('reads events whose lines end in \\r\\n (split between reads) and whose data spans several lines (regression: no event ever ended)', async () => {
+    await withEngine(
+      (res) => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        const [first, second] = [event('a'), event('ab')].map((e) => e.replace(/\n/g, '\r\n'));
+        // The second event's data in two lines, which SSE joins with a line end (JSON reads it as space).
+        const split = second!.replace('"text":', '"text":\r\ndata: ');
+        const bytes = Buffer.from(`${first}${split}data: [DONE]\r\n\r\n`);
+        const cut = bytes.indexOf('\r\n\r\n') + 1;
+        res.write(bytes.subarray(0, cut));
+        // Apart, so that the \r and its \n arrive in two reads.
+        setTimeout(() => res.end(bytes.subarray(cut)), 50);
+      },
+      async (client) => {
+        expect((await texts(client)).at(-1)).toBe('ab');
+      },
+    );
+  });
+
+  it('a stream answered with a plain JSON error, or an event that is not JSON, fails with the engine\'s words (regression: "without [DONE]", a SyntaxError)', async () => {
+    await withEngine(
+      (res) => {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        res.end('{"error": {"message": "model is reloading"}}');
+      },
+      async (client) => {
+        await expect(texts(client)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_DOWN', message: expect.stringContaining('model is reloading') });
+      },
+    );
+    await withEngine(
+      (res) => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.end(event('a') + 'data: <html>502 Bad Gateway</html>\n\n' + 'data: [DONE]\n\n');
+      },
+      async (client) => {
+        await expect(texts(client)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_DOWN', message: expect.stringContaining('502 Bad Gateway') });
+      },
+    );
+  });
+
   it('a body that ends without [DONE] is an engine failure', async () => {
     await withEngine(
       (res) => {
@@ -302,5 +342,43 @@ describe('EngineClient.generateStream', () => {
         await expect(texts(client)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_DOWN', message: expect.stringContaining('without [DONE]') });
       },
     );
+  });
+});
+
+describe('EngineClient.generate', () => {
+  async function answering(status: number, body: string, run: (client: EngineClient) => Promise<void>): Promise<void> {
+    const server = createServer((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        res.writeHead(status, { 'content-type': 'application/json' });
+        res.end(body);
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const client = new EngineClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+    try {
+      await run(client);
+    } finally {
+      await client.close();
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    }
+  }
+  const req = { input_ids: [1], sampling_params: {} };
+
+  it('a 200 carrying an error, no output, or what is not JSON is the engine failing with its words (regression: resolved without meta_info, or a SyntaxError)', async () => {
+    await answering(200, '{"error": {"message": "out of memory"}}', async (client) => {
+      await expect(client.generate(req)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_DOWN', message: expect.stringContaining('out of memory') });
+    });
+    await answering(200, '{}', async (client) => {
+      await expect(client.generate(req)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_DOWN', message: expect.stringContaining('without output') });
+    });
+    await answering(200, 'upstream connect error', async (client) => {
+      await expect(client.generate(req)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_DOWN', message: expect.stringContaining('upstream connect error') });
+    });
+    const reply = { text: 'hi', output_ids: [5], meta_info: { id: 'r', finish_reason: { type: 'stop', matched: null }, prompt_tokens: 1, completion_tokens: 1, weight_version: 'v3' } };
+    await answering(200, JSON.stringify(reply), async (client) => {
+      expect(await client.generate(req)).toEqual(reply);
+    });
   });
 });

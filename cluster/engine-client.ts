@@ -90,6 +90,10 @@ class StreamedGeneration implements Dispatcher.DispatchHandler {
   private buf = '';
   /** A character can be split between two reads of the socket; decoding each read alone would mangle it. */
   private readonly decoder = new StringDecoder('utf8');
+  /** The last read ended in `\r`: a `\n` starting the next one belongs to the same line end. */
+  private pendingCR = false;
+  /** What was left unread at the end of a response that had no [DONE]: it says what went wrong. */
+  private tail = '';
   private newest: string | null = null;
   /** `[DONE]` arrived: nothing after it is read. */
   private done = false;
@@ -123,7 +127,11 @@ class StreamedGeneration implements Dispatcher.DispatchHandler {
     }
     if (this.failure !== null) throw this.failure;
     if (this.done) return null;
-    if (this.ended) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.engine, reason: 'stream ended without [DONE]' });
+    if (this.ended) {
+      // An engine (or a proxy before it) that answers a stream with a plain JSON error, 200 or not.
+      if (ERROR_EVENT.test(this.tail)) throw engineFailure(this.engine, this.tail);
+      throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.engine, reason: `stream ended without [DONE]${this.tail ? `; it ended with: ${this.tail.slice(0, 200)}` : ''}` });
+    }
     return undefined;
   }
 
@@ -156,33 +164,56 @@ class StreamedGeneration implements Dispatcher.DispatchHandler {
       return;
     }
     if (this.done || this.failure !== null) return;
-    this.buf += this.decoder.write(chunk);
+    this.buf += this.lines(this.decoder.write(chunk));
     let sep: number;
     while ((sep = this.buf.indexOf('\n\n')) >= 0) {
       const event = this.buf.slice(0, sep);
       this.buf = this.buf.slice(sep + 2);
+      // An event's data is all its `data:` lines, joined by line ends (SSE), not each line alone.
+      let data: string | null = null;
       for (const line of event.split('\n')) {
         if (!line.startsWith('data:')) continue;
-        const data = line.slice(5).trim();
-        if (data === '[DONE]') {
-          this.done = true;
-          this.buf = '';
-          return this.notify();
-        }
-        // Taken after the events before it, and before any after it.
-        if (ERROR_EVENT.test(data)) {
-          this.failure = engineFailure(this.engine, data);
-          return this.notify();
-        }
-        this.newest = data;
+        const value = line.slice(5).trim();
+        data = data === null ? value : `${data}\n${value}`;
       }
+      if (data === null) continue;
+      if (data === '[DONE]') {
+        this.done = true;
+        this.buf = '';
+        return this.notify();
+      }
+      // Taken after the events before it, and before any after it.
+      if (ERROR_EVENT.test(data)) {
+        this.failure = engineFailure(this.engine, data);
+        return this.notify();
+      }
+      this.newest = data;
     }
     this.notify();
+  }
+
+  /**
+   * `text` with its line ends as `\n`: SSE also allows `\r\n` and `\r` (servers built on
+   * sse-starlette end every line with `\r\n`), and read as they are no event ever ended.
+   */
+  private lines(text: string): string {
+    if (this.pendingCR) {
+      text = `\r${text}`;
+      this.pendingCR = false;
+    }
+    if (!text.includes('\r')) return text;
+    if (text.endsWith('\r')) {
+      this.pendingCR = true;
+      text = text.slice(0, -1);
+    }
+    return text.replace(/\r\n?/g, '\n');
   }
 
   onResponseEnd(): void {
     if (this.status >= 400) {
       this.failure ??= refusal(this.engine, '/generate', this.status, this.refusalBody.slice(0, ERROR_BODY_CHARS));
+    } else if (!this.done) {
+      this.tail = (this.buf + this.decoder.end()).trim().slice(0, ERROR_BODY_CHARS);
     }
     this.finish();
   }
@@ -264,15 +295,30 @@ function refusal(engine: string, path: string, status: number, text: string): Er
     : new EngineRequestError(status, text, path);
 }
 
-/** A streamed `error` event as the engine being down, its `error` member the reason. */
+/** A streamed `error` event (or a reply with no output) as the engine being down, its `error` member the reason. */
 function engineFailure(engine: string, data: string): ReefError {
   let reason = data;
   try {
-    reason = JSON.stringify((JSON.parse(data) as { error: unknown }).error);
+    const error = (JSON.parse(data) as { error?: unknown } | null)?.error;
+    reason = error === undefined ? `a reply without output: ${data}` : JSON.stringify(error);
   } catch {
     // The event is not JSON: its text is the reason.
   }
   return new ReefError('REEF_ERR_ENGINE_DOWN', { engine, reason: reason.slice(0, 300) });
+}
+
+/** Whether a parsed `/generate` answer is a reply (rather than `{error}`, or something else entirely). */
+function isReply(parsed: unknown): parsed is GenerateResponse {
+  return typeof parsed === 'object' && parsed !== null && !('error' in parsed) && typeof (parsed as { meta_info?: unknown }).meta_info === 'object' && (parsed as { meta_info?: unknown }).meta_info !== null;
+}
+
+/** An engine's answer that is not JSON (a proxy's error page, a broken engine) is the engine failing, with its words. */
+function parseJson(engine: string, path: string, text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine, reason: `${path} answered with what is not JSON: ${text.slice(0, 200)}` });
+  }
 }
 
 export class EngineClient {
@@ -321,7 +367,7 @@ export class EngineClient {
   private async json<T>(method: 'GET' | 'POST', path: string, body?: unknown, signal?: AbortSignal): Promise<T> {
     const { status, text } = await this.call(method, path, body, signal);
     if (status >= 400) throw refusal(this.name, path, status, text);
-    return (text ? JSON.parse(text) : {}) as T;
+    return (text ? parseJson(this.name, path, text) : {}) as T;
   }
 
   async health(): Promise<boolean> {
@@ -341,8 +387,12 @@ export class EngineClient {
    * Aborting `signal` closes the connection, which makes the engine stop generating; the call then
    * rejects with the signal's reason.
    */
-  generate(req: GenerateRequest | Uint8Array, signal?: AbortSignal): Promise<GenerateResponse> {
-    return this.json('POST', '/generate', req instanceof Uint8Array ? req : generateBody(req, false), signal);
+  async generate(req: GenerateRequest | Uint8Array, signal?: AbortSignal): Promise<GenerateResponse> {
+    const res = await this.json<GenerateResponse | { error: unknown }>('POST', '/generate', req instanceof Uint8Array ? req : generateBody(req, false), signal);
+    // A 200 that carries an error, or no reply at all, has no output to read: its callers would
+    // fail on the missing meta_info with a TypeError.
+    if (!isReply(res)) throw engineFailure(this.name, JSON.stringify(res));
+    return res;
   }
 
   /**
@@ -378,8 +428,8 @@ export class EngineClient {
 
   /** One streamed event's data; an `error` event is thrown as the engine being down. */
   private parseEvent(data: string): GenerateResponse {
-    const parsed = JSON.parse(data) as GenerateResponse | { error: unknown };
-    if ('error' in parsed) throw engineFailure(this.name, data);
+    const parsed = parseJson(this.name, '/generate', data);
+    if (!isReply(parsed)) throw engineFailure(this.name, data);
     return parsed;
   }
 
