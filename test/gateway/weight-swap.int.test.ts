@@ -106,6 +106,25 @@ describe('gateway weight swap', () => {
     expect((await postChat(s.url, CHAT)).status).toBe(200);
   });
 
+  it('a non-streamed client that gives up while paused leaves no waiter, no record and no error behind', async () => {
+    expect(await pause(1000)).toEqual({ drained: true, inflight: 0 });
+    const head = await s.gw.store.headOffset();
+    const requests = s.engine.requests.length;
+    const body = JSON.stringify(CHAT);
+    const req = httpRequest(`${s.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } });
+    req.on('error', () => {});
+    req.end(body);
+    await waitFor(() => (s.gw.metrics.inflightCount === 1 ? true : null), { what: 'the request to wait at the gate' });
+    req.destroy();
+    await waitFor(() => s.gw.metrics.inflightCount === 0, { what: 'the request to be let go' });
+    resume(null);
+    expect(s.gw.gate.inflight).toBe(0);
+    expect(await s.gw.store.headOffset()).toBe(head);
+    expect(s.engine.requests.length).toBe(requests);
+    expect(s.gw.metrics.render()).not.toMatch(/code="5\d\d"/);
+    expect((await postChat(s.url, CHAT)).status).toBe(200);
+  });
+
   it('a streamed request that waits through a pause starts streaming after resume', async () => {
     expect(await pause(1000)).toEqual({ drained: true, inflight: 0 });
     let headersSeen = false;
