@@ -1,6 +1,6 @@
 """Reference side of tokenizer-variants.int.test.ts.
 
-Reads {"tinyModelDir": str, "outDir": str, "strings": [str], "chats": [[message]]} as JSON on stdin,
+Reads {"tinyModelDir": str, "outDir": str, "strings": [str], "chats": [{"messages", "tools"}]} as JSON on stdin,
 writes tokenizer variants of the tiny model under outDir (one directory each: added-token flags,
 normalisers, a SentencePiece-style byte-fallback BPE), and prints {"models": {name: {"encode":
 [[id]], "plain": [[id]], "chats": [{"ids", "sanitizedIds"}], "decode": [str], "random": [{"ids", "text", "skipped"}]}}} on stdout: what transformers gives
@@ -21,9 +21,16 @@ ADDED = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 NON_SPECIAL = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 
 
-def write(out_dir, name, spec, config, template):
+def write(out_dir, name, spec, config, template, tool_use=None):
+    """A model directory; `tool_use`: a named template besides the default, as a file or (a list) in the config."""
     path = os.path.join(out_dir, name)
     os.makedirs(path, exist_ok=True)
+    if tool_use is not None and tool_use[0] == "config":
+        config = {**config, "chat_template": [{"name": "default", "template": template}, {"name": "tool_use", "template": tool_use[1]}]}
+    elif tool_use is not None:
+        os.makedirs(os.path.join(path, "additional_chat_templates"), exist_ok=True)
+        with open(os.path.join(path, "additional_chat_templates", "tool_use.jinja"), "w", encoding="utf-8") as f:
+            f.write(tool_use[1])
     with open(os.path.join(path, "tokenizer.json"), "w", encoding="utf-8") as f:
         json.dump(spec, f, ensure_ascii=False)
     config = copy.deepcopy(config)
@@ -31,8 +38,9 @@ def write(out_dir, name, spec, config, template):
     config["added_tokens_decoder"] = {str(t["id"]): {k: t[k] for k in keys} for t in spec["added_tokens"]}
     with open(os.path.join(path, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f, ensure_ascii=False)
-    with open(os.path.join(path, "chat_template.jinja"), "w", encoding="utf-8") as f:
-        f.write(template)
+    if tool_use is None or tool_use[0] != "config":
+        with open(os.path.join(path, "chat_template.jinja"), "w", encoding="utf-8") as f:
+            f.write(template)
     return path
 
 
@@ -128,13 +136,20 @@ def main() -> None:
         "additional-special-names": {**config, "additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<think>"]},
     }
 
+    # Named templates: transformers renders a request with tools with `tool_use`.
+    tool_use = "{{- 'TOOL USE\\n' -}}" + template
+    named = {"tool-use-file": ("file", tool_use), "tool-use-config": ("config", tool_use)}
+    for name in named:
+        variants[name] = base
+
     results = {}
     for name, spec in variants.items():
-        path = write(request["outDir"], name, spec, configs.get(name, config), templates.get(name, template))
+        path = write(request["outDir"], name, spec, configs.get(name, config), templates.get(name, template), named.get(name))
         tokenizer = AutoTokenizer.from_pretrained(path)
         chats = []
-        for messages in request["chats"]:
-            common = dict(add_generation_prompt=True, tokenize=True)
+        for chat in request["chats"]:
+            messages = chat["messages"]
+            common = dict(tools=chat["tools"], add_generation_prompt=True, tokenize=True)
             plain = tokenizer.apply_chat_template(messages, **common)
             sanitized = tokenizer.apply_chat_template(messages, sanitize_control_tokens=True, **common)
             chats.append({"ids": list(plain["input_ids"]), "sanitizedIds": list(sanitized["input_ids"])})

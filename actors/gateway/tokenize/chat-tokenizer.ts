@@ -111,6 +111,8 @@ export class ChatTokenizer {
   /** Splits out added tokens whose flags `addedRe` cannot follow (null when `exactSplit`). */
   private readonly splitter: AddedTokenSplitter | null;
   private readonly template: Template;
+  /** Renders requests with tools where the model has a `tool_use` template, as transformers does; else null. */
+  private readonly toolUse: ChatTokenizer | null;
   /** The template compiled to closures, or null: the interpreter renders. */
   private compiled: CompiledTemplate | null = null;
   private readonly templateStats: TemplateRenderStats = { interpreterOnly: null, compiled: 0, fallbacks: 0, checked: 0, mismatches: 0 };
@@ -181,6 +183,9 @@ export class ChatTokenizer {
     const config = files.tokenizerConfig;
     this.cleanUpSpaces = config.clean_up_tokenization_spaces === true && (!bpe || config.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output === true);
     this.newlineIds = this.encodeText('\n');
+    // A render's control tokens depend on its template (control-tokens.ts), and so does what is
+    // compiled: the tool_use template gets a tokenizer of its own (its stats are not in `stats()`).
+    this.toolUse = files.toolUseTemplate === null ? null : new ChatTokenizer({ ...files, chatTemplate: files.toolUseTemplate, toolUseTemplate: null }, opts);
     if (opts.compiledTemplate === false) this.templateStats.interpreterOnly = 'compiledTemplate: false';
     else {
       try {
@@ -213,6 +218,7 @@ export class ChatTokenizer {
 
   /** Render the template for these (already normalised) messages and tokenize. */
   render(messages: readonly TemplateMessage[], tools: readonly unknown[] | null, opts: RenderOptions = {}): RenderResult {
+    if (tools !== null && this.toolUse !== null) return this.toolUse.render(messages, tools, opts);
     const guard = opts.guard ?? true;
     const rendered = this.renderText(messages, tools, opts);
     this.renders++;
@@ -271,6 +277,7 @@ export class ChatTokenizer {
 
   /** The chat template's output for these messages, before tokenization (what `render` tokenizes). */
   renderText(messages: readonly TemplateMessage[], tools: readonly unknown[] | null, opts: RenderOptions = {}): string {
+    if (tools !== null && this.toolUse !== null) return this.toolUse.renderText(messages, tools, opts);
     const guard = opts.guard ?? true;
     const view = messages.map((m) => this.messageView(m, guard));
     let extra: Record<string, unknown> = opts.extra ?? {};

@@ -1,4 +1,4 @@
-import { readFileSync, existsSync } from 'node:fs';
+import { readdirSync, readFileSync, existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { ReefError } from '../../runtime/errors.js';
 
@@ -19,6 +19,8 @@ export interface ModelFiles {
   tokenizerJson: Record<string, unknown>;
   tokenizerConfig: Record<string, unknown>;
   chatTemplate: string;
+  /** The template transformers renders a request with tools with (its named template `tool_use`), or null: `chatTemplate`. */
+  toolUseTemplate: string | null;
   /** The special-token variables transformers passes into every render (`bos_token`, `eos_token`, ...). */
   specialTokens: Record<string, string>;
   addedTokens: AddedTokenSpec[];
@@ -59,12 +61,13 @@ export function loadModelFiles(modelDir: string): ModelFiles {
   const configPath = join(modelDir, 'tokenizer_config.json');
   const tokenizerConfig = existsSync(configPath) ? readJson(configPath) : {};
 
-  let chatTemplate: string | null = null;
-  const templatePath = join(modelDir, 'chat_template.jinja');
-  if (existsSync(templatePath)) chatTemplate = readFileSync(templatePath, 'utf8');
-  else if (typeof tokenizerConfig.chat_template === 'string') chatTemplate = tokenizerConfig.chat_template;
+  const templates = chatTemplates(modelDir, tokenizerConfig);
+  const chatTemplate = templates.get('default') ?? null;
   if (chatTemplate === null) {
-    throw new ReefError('REEF_ERR_TOKENIZER', { modelDir, reason: 'no chat_template.jinja and no chat_template in tokenizer_config.json' });
+    const reason = templates.size > 0
+      ? `named chat templates without a default (${[...templates.keys()].join(', ')})`
+      : 'no chat_template.jinja and no chat_template in tokenizer_config.json';
+    throw new ReefError('REEF_ERR_TOKENIZER', { modelDir, reason });
   }
 
   const specialTokens: Record<string, string> = {};
@@ -84,7 +87,34 @@ export function loadModelFiles(modelDir: string): ModelFiles {
     singleWord: t.single_word === true,
   }));
 
-  return { modelDir, tokenizerJson, tokenizerConfig, chatTemplate, specialTokens, addedTokens, contextLength: readContextLength(modelDir, tokenizerConfig) };
+  const toolUseTemplate = templates.get('tool_use') ?? null;
+  return { modelDir, tokenizerJson, tokenizerConfig, chatTemplate, toolUseTemplate, specialTokens, addedTokens, contextLength: readContextLength(modelDir, tokenizerConfig) };
+}
+
+/**
+ * A model's chat templates by name, as transformers 5 finds them: `chat_template.jinja` (the
+ * default) and `additional_chat_templates/<name>.jinja` when either exists, else the config's
+ * `chat_template`, a template or a list of `{name, template}`.
+ */
+function chatTemplates(modelDir: string, config: Record<string, unknown>): Map<string, string> {
+  const templates = new Map<string, string>();
+  const file = join(modelDir, 'chat_template.jinja');
+  if (existsSync(file)) templates.set('default', readFileSync(file, 'utf8'));
+  const dir = join(modelDir, 'additional_chat_templates');
+  if (existsSync(dir)) {
+    for (const name of readdirSync(dir).sort()) {
+      if (name.endsWith('.jinja')) templates.set(name.slice(0, -'.jinja'.length), readFileSync(join(dir, name), 'utf8'));
+    }
+  }
+  if (templates.size > 0) return templates;
+  const configured = config.chat_template;
+  if (typeof configured === 'string') templates.set('default', configured);
+  else if (Array.isArray(configured)) {
+    for (const t of configured as { name?: unknown; template?: unknown }[]) {
+      if (t && typeof t.name === 'string' && typeof t.template === 'string') templates.set(t.name, t.template);
+    }
+  }
+  return templates;
 }
 
 /** Context length from `config.json` (`max_position_embeddings` and its aliases), else the tokenizer's `model_max_length`. */
