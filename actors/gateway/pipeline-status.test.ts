@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { STATE_KEY as JUDGE_STATE_KEY } from '../judge/handler.js';
 import { STATE_KEY as TRAINER_STATE_KEY } from '../trainer-controller/messages.js';
+import { parsePrometheusText } from '../../test/helpers/prometheus-text.js';
 import { PipelineStatus } from './pipeline-status.js';
 import { SqliteStore } from './store/sqlite-store.js';
 
@@ -51,5 +52,16 @@ describe('PipelineStatus', () => {
     // A state deleted reads as none.
     await store.deleteState(TRAINER_STATE_KEY);
     expect((await status.refresh()).training).toEqual({ releases: 0, weightVersion: null, counters: {} });
+  });
+
+  it('escapes counter names read from saved state in its Prometheus labels (regression: a quote or newline broke the whole scrape)', async () => {
+    const odd = 'say "hi"\\now\nnext';
+    await store.putState(JUDGE_STATE_KEY, { correlator: { counters: { [odd]: 3, tagged: 1 } }, counters: { judged: 2 } });
+    const status = new PipelineStatus(store, 60_000);
+    await status.refresh();
+    const samples = parsePrometheusText(`${status.render()}\n`);
+    expect(samples.find((s) => s.name === 'reef_correlation' && s.labels.counter === odd)?.value).toBe(3);
+    expect(samples.find((s) => s.name === 'reef_correlation' && s.labels.counter === 'tagged')?.value).toBe(1);
+    expect(samples.find((s) => s.name === 'reef_judge' && s.labels.counter === 'judged')?.value).toBe(2);
   });
 });

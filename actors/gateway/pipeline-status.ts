@@ -1,5 +1,6 @@
 import { STATE_KEY as JUDGE_STATE_KEY } from '../judge/handler.js';
 import { STATE_KEY as TRAINER_STATE_KEY } from '../trainer-controller/messages.js';
+import { labelKey } from './metrics.js';
 import type { RecordStore } from './store/types.js';
 
 /**
@@ -89,7 +90,9 @@ export class PipelineStatus {
     const lines: string[] = [];
     const family = (name: string, help: string, values: Record<string, number>) => {
       lines.push(`# HELP ${name} ${help}`, `# TYPE ${name} gauge`);
-      for (const [k, v] of Object.entries(values)) lines.push(`${name}{counter="${k}"} ${v}`);
+      // Escaped: the names come from saved state, and one quote or newline unescaped made the
+      // scraper refuse every series of the scrape.
+      for (const [k, v] of Object.entries(values)) lines.push(`${name}{${labelKey({ counter: k })}} ${v}`);
     };
     family('reef_correlation', 'Session correlation counters of the judge (cumulative)', s.correlation);
     family('reef_judge', 'Judge counters: votes, judged and dropped turns, re-dispatches (cumulative)', s.judge);
