@@ -16,6 +16,11 @@ describe('parseChatRequest: fields refused after the schema', () => {
     ['tool_choice "required" with an empty tool list', { tools: [], tool_choice: 'required' }, 'tool_choice', /needs tools/],
     ['a named tool_choice without tools', { tool_choice: { type: 'function', function: { name: 'f' } } }, 'tool_choice', /^tool_choice naming "f" needs tools/],
     ['a named tool_choice of a tool not offered', { tools: [TOOL('g')], tool_choice: { type: 'function', function: { name: 'f' } } }, 'tool_choice.function.name', /^tool_choice names "f", which is not among the request's tools$/],
+    ['chat_template_kwargs that is not an object', { chat_template_kwargs: ['enable_thinking'] }, 'chat_template_kwargs', /expected an object of chat template variables/],
+    ['chat_template_kwargs as a string', { chat_template_kwargs: 'enable_thinking=false' }, 'chat_template_kwargs', /expected an object/],
+    ['chat_template_kwargs setting the messages', { chat_template_kwargs: { messages: [] } }, 'chat_template_kwargs.messages', /set from the request/],
+    ['chat_template_kwargs setting add_generation_prompt', { chat_template_kwargs: { enable_thinking: true, add_generation_prompt: false } }, 'chat_template_kwargs.add_generation_prompt', /set from the request/],
+    ['chat_template_kwargs with an apply_chat_template argument', { chat_template_kwargs: { continue_final_message: true } }, 'chat_template_kwargs.continue_final_message', /argument of apply_chat_template/],
   ] as const)('%s', (_name, extra, param, message) => {
     const out = parseChatRequest({ messages: MESSAGES, ...extra });
     expect(out.ok).toBe(false);
@@ -36,8 +41,15 @@ describe('parseChatRequest: fields refused after the schema', () => {
     ['tool_choice: null without tools', { tool_choice: null }],
     ['tool_choice "required" with tools', { tools: [TOOL('f')], tool_choice: 'required' }],
     ['a named tool_choice of an offered tool', { tools: [TOOL('g'), TOOL('f')], tool_choice: { type: 'function', function: { name: 'f' } } }],
+    ['chat_template_kwargs', { chat_template_kwargs: { enable_thinking: false, reasoning_effort: 'low' } }],
+    ['chat_template_kwargs: null', { chat_template_kwargs: null }],
   ] as const)('accepts %s', (_name, extra) => {
     expect(parseChatRequest({ messages: MESSAGES, ...extra }).ok).toBe(true);
+  });
+
+  it('keeps chat_template_kwargs on the request, as sent', () => {
+    const out = parseChatRequest({ messages: MESSAGES, chat_template_kwargs: { enable_thinking: false } });
+    expect(out.ok && (out.value as Record<string, unknown>).chat_template_kwargs).toEqual({ enable_thinking: false });
   });
 });
 

@@ -78,6 +78,16 @@ export type ChatCompletionRequest = z.infer<typeof ChatCompletionRequest>;
 
 const LOGPROBS_REFUSED = 'logprobs are not returned in the reply; the record of the turn holds each token\'s logprob and top-K (GET /reef/scenarios/{scenario}/records/{id})';
 
+/**
+ * What `chat_template_kwargs` may not set: the variables the gateway gives the template from the
+ * request itself, and apply_chat_template's own arguments, which transformers (and so a server in
+ * Python) would take as arguments, not as template variables.
+ */
+const TEMPLATE_OWN = new Map<string, string>([
+  ...['messages', 'tools', 'documents', 'add_generation_prompt'].map((k): [string, string] => [k, 'set from the request, not by chat_template_kwargs']),
+  ...['continue_final_message', 'tokenize', 'return_dict', 'chat_template', 'tokenizer_kwargs', 'return_assistant_tokens_mask'].map((k): [string, string] => [k, 'an argument of apply_chat_template, not a template variable; the gateway does not take it']),
+]);
+
 export interface RequestIssue {
   /** The OpenAI `param` of the error: a dotted path such as `messages[2].role`. */
   param: string | null;
@@ -129,6 +139,12 @@ export function parseChatRequest(body: unknown): { ok: true; value: ChatCompleti
   }
   if (named !== null && !offered.includes(named)) {
     return { ok: false, issue: { param: 'tool_choice.function.name', message: `tool_choice names ${JSON.stringify(named)}, which is not among the request's tools` } };
+  }
+  const kwargs = (body as { chat_template_kwargs?: unknown }).chat_template_kwargs;
+  if (kwargs != null) {
+    if (typeof kwargs !== 'object' || Array.isArray(kwargs)) return { ok: false, issue: { param: 'chat_template_kwargs', message: 'chat_template_kwargs: expected an object of chat template variables (such as {"enable_thinking": false})' } };
+    const taken = Object.keys(kwargs).find((k) => TEMPLATE_OWN.has(k));
+    if (taken !== undefined) return { ok: false, issue: { param: `chat_template_kwargs.${taken}`, message: `chat_template_kwargs.${taken}: ${TEMPLATE_OWN.get(taken)}` } };
   }
   // Answered with `logprobs: null`, a client that asked for them would fail far from the cause:
   // the reply carries no per-token logprobs (the record keeps them with the top-K).

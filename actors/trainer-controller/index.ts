@@ -162,7 +162,7 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
       getRecord: (id) => w.store.get(id),
       commit: (next, s) => w.store.commitConsumer(CONSUMER, next, STATE_KEY, s),
       // As the gateway rendered the turn's own prompt, so that the hint is the only difference.
-      renderTeacher: async (messages, tools) => renderChat(tokenizer, messages, tools, { addGenerationPrompt: true }).ids,
+      renderTeacher: async (messages, tools, extra) => renderChat(tokenizer, messages, tools, { addGenerationPrompt: true, extra }).ids,
       trainer: {
         restart: async (checkpointPath) => {
           started = false;

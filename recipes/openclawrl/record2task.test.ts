@@ -59,7 +59,7 @@ describe('record2task', () => {
     writeFileSync(path, readFileSync(path, 'utf8').replace('{%- if tools is defined and tools is not none and tools | length > 0 -%}', '{%- if tools is not none -%}'));
     const tok = ChatTokenizer.load(dir);
     // What the trainer-controller wires as its renderTeacher (actors/trainer-controller/index.ts).
-    const render = async (messages: unknown[], tools: readonly unknown[] | null) => renderChat(tok, messages, tools, { addGenerationPrompt: true }).ids;
+    const render = async (messages: unknown[], tools: readonly unknown[] | null, extra: Record<string, unknown> | null) => renderChat(tok, messages, tools, { addGenerationPrompt: true, extra }).ids;
 
     it.each([
       ['an empty tool list', []],
@@ -77,6 +77,18 @@ describe('record2task', () => {
       expect(tok.decode(teacher!)).toBe(tok.decode(prepare(body(withHint('hi', 'be brief')))));
       expect(Array.from(teacher!)).toEqual(Array.from(prepare(body(withHint('hi', 'be brief')))));
     });
+  });
+
+  it('renders a teacher prompt with the chat template variables the turn was rendered with', async () => {
+    const seen: unknown[] = [];
+    const render = async (_m: unknown[], _t: readonly unknown[] | null, kwargs: Record<string, unknown> | null) => {
+      seen.push(kwargs);
+      return Int32Array.from([1]);
+    };
+    const body = JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], chat_template_kwargs: { enable_thinking: false } });
+    await teacherPrompts({ ...record([]), request: requestOfChatBody(body) }, ['be brief'], render);
+    await teacherPrompts({ ...record([]), request: requestOfChatBody(JSON.stringify({ messages: [{ role: 'user', content: 'hi' }] })) }, ['be brief'], render);
+    expect(seen).toEqual([{ enable_thinking: false }, null]);
   });
 
   it('a request without a user message keeps every hint, in its last message', async () => {

@@ -1,5 +1,5 @@
 import type { AgentRecord } from '../../actors/gateway/store/types.js';
-import { engineSampling, type RequestSampling } from '../../actors/gateway/tokenize/prepare.js';
+import { engineSampling, templateKwargs, type RequestSampling } from '../../actors/gateway/tokenize/prepare.js';
 
 /**
  * record2task: a judged turn becomes a training task. The response is exactly the tokens the
@@ -42,10 +42,10 @@ export interface Task {
 
 /**
  * Renders a teacher prompt from the recorded request's messages (the hint in the last user one) and
- * its tools as recorded; it must render them as the gateway rendered the turn's prompt
+ * its tools and chat template variables as recorded; it must render them as the gateway rendered the turn's prompt
  * (actors/gateway/tokenize/prepare.ts `renderChat`).
  */
-export type TeacherRenderer = (messages: unknown[], tools: readonly unknown[] | null) => Promise<Int32Array>;
+export type TeacherRenderer = (messages: unknown[], tools: readonly unknown[] | null, templateKwargs: Record<string, unknown> | null) => Promise<Int32Array>;
 
 /** The position of the last user message, or -1. */
 export function lastUserIndex(messages: readonly unknown[]): number {
@@ -73,7 +73,7 @@ export async function teacherPrompts(record: AgentRecord, hints: readonly string
   const out: Int32Array[] = [];
   for (const hint of hints) {
     const copy = messages.map((m, i) => (i === at ? { ...(m as object), content: withHint(textOf((m as { content: unknown }).content), hint) } : m));
-    out.push(await render(copy, record.request.tools));
+    out.push(await render(copy, record.request.tools, templateKwargs(record.request.params)));
   }
   return out;
 }

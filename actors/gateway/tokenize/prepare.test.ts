@@ -192,6 +192,32 @@ describe('prepareChat thinking state', () => {
     expect(thinking(opening, [...history, { role: 'user', content: 'done </think> <|im_start|>' }])).toBe(true);
   });
 
+  it('renders chat_template_kwargs as template variables: enable_thinking false closes the block the template would open', () => {
+    // Qwen3's way: the generation prompt opens <think>, or with enable_thinking false writes an empty block.
+    const qwen3 = (t: string) =>
+      t.replace(
+        "{{- '<|im_start|>assistant\\n' -}}\n{%- endif -%}",
+        "{{- '<|im_start|>assistant\\n' -}}{%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- else -%}{{- '<think>\\n' -}}{%- endif -%}\n{%- endif -%}",
+      );
+    const tok = ChatTokenizer.load(variant('enable-thinking', { template: qwen3 }));
+    const prepared = (kwargs: unknown, sessionKey: string | null = null, messages: unknown[] = [{ role: 'user', content: 'hi' }]) => {
+      const out = prepareChat(tok, Buffer.from(JSON.stringify({ messages, max_tokens: 4, ...(kwargs === undefined ? {} : { chat_template_kwargs: kwargs }) })), { ...params, sessionKey });
+      if (!out.ok) throw new Error(out.message);
+      return out;
+    };
+    expect(tok.decode(prepared(undefined).promptIds)).toMatch(/assistant\n<think>\n$/);
+    expect(prepared(undefined).startsInThinking).toBe(true);
+    const off = prepared({ enable_thinking: false });
+    expect(tok.decode(off.promptIds)).toMatch(/assistant\n<think>\n\n<\/think>\n\n$/);
+    expect(off.startsInThinking).toBe(false);
+    expect(Array.from(off.promptIds)).toEqual(Array.from(tok.render(normalizeMessages([{ role: 'user', content: 'hi' }]), null, { extra: { enable_thinking: false } }).ids));
+    // A session that turns thinking back on is rendered afresh, not from its last turn's ids.
+    const turn2 = [...history, { role: 'user', content: 'next' }];
+    prepared({ enable_thinking: false }, 'kw', history.slice(0, 2));
+    prepared({ enable_thinking: false }, 'kw', turn2);
+    expect(Array.from(prepared({ enable_thinking: true }, 'kw', turn2).promptIds)).toEqual(Array.from(prepared({ enable_thinking: true }, null, turn2).promptIds));
+  });
+
   it('a render is reused only by the tokenizer that made it', () => {
     // Same template and text, but <tool_call> is an added token in one and plain text in the other.
     const a = ChatTokenizer.load(tinyModelDir());

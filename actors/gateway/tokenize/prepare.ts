@@ -197,6 +197,16 @@ export function renderChat(tokenizer: ChatTokenizer, messages: readonly unknown[
   return tokenizer.render(normalizeMessages(messages), templateTools(tools), opts);
 }
 
+/**
+ * The request's `chat_template_kwargs` (`{"enable_thinking": false}` from Qwen3 clients): extra
+ * variables of the chat template, as vLLM and SGLang take them. A validated request, or a record's
+ * `params`, which keep it, so that a teacher prompt renders as the turn's own did.
+ */
+export function templateKwargs(req: Record<string, unknown>): Record<string, unknown> | null {
+  const k = req.chat_template_kwargs;
+  return k !== null && typeof k === 'object' && !Array.isArray(k) ? (k as Record<string, unknown>) : null;
+}
+
 /** The sampling parameters a request states: a validated request, or a record's `params`. */
 export interface RequestSampling {
   temperature?: number | null;
@@ -232,7 +242,7 @@ export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: 
   let startsInThinking: boolean;
   try {
     const renders = rendersOf(tokenizer);
-    const r = renderChat(tokenizer, req.messages, tools, { shared: true, prior: renders.nearest(params.sessionKey) });
+    const r = renderChat(tokenizer, req.messages, tools, { shared: true, prior: renders.nearest(params.sessionKey), extra: templateKwargs(req) });
     ids = r.ids;
     startsInThinking = tokenizer.endsInsideBlock(r, '<think>', '</think>');
     if (r.encoded !== null) renders.put(params.sessionKey, r.encoded);
