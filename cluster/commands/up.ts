@@ -134,21 +134,48 @@ async function detach(cfg: ReefConfig, configPath: string, args: ParsedArgs, io:
       else if (line.startsWith('reef: ')) errors.push(line);
     }
   };
-  while (Date.now() < deadline) {
-    follow();
-    const rf = readRunFile(runDir);
-    if (rf && rf.pid === child.pid && rf.state === 'running') {
-      // By data dir: `-c FILE` alone missed a stack whose data dir an override moved.
-      io.stdout(`reef is up: gateway ${rf.gateway}/v1, control ${rf.control}\nstop with \`reef down --data-dir ${shellWord(cfg.reef.data_dir)}\``);
-      return 0;
+  // Ctrl-C while it starts stops it, as it stops a foreground `reef up`: the background process was
+  // left to come up with nobody told (a script's `trap ... down` was not set yet), holding the GPUs.
+  let interrupted = 0;
+  const onSignal = (sig: NodeJS.Signals): void => {
+    interrupted++;
+    if (interrupted > 1) {
+      io.stderr(`[reef] ${sig} again: leaving the background stack (pid ${child.pid}) to stop by itself; see ${logPath}`);
+      process.exit(130);
     }
-    if (exited !== null) {
+    io.stderr(`[reef] ${sig}: stopping the background stack (pid ${child.pid}) after its start-up step in progress`);
+    try {
+      process.kill(child.pid!, 'SIGTERM');
+    } catch {
+      // exited just now
+    }
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
+  try {
+    while (Date.now() < deadline) {
       follow();
-      for (const line of errors) io.stderr(line);
-      io.stderr(`reef: start-up failed (exit ${exited}); see ${logPath}`);
-      return 1;
+      const rf = readRunFile(runDir);
+      if (interrupted === 0 && rf && rf.pid === child.pid && rf.state === 'running') {
+        // By data dir: `-c FILE` alone missed a stack whose data dir an override moved.
+        io.stdout(`reef is up: gateway ${rf.gateway}/v1, control ${rf.control}\nstop with \`reef down --data-dir ${shellWord(cfg.reef.data_dir)}\``);
+        return 0;
+      }
+      if (exited !== null && interrupted > 0) {
+        io.stderr('[reef] stopped before it was up');
+        return 130;
+      }
+      if (exited !== null) {
+        follow();
+        for (const line of errors) io.stderr(line);
+        io.stderr(`reef: start-up failed (exit ${exited}); see ${logPath}`);
+        return 1;
+      }
+      await new Promise((r) => setTimeout(r, 250));
     }
-    await new Promise((r) => setTimeout(r, 250));
+  } finally {
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
   }
   // Left running, it could come up later with nobody told, or hold the data dir for good.
   if (exited === null && child.pid !== undefined) {

@@ -1,10 +1,12 @@
+import { spawn } from 'node:child_process';
 import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
+import { freePort } from '../../cluster/net.js';
 import { repoRoot } from '../../cluster/paths.js';
 import { readRunFile } from '../../cluster/run-file.js';
-import { pidAlive } from '../helpers/wait.js';
+import { pidAlive, waitFor } from '../helpers/wait.js';
 import { runReef, testConfig } from '../helpers/stack.js';
 
 /**
@@ -49,5 +51,50 @@ describe('reef up --detach with the data dir moved by an override and reef.port 
     expect(down.code, down.stderr).toBe(0);
     expect(down.stdout).toContain('stopped');
     expect(readRunFile(join(dataDir, 'run'))).toBeNull();
+  });
+});
+
+describe('reef up --detach interrupted while the stack starts', () => {
+  const root = repoRoot();
+  const cfg = testConfig();
+  const shimDir = mkdtempSync(join(tmpdir(), 'reef-fake-shim-'));
+  const env = { REEF_PYTHON: join(shimDir, 'python'), FAKE_SHIM_DIR: shimDir };
+  const shims = (): number[] =>
+    existsSync(join(shimDir, 'events.jsonl'))
+      ? readFileSync(join(shimDir, 'events.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { pid: number; event: string }).filter((e) => e.event === 'spawned').map((e) => e.pid)
+      : [];
+  let background = 0;
+
+  afterAll(() => {
+    if (background > 0 && pidAlive(background)) process.kill(background, 'SIGKILL');
+    for (const pid of shims()) if (pidAlive(pid)) process.kill(pid, 'SIGKILL');
+    rmSync(shimDir, { recursive: true, force: true });
+    rmSync(cfg.dir, { recursive: true, force: true });
+  });
+
+  // Ctrl-C killed only the waiting command: the background stack went on coming up with nobody
+  // told, before a script's `trap 'reef down' EXIT` was even set (examples/openclawrl/run.sh).
+  it('stops the background stack and exits 130', async () => {
+    writeFileSync(env.REEF_PYTHON, `#!/bin/sh\nexec "${process.execPath}" "${join(root, 'test', 'fixtures', 'fake-shim.mjs')}" "$@"\n`);
+    chmodSync(env.REEF_PYTHON, 0o755);
+    writeFileSync(join(shimDir, 'hold-ready'), ''); // the shim never gets ready: start-up waits
+    const up = spawn(process.execPath, [join(root, 'bin', 'reef.js'), 'up', '-c', cfg.path, '--detach', `--reef.port=${await freePort()}`], {
+      cwd: root,
+      env: { ...process.env, ...env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '';
+    let err = '';
+    up.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+    up.stderr!.on('data', (d: Buffer) => (err += d.toString()));
+    const exited = new Promise<number | null>((resolve) => up.once('exit', (code) => resolve(code)));
+    background = Number(await waitFor(() => /in the background \(pid (\d+)\)/.exec(out)?.[1], { what: 'the background pid', timeoutMs: 60_000 }));
+    await waitFor(() => shims().length > 0, { what: 'the background stack to start its shim', timeoutMs: 60_000 });
+    up.kill('SIGINT');
+    expect(await exited, err).toBe(130);
+    expect(err).toContain('[reef] stopped before it was up');
+    expect(pidAlive(background)).toBe(false);
+    for (const pid of shims()) expect(pidAlive(pid)).toBe(false);
+    expect(readRunFile(join(cfg.dir, 'data', 'run'))).toBeNull();
   });
 });
