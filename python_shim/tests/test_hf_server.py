@@ -230,6 +230,28 @@ def test_client_leaving_a_plain_request_stops_its_generation(engine: Engine) -> 
     _expect_served_after_leaving(engine, "client left request quitter")
 
 
+def test_a_rid_in_flight_is_refused_and_free_again_once_its_request_ended(engine: Engine) -> None:
+    host, port = engine.url.removeprefix("http://").split(":")
+    headers = {"Content-Type": "application/json"}
+    body = {"text": PROMPT, "rid": "twice", "stream": True,
+            "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}}
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    try:
+        conn.request("POST", "/generate", json.dumps(body), headers)
+        first = conn.getresponse()  # the headers come once the request is admitted and generating
+        assert first.status == 200
+        status, reply = engine.call("/generate", {"text": PROMPT, "rid": "twice", "sampling_params": {"max_new_tokens": 1}})
+        assert status == 400 and reply["error"]["code"] == "REEF_ERR_INVALID_ARGUMENT", reply
+        assert "twice" in reply["error"]["message"]
+        assert first.read().decode().rstrip().endswith("data: [DONE]")
+        # One connection's requests are handled in turn: this one starts after the first one's ended.
+        conn.request("POST", "/generate", json.dumps({**body, "stream": False}), headers)
+        again = conn.getresponse()
+        assert again.status == 200 and json.loads(again.read())["meta_info"]["id"] == "twice"
+    finally:
+        conn.close()
+
+
 def _expect_served_after_leaving(engine: Engine, logged: str) -> None:
     """The next request is served (the 3000-token one behind it was cut off), and the log says why."""
     after = engine.generate(text=PROMPT, sampling_params={"max_new_tokens": 2, "temperature": 0})

@@ -44,9 +44,9 @@ Behaviour a client can rely on:
   refused transfer answers 400 `success: false` and leaves the weights that were serving. `nccl`
   is refused (the weights live on the CPU). `--weight-sync-timeout-s` (300) bounds the join and
   each transfer.
-- Errors: `{error: {message, code}}` with a Reef code; 400 for a bad request or an input at or
-  past the context length, 413 for a body over 64 MiB, 503 while loading. A body is read by
-  Content-Length or chunked; one that cannot be read closes the connection after the error.
+- Errors: `{error: {message, code}}` with a Reef code; 400 for a bad request, an input at or
+  past the context length, or a `rid` of a request still in flight (as SGLang), 413 for a body
+  over 64 MiB, 503 while loading. A body is read by Content-Length or chunked; one that cannot be read closes the connection after the error.
 """
 
 from __future__ import annotations

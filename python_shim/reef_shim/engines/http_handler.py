@@ -20,7 +20,8 @@ MAX_BODY_BYTES = 64 << 20
 
 
 class ServerState:
-    """What the handler threads share: the engine, the pause gate, the admission count."""
+    """What the handler threads share: the engine, the pause gate, the admission count and the
+    rids of the requests admitted."""
 
     def __init__(self, max_running: int) -> None:
         self.engine: HFEngine | None = None
@@ -29,6 +30,7 @@ class ServerState:
         self._cond = threading.Condition()
         self._paused = False
         self._admitted = 0
+        self._rids: set[str] = set()
 
     def set_paused(self, paused: bool) -> None:
         with self._cond:
@@ -38,8 +40,9 @@ class ServerState:
     def release_waiters(self) -> None:
         self.set_paused(False)
 
-    def admit(self) -> None:
-        """Wait while paused, then count the request in (503 when too many are admitted)."""
+    def admit(self, rid: str | None) -> None:
+        """Wait while paused, then count the request in (503 when too many are admitted, 400 when
+        its rid is that of a request admitted and not yet left)."""
         with self._cond:
             while self._paused and not self.stopping.is_set():
                 self._cond.wait(0.5)
@@ -48,11 +51,20 @@ class ServerState:
             if self._admitted >= self.max_running:
                 raise RequestError(f"engine is unavailable: {self._admitted} requests already admitted",
                                    "REEF_ERR_ENGINE_DOWN", 503)
+            # SGLang keys a request's state (and its abort when the client leaves) by rid and
+            # refuses a second one in flight under the same rid; accepting it here would hide a
+            # client that reuses rids until it meets SGLang.
+            if rid is not None and rid in self._rids:
+                raise RequestError(f"rid {rid!r}: a request with this rid is already in flight")
             self._admitted += 1
+            if rid is not None:
+                self._rids.add(rid)
 
-    def leave(self) -> None:
+    def leave(self, rid: str | None) -> None:
         with self._cond:
             self._admitted -= 1
+            if rid is not None:
+                self._rids.discard(rid)
 
 
 def reply_body(state: GenState, weight_version: str, req: GenRequest) -> dict[str, Any]:
@@ -319,7 +331,7 @@ class EngineHandler(BaseHTTPRequestHandler):
         req = parse_generate(body)
         if self._engine() is None:
             return
-        self.st.admit()
+        self.st.admit(req.rid)
         try:
             engine = self.st.engine
             assert engine is not None
@@ -342,7 +354,7 @@ class EngineHandler(BaseHTTPRequestHandler):
                         return
                     self._send_json(200, reply_body(last, engine.weight_version, req))
         finally:
-            self.st.leave()
+            self.st.leave(req.rid)
 
     def _stream(self, engine: HFEngine, req: GenRequest) -> None:
         states = engine.generate(req, self._should_stop)
