@@ -48,7 +48,7 @@ export const ERRORS = {
   REEF_ERR_QUEUE_FULL: { message: 'send queue of {queue} is full ({limit} messages waiting)', status: 503, retryable: true, type: 'service_unavailable' },
   REEF_ERR_LIFECYCLE: { message: '{what} cannot go from {from} to {to}', status: null, retryable: false, type: 'server_error' },
   REEF_ERR_TOKENIZER: { message: 'cannot load the tokenizer of {modelDir}: {reason}', status: 500, retryable: false, type: 'server_error' },
-  REEF_ERR_CONTEXT_LENGTH: { message: 'prompt of {promptTokens} tokens plus {maxTokens} new tokens exceeds the context length {contextLength}', status: 400, retryable: false, type: 'invalid_request_error' },
+  REEF_ERR_CONTEXT_LENGTH: { message: "This model's maximum context length is {contextLength} tokens. However, you requested {requested} tokens ({promptTokens} in the messages, {maxTokens} in the completion). Please reduce the length of the messages or completion.", status: 400, retryable: false, type: 'invalid_request_error' },
   REEF_ERR_CHAT_TEMPLATE: { message: 'chat template failed: {reason}', status: 400, retryable: false, type: 'invalid_request_error' },
   REEF_ERR_TRAINER: { message: 'trainer: {reason}', status: null, retryable: false, type: 'server_error' },
   REEF_ERR_TRAINER_RANK: { message: 'trainer rank {rank} failed: {reason}', status: null, retryable: true, type: 'server_error' },

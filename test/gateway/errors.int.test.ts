@@ -86,9 +86,11 @@ describe.each([['inline', undefined], ['worker', 0]] as const)('gateway request 
   });
 
   it('a prompt past the context length (4096 tokens)', async () => {
-    const err = await expect400({ messages: [{ role: 'user', content: 'lorem ipsum dolor '.repeat(5000) }] }, null, /exceeds the context length 4096/);
+    // OpenAI's wording, which agents match to compact their history (OpenClaw: "maximum context length").
+    const err = await expect400({ messages: [{ role: 'user', content: 'lorem ipsum dolor '.repeat(5000) }] }, 'messages', /^This model's maximum context length is 4096 tokens\. However, you requested \d+ tokens \(\d+ in the messages, 1 in the completion\)\. Please reduce the length of the messages or completion\.$/);
     expect(err.code).toBe('REEF_ERR_CONTEXT_LENGTH');
-    await expect400({ ...CHAT, max_tokens: 4096 }, null, /exceeds the context length/);
+    await expect400({ ...CHAT, max_tokens: 4096 }, 'max_tokens', /maximum context length is 4096 tokens/);
+    await expect400({ ...CHAT, max_completion_tokens: 4096 }, 'max_completion_tokens', /maximum context length/);
   });
 
   it('a bad scenario header', async () => {

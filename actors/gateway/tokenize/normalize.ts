@@ -90,6 +90,8 @@ export function templateViewOf(m: TemplateMessage): TemplateMessage {
 export function checkContextLength(promptTokens: number, maxTokens: number, contextLength: number | null): void {
   if (contextLength === null) return;
   if (promptTokens + maxTokens > contextLength) {
-    throw new ReefError('REEF_ERR_CONTEXT_LENGTH', { promptTokens, maxTokens, contextLength });
+    // OpenAI's wording: agents recognise a context overflow by it (OpenClaw matches "maximum context
+    // length") and compact their history; any other wording left them resending the same transcript.
+    throw new ReefError('REEF_ERR_CONTEXT_LENGTH', { promptTokens, maxTokens, contextLength, requested: promptTokens + maxTokens });
   }
 }

@@ -127,7 +127,7 @@ describe('TokenizerPool', () => {
     if (!r.ok) throw new Error('refused');
     expect(await pool.decode(r.promptIds)).toBe(local.decode(r.promptIds));
     expect(await pool.prepare(Buffer.from('{"messages": ['), { ...params, sessionKey: null })).toMatchObject({ ok: false, code: 'REEF_ERR_BODY', message: expect.stringMatching(/not valid JSON/) });
-    expect(await pool.prepare(body(turn(0), { max_tokens: 5000 }), { ...params, sessionKey: null })).toMatchObject({ ok: false, code: 'REEF_ERR_CONTEXT_LENGTH', message: expect.stringMatching(/exceeds the context length 4096/) });
+    expect(await pool.prepare(body(turn(0), { max_tokens: 5000 }), { ...params, sessionKey: null })).toMatchObject({ ok: false, code: 'REEF_ERR_CONTEXT_LENGTH', message: expect.stringMatching(/maximum context length is 4096 tokens/) });
   });
 
   it('defaults to one worker per core beyond the event loop\'s, from 1 to 4', () => {

@@ -257,7 +257,9 @@ export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: 
     // With no max_tokens the prompt must leave room for at least one new token.
     checkContextLength(ids.length, asked ?? 1, ctxLen);
   } catch (err) {
-    return refuse((err as ReefError).code, (err as ReefError).message);
+    // The messages, as OpenAI names them, unless a prompt that fits asked for too many new tokens.
+    const param = asked !== null && ids.length < ctxLen ? (req.max_completion_tokens != null ? 'max_completion_tokens' : 'max_tokens') : 'messages';
+    return refuse((err as ReefError).code, (err as ReefError).message, param);
   }
   const room = ctxLen - ids.length;
   const stop = req.stop == null ? null : Array.isArray(req.stop) ? req.stop : [req.stop];
