@@ -125,4 +125,66 @@ describe('gateway auth', () => {
     s.engine.options.tokenDelayMs = 0;
     await waitFor(async () => (await postChat(s.url, CHAT, h)).status === 200, { what: 'the key to get its slot back' });
   });
+
+  it('a request that fails, or whose client leaves (waiting out a weight swap, generating, streaming), gives its slot back', async () => {
+    const h = { 'x-api-key': ONE };
+    const idle = () => waitFor(() => s.gw.metrics.inflightCount === 0 && s.gw.gate.inflight === 0, { what: 'no chat completion in flight' });
+    /** The one slot is free: a request now is served, not refused with 429. */
+    const slotFree = async (what: string) => {
+      await idle();
+      const res = await postChat(s.url, CHAT, h);
+      expect(res.status, what).toBe(200);
+      await res.arrayBuffer();
+    };
+
+    // Refused by the engine (503) and as a bad request (400): the slot comes back both times.
+    s.engine.options.failWith = 503;
+    expect((await postChat(s.url, CHAT, h)).status).toBe(503);
+    s.engine.options.failWith = null;
+    expect((await postChat(s.url, { ...CHAT, stop: [''] }, h)).status).toBe(400);
+    await slotFree('after a 503 and a 400');
+
+    // Refused with 429 while another request holds the slot: the refusal takes no slot of its own.
+    s.engine.options.delayMs = () => 60_000;
+    try {
+      const ac = new AbortController();
+      const held = fetch(`${s.url}/v1/chat/completions`, { method: 'POST', signal: ac.signal, headers: { 'content-type': 'application/json', ...h }, body: JSON.stringify(CHAT) }).catch(() => null);
+      await waitFor(() => s.gw.metrics.inflightCount === 1 && s.gw.gate.inflight === 1, { what: 'the held request to reach the engine' });
+      for (let i = 0; i < 3; i++) expect((await postChat(s.url, CHAT, h)).status).toBe(429);
+      // Its client leaves while the engine generates.
+      ac.abort();
+      await held;
+    } finally {
+      s.engine.options.delayMs = undefined;
+    }
+    await slotFree('after a client left a non-streamed request');
+
+    // A client that leaves mid-stream.
+    s.engine.options.tokenDelayMs = 1000;
+    try {
+      const ac = new AbortController();
+      const res = await fetch(`${s.url}/v1/chat/completions`, { method: 'POST', signal: ac.signal, headers: { 'content-type': 'application/json', ...h }, body: JSON.stringify({ ...CHAT, stream: true }) });
+      expect(res.status).toBe(200);
+      ac.abort();
+      await res.arrayBuffer().catch(() => null);
+    } finally {
+      s.engine.options.tokenDelayMs = 0;
+    }
+    await slotFree('after a client left mid-stream');
+
+    // A client that leaves while its request waits out a weight swap.
+    void s.gw.gate.pause(1000, 60_000);
+    try {
+      const ac = new AbortController();
+      const waiting = fetch(`${s.url}/v1/chat/completions`, { method: 'POST', signal: ac.signal, headers: { 'content-type': 'application/json', ...h }, body: JSON.stringify(CHAT) }).catch(() => null);
+      await waitFor(() => s.gw.metrics.inflightCount === 1, { what: 'the request to wait at the paused gate' });
+      expect(s.gw.gate.inflight).toBe(0);
+      ac.abort();
+      await waiting;
+      await idle();
+    } finally {
+      s.gw.gate.resume(null);
+    }
+    await slotFree('after a client left during a weight swap');
+  });
 });
