@@ -155,6 +155,7 @@ export class ChatTokenizer {
       // them, so a template saved with Windows line endings rendered a CR into every prompt.
       this.template = new Template(files.chatTemplate.replace(/\r\n?/g, '\n'));
       splitAtUnicodeWhitespace(this.full.pre_tokenizer);
+      lowercaseAsCrate(this.full.normalizer);
       decodeAsCrate(this.full.decoder, (this.files.tokenizerJson.decoder ?? null) as unknown);
     } catch (err) {
       throw new ReefError('REEF_ERR_TOKENIZER', { modelDir: files.modelDir, reason: (err as Error).message }, { cause: err });
@@ -209,6 +210,7 @@ export class ChatTokenizer {
     if (!opts.normalize) spec.normalizer = null;
     const t = new Tokenizer(spec, { ...this.files.tokenizerConfig, additional_special_tokens: [] });
     splitAtUnicodeWhitespace(t.pre_tokenizer);
+    lowercaseAsCrate(t.normalizer);
     return t;
   }
 
@@ -636,6 +638,22 @@ function cleanUpTokenizationSpaces(text: string): string {
   return text
     .replaceAll(' .', '.').replaceAll(' ?', '?').replaceAll(' !', '!').replaceAll(' ,', ',').replaceAll(" ' ", "'")
     .replaceAll(" n't", "n't").replaceAll(" 'm", "'m").replaceAll(" 's", "'s").replaceAll(" 've", "'ve").replaceAll(" 're", "'re");
+}
+
+/**
+ * Makes the package's Lowercase normalisers in `n` (alone or in a Sequence) lower each character on
+ * its own, as the crate's do: JS's `toLowerCase` writes a word-final Σ as ς, the crate as σ.
+ */
+function lowercaseAsCrate(n: unknown): void {
+  const { LowercaseNormalizer } = hfTokenizers as unknown as Record<'LowercaseNormalizer', abstract new (...args: never[]) => object>;
+  if (n === null || n === undefined) return;
+  const subs = (n as { normalizers?: unknown[] }).normalizers;
+  if (Array.isArray(subs)) for (const sub of subs) lowercaseAsCrate(sub);
+  else if (n instanceof LowercaseNormalizer) {
+    // Only Σ lowers by context in JS (to ς at the end of a word); the crate lowers each character alone.
+    (n as unknown as { normalize: (text: string) => string }).normalize = (text) =>
+      text.includes('\u03a3') ? Array.from(text, (c) => c.toLowerCase()).join('') : text.toLowerCase();
+  }
 }
 
 /**
