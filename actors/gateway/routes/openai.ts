@@ -146,11 +146,14 @@ export function replyWithError(reply: FastifyReply, err: unknown): FastifyReply 
  * A signal that aborts when the client's connection closes before its response is finished;
  * `stop()` ends the watch.
  */
-function watchClient(res: FastifyReply['raw']): { signal: AbortSignal; stop(): void } {
+export function watchClient(res: FastifyReply['raw']): { signal: AbortSignal; stop(): void } {
   const gone = new AbortController();
   const onClose = () => {
     if (!res.writableFinished) gone.abort(new Error('client disconnected'));
   };
+  // A client that left while its body was prepared closed the response before this watch began:
+  // its 'close' will not come again, and the generation nobody reads held the key's slot to the end.
+  if (res.destroyed) onClose();
   res.on('close', onClose);
   return { signal: gone.signal, stop: () => res.off('close', onClose) };
 }
