@@ -185,6 +185,21 @@ export function engineConformance(target: EngineTarget, options: ConformanceOpti
     expect(r.output_ids).toEqual([stopId]);
   });
 
+  it('checks max_new_tokens before stop tokens: a stop token that is the last token allowed ends with length', async () => {
+    const first = await generate(target, greedy(4));
+    const stopId = first.output_ids[0] as number;
+    const last = await generate(target, greedy(1, { stop_token_ids: [stopId], ignore_eos: false }));
+    expect(last.output_ids).toEqual([stopId]);
+    expect(last.meta_info.finish_reason.type).toBe('length');
+  });
+
+  it('turns stop_token_ids off with ignore_eos, as it does the eos ids', async () => {
+    const first = await generate(target, greedy(4));
+    const ignored = await generate(target, greedy(4, { stop_token_ids: [first.output_ids[0] as number] }));
+    expect(ignored.output_ids).toEqual(first.output_ids);
+    expect(ignored.meta_info.finish_reason.type).toBe('length');
+  });
+
   it('streams cumulative SSE events that end like the non-stream reply, then [DONE]', async () => {
     const body = { ...greedy(6), return_logprob: true, top_logprobs_num: 2 };
     const plain = await generate(target, body);

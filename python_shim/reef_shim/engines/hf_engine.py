@@ -113,7 +113,8 @@ class HFEngine:
         req.check_prompt(prompt, self.vocab_size, self.max_context_length)
         sp = req.sampling
         budget = min(sp.max_new_tokens, self.max_context_length - len(prompt))
-        stop_ids = set(sp.stop_token_ids) | (set() if sp.ignore_eos else self.eos_ids)
+        # As SGLang: ignore_eos turns every stop token off, stop_token_ids included.
+        stop_ids = set() if sp.ignore_eos else set(sp.stop_token_ids) | self.eos_ids
         gen = request_generator(req, self.seed)
         state = GenState(rid=req.rid or uuid.uuid4().hex, prompt_tokens=len(prompt))
         if budget <= 0:
@@ -129,11 +130,14 @@ class HFEngine:
                 if req.return_logprob:
                     state.token_logprobs.append([float(lp[token]), token, None])
                     state.top_logprobs.append(top_logprobs(lp, req.top_logprobs_num))
-                is_stop_token = token in stop_ids
-                if is_stop_token:
-                    state.finish = {"type": "stop", "matched": token}
-                elif len(state.output_ids) >= budget:
+                # The length first, as SGLang (and vLLM) check it: a stop token that is the last
+                # token the budget allows ends with `length`, and stays in the text.
+                is_stop_token = False
+                if len(state.output_ids) >= budget:
                     state.finish = {"type": "length", "matched": None}
+                elif token in stop_ids:
+                    is_stop_token = True
+                    state.finish = {"type": "stop", "matched": token}
                 elif should_stop():
                     state.finish = {"type": "abort", "matched": None}
                 # Decoding is O(length) per token: do it only when someone looks at the text.

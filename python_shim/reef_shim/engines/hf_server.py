@@ -21,10 +21,11 @@ Behaviour a client can rely on:
 - Randomness: each request gets its own `torch.Generator`, seeded by `sampling_params.sampling_seed`
   when given, else by sha256(f"{--seed}:{rid}") when the server has a seed and the client a rid,
   else randomly. So (seed, rid, weights, prompt, params) fixes the output.
-- Finishing: a stop token (`stop_token_ids`, plus the model's eos ids unless `ignore_eos`) ends
-  with `{type: 'stop', matched: <id>}`; the token is in `output_ids` and its logprobs, not in `text`.
-  A stop string ends with `matched: <string>` and `text` cut before it. `max_new_tokens` (clipped
-  to the context) ends with `length`; a client that disconnects or a server that stops ends it
+- Finishing: a stop token (`stop_token_ids` and the model's eos ids; `ignore_eos` turns both off,
+  as SGLang) ends with `{type: 'stop', matched: <id>}`; the token is in `output_ids` and its
+  logprobs, not in `text`. A stop string ends with `matched: <string>` and `text` cut before it.
+  `max_new_tokens` (clipped to the context) ends with `length`, checked first as SGLang does: a
+  stop token that is the last token allowed ends with `length` (and stays in `text`); a client that disconnects or a server that stops ends it
   with `abort`. `text` is decoded without special tokens.
 - Streaming (`stream: true`): SSE events `data: {<full reply shape>}` whose `text`, `output_ids`
   and logprob lists are cumulative (the whole output so far, as SGLang's native API), with
@@ -46,7 +47,8 @@ Behaviour a client can rely on:
   each transfer.
 - Errors: `{error: {message, code}}` with a Reef code; 400 for a bad request, an input at or
   past the context length, or a `rid` of a request still in flight (as SGLang), 413 for a body
-  over 64 MiB, 503 while loading. A body is read by Content-Length or chunked; one that cannot be read closes the connection after the error.
+  over 64 MiB, 503 while loading. A body is read by Content-Length or chunked; one that cannot
+  be read closes the connection after the error.
 """
 
 from __future__ import annotations
