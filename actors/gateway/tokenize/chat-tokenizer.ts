@@ -185,7 +185,7 @@ export class ChatTokenizer {
     this.cleanUpSpaces = config.clean_up_tokenization_spaces === true && (!bpe || config.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output === true);
     this.newlineIds = this.encodeText('\n');
     // A render's control tokens depend on its template (control-tokens.ts), and so does what is
-    // compiled: the tool_use template gets a tokenizer of its own (its stats are not in `stats()`).
+    // compiled: the tool_use template gets a tokenizer of its own.
     this.toolUse = files.toolUseTemplate === null ? null : new ChatTokenizer({ ...files, chatTemplate: files.toolUseTemplate, toolUseTemplate: null }, opts);
     if (opts.compiledTemplate === false) this.templateStats.interpreterOnly = 'compiledTemplate: false';
     else {
@@ -522,8 +522,22 @@ export class ChatTokenizer {
     this.cache.clear();
   }
 
+  /** With a tool_use template, both templates' renders together (`template.interpreterOnly` is the default's, else the tool_use one's). */
   stats(): ChatTokenizerStats {
-    return { renders: this.renders, reuse: { ...this.reuse }, cache: this.cache.stats(), template: { ...this.templateStats } };
+    const own: ChatTokenizerStats = { renders: this.renders, reuse: { ...this.reuse }, cache: this.cache.stats(), template: { ...this.templateStats } };
+    if (this.toolUse === null) return own;
+    const t = this.toolUse.stats();
+    const sum = <T extends object>(a: T, b: T): T => {
+      const out = { ...a } as Record<string, unknown>;
+      for (const [k, v] of Object.entries(b)) if (typeof v === 'number') out[k] = (out[k] as number) + v;
+      return out as T;
+    };
+    return {
+      renders: own.renders + t.renders,
+      reuse: sum(own.reuse, t.reuse),
+      cache: sum(own.cache, t.cache),
+      template: { ...sum(own.template, t.template), interpreterOnly: own.template.interpreterOnly ?? t.template.interpreterOnly },
+    };
   }
 }
 

@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
@@ -234,6 +234,26 @@ describe('template source line endings', () => {
       expect(Array.from(crlf.render(messages, null).ids)).toEqual(Array.from(lf.render(messages, null).ids));
     } finally {
       rmSync(parent, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('a tool_use chat template', () => {
+  it('renders the requests with tools, and its renders count in stats()', () => {
+    const dir = copyTinyModel(mkdtempSync(join(tmpdir(), 'reef-tooluse-')));
+    try {
+      mkdirSync(join(dir, 'additional_chat_templates'));
+      writeFileSync(join(dir, 'additional_chat_templates', 'tool_use.jinja'), "{{- 'TOOL USE\\n' -}}" + readFileSync(join(dir, 'chat_template.jinja'), 'utf8'));
+      const t = ChatTokenizer.load(dir);
+      const messages = normalizeMessages([{ role: 'user', content: 'hi' }]);
+      const tools = [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }];
+      expect(t.render(messages, tools).text.startsWith('TOOL USE\n')).toBe(true);
+      expect(t.render(messages, null).text).toBe(tok.render(messages, null).text);
+      const stats = t.stats();
+      expect(stats.renders).toBe(2);
+      expect(stats.template.compiled).toBe(2);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 });
