@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { resolveConfig } from '../../cluster/config/index.js';
-import { Authenticator } from './auth.js';
+import { Authenticator, CONFLICTING_KEYS, MISSING_OR_INVALID_KEY, type Principal } from './auth.js';
 import { resolveApiKeys } from './index.js';
 
 describe('API keys from the environment', () => {
@@ -11,7 +11,7 @@ describe('API keys from the environment', () => {
     const specs = resolveApiKeys(await config(), { REEF_TEST_KEY: 'sk-123\n' });
     expect(specs).toEqual([{ key: 'sk-123', scenarios: ['alpha'], maxConcurrency: 64 }]);
     const auth = new Authenticator(specs);
-    expect(auth.authenticate({ authorization: 'Bearer sk-123' })?.scenarios).toEqual(new Set(['alpha']));
+    expect((auth.authenticate({ authorization: 'Bearer sk-123' }) as Principal).scenarios).toEqual(new Set(['alpha']));
   });
 
   it('name the variable when it is unset or blank', async () => {
@@ -24,5 +24,34 @@ describe('API keys from the environment', () => {
   it('refuse a value with characters other than printable ASCII, which no client can send in a header', async () => {
     const cfg = await config();
     expect(() => resolveApiKeys(cfg, { REEF_TEST_KEY: 'clé' })).toThrow(/holds characters other than printable ASCII/);
+  });
+});
+
+describe('credentials in the headers', () => {
+  const auth = new Authenticator([
+    { key: 'sk-admin', scenarios: null, maxConcurrency: 4 },
+    { key: 'sk-alpha', scenarios: ['alpha'], maxConcurrency: 4 },
+  ]);
+  const who = (headers: Record<string, string>) => {
+    const p = auth.authenticate(headers);
+    return typeof p === 'string' ? p : p.scenarios === null ? 'admin' : 'alpha';
+  };
+
+  it('take the Bearer scheme in any case and spacing, or x-api-key, trimmed', () => {
+    for (const authorization of ['Bearer sk-admin', 'bearer sk-admin', 'BEARER   sk-admin  ', ' Bearer\tsk-admin']) expect(who({ authorization }), authorization).toBe('admin');
+    expect(who({ 'x-api-key': ' sk-alpha ' })).toBe('alpha');
+    // Another scheme (a proxy's Basic) is not a key: x-api-key still is.
+    expect(who({ authorization: 'Basic c2stYWRtaW4=', 'x-api-key': 'sk-alpha' })).toBe('alpha');
+    for (const headers of [{}, { authorization: 'Bearer' }, { authorization: 'Bearer ' }, { authorization: 'sk-admin' }, { authorization: 'Basic sk-admin' }, { 'x-api-key': ' ' }, { 'x-api-key': 'sk-wrong' }]) {
+      expect(who(headers), JSON.stringify(headers)).toBe(MISSING_OR_INVALID_KEY);
+    }
+  });
+
+  it('refuse two different keys rather than pick one (regression: Bearer won, so a request also naming the admin key ran as the limited one)', () => {
+    expect(who({ authorization: 'Bearer sk-alpha', 'x-api-key': 'sk-admin' })).toBe(CONFLICTING_KEYS);
+    expect(who({ authorization: 'Bearer sk-admin', 'x-api-key': 'sk-wrong' })).toBe(CONFLICTING_KEYS);
+    expect(who({ authorization: 'Bearer sk-wrong', 'x-api-key': 'sk-admin' })).toBe(CONFLICTING_KEYS);
+    // The same key twice is one key.
+    expect(who({ authorization: 'Bearer sk-alpha', 'x-api-key': 'sk-alpha ' })).toBe('alpha');
   });
 });

@@ -36,6 +36,11 @@ function digest(s: string): Buffer {
   return createHash('sha256').update(s).digest();
 }
 
+/** Why a request's credentials were refused, as its 401 says. */
+export const MISSING_OR_INVALID_KEY = 'missing or invalid API key: send Authorization: Bearer KEY or x-api-key: KEY';
+export const CONFLICTING_KEYS = 'Authorization: Bearer and x-api-key name different keys: send one key';
+export const TWO_KEYS = Symbol('two different keys');
+
 /**
  * Resolves a request's credentials (`Authorization: Bearer K` or `x-api-key: K`) to a principal.
  * With no keys configured (allowed only on loopback, enforced by config validation) every request
@@ -57,28 +62,36 @@ export class Authenticator {
     return this.open === null;
   }
 
-  /** Returns the principal, or null when the credentials are missing or wrong. */
-  authenticate(headers: Record<string, string | string[] | undefined>): Principal | null {
+  /** Returns the principal, or why the credentials were refused (missing, wrong, or two different keys). */
+  authenticate(headers: Record<string, string | string[] | undefined>): Principal | string {
     if (this.open) return this.open;
     const presented = extractKey(headers);
-    if (presented === null) return null;
+    if (presented === TWO_KEYS) return CONFLICTING_KEYS;
+    if (presented === null) return MISSING_OR_INVALID_KEY;
     const d = digest(presented);
     // Compare digests in constant time so a wrong key reveals nothing about the right ones.
     for (const k of this.keys) if (timingSafeEqual(k.digest, d)) return k.principal;
-    return null;
+    return MISSING_OR_INVALID_KEY;
   }
 }
 
-export function extractKey(headers: Record<string, string | string[] | undefined>): string | null {
+/**
+ * The key a request presents: `Authorization: Bearer K` (the scheme in any case) or `x-api-key: K`,
+ * trimmed. Both naming the same key is one key; naming two different ones is TWO_KEYS:
+ * picking either would serve the request with rights its client may not have meant (or refuse it
+ * for a wrong key it did not know it sent). An Authorization of another scheme (Basic, for a proxy
+ * in front) is left to x-api-key.
+ */
+export function extractKey(headers: Record<string, string | string[] | undefined>): string | typeof TWO_KEYS | null {
   const auth = headers['authorization'];
   const a = Array.isArray(auth) ? auth[0] : auth;
-  if (a) {
-    const m = /^Bearer\s+(.+)$/i.exec(a.trim());
-    if (m) return m[1]!.trim();
-  }
+  const m = a ? /^Bearer\s+(.+)$/i.exec(a.trim()) : null;
+  const bearer = m ? m[1]!.trim() : null;
   const x = headers['x-api-key'];
   const v = Array.isArray(x) ? x[0] : x;
-  return v ? v.trim() : null;
+  const apiKey = v ? v.trim() || null : null;
+  if (bearer !== null && apiKey !== null && bearer !== apiKey) return TWO_KEYS;
+  return bearer ?? apiKey;
 }
 
 export function canSee(p: Principal, scenario: string): boolean {

@@ -85,8 +85,8 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
     // The matched route, not the raw URL: probes may add a query string.
     if (request.routeOptions.url === '/healthz') return done();
     const principal = opts.auth.authenticate(request.headers);
-    if (!principal) {
-      sendError(reply, 'REEF_ERR_UNAUTHORIZED', 'missing or invalid API key: send Authorization: Bearer KEY or x-api-key: KEY');
+    if (typeof principal === 'string') {
+      sendError(reply, 'REEF_ERR_UNAUTHORIZED', principal);
       return;
     }
     (request as WithPrincipal)[PRINCIPAL] = principal;

@@ -72,6 +72,13 @@ describe('gateway auth', () => {
     expect((await postChat(s.url, CHAT, { 'x-api-key': ADMIN })).status).toBe(200);
     expect((await postChat(s.url, CHAT, { authorization: `bearer  ${ADMIN} ` })).status).toBe(200);
     expect((await postChat(s.url, CHAT, { 'x-api-key': FROM_ENV, 'x-reef-scenario': 'beta' })).status).toBe(200);
+    expect((await postChat(s.url, CHAT, { authorization: `Bearer ${ADMIN}`, 'x-api-key': ADMIN })).status).toBe(200);
+  });
+
+  it('two different keys in Authorization and x-api-key are a 401 that says so, not the Bearer one picked', async () => {
+    const res = await fetch(`${s.url}/reef/scenarios`, { headers: { authorization: `Bearer ${ALPHA}`, 'x-api-key': ADMIN } });
+    expect(res.status).toBe(401);
+    expect(openAIError(await res.json()).message).toMatch(/Authorization: Bearer and x-api-key name different keys/);
   });
 
   it('a key limited to scenario alpha gets 403 on beta and cannot see beta or its records', async () => {
