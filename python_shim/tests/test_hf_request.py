@@ -51,3 +51,17 @@ def test_their_neutral_values_are_accepted() -> None:
         "min_p": 0.0, "repetition_penalty": 1, "frequency_penalty": 0, "presence_penalty": 0.0, "n": 1,
         "min_new_tokens": 0, "logit_bias": {}, "regex": None, "skip_special_tokens": True, "no_stop_trim": False,
         "stream_interval": 4}})
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"sampling_params": {"max_new_tokens": 1.5}}, "sampling_params.max_new_tokens: expected an integer"),
+    ({"sampling_params": {"temperature": True}}, "sampling_params.temperature: expected"),
+    ({"sampling_params": {"stop_token_ids": 7}}, "sampling_params.stop_token_ids: expected a list"),
+    ({"sampling_params": []}, "sampling_params: expected an object"),
+    ({"sampling_params": 0}, "sampling_params: expected an object"),
+    ({"sampling_params": False}, "sampling_params: expected an object"),
+])
+def test_a_bad_sampling_parameter_is_named_with_its_path(body: dict, message: str) -> None:
+    with pytest.raises(RequestError) as e:
+        parse_generate({"text": "x", **body})
+    assert e.value.message.startswith(message), e.value.message

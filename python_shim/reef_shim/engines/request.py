@@ -70,15 +70,15 @@ UNIMPLEMENTED: dict[str, tuple[Any, ...]] = {
 }
 
 
-def _get(body: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+def _get(body: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any, where: str = "") -> Any:
     value = body.get(key)
     if value is None:
         return default
     # bool is an int in Python; a JSON true is not a token count.
     if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        raise RequestError(f"{key}: expected {_name(kind)}, got a boolean")
+        raise RequestError(f"{where}{key}: expected {_name(kind)}, got a boolean")
     if not isinstance(value, kind):
-        raise RequestError(f"{key}: expected {_name(kind)}, got {type(value).__name__}")
+        raise RequestError(f"{where}{key}: expected {_name(kind)}, got {type(value).__name__}")
     return value
 
 
@@ -94,9 +94,13 @@ def _int_list(value: list[Any], key: str) -> list[int]:
     return list(value)
 
 
-def parse_sampling(sp: dict[str, Any]) -> Sampling:
+def parse_sampling(sp: Any) -> Sampling:
+    if sp is None:
+        sp = {}
+    # Checked before any default applies: `[]`, `0` or `false` is a client mistake, not "defaults".
     if not isinstance(sp, dict):
         raise RequestError("sampling_params: expected an object")
+    at = "sampling_params."
     for key, neutral in UNIMPLEMENTED.items():
         value = sp.get(key)
         # A JSON true equals 1 in Python: `n: true` is not `n: 1`.
@@ -104,19 +108,19 @@ def parse_sampling(sp: dict[str, Any]) -> Sampling:
                                          for n in neutral):
             raise RequestError(f"sampling_params.{key}: the hf engine does not implement it "
                                f"(accepted: {', '.join(json.dumps(n) for n in neutral) or 'null'})")
-    stop = _get(sp, "stop", (str, list), [])
+    stop = _get(sp, "stop", (str, list), [], at)
     stop = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) and s for s in stop):
         raise RequestError("sampling_params.stop: expected non-empty strings")
     out = Sampling(
-        max_new_tokens=_get(sp, "max_new_tokens", int, 128),
-        temperature=float(_get(sp, "temperature", (int, float), 1.0)),
-        top_p=float(_get(sp, "top_p", (int, float), 1.0)),
-        top_k=_get(sp, "top_k", int, -1),
+        max_new_tokens=_get(sp, "max_new_tokens", int, 128, at),
+        temperature=float(_get(sp, "temperature", (int, float), 1.0, at)),
+        top_p=float(_get(sp, "top_p", (int, float), 1.0, at)),
+        top_k=_get(sp, "top_k", int, -1, at),
         stop=stop,
-        stop_token_ids=_int_list(_get(sp, "stop_token_ids", list, []), "sampling_params.stop_token_ids"),
-        ignore_eos=_get(sp, "ignore_eos", bool, False),
-        sampling_seed=_get(sp, "sampling_seed", int, None),
+        stop_token_ids=_int_list(_get(sp, "stop_token_ids", list, [], at), "sampling_params.stop_token_ids"),
+        ignore_eos=_get(sp, "ignore_eos", bool, False, at),
+        sampling_seed=_get(sp, "sampling_seed", int, None, at),
     )
     if out.max_new_tokens < 0:
         raise RequestError("sampling_params.max_new_tokens: must be >= 0")
@@ -145,7 +149,7 @@ def parse_generate(body: Any) -> GenRequest:
     rid = _get(body, "rid", str, None)
     return GenRequest(
         input_ids=None if input_ids is None else _int_list(input_ids, "input_ids"), text=text,
-        sampling=parse_sampling(body.get("sampling_params") or {}),
+        sampling=parse_sampling(body.get("sampling_params")),
         return_logprob=_get(body, "return_logprob", bool, False), top_logprobs_num=top_k,
         stream=_get(body, "stream", bool, False), rid=rid,
     )
