@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from reef_shim.engines.rule_prm_rules import FORMAT_HINT, STEPS_HINT, JudgePrompt, answer, judge
+from reef_shim.engines.rule_prm_rules import (CHECK_HINT, FORMAT_HINT, SAVE_HINT, STEPS_HINT, JudgePrompt, answer,
+                                              judge)
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ROOT / "recipes" / "openclawrl" / "prompts"
@@ -51,6 +52,10 @@ CASES = [  # (next role, next state, reply, score, hint vote)
     ("tool", "saved 120 characters to homework/s001.txt", '{"name": "save_homework"}', 1, (-1, None)),
     ("tool", 'error: save_homework needs JSON arguments {"content": "<the homework text>"}', "{}", -1, (1, None)),
     ("user", "What is the capital of France?", PLAIN_REPLY, 0, (-1, None)),
+    # Two complaints at once: the row higher in the module docstring's table wins.
+    ("user", "You didn't save it, and the bold looks AI-written.", BOLD_REPLY, -1, (1, SAVE_HINT)),
+    ("user", "That's wrong, rewrite it with the calculations.", PLAIN_REPLY, -1, (1, STEPS_HINT)),
+    ("user", "That's wrong, thanks anyway.", PLAIN_REPLY, -1, (1, CHECK_HINT)),
 ]
 
 

@@ -14,10 +14,14 @@ The rules, on the next state (case-insensitive), first match wins:
 
 | next state | score | hint vote |
 | --- | --- | --- |
+| a tool result that reports an error | -1 | +1, `TOOL_HINT` |
+| any other tool result | +1 | -1, no hint |
+| user says the file was not saved | -1 | +1, `SAVE_HINT` |
+| user says the reply was empty | -1 | +1, `EMPTY_HINT` |
 | user complains about format: bold, lists, bullets, headings, markdown, formatting, "AI-written", chatbot | -1 | +1, `FORMAT_HINT` |
 | user asks to redo / rewrite / show the calculations or steps | -1 | +1, `STEPS_HINT` |
-| user says the reply was empty, wrong, or the file was not saved; tool result reports an error | -1 | +1, a fitting hint |
-| user thanks, moves on, asks to save, says `HOMEWORK_DONE`; tool result without error | +1 | -1, no hint (*) |
+| user says the reply was wrong | -1 | +1, `CHECK_HINT` |
+| user thanks, moves on, asks to save, says `HOMEWORK_DONE` | +1 | -1, no hint (*) |
 | anything else | 0 | -1, no hint |
 
 (*) With the judge's decision table (ARCHITECTURE §2 step 5) an accepted turn then trains as an
