@@ -54,6 +54,19 @@ describe('GenerationGate', () => {
     expect(gate.weightVersion).toBe('v1');
   });
 
+  it('closing refuses the requests waiting for a resume, and those that come after, as draining; nothing is left waiting', async () => {
+    vi.useFakeTimers();
+    const gate = new GenerationGate('v0', 60_000);
+    await gate.pause(0, 600_000);
+    const waiter = gate.enter();
+    const refused = expect(waiter).rejects.toMatchObject({ code: 'REEF_ERR_ACTOR_DRAINING', status: 503 });
+    gate.close();
+    await refused;
+    await expect(gate.enter()).rejects.toMatchObject({ code: 'REEF_ERR_ACTOR_DRAINING' });
+    expect(vi.getTimerCount()).toBe(0);
+    expect(gate.inflight).toBe(0);
+  });
+
   it('a pause never resumed ends by itself after its bound and lets the waiters in', async () => {
     vi.useFakeTimers();
     const expired: number[] = [];

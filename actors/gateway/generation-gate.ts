@@ -16,7 +16,8 @@ export class GenerationGate {
   private inflightCount = 0;
   private paused = false;
   private lease: NodeJS.Timeout | null = null;
-  private waiters: Array<() => void> = [];
+  private waiters: Array<{ wake: () => void; refuse: (err: Error) => void }> = [];
+  private closed = false;
   private drained: Array<() => void> = [];
   private version: string | null;
 
@@ -49,17 +50,16 @@ export class GenerationGate {
     }
     // A signal that has already fired never fires again: its client would wait out the pause.
     if (signal?.aborted) throw signal.reason;
+    if (this.closed) throw draining();
     await new Promise<void>((resolve, reject) => {
-      const onAbort = () => {
+      const refuse = (err: Error) => {
         clearTimeout(timer);
-        this.waiters = this.waiters.filter((w) => w !== wake);
-        reject(signal!.reason);
-      };
-      const timer = setTimeout(() => {
         signal?.removeEventListener('abort', onAbort);
-        this.waiters = this.waiters.filter((w) => w !== wake);
-        reject(new ReefError('REEF_ERR_ENGINE_DOWN', { engine: 'rollout', reason: `weights are being updated; waited ${this.admitTimeoutMs} ms` }));
-      }, this.admitTimeoutMs);
+        this.waiters = this.waiters.filter((w) => w !== waiter);
+        reject(err);
+      };
+      const onAbort = () => refuse(signal!.reason as Error);
+      const timer = setTimeout(() => refuse(new ReefError('REEF_ERR_ENGINE_DOWN', { engine: 'rollout', reason: `weights are being updated; waited ${this.admitTimeoutMs} ms` })), this.admitTimeoutMs);
       // Counted here, as resume() lets it through, not a turn later when the await returns: a
       // pause() right after that resume would otherwise find nothing in flight and not wait for it.
       const wake = () => {
@@ -68,9 +68,24 @@ export class GenerationGate {
         this.inflightCount++;
         resolve();
       };
-      this.waiters.push(wake);
+      const waiter = { wake, refuse };
+      this.waiters.push(waiter);
       signal?.addEventListener('abort', onAbort, { once: true });
     });
+  }
+
+  /**
+   * The gateway is closing: requests waiting for a resume are refused with a retryable 503 now, as
+   * are any that arrive while paused. Held until the admission bound, they kept the server's close
+   * (which waits for every request) from finishing, past the time a supervisor gives it to stop.
+   */
+  close(): void {
+    this.closed = true;
+    if (this.lease !== null) {
+      clearTimeout(this.lease);
+      this.lease = null;
+    }
+    for (const w of [...this.waiters]) w.refuse(draining());
   }
 
   leave(): void {
@@ -117,6 +132,10 @@ export class GenerationGate {
     }
     const w = this.waiters;
     this.waiters = [];
-    for (const fn of w) fn();
+    for (const { wake } of w) wake();
   }
+}
+
+function draining(): ReefError {
+  return new ReefError('REEF_ERR_ACTOR_DRAINING', { actor: 'gateway' });
 }

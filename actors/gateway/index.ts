@@ -178,6 +178,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         (closing ??= (async () => {
           // Stop taking requests, let the ones in flight finish and commit, then close the store.
           stopPipeline();
+          gate.close();
           await app.close();
           await pool?.close();
           await engine.close();

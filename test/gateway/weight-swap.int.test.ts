@@ -2,7 +2,7 @@ import { request as httpRequest } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { HandlerContext } from '../../actors/runtime/mailbox.js';
 import { waitFor } from '../helpers/wait.js';
-import { CHAT, postChat, readSse, startStack, type Stack } from './harness.js';
+import { CHAT, openAIError, postChat, readSse, startStack, type Stack } from './harness.js';
 
 /**
  * A weight swap as the trainer-controller brackets it: pause-generation (in-flight generations
@@ -160,5 +160,26 @@ describe('gateway weight swap', () => {
     await new Promise((r) => setTimeout(r, 400));
     expect(s.gw.gate.isPaused).toBe(true);
     resume(null);
+  });
+
+  it('a gateway closed while paused answers the waiting requests 503 draining, and its close is not held by them (regression: held for the admission bound, 60 s)', async () => {
+    const own = await startStack();
+    let closed = false;
+    try {
+      await own.gw.handlers['pause-generation']({ type: 'pause-generation', requestId: 'p', drainTimeoutMs: 1000 }, ctx('pause-generation'));
+      const waiting = [false, true].map((stream) => postChat(own.url, { ...CHAT, stream }));
+      await waitFor(() => (own.gw.metrics.inflightCount === 2 ? true : null), { what: 'both requests to wait at the gate' });
+      await own.gw.close();
+      closed = true;
+      for (const res of await Promise.all(waiting)) {
+        expect(res.status).toBe(503);
+        expect(res.headers.get('retry-after')).toBeTruthy();
+        expect(openAIError(await res.json()).code).toBe('REEF_ERR_ACTOR_DRAINING');
+      }
+      expect(own.engine.requests).toHaveLength(0);
+    } finally {
+      if (!closed) own.gw.gate.resume(null);
+      await own.close();
+    }
   });
 });
