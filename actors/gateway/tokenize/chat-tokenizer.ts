@@ -223,6 +223,11 @@ export class ChatTokenizer {
     if (tools !== null && this.toolUse !== null) return this.toolUse.render(messages, tools, opts);
     const guard = opts.guard ?? true;
     const rendered = this.renderText(messages, tools, opts);
+    // JSON's "\ud800" parses to half a character, which the package encoded as U+FFFD: the ids
+    // would then not be the request the record keeps (Python's tokenizers refuses such a string).
+    if (!(rendered as unknown as { isWellFormed(): boolean }).isWellFormed()) {
+      throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: 'the chat has a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its other half), which is not text' });
+    }
     this.renders++;
     const out = new IdBuilder(opts.shared === true);
     // Without markers a guarded render splits into one piece, encoded exactly as an unguarded one.

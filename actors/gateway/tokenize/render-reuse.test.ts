@@ -93,9 +93,10 @@ describe('render with a prior render', () => {
       if (roll < 0.4) next.push({ role: 'assistant', content: randomText(r) }, { role: 'user', content: randomText(r) });
       else if (roll < 0.8) {
         const m = next[Math.floor(r() * next.length)]!;
-        const text = typeof m.content === 'string' ? m.content : '';
+        // By code point: half of a surrogate pair is not text a client can send (render refuses it).
+        const text = Array.from(typeof m.content === 'string' ? m.content : '');
         const at = Math.floor(r() * (text.length + 1));
-        m.content = text.slice(0, at) + (r() < 0.5 ? FRAGMENTS[Math.floor(r() * FRAGMENTS.length)] : '') + text.slice(at + (r() < 0.5 ? 1 : 0));
+        m.content = text.slice(0, at).join('') + (r() < 0.5 ? FRAGMENTS[Math.floor(r() * FRAGMENTS.length)] : '') + text.slice(at + (r() < 0.5 ? 1 : 0)).join('');
         if (r() < 0.5) next.push({ role: 'user', content: randomText(r) });
       } else next.splice(Math.max(1, Math.floor(r() * next.length)));
       expectSameAsFresh(tok, next, tools, prior);

@@ -7,6 +7,7 @@ import { tinyModelDir } from '../../../cluster/paths.js';
 import { ReefError } from '../../runtime/errors.js';
 import { ChatTokenizer } from './chat-tokenizer.js';
 import { checkContextLength, normalizeMessages, templateView } from './normalize.js';
+import { prepareChat } from './prepare.js';
 import { StreamDecoder } from './stream-decoder.js';
 
 let tok: ChatTokenizer;
@@ -255,5 +256,25 @@ describe('a tool_use chat template', () => {
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
+  });
+});
+
+describe('lone surrogates', () => {
+  it('a chat with half a surrogate pair is refused (its ids would be U+FFFD\'s, not the request\'s); a whole pair renders', () => {
+    for (const content of ['a\ud800b', 'end \ud83d', '\ude00 start']) {
+      expect(() => tok.render(normalizeMessages([{ role: 'user', content }]), null)).toThrow(expect.objectContaining({ code: 'REEF_ERR_INVALID_ARGUMENT' }));
+    }
+    // A tool-call argument string is printed as sent.
+    const call = { id: 'c', type: 'function', function: { name: 'f', arguments: '{"q": "\udbff"}' } };
+    expect(() => tok.render(normalizeMessages([{ role: 'user', content: 'hi' }, { role: 'assistant', content: null, tool_calls: [call] }]), null)).toThrow(ReefError);
+    const whole = tok.render(normalizeMessages([{ role: 'user', content: JSON.parse('"\\ud83d\\ude00"') as string }]), null);
+    expect(tok.decode(whole.ids)).toBe(whole.text);
+  });
+
+  it('prepareChat answers 400 for a body with a lone surrogate escape', () => {
+    const body = new TextEncoder().encode('{"messages": [{"role": "user", "content": "x\\ud800y"}]}');
+    const out = prepareChat(tok, body, { rid: 'r', topK: 1, defaultMaxTokens: 8 });
+    expect(out.ok).toBe(false);
+    expect(out.ok === false && out.code).toBe('REEF_ERR_INVALID_ARGUMENT');
   });
 });
