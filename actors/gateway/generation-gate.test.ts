@@ -1,5 +1,6 @@
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { GenerationGate } from './generation-gate.js';
+import { pauseGeneration } from './messages.js';
 
 afterEach(() => {
   vi.useRealTimers();
@@ -80,5 +81,12 @@ describe('GenerationGate', () => {
     expect(gate.inflight).toBe(1);
     gate.leave();
     expect(vi.getTimerCount()).toBe(0);
+  });
+
+  it('a pause-generation whose bounds no timer can hold is refused (regression: a maxPauseMs past 2^31-1 ms fired at once and resumed mid-swap)', () => {
+    const msg = { type: 'pause-generation', requestId: 'p', drainTimeoutMs: 30_000 };
+    expect(pauseGeneration.safeParse({ ...msg, maxPauseMs: 2 ** 31 - 1 }).success).toBe(true);
+    expect(pauseGeneration.safeParse({ ...msg, maxPauseMs: 2 ** 31 }).success).toBe(false);
+    expect(pauseGeneration.safeParse({ ...msg, drainTimeoutMs: 2 ** 31 }).success).toBe(false);
   });
 });

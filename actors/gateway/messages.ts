@@ -5,16 +5,19 @@ import { z } from 'zod';
  * (stop admitting, drain in-flight requests, bounded) and `resume-generation` (admit again, with
  * the new weight version that every later record carries).
  */
+/** Node's longest timer: a longer one fires at once (with a warning), which would end a pause as it began. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
 export const pauseGeneration = z.object({
   type: z.literal('pause-generation'),
   requestId: z.string(),
   /** How long to wait for in-flight generations before answering anyway. */
-  drainTimeoutMs: z.number().int().positive(),
+  drainTimeoutMs: z.number().int().positive().max(MAX_TIMER_MS),
   /**
    * How long the pause may last before the gateway resumes by itself (weight version unchanged);
    * absent: generation-gate.ts DEFAULT_MAX_PAUSE_MS.
    */
-  maxPauseMs: z.number().int().positive().optional(),
+  maxPauseMs: z.number().int().positive().max(MAX_TIMER_MS).optional(),
 });
 
 export const resumeGeneration = z.object({
