@@ -167,3 +167,25 @@ def test_malformed_bodies_are_answered_400_not_dropped(server: str) -> None:
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=10)
     assert e.value.code == 400
+
+
+@pytest.mark.parametrize("headers", [b"Content-Length: -1\r\n", b"Content-Length: 12x\r\n",
+                                     b"Transfer-Encoding: chunked\r\n"])
+def test_a_body_without_a_usable_length_is_400_and_the_connection_closed(server: str, headers: bytes) -> None:
+    import socket
+
+    host, port = server.removeprefix("http://").split(":")
+    body = b'{"text": "x"}'
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: p\r\n" + headers + b"\r\n" + body)
+        reply = b""
+        while chunk := sock.recv(65536):  # the server closes the connection after its answer
+            reply += chunk
+    head, _, payload = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), reply
+    assert json.loads(payload)["error"]["code"] == "REEF_ERR_INVALID_ARGUMENT"
+
+
+def test_sampling_params_that_is_not_an_object_is_400(server: str) -> None:
+    for sp in ([], 0, False, "x"):
+        assert post(f"{server}/generate", {"text": "x", "sampling_params": sp})[0] == 400, sp

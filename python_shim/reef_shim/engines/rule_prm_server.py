@@ -143,7 +143,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
         path = self.path.split("?", 1)[0]
         try:
-            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            raw = self._read_body()
             try:
                 body = json.loads(raw or b"{}")
             except RecursionError as e:  # arrays nested thousands deep
@@ -163,8 +163,23 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._json(500, {"error": {"message": f"handler for {path} failed: {e}", "code": "REEF_ERR_HANDLER"}})
 
+    def _read_body(self) -> bytes:
+        # A body that cannot be delimited is refused, and the connection closed: left unread, it
+        # would be parsed as the next request; read with a negative length, it waits for EOF.
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            self.close_connection = True
+            raise ValueError("a chunked body is not read here: send it with Content-Length")
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self.close_connection = True
+            raise ValueError("Content-Length is not a byte count")
+        return self.rfile.read(length)
+
     def _generate(self, body: dict[str, Any]) -> None:
-        sp = body.get("sampling_params") or {}
+        sp = {} if body.get("sampling_params") is None else body["sampling_params"]
         if not isinstance(sp, dict):
             raise ValueError("sampling_params: expected an object")
         prompt = self.prm.prompt_text(body)
