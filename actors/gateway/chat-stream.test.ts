@@ -117,6 +117,48 @@ describe('completeOnce', () => {
   });
 });
 
+describe('the weight version of a record', () => {
+  /**
+   * An engine that reports no weight version and holds its answer until `release()`; meanwhile a
+   * swap whose drain ran out goes ahead (the engine finishes the generation on the old weights first).
+   */
+  function versionless() {
+    const evs = events(['Hel', 'Hello']).map((e) => ({ ...e, meta_info: { ...e.meta_info, weight_version: null } }));
+    const h = harness(evs);
+    let release!: () => void;
+    const held = new Promise<void>((r) => (release = r));
+    h.deps.engine = {
+      async *generateStream() {
+        yield evs[0]!;
+        await held;
+        yield evs[1]!;
+      },
+      generate: async () => (await held, evs[1]!),
+    } as unknown as EngineClient;
+    const swapMidGeneration = async () => {
+      await new Promise((r) => setImmediate(r));
+      expect(h.deps.gate.inflight).toBe(1);
+      expect(await h.deps.gate.pause(1)).toMatchObject({ drained: false });
+      h.deps.gate.resume('v1');
+      release();
+    };
+    return { h, swapMidGeneration };
+  }
+
+  it('is the one the generation was let through on when the engine reports none, streamed or not (regression: a swap before the record named the next weights)', async () => {
+    const s = versionless();
+    const [streamed] = await Promise.all([streamCompletion(s.h.deps, s.h.p, s.h.sink), s.swapMidGeneration()]);
+    expect(streamed.status).toBe('ok');
+    expect(s.h.records[0]!.weightVersion).toBe('v0');
+
+    const o = versionless();
+    await Promise.all([completeOnce(o.h.deps, { ...o.h.p, stream: false }), o.swapMidGeneration()]);
+    expect(o.h.records[0]!.weightVersion).toBe('v0');
+    // Later requests are let through on the new weights.
+    expect(o.h.deps.gate.weightVersion).toBe('v1');
+  });
+});
+
 describe('settled', () => {
   it.each([
     ['plain', 'abc', null, 3],

@@ -44,6 +44,7 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
 
   // A client that leaves stops the wait for a weight swap, and the engine's generation.
   await deps.gate.enter(sink.signal);
+  p.admittedVersion = deps.gate.weightVersion;
   // It runs once the loop below has sent the engine request and waits for an answer.
   stageRecord(deps, p);
   try {

@@ -42,6 +42,8 @@ export interface Prepared extends Omit<PreparedChat, 'ok'> {
   body: Uint8Array;
   /** The record's request and prompt ids, written ahead of it (`stageRecord`). */
   staged?: StagedPayloads | null;
+  /** The gateway's weight version when the request passed the generation gate. */
+  admittedVersion?: string | null;
 }
 
 /** Prepares a raw request body on a tokenizer worker; a refused request comes back as its error. */
@@ -135,7 +137,10 @@ export function buildRecord(deps: ChatDeps, p: Prepared, res: GenerateResponse |
     topkLogprobs,
     finishReason: res?.meta_info.finish_reason?.type ?? (status === 'ok' ? null : status),
     usage: { promptTokens: p.promptIds.length, completionTokens: n },
-    weightVersion: res?.meta_info.weight_version ?? deps.gate.weightVersion,
+    // An engine that reports no version generated on the weights it had when the request was let
+    // through: a swap waits for the generations in flight (SGLang's and the hf engine's both do),
+    // so the gateway's version by the time the record is built may already name the next ones.
+    weightVersion: res?.meta_info.weight_version ?? (p.admittedVersion !== undefined ? p.admittedVersion : deps.gate.weightVersion),
     engine: deps.engineName,
     latencyMs: finishedAt - p.ctx.startedAt,
     error,
@@ -161,6 +166,7 @@ export async function commit(deps: ChatDeps, record: NewRecord): Promise<string>
  */
 export async function completeOnce(deps: ChatDeps, p: Prepared, signal?: AbortSignal): Promise<{ recordId: string; body: unknown } | null> {
   await deps.gate.enter(signal);
+  p.admittedVersion = deps.gate.weightVersion;
   let res: GenerateResponse;
   try {
     const pending = deps.engine.generate(p.engineBody, signal);
