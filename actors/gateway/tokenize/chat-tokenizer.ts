@@ -131,6 +131,8 @@ export class ChatTokenizer {
   private readonly exactSplit: boolean;
   private readonly newlineIds: Int32Array;
   private readonly cache: PieceCache;
+  /** Pieces the splitter normalised (their ids differ from those of the same text as written); in `stats().cache` with `cache`. */
+  private readonly normalizedCache: PieceCache;
   private readonly cleanUpSpaces: boolean;
   /** Converted (and marked) tool lists by their JSON text: agents resend the same tools every turn. */
   private readonly toolValues = new Map<string, FrozenValue>();
@@ -177,6 +179,7 @@ export class ChatTokenizer {
     const explicit = Array.isArray(files.tokenizerConfig.chat_control_tokens) ? (files.tokenizerConfig.chat_control_tokens as string[]) : null;
     this.marker = new ControlTokenMarker(controlTokens(files.addedTokens, files.chatTemplate, explicit), allAdded);
     this.cache = new PieceCache(opts.cacheMaxIds);
+    this.normalizedCache = new PieceCache(opts.cacheMaxIds);
     // transformers 5 skips the clean-up for a BPE model (it strips real spaces before punctuation)
     // unless the config insists; Llama 3's config asks for it.
     const model = files.tokenizerJson.model as { type?: unknown; merges?: unknown } | undefined;
@@ -414,7 +417,9 @@ export class ChatTokenizer {
 
   /** Encode text the splitter has normalised already (only models with `normalized` added tokens get here). */
   private encodeNormalized(piece: string, atStart: boolean): Int32Array {
-    return Int32Array.from(this.unnormalizing![atStart ? 1 : 0].encode(piece, { add_special_tokens: false }).ids);
+    const [rest, first] = this.unnormalizing!;
+    if (atStart && first !== rest) return Int32Array.from(first.encode(piece, { add_special_tokens: false }).ids);
+    return this.normalizedCache.getOrEncode(piece, (p) => Int32Array.from(rest.encode(p, { add_special_tokens: false }).ids));
   }
 
   /** A render split at the markers of control tokens found in user strings (never reused). */
@@ -525,18 +530,20 @@ export class ChatTokenizer {
   /** Forget all cached pieces (benchmarks measure the cold path with it). */
   clearCache(): void {
     this.cache.clear();
+    this.normalizedCache.clear();
   }
 
   /** With a tool_use template, both templates' renders together (`template.interpreterOnly` is the default's, else the tool_use one's). */
   stats(): ChatTokenizerStats {
-    const own: ChatTokenizerStats = { renders: this.renders, reuse: { ...this.reuse }, cache: this.cache.stats(), template: { ...this.templateStats } };
-    if (this.toolUse === null) return own;
-    const t = this.toolUse.stats();
     const sum = <T extends object>(a: T, b: T): T => {
       const out = { ...a } as Record<string, unknown>;
       for (const [k, v] of Object.entries(b)) if (typeof v === 'number') out[k] = (out[k] as number) + v;
       return out as T;
     };
+    const cache = sum(this.cache.stats(), this.normalizedCache.stats());
+    const own: ChatTokenizerStats = { renders: this.renders, reuse: { ...this.reuse }, cache, template: { ...this.templateStats } };
+    if (this.toolUse === null) return own;
+    const t = this.toolUse.stats();
     return {
       renders: own.renders + t.renders,
       reuse: sum(own.reuse, t.reuse),

@@ -278,3 +278,27 @@ describe('lone surrogates', () => {
     expect(out.ok === false && out.code).toBe('REEF_ERR_INVALID_ARGUMENT');
   });
 });
+
+describe('a tokenizer with normalized added tokens', () => {
+  it('caches the pieces its splitter normalised: a repeated render looks them up and gives the same ids', () => {
+    const dir = copyTinyModel(mkdtempSync(join(tmpdir(), 'reef-normalized-')));
+    try {
+      const path = join(dir, 'tokenizer.json');
+      const spec = JSON.parse(readFileSync(path, 'utf8')) as { normalizer: unknown; added_tokens: { content: string; normalized: boolean }[] };
+      spec.normalizer = { type: 'Lowercase' };
+      for (const t of spec.added_tokens) if (t.content === '<think>') t.normalized = true;
+      writeFileSync(path, JSON.stringify(spec));
+      const t = ChatTokenizer.load(dir);
+      const messages = normalizeMessages([{ role: 'system', content: 'A long system prompt. '.repeat(50) }, { role: 'user', content: 'Hi <THINK> there' }]);
+      const first = t.render(messages, null);
+      const before = t.stats().cache;
+      const again = t.render(messages, null);
+      expect(Array.from(again.ids)).toEqual(Array.from(first.ids));
+      expect(t.stats().cache.misses).toBe(before.misses);
+      expect(t.stats().cache.hits).toBeGreaterThan(before.hits);
+      expect(t.stats().cache.entries).toBeGreaterThan(0);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
