@@ -255,7 +255,10 @@ export function engineConformance(target: EngineTarget, options: ConformanceOpti
     }
     const r = await pending;
     expect(r.output_ids).toHaveLength(2);
-    expect((await call(target, 'POST', '/flush_cache', {})).status).toBe(200);
+    // SGLang answers /flush_cache in plain text, not JSON.
+    const flushed = await request(target.baseUrl + '/flush_cache', { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
+    expect(flushed.statusCode).toBe(200);
+    expect(await flushed.body.text()).toMatch(/^Cache flushed/);
   });
 
   if (options.weightSync) weightSyncCases(target, options.weightSync, () => initialVersion);

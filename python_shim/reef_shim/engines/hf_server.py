@@ -8,7 +8,7 @@ Routes (docs/internals.md, "Engine HTTP API"): `POST /generate`, `GET /health`,
 `POST /update_weights_from_disk`,
 `POST /init_weights_update_group`, `POST /update_weights_from_distributed`,
 `POST /destroy_weights_update_group`, `POST /pause_generation`, `POST /continue_generation`,
-`POST /flush_cache`.
+`POST /flush_cache` (answered in plain text, as SGLang does).
 
 Behaviour a client can rely on:
 - One request generates at a time (KV-cached, fp32, `torch.inference_mode`); others queue, at most

@@ -153,6 +153,14 @@ class EngineHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _send_text(self, status: int, text: str) -> None:
+        data = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def _error(self, status: int, code: str, message: str) -> None:
         self._send_json(status, {"error": {"message": message, "code": code}})
 
@@ -277,8 +285,10 @@ class EngineHandler(BaseHTTPRequestHandler):
                 self.st.set_paused(False)
                 self._send_json(200, {"success": True, "message": "continued"})
             elif path == "/flush_cache":
-                # No cache outlives a request here, so there is nothing to drop.
-                self._send_json(200, {"success": True, "message": "nothing cached between requests"})
+                # No cache outlives a request here, so there is nothing to drop. SGLang answers this
+                # route in plain text, not JSON: so does this stand-in, so that a client parsing it
+                # as JSON fails here as it would there.
+                self._send_text(200, "Cache flushed (the hf engine keeps no cache between requests).\n")
             else:
                 self._error(404, "REEF_ERR_NOT_FOUND", f"{path} not found")
         except RequestError as e:
