@@ -77,7 +77,15 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
   // Hooks in callback form: every request runs all three, and the async form costs each one a
   // promise and a trip through the microtask queue. A hook that answers does not call `done`.
   app.addHook('onRequest', (request, reply, done) => {
-    (request as FastifyRequest & { startedNs?: bigint }).startedNs = process.hrtime.bigint();
+    const startedNs = process.hrtime.bigint();
+    // On the response's close rather than in onResponse, which runs only once a response finished:
+    // a client that left before its answer (a timeout, a stopped stream) went uncounted. It counts
+    // as 499, nginx's "client closed request", whatever status had been set or sent by then.
+    reply.raw.once('close', () => {
+      const route = request.routeOptions.url ?? 'unmatched';
+      metrics.requests.inc({ route, code: reply.raw.writableFinished ? String(reply.statusCode) : '499' });
+      metrics.latency.observe(Number(process.hrtime.bigint() - startedNs) / 1e9, { route });
+    });
     if (draining) {
       sendReefError(reply, new ReefError('REEF_ERR_ACTOR_DRAINING', { actor: 'gateway' }));
       return;
@@ -101,14 +109,6 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
       sendError(reply, 'REEF_ERR_BODY', problem);
       return;
     }
-    done();
-  });
-
-  app.addHook('onResponse', (request, reply, done) => {
-    const route = request.routeOptions.url ?? 'unmatched';
-    const started = (request as FastifyRequest & { startedNs?: bigint }).startedNs;
-    metrics.requests.inc({ route, code: String(reply.statusCode) });
-    if (started !== undefined) metrics.latency.observe(Number(process.hrtime.bigint() - started) / 1e9, { route });
     done();
   });
 

@@ -1,4 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parsePrometheusText } from '../helpers/prometheus-text.js';
+import { waitFor } from '../helpers/wait.js';
 import { CHAT, openAIError, postChat, startStack, type Stack } from './harness.js';
 
 /** The Reef HTTP API: reports, scenarios, records, status, health and metrics. */
@@ -203,5 +205,38 @@ describe('gateway Reef API', () => {
     expect(value(/^reef_record_commit_seconds_count (\d+)$/m)).toBe(6);
     expect(value(/^reef_engine_errors_total\{kind="generate"\} (\d+)$/m)).toBe(1);
     expect(text).toMatch(/^# TYPE reef_http_request_duration_seconds histogram$/m);
+    parsePrometheusText(text);
+  });
+
+  it('/metrics counts a request whose client left before its answer, as code 499 (regression: it was not counted at all)', async () => {
+    const scrape = async () => {
+      const samples = parsePrometheusText(await (await fetch(`${s.url}/metrics`)).text());
+      const of = (name: string, labels: Record<string, string>) =>
+        samples.find((x) => x.name === name && Object.entries(labels).every(([k, v]) => x.labels[k] === v) && Object.keys(x.labels).length === Object.keys(labels).length)?.value ?? 0;
+      return {
+        left: of('reef_http_requests_total', { code: '499', route: '/v1/chat/completions' }),
+        timed: of('reef_http_request_duration_seconds_count', { route: '/v1/chat/completions' }),
+      };
+    };
+    const before = await scrape();
+    const leave = async (body: unknown, whenGoing: () => boolean) => {
+      await waitFor(() => s.gw.gate.inflight === 0, { what: 'no generation in flight' });
+      const ac = new AbortController();
+      const res = fetch(`${s.url}/v1/chat/completions`, { method: 'POST', signal: ac.signal, headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) }).then((r) => r.arrayBuffer()).catch(() => null);
+      await waitFor(whenGoing, { what: 'the request to be with the engine' });
+      ac.abort();
+      await res;
+    };
+    s.engine.options.delayMs = () => 60_000;
+    s.engine.options.tokenDelayMs = 60_000;
+    try {
+      await leave(CHAT, () => s.gw.gate.inflight === 1);
+      await leave({ ...CHAT, stream: true }, () => s.gw.gate.inflight === 1);
+    } finally {
+      s.engine.options.delayMs = undefined;
+      s.engine.options.tokenDelayMs = 0;
+    }
+    await waitFor(async () => (await scrape()).left === before.left + 2, { what: 'both requests counted with code 499' });
+    expect((await scrape()).timed).toBeGreaterThanOrEqual(before.timed + 2);
   });
 });
