@@ -227,8 +227,10 @@ export function engineConformance(target: EngineTarget, options: ConformanceOpti
     const before = await generate(target, greedy(4));
     const ok = await call(target, 'POST', '/update_weights_from_disk', { model_path: target.modelPath, weight_version: 'conformance-2' });
     expect(ok.status).toBe(200);
-    expect(ok.json).toMatchObject({ success: true, weight_version: 'conformance-2' });
+    expect(ok.json).toMatchObject({ success: true });
     expect(typeof ok.json!.message).toBe('string');
+    // SGLang answers {success, message, num_paused_requests}; the version is read from /model_info.
+    if (options.hfExtras) expect(ok.json!.weight_version).toBe('conformance-2');
     expect((await call(target, 'GET', '/model_info')).json!.weight_version).toBe('conformance-2');
     const after = await generate(target, greedy(4));
     expect(after.meta_info.weight_version).toBe('conformance-2');
