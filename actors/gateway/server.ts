@@ -136,7 +136,9 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
   app.get('/healthz', async () => ({ ok: true }));
   app.get('/metrics', async (req, reply) => {
     const p = principalOf(req);
-    return reply.type('text/plain; version=0.0.4').send(metrics.render(p.scenarios === null ? null : (s) => canSee(p, s)));
+    // With the charset, as Prometheus' own clients send it: counter names from saved state may be
+    // other than ASCII, and text/plain without one is Latin-1 to clients that follow HTTP/1.1's default.
+    return reply.type('text/plain; version=0.0.4; charset=utf-8').send(metrics.render(p.scenarios === null ? null : (s) => canSee(p, s)));
   });
   registerOpenAIRoutes(app, opts.chat, { defaultScenario: opts.defaultScenario, principalOf });
   opts.registerReefRoutes?.(app, principalOf);

@@ -191,7 +191,8 @@ describe('gateway Reef API', () => {
     s.engine.options.failWith = null;
     const res = await fetch(`${s.url}/metrics`);
     expect(res.status).toBe(200);
-    expect(res.headers.get('content-type')).toMatch(/^text\/plain/);
+    // The format's content type, with its charset: without one, non-ASCII label values read as Latin-1.
+    expect(res.headers.get('content-type')).toBe('text/plain; version=0.0.4; charset=utf-8');
     const text = await res.text();
     const value = (re: RegExp) => Number(re.exec(text)?.[1] ?? Number.NaN);
     expect(value(/^reef_http_requests_total\{code="200",route="\/v1\/chat\/completions"\} (\d+)$/m)).toBeGreaterThanOrEqual(6);
