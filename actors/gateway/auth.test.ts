@@ -21,6 +21,15 @@ describe('API keys from the environment', () => {
     }
   });
 
+  it('refuse a key given twice (regression: the first entry won, so the other\'s scenario limit was ignored)', async () => {
+    const cfg = await resolveConfig(
+      { cluster: { rollout: { model_path: '/m' }, prm: { model_path: '/p' } }, reef: { api_keys: [{ key: 'sk-123' }, { key_env: 'REEF_TEST_KEY', scenarios: ['alpha'] }] } },
+      { baseDir: '/srv', overrides: [] },
+    );
+    expect(() => new Authenticator(resolveApiKeys(cfg, { REEF_TEST_KEY: 'sk-123' }))).toThrow(/reef\.api_keys\[1\] has the same key as reef\.api_keys\[0\]/);
+    expect(new Authenticator(resolveApiKeys(cfg, { REEF_TEST_KEY: 'sk-456' })).required).toBe(true);
+  });
+
   it('refuse a value with characters other than printable ASCII, which no client can send in a header', async () => {
     const cfg = await config();
     expect(() => resolveApiKeys(cfg, { REEF_TEST_KEY: 'clé' })).toThrow(/holds characters other than printable ASCII/);

@@ -1,4 +1,5 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
+import { ReefError } from '../runtime/errors.js';
 
 /** One configured API key, already resolved from `key` or `key_env`. */
 export interface ApiKeySpec {
@@ -51,6 +52,14 @@ export class Authenticator {
   private readonly open: Principal | null;
 
   constructor(specs: readonly ApiKeySpec[], openConcurrency = 256) {
+    // The first entry with a key would win and the others' scenarios and limit be ignored: a key
+    // limited to scenarios in one entry would still be served as another entry says.
+    const first = new Map<string, number>();
+    specs.forEach((s, i) => {
+      const j = first.get(s.key);
+      if (j !== undefined) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}] has the same key as reef.api_keys[${j}]: give each key one entry` });
+      first.set(s.key, i);
+    });
     this.keys = specs.map((s) => ({
       digest: digest(s.key),
       principal: { id: digest(s.key).toString('hex').slice(0, 8), scenarios: s.scenarios ? new Set(s.scenarios) : null, limiter: new ConcurrencyLimiter(s.maxConcurrency) },
