@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { parsePrometheusText } from '../../test/helpers/prometheus-text.js';
 import { GatewayMetrics, labelKey } from './metrics.js';
 
 describe('metrics', () => {
@@ -36,5 +37,31 @@ describe('metrics', () => {
     expect(limited).not.toContain('secret-beta');
     expect(m.render()).toContain('reef_records_total{scenario="secret-beta",status="ok"} 1');
     expect(m.render()).toContain('reef_http_request_duration_seconds_bucket{route="/x",scenario="secret-beta",le="0.01"} 1');
+  });
+
+  it('renders an exposition a strict reader takes, whole and filtered, with every family\'s samples', () => {
+    const m = new GatewayMetrics();
+    const odd = 'a\\b"c\nd';
+    m.requests.inc({ route: odd, code: '200' });
+    m.latency.observe(0.003, { route: odd });
+    m.latency.observe(100, { route: odd });
+    m.tokens.inc({ kind: 'prompt' }, 7);
+    m.records.inc({ scenario: 'alpha', status: 'ok' });
+    m.records.inc({ scenario: 'beta', status: 'aborted' });
+    m.commitLatency.observe(0.01);
+    m.engineErrors.inc({ kind: 'generate' });
+    m.addSection(() => '# HELP reef_extra An extra section\n# TYPE reef_extra gauge\nreef_extra 1');
+    const all = parsePrometheusText(m.render());
+    const value = (name: string, labels: Record<string, string> = {}) => all.find((x) => x.name === name && JSON.stringify(x.labels) === JSON.stringify(labels))?.value;
+    expect(value('reef_http_requests_total', { code: '200', route: odd })).toBe(1);
+    expect(value('reef_http_request_duration_seconds_bucket', { route: odd, le: '+Inf' })).toBe(2);
+    expect(value('reef_http_request_duration_seconds_bucket', { route: odd, le: '60' })).toBe(1);
+    expect(value('reef_http_request_duration_seconds_sum', { route: odd })).toBe(100.003);
+    expect(value('reef_record_commit_seconds_count')).toBe(1);
+    expect(value('reef_engine_errors_total', { kind: 'generate' })).toBe(1);
+    expect(value('reef_inflight_requests')).toBe(0);
+    expect(value('reef_extra')).toBe(1);
+    const limited = parsePrometheusText(m.render((s) => s === 'alpha'));
+    expect(limited.filter((x) => x.labels.scenario !== undefined).map((x) => x.labels.scenario)).toEqual(['alpha']);
   });
 });
