@@ -193,6 +193,20 @@ export function engineConformance(target: EngineTarget, options: ConformanceOpti
     expect(last.meta_info.finish_reason.type).toBe('length');
   });
 
+  it('checks max_new_tokens before stop strings too: one completed by the last token allowed is not matched, nor cut', async () => {
+    const two = await generate(target, greedy(2));
+    const three = await generate(target, greedy(3));
+    const stop = three.text as string;
+    expect(stop.length).toBeGreaterThan((two.text as string).length); // the third token completes it
+    const atBudget = await generate(target, greedy(3, { stop: [stop] }));
+    expect(atBudget.meta_info.finish_reason.type).toBe('length');
+    expect(atBudget.text).toBe(stop);
+    const within = await generate(target, greedy(4, { stop: [stop] }));
+    expect(within.meta_info.finish_reason).toMatchObject({ type: 'stop', matched: stop });
+    expect(within.output_ids).toEqual(three.output_ids);
+    expect(within.text).toBe('');
+  });
+
   it('turns stop_token_ids off with ignore_eos, as it does the eos ids', async () => {
     const first = await generate(target, greedy(4));
     const ignored = await generate(target, greedy(4, { stop_token_ids: [first.output_ids[0] as number] }));

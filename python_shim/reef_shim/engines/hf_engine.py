@@ -130,8 +130,9 @@ class HFEngine:
                 if req.return_logprob:
                     state.token_logprobs.append([float(lp[token]), token, None])
                     state.top_logprobs.append(top_logprobs(lp, req.top_logprobs_num))
-                # The length first, as SGLang (and vLLM) check it: a stop token that is the last
-                # token the budget allows ends with `length`, and stays in the text.
+                # The length first, then stop tokens, then stop strings, as SGLang checks them: a
+                # stop token or string completed by the last token the budget allows ends with
+                # `length` and stays in the text.
                 is_stop_token = False
                 if len(state.output_ids) >= budget:
                     state.finish = {"type": "length", "matched": None}
@@ -142,7 +143,7 @@ class HFEngine:
                     state.finish = {"type": "abort", "matched": None}
                 # Decoding is O(length) per token: do it only when someone looks at the text.
                 if sp.stop or req.stream or state.finish is not None:
-                    self._update_text(state, sp.stop, is_stop_token)
+                    self._update_text(state, sp.stop if state.finish is None else [], is_stop_token)
                 yield state
                 if state.finish is not None:
                     return

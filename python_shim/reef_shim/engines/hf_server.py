@@ -25,7 +25,8 @@ Behaviour a client can rely on:
   as SGLang) ends with `{type: 'stop', matched: <id>}`; the token is in `output_ids` and its
   logprobs, not in `text`. A stop string ends with `matched: <string>` and `text` cut before it.
   `max_new_tokens` (clipped to the context) ends with `length`, checked first as SGLang does: a
-  stop token that is the last token allowed ends with `length` (and stays in `text`); a client that disconnects or a server that stops ends it
+  stop token or string completed by the last token allowed ends with `length` (and stays in
+  `text`); a client that disconnects or a server that stops ends it
   with `abort`. `text` is decoded without special tokens.
 - Streaming (`stream: true`): SSE events `data: {<full reply shape>}` whose `text`, `output_ids`
   and logprob lists are cumulative (the whole output so far, as SGLang's native API), with
