@@ -381,4 +381,37 @@ describe('EngineClient.generate', () => {
       expect(await client.generate(req)).toEqual(reply);
     });
   });
+
+  it('an abort lets go of a request still queued for a connection at once (regression: held until a connection freed)', async () => {
+    let arrived!: () => void;
+    const firstArrived = new Promise<void>((resolve) => (arrived = resolve));
+    let answerFirst = () => {};
+    const server = createServer((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        answerFirst = () => {
+          res.writeHead(200, { 'content-type': 'application/json' });
+          res.end(JSON.stringify({ text: '', output_ids: [], meta_info: { id: 'r', finish_reason: null, prompt_tokens: 1, completion_tokens: 0, weight_version: null } }));
+        };
+        arrived();
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const client = new EngineClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, { connections: 1 });
+    try {
+      const first = client.generate(req);
+      await firstArrived;
+      // One connection, held by the first: this one waits in undici's queue.
+      const gone = new AbortController();
+      const queued = client.generate(req, gone.signal);
+      gone.abort(new Error('client disconnected'));
+      await expect(queued).rejects.toThrow('client disconnected');
+      answerFirst();
+      await first;
+    } finally {
+      await client.close();
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    }
+  });
 });

@@ -246,7 +246,14 @@ class CollectedAnswer implements Dispatcher.DispatchHandler {
   private resolve!: (answer: { status: number; text: string }) => void;
   private reject!: (err: Error) => void;
   private controller: Dispatcher.DispatchController | null = null;
-  private readonly onAbort = () => this.controller?.abort(this.abortReason());
+  /**
+   * A request still queued for a connection has no controller yet: its caller is let go now (it is
+   * cut off when it starts), not held until a connection frees, still counted in flight.
+   */
+  private readonly onAbort = () => {
+    if (this.controller !== null) this.controller.abort(this.abortReason());
+    else this.reject(this.abortReason());
+  };
 
   constructor(private readonly signal: AbortSignal | null = null) {
     this.done = new Promise((resolve, reject) => {
