@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { resolveConfig } from '../../cluster/config/index.js';
-import { Authenticator, CONFLICTING_KEYS, MISSING_OR_INVALID_KEY, type Principal } from './auth.js';
+import { Authenticator, INVALID_BEARER_BESIDE_X_API_KEY, MISSING_OR_INVALID_KEY, type Principal } from './auth.js';
 import { resolveApiKeys } from './index.js';
 
 describe('API keys from the environment', () => {
@@ -56,11 +56,10 @@ describe('credentials in the headers', () => {
     }
   });
 
-  it('refuse two different keys rather than pick one (regression: Bearer won, so a request also naming the admin key ran as the limited one)', () => {
-    expect(who({ authorization: 'Bearer sk-alpha', 'x-api-key': 'sk-admin' })).toBe(CONFLICTING_KEYS);
-    expect(who({ authorization: 'Bearer sk-admin', 'x-api-key': 'sk-wrong' })).toBe(CONFLICTING_KEYS);
-    expect(who({ authorization: 'Bearer sk-wrong', 'x-api-key': 'sk-admin' })).toBe(CONFLICTING_KEYS);
-    // The same key twice is one key.
-    expect(who({ authorization: 'Bearer sk-alpha', 'x-api-key': 'sk-alpha ' })).toBe('alpha');
+  it('use the Bearer key when both headers are sent, and say so when it is the wrong one (regression: the 401 read as if no right key were sent)', () => {
+    expect(who({ authorization: 'Bearer sk-alpha', 'x-api-key': 'sk-admin' })).toBe('alpha');
+    expect(who({ authorization: 'Bearer sk-admin', 'x-api-key': 'sk-wrong' })).toBe('admin');
+    expect(who({ authorization: 'Bearer sk-wrong', 'x-api-key': 'sk-admin' })).toBe(INVALID_BEARER_BESIDE_X_API_KEY);
+    expect(who({ authorization: 'Bearer sk-wrong' })).toBe(MISSING_OR_INVALID_KEY);
   });
 });

@@ -39,8 +39,7 @@ function digest(s: string): Buffer {
 
 /** Why a request's credentials were refused, as its 401 says. */
 export const MISSING_OR_INVALID_KEY = 'missing or invalid API key: send Authorization: Bearer KEY or x-api-key: KEY';
-export const CONFLICTING_KEYS = 'Authorization: Bearer and x-api-key name different keys: send one key';
-export const TWO_KEYS = Symbol('two different keys');
+export const INVALID_BEARER_BESIDE_X_API_KEY = 'invalid API key in Authorization: Bearer, which is used rather than the x-api-key also sent';
 
 /**
  * Resolves a request's credentials (`Authorization: Bearer K` or `x-api-key: K`) to a principal.
@@ -71,27 +70,27 @@ export class Authenticator {
     return this.open === null;
   }
 
-  /** Returns the principal, or why the credentials were refused (missing, wrong, or two different keys). */
+  /** Returns the principal, or why the credentials were refused (as the 401 says it). */
   authenticate(headers: Record<string, string | string[] | undefined>): Principal | string {
     if (this.open) return this.open;
-    const presented = extractKey(headers);
-    if (presented === TWO_KEYS) return CONFLICTING_KEYS;
-    if (presented === null) return MISSING_OR_INVALID_KEY;
-    const d = digest(presented);
+    const { key, both } = extractKey(headers);
+    if (key === null) return MISSING_OR_INVALID_KEY;
+    const d = digest(key);
     // Compare digests in constant time so a wrong key reveals nothing about the right ones.
     for (const k of this.keys) if (timingSafeEqual(k.digest, d)) return k.principal;
-    return MISSING_OR_INVALID_KEY;
+    // Said, since a client that also sent a right x-api-key would otherwise look for the fault there.
+    return both ? INVALID_BEARER_BESIDE_X_API_KEY : MISSING_OR_INVALID_KEY;
   }
 }
 
 /**
- * The key a request presents: `Authorization: Bearer K` (the scheme in any case) or `x-api-key: K`,
- * trimmed. Both naming the same key is one key; naming two different ones is TWO_KEYS:
- * picking either would serve the request with rights its client may not have meant (or refuse it
- * for a wrong key it did not know it sent). An Authorization of another scheme (Basic, for a proxy
- * in front) is left to x-api-key.
+ * The key a request presents, trimmed: `Authorization: Bearer K` (the scheme in any case), else
+ * `x-api-key: K`; `both` when the request carried the two. Bearer goes first when both are sent,
+ * as the header shim in front of an agent (recipes/openclawrl/harness/header-shim.ts) puts its key
+ * there and passes the agent's other headers on. An Authorization of another scheme (a proxy's
+ * Basic) leaves it to x-api-key.
  */
-export function extractKey(headers: Record<string, string | string[] | undefined>): string | typeof TWO_KEYS | null {
+export function extractKey(headers: Record<string, string | string[] | undefined>): { key: string | null; both: boolean } {
   const auth = headers['authorization'];
   const a = Array.isArray(auth) ? auth[0] : auth;
   const m = a ? /^Bearer\s+(.+)$/i.exec(a.trim()) : null;
@@ -99,8 +98,7 @@ export function extractKey(headers: Record<string, string | string[] | undefined
   const x = headers['x-api-key'];
   const v = Array.isArray(x) ? x[0] : x;
   const apiKey = v ? v.trim() || null : null;
-  if (bearer !== null && apiKey !== null && bearer !== apiKey) return TWO_KEYS;
-  return bearer ?? apiKey;
+  return { key: bearer ?? apiKey, both: bearer !== null && apiKey !== null };
 }
 
 export function canSee(p: Principal, scenario: string): boolean {
