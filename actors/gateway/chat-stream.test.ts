@@ -83,6 +83,16 @@ describe('streamCompletion', () => {
     expect(h.deps.gate.inflight).toBe(0);
   });
 
+  it('a stream that ends before its final event (no finish_reason) ends with an error event and a failed record (regression: answered stop, recorded ok)', async () => {
+    const h = harness(events(['Half', 'Half an'], null));
+    expect(await streamCompletion(h.deps, h.p, h.sink)).toMatchObject({ status: 'failed' });
+    expect(h.sent.some((e) => e.choices?.[0]?.finish_reason != null)).toBe(false);
+    expect(h.sent.at(-1)).toMatchObject({ error: { code: 'REEF_ERR_ENGINE_FAILED', message: expect.stringContaining('no finish_reason') } });
+    expect(h.records[0]).toMatchObject({ status: 'failed' });
+    expect(h.records[0]!.outputIds.length).toBe(2);
+    expect(h.deps.gate.inflight).toBe(0);
+  });
+
   it('streamed content, reasoning and tool calls add up to the non-streamed message, whatever the chunking', async () => {
     const full = '<think>\nplan it\n</think>\n\nCalling.\n<tool_call>\n{"name": "f", "arguments": {"q": "日本"}}\n</tool_call>\nDone.';
     const once = await completeOnce(harness([event(full, 9, { type: 'stop', matched: 2 })]).deps, harness([]).p);

@@ -63,6 +63,11 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
       }
     }
     if (last?.meta_info.finish_reason?.type === 'abort' && !sink.signal.aborted) throw engineAborted(deps, last);
+    // Only the last event carries a finish_reason: a stream that ends (even with [DONE]) after one
+    // without it was cut short, and answering `stop` would pass a truncated reply off as whole.
+    if (last !== null && last.meta_info.finish_reason == null && !sink.signal.aborted) {
+      throw new ReefError('REEF_ERR_ENGINE_FAILED', { engine: deps.engineName, reason: 'the stream ended before the generation did (its last event has no finish_reason)' });
+    }
     if (last && last.text !== text && last.text.startsWith(text)) await emit(parser.push(last.text.slice(text.length)));
     await emit(parser.finish());
   } catch (err) {
