@@ -48,6 +48,11 @@ describe('gateway auth', () => {
     ['GET', '/reef/scenarios/beta/records'],
     ['GET', '/reef/scenarios/beta/records/x'],
     ['GET', '/no/such/route'],
+    ['HEAD', '/metrics'],
+    ['HEAD', '/reef/status'],
+    ['OPTIONS', '/v1/chat/completions'],
+    ['OPTIONS', '/healthz'],
+    ['POST', '/healthz'],
   ];
 
   it('a missing or wrong key is 401 on every route but /healthz', async () => {
@@ -55,10 +60,11 @@ describe('gateway auth', () => {
       for (const headers of [{}, { authorization: 'Bearer wrong' }, { 'x-api-key': 'wrong' }, { authorization: `Basic ${ADMIN}` }] as Array<Record<string, string>>) {
         const res = await fetch(`${s.url}${path}`, { method, headers: { 'content-type': 'application/json', ...headers }, ...(method === 'POST' ? { body: JSON.stringify(CHAT) } : {}) });
         expect(res.status, `${method} ${path} ${JSON.stringify(headers)}`).toBe(401);
-        expect(openAIError(await res.json()).type).toBe('authentication_error');
+        if (method !== 'HEAD') expect(openAIError(await res.json()).type).toBe('authentication_error');
       }
     }
     expect((await fetch(`${s.url}/healthz`)).status).toBe(200);
+    expect((await fetch(`${s.url}/healthz`, { method: 'HEAD' })).status).toBe(200);
   });
 
   it('/healthz with a query string still needs no key (regression: auth compared the raw URL)', async () => {
