@@ -69,11 +69,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @contextmanager
-def launch(model_dir: Path, log_path: Path, *args: str) -> Iterator[Engine]:
+def launch(model_dir: Path, log_path: Path, *args: str, module: str = "reef_shim.engines.hf_server") -> Iterator[Engine]:
     """The hf engine as a subprocess on a free port; SIGTERM at the end must exit it with 0."""
-    env = {**os.environ, "PYTHONPATH": str(SHIM), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SHIM), str(SHIM / "tests")]), "PYTHONUNBUFFERED": "1"}
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "reef_shim.engines.hf_server", "--model-path", str(model_dir),
+        proc = subprocess.Popen([sys.executable, "-m", module, "--model-path", str(model_dir),
                                  "--host", "127.0.0.1", "--port", "0", *args],
                                 stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     try:
@@ -250,6 +250,20 @@ def test_a_rid_in_flight_is_refused_and_free_again_once_its_request_ended(engine
         assert again.status == 200 and json.loads(again.read())["meta_info"]["id"] == "twice"
     finally:
         conn.close()
+
+
+def test_a_server_told_to_stop_answers_the_stream_in_flight_with_abort(models: tuple[Path, Path],
+                                                                        tmp_path: Path) -> None:
+    # Each token takes seconds here (hf_server_slow.py): the server must wait for the request's
+    # abort to go out rather than exit under it.
+    with launch(models[0], tmp_path / "slow.log", module="hf_server_slow") as slow:
+        events = slow.stream(input_ids=list(range(10, 18)),
+                             sampling_params={"max_new_tokens": 50, "temperature": 0, "ignore_eos": True})
+        assert next(events)["meta_info"]["finish_reason"] is None
+        slow.proc.send_signal(signal.SIGTERM)
+        rest = list(events)
+    assert rest[-1] == "[DONE]", rest
+    assert rest[-2]["meta_info"]["finish_reason"]["type"] == "abort"
 
 
 def _expect_served_after_leaving(engine: Engine, logged: str) -> None:

@@ -26,8 +26,9 @@ Behaviour a client can rely on:
   logprobs, not in `text`. A stop string ends with `matched: <string>` and `text` cut before it.
   `max_new_tokens` (clipped to the context) ends with `length`, checked first as SGLang does: a
   stop token or string completed by the last token allowed ends with `length` (and stays in
-  `text`); a client that disconnects or a server that stops ends it
-  with `abort`. `text` is decoded without special tokens.
+  `text`); a client that disconnects or a server that stops ends it with `abort` (on SIGTERM the
+  server waits up to 8 s for those answers before it exits; a request still queued gets 503).
+  `text` is decoded without special tokens.
 - Streaming (`stream: true`): SSE events `data: {<full reply shape>}` whose `text`, `output_ids`
   and logprob lists are cumulative (the whole output so far, as SGLang's native API), with
   `finish_reason` null until the last event, then `data: [DONE]`. An event is held back while the
@@ -68,6 +69,8 @@ from .http_handler import EngineHandler, ServerState
 from .sampling import sampling_logprobs
 
 log = logging.getLogger("reef_shim.hf_server")
+# How long a stopping server waits for the requests in flight to answer `abort`.
+STOP_GRACE_S = 8.0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -137,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     while not stop.wait(0.5):
         pass
     state.release_waiters()
+    # The handler threads are daemons, gone when this returns: let the requests in flight send
+    # their `abort` first (within the shim's 10 s SIGTERM grace).
+    if not state.wait_idle(STOP_GRACE_S):
+        log.warning("stopping with requests still in flight after %.0f s", STOP_GRACE_S)
     httpd.shutdown()
     httpd.server_close()
     log.info("stopped")

@@ -7,6 +7,7 @@ import logging
 import select
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -65,6 +66,19 @@ class ServerState:
             self._admitted -= 1
             if rid is not None:
                 self._rids.discard(rid)
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until every admitted request has left (with `stopping` set, each ends at its next
+        token); False if some are still there after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._admitted > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
 
 
 def reply_body(state: GenState, weight_version: str, req: GenRequest) -> dict[str, Any]:
@@ -346,6 +360,9 @@ class EngineHandler(BaseHTTPRequestHandler):
             engine = self.st.engine
             assert engine is not None
             with engine.lock:
+                if self.st.stopping.is_set():
+                    # Queued behind others when the server began to stop: not even the prompt runs.
+                    raise RequestError("the engine is stopping", "REEF_ERR_ENGINE_DOWN", 503)
                 if self._client_gone():
                     # It left while queued (behind other requests, or paused): not even the prompt runs.
                     self.close_connection = True
