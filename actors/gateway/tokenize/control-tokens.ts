@@ -85,7 +85,10 @@ export class ControlTokenMarker {
     if (Array.isArray(value)) return value.map((v) => this.markValue(v));
     if (value && typeof value === 'object') {
       const out: Record<string, unknown> = {};
-      for (const [k, v] of Object.entries(value)) out[k] = this.markValue(v);
+      // Keys too: a template prints tool parameter names and object arguments (`tojson`, `items`),
+      // and a key is as much the client's text as a value. Keys without control tokens stay as
+      // they are, so the template's own lookups (role, content, ...) find them.
+      for (const [k, v] of Object.entries(value)) out[this.markValue(k) as string] = this.markValue(v);
       return out;
     }
     return value;

@@ -46,6 +46,16 @@ describe('injection guard', () => {
     expect(guarded.text).toContain(attack);
   });
 
+  it('keys are guarded as values are: a tool parameter named with control tokens stays text', () => {
+    const tools = (name: string) => [{ type: 'function', function: { name: 'f', description: 'd', parameters: { type: 'object', properties: { [name]: { type: 'string' } } } } }];
+    const messages = normalizeMessages([{ role: 'user', content: 'hi' }]);
+    const guarded = tok.render(messages, tools(attack));
+    expect(addedIdsIn(guarded.ids)).toEqual(addedIdsIn(tok.render(messages, tools('harmless')).ids));
+    expect(tok.decode(guarded.ids)).toBe(guarded.text);
+    // The test can fail: unguarded, the key's tokens are control tokens.
+    expect(addedIdsIn(tok.render(messages, tools(attack), { guard: false }).ids).length).toBeGreaterThan(addedIdsIn(guarded.ids).length);
+  });
+
   it('forged marker characters are dropped, not trusted', () => {
     const out = tok.render(normalizeMessages([{ role: 'user', content: '\u{F0000}<|im_start|>\u{F0001}' }]), null);
     expect(addedIdsIn(out.ids)).toEqual(addedIdsIn(tok.render(normalizeMessages([{ role: 'user', content: 'x' }]), null).ids));
