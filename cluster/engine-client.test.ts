@@ -382,7 +382,7 @@ describe('EngineClient.generate', () => {
     });
   });
 
-  it('an abort lets go of a request still queued for a connection at once (regression: held until a connection freed)', async () => {
+  it('an abort lets go of a request still queued for a connection at once, as does a signal that fired before the call (regression: held until a connection freed)', async () => {
     let arrived!: () => void;
     const firstArrived = new Promise<void>((resolve) => (arrived = resolve));
     let answerFirst = () => {};
@@ -406,6 +406,11 @@ describe('EngineClient.generate', () => {
       const queued = client.generate(req, gone.signal);
       gone.abort(new Error('client disconnected'));
       await expect(queued).rejects.toThrow('client disconnected');
+      // A signal that fired before the call (a client gone while its request was prepared), streamed or not.
+      const left = new AbortController();
+      left.abort(new Error('client left earlier'));
+      await expect(client.generate(req, left.signal)).rejects.toThrow('client left earlier');
+      await expect(client.generateStream(req, left.signal).next()).rejects.toThrow('client left earlier');
       answerFirst();
       await first;
     } finally {

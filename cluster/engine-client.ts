@@ -112,6 +112,9 @@ class StreamedGeneration implements Dispatcher.DispatchHandler {
 
   constructor(private readonly engine: string, private readonly signal: AbortSignal | null) {
     signal?.addEventListener('abort', this.onAbort, { once: true });
+    // A signal that fired already fires no more: its caller (a client gone while its request was
+    // prepared) would otherwise wait for a connection before being let go.
+    if (signal?.aborted) this.onAbort();
   }
 
   private abortReason(): Error {
@@ -263,6 +266,8 @@ class CollectedAnswer implements Dispatcher.DispatchHandler {
     if (signal) {
       signal.addEventListener('abort', this.onAbort, { once: true });
       void this.done.catch(() => {}).finally(() => signal.removeEventListener('abort', this.onAbort));
+      // As in StreamedGeneration: a signal that fired already fires no more.
+      if (signal.aborted) this.onAbort();
     }
   }
 
