@@ -94,6 +94,8 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
     if (request.routeOptions.url === '/healthz') return done();
     const principal = opts.auth.authenticate(request.headers);
     if (typeof principal === 'string') {
+      // The challenge a 401 must carry (RFC 9110 §11.6.1), naming the scheme that is expected.
+      reply.header('www-authenticate', 'Bearer');
       sendError(reply, 'REEF_ERR_UNAUTHORIZED', principal);
       return;
     }

@@ -60,6 +60,7 @@ describe('gateway auth', () => {
       for (const headers of [{}, { authorization: 'Bearer wrong' }, { 'x-api-key': 'wrong' }, { authorization: `Basic ${ADMIN}` }] as Array<Record<string, string>>) {
         const res = await fetch(`${s.url}${path}`, { method, headers: { 'content-type': 'application/json', ...headers }, ...(method === 'POST' ? { body: JSON.stringify(CHAT) } : {}) });
         expect(res.status, `${method} ${path} ${JSON.stringify(headers)}`).toBe(401);
+        expect(res.headers.get('www-authenticate')).toBe('Bearer');
         if (method !== 'HEAD') expect(openAIError(await res.json()).type).toBe('authentication_error');
       }
     }
