@@ -14,7 +14,7 @@ describe('gateway failures', () => {
     s = await startStack({ engine: { respond: () => ({ pieces: LONG }) } });
   });
   afterEach(() => {
-    Object.assign(s.engine.options, { tokenDelayMs: 0, failWith: null, dieAfterTokens: null });
+    Object.assign(s.engine.options, { tokenDelayMs: 0, failWith: null, dieAfterTokens: null, answerWith: null });
   });
   afterAll(async () => {
     await s?.close();
@@ -117,6 +117,22 @@ describe('gateway failures', () => {
       expect(openAIError(await res.json()).code).toBe('REEF_ERR_ENGINE_DOWN');
     }
     // Nothing was generated, so nothing was recorded.
+    expect(await s.gw.store.headOffset()).toBe(head);
+  });
+
+  it('an engine that answers 200 with an error, or with what is not JSON, gives 503 with Retry-After and its words, streamed and not (regression: a 500 internal error, or "without [DONE]")', async () => {
+    const head = await s.gw.store.headOffset();
+    for (const answer of [{ contentType: 'application/json', body: '{"error": {"message": "CUDA out of memory"}}', words: 'CUDA out of memory' }, { contentType: 'text/html', body: '<html>upstream connect error</html>', words: 'upstream connect error' }]) {
+      s.engine.options.answerWith = { status: 200, contentType: answer.contentType, body: answer.body };
+      for (const stream of [false, true]) {
+        const res = await postChat(s.url, { ...CHAT, stream });
+        expect(res.status).toBe(503);
+        expect(Number(res.headers.get('retry-after'))).toBeGreaterThan(0);
+        const err = openAIError(await res.json());
+        expect(err.code).toBe('REEF_ERR_ENGINE_DOWN');
+        expect(err.message).toContain(answer.words);
+      }
+    }
     expect(await s.gw.store.headOffset()).toBe(head);
   });
 

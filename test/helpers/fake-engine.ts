@@ -26,6 +26,8 @@ export interface FakeEngineOptions {
   tokenDelayMs?: number;
   /** Fail `/generate` with this HTTP status (engine trouble) until cleared. */
   failWith?: number | null;
+  /** Answer `/generate` with exactly this, streamed or not (a broken engine, or a proxy before it), until cleared. */
+  answerWith?: { status: number; contentType: string; body: string } | null;
   /** Cut the stream after this many tokens without [DONE] (an engine crash mid-stream). */
   dieAfterTokens?: number | null;
   weightVersion?: string;
@@ -126,6 +128,10 @@ export async function startFakeEngine(options: FakeEngineOptions = {}): Promise<
     state.requests.push(body);
     if (state.requests.length > (options.keepRequests ?? Number.POSITIVE_INFINITY)) state.requests.shift();
     if (options.failWith) return json(options.failWith, { error: { message: 'fake engine failure' } });
+    if (options.answerWith) {
+      res.writeHead(options.answerWith.status, { 'content-type': options.answerWith.contentType });
+      return res.end(options.answerWith.body);
+    }
     const inputIds = Array.isArray(body.input_ids) ? (body.input_ids as number[]) : null;
     const g = (options.respond ?? (() => DEFAULT))({ inputIds, text: typeof body.text === 'string' ? body.text : null, messages: Array.isArray(body.messages) ? (body.messages as unknown[]) : null, body });
     const wait = options.delayMs?.({ inputIds, text: typeof body.text === 'string' ? body.text : null, messages: Array.isArray(body.messages) ? (body.messages as unknown[]) : null, body, headers: req.headers }) ?? 0;
