@@ -17,7 +17,7 @@ SLOW_STEP_S = 3.0
 
 
 class SlowEngine(hf_engine.HFEngine):
-    def generate(self, req: Any, should_stop: Callable[[], bool]) -> Iterator[hf_engine.GenState]:
+    def generate(self, req: Any, should_stop: Callable[[], str | None]) -> Iterator[hf_engine.GenState]:
         for state in super().generate(req, should_stop):
             yield state
             if state.finish is None:

@@ -103,11 +103,12 @@ class HFEngine:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def generate(self, req: GenRequest, should_stop: Callable[[], bool]) -> Iterator[GenState]:
+    def generate(self, req: GenRequest, should_stop: Callable[[], str | None]) -> Iterator[GenState]:
         """Yield the state after every new token; the caller must hold `lock`.
 
-        `should_stop` is polled between tokens (client gone, server stopping): the last state then
-        finishes with `abort`.
+        `should_stop` is polled between tokens and says why the request must end (client gone,
+        server stopping), or None: the last state then finishes with `abort` and that `message`,
+        as SGLang's abort carries one.
         """
         prompt = req.input_ids if req.input_ids is not None else self.encode(req.text or "")
         req.check_prompt(prompt, self.vocab_size, self.max_context_length)
@@ -139,8 +140,8 @@ class HFEngine:
                 elif token in stop_ids:
                     is_stop_token = True
                     state.finish = {"type": "stop", "matched": token}
-                elif should_stop():
-                    state.finish = {"type": "abort", "matched": None}
+                elif (why := should_stop()) is not None:
+                    state.finish = {"type": "abort", "matched": None, "message": why}
                 # Decoding is O(length) per token: do it only when someone looks at the text.
                 if sp.stop or req.stream or state.finish is not None:
                     self._update_text(state, sp.stop if state.finish is None else [], is_stop_token)

@@ -26,7 +26,8 @@ Behaviour a client can rely on:
   logprobs, not in `text`. A stop string ends with `matched: <string>` and `text` cut before it.
   `max_new_tokens` (clipped to the context) ends with `length`, checked first as SGLang does: a
   stop token or string completed by the last token allowed ends with `length` (and stays in
-  `text`); a client that disconnects or a server that stops ends it with `abort` (on SIGTERM the
+  `text`); a client that disconnects or a server that stops ends it with `abort` and a `message`
+  saying which, as SGLang's abort carries one (on SIGTERM the
   server waits up to 8 s for those answers before it exits; a request still queued gets 503).
   `text` is decoded without special tokens.
 - Streaming (`stream: true`): SSE events `data: {<full reply shape>}` whose `text`, `output_ids`

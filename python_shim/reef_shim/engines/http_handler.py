@@ -251,8 +251,10 @@ class EngineHandler(BaseHTTPRequestHandler):
         except (OSError, ValueError):
             return True
 
-    def _should_stop(self) -> bool:
-        return self.st.stopping.is_set() or self._client_gone()
+    def _should_stop(self) -> str | None:
+        if self.st.stopping.is_set():
+            return "the engine is stopping"
+        return "the client left" if self._client_gone() else None
 
     def _chunk(self, data: bytes) -> None:
         try:
