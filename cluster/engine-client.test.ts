@@ -218,6 +218,37 @@ describe('EngineClient.generateStream', () => {
     );
   });
 
+  it('a connection that breaks after [DONE], before the response\'s end, takes nothing from a reader that had not read it yet (regression: thrown as a failure)', async () => {
+    let cut = () => {};
+    const wasCut = new Promise<void>((resolve) => {
+      cut = resolve;
+    });
+    let release = () => {};
+    await withEngine(
+      (res) => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(event('a'));
+        release = () => {
+          // The last event and [DONE], then the socket closes without the body's last chunk.
+          res.write(event('ab') + 'data: [DONE]\n\n', () => setTimeout(() => res.socket!.destroy(), 20));
+          res.socket!.once('close', () => cut());
+        };
+      },
+      async (client) => {
+        const out: string[] = [];
+        for await (const r of client.generateStream({ input_ids: [1], sampling_params: {} })) {
+          out.push(r.text);
+          if (out.length > 1) continue;
+          // The reader is busy until the engine's connection is gone.
+          release();
+          await wasCut;
+          await new Promise((resolve) => setTimeout(resolve, 50));
+        }
+        expect(out).toEqual(['a', 'ab']);
+      },
+    );
+  });
+
   it('refusals: a 4xx is the request\'s fault with the engine\'s words, a 5xx or no engine at all is the engine being down', async () => {
     await withEngine(
       (res, path) => {

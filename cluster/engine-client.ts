@@ -223,8 +223,9 @@ class StreamedGeneration implements Dispatcher.DispatchHandler {
 
   onResponseError(_controller: Dispatcher.DispatchController, err: Error): void {
     // Before a response, the engine could not be reached (or the request was aborted); after it
-    // started, the error is the stream's own.
-    this.failure ??= this.status === 0 && !this.signal?.aborted ? new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.engine, reason: err.message }, { cause: err }) : err;
+    // started, the error is the stream's own. After [DONE] the generation is whole: a connection
+    // that breaks before the response's own end (no last chunk) takes nothing from it.
+    if (!this.done) this.failure ??= this.status === 0 && !this.signal?.aborted ? new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.engine, reason: err.message }, { cause: err }) : err;
     this.finish();
   }
 
