@@ -159,7 +159,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const address = await app.listen(listen);
     opts.log?.(`gateway listening on ${address}`);
     const handlers: Handlers<GatewayMessage> = {
-      'pause-generation': async (msg) => gate.pause(msg.drainTimeoutMs, msg.maxPauseMs),
+      'pause-generation': async (msg) => {
+        const drain = await gate.pause(msg.drainTimeoutMs, msg.maxPauseMs);
+        // The swap goes ahead with them running, which nothing else would tell an operator.
+        if (!drain.drained) opts.log?.(`weight swap: ${drain.inflight} generation(s) still running after the ${msg.drainTimeoutMs} ms drain; the swap goes ahead with them`);
+        return drain;
+      },
       'resume-generation': (msg) => {
         gate.resume(msg.weightVersion);
         return { weightVersion: gate.weightVersion };

@@ -69,14 +69,14 @@ export interface Stack {
   close(): Promise<void>;
 }
 
-export async function startStack(opts: { engine?: FakeEngineOptions; apiKeys?: ApiKeyRaw[]; tokenizerThreads?: number; inlinePrepareBytes?: number } = {}): Promise<Stack> {
+export async function startStack(opts: { engine?: FakeEngineOptions; apiKeys?: ApiKeyRaw[]; tokenizerThreads?: number; inlinePrepareBytes?: number; log?: (line: string) => void } = {}): Promise<Stack> {
   ensureBuilt();
   const dataDir = mkdtempSync(join(tmpdir(), 'reef-gw-'));
   const engine = await startFakeEngine(opts.engine ?? {});
   const config = await testConfig(dataDir, opts.apiKeys);
   let gw: Gateway;
   try {
-    gw = await startGateway({ config, engineUrl: engine.url, listen: { host: '127.0.0.1', port: 0 }, tokenizerThreads: opts.tokenizerThreads ?? 1, ...(opts.inlinePrepareBytes !== undefined ? { inlinePrepareBytes: opts.inlinePrepareBytes } : {}) });
+    gw = await startGateway({ config, engineUrl: engine.url, listen: { host: '127.0.0.1', port: 0 }, tokenizerThreads: opts.tokenizerThreads ?? 1, ...(opts.inlinePrepareBytes !== undefined ? { inlinePrepareBytes: opts.inlinePrepareBytes } : {}), ...(opts.log ? { log: opts.log } : {}) });
   } catch (err) {
     await engine.close();
     rmSync(dataDir, { recursive: true, force: true });

@@ -16,9 +16,10 @@ const ctx = (type: string): HandlerContext => ({ requestId: `r-${type}`, type, m
 describe('gateway weight swap', () => {
   let s: Stack;
   let engineFinished = 0;
+  const logs: string[] = [];
 
   beforeAll(async () => {
-    s = await startStack({ engine: { respond: () => ({ pieces: PIECES }) } });
+    s = await startStack({ engine: { respond: () => ({ pieces: PIECES }) }, log: (line) => logs.push(line) });
     s.engine.server.on('request', (_req, res) => res.on('finish', () => engineFinished++));
   });
   afterAll(async () => {
@@ -72,13 +73,15 @@ describe('gateway weight swap', () => {
     s.engine.options.tokenDelayMs = 0;
   });
 
-  it('the drain is bounded: pause answers drained false when a generation outlives the timeout, and resume lets it finish', async () => {
+  it('the drain is bounded: pause answers drained false when a generation outlives the timeout, logs it (regression: silent), and resume lets it finish', async () => {
     s.engine.options.tokenDelayMs = 20;
     let firstChunk!: () => void;
     const sawFirst = new Promise<void>((r) => (firstChunk = r));
     const stream = postChat(s.url, { ...CHAT, stream: true }).then((res) => readSse(res, () => firstChunk()));
     await sawFirst;
     expect(await pause(50)).toEqual({ drained: false, inflight: 1 });
+    // Logged: the swap goes ahead with a generation still running.
+    expect(logs.filter((l) => l.includes('still running after the 50 ms drain'))).toHaveLength(1);
     resume(null);
     expect(s.gw.gate.weightVersion).toBe('v1');
     const events = await stream;
