@@ -1,4 +1,7 @@
 import { describe, expect, it } from 'vitest';
+import { rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { testConfig } from '../test/helpers/stack.js';
 import { main } from './cli.js';
 
 /** Runs the CLI in-process; what it printed and its exit code. */
@@ -27,6 +30,19 @@ describe('reef CLI flags per command', () => {
     const r = await reef(...argv);
     expect(r.code).toBe(2);
     expect(r.err).toMatch(message);
+  });
+
+  it('reports a failed system call by its message, without a stack trace (exit 1)', async () => {
+    const cfg = testConfig();
+    try {
+      const file = join(cfg.dir, 'a-file');
+      writeFileSync(file, '');
+      const r = await reef('up', '-c', cfg.path, `--reef.data_dir=${file}`);
+      expect(r.code).toBe(1);
+      expect(r.err).toBe(`reef: ENOTDIR: not a directory, mkdir '${join(file, 'run')}'`);
+    } finally {
+      rmSync(cfg.dir, { recursive: true, force: true });
+    }
   });
 
   it('lets a command take the flags it reads: status --json finds no stack, and says so (exit 1)', async () => {

@@ -107,6 +107,12 @@ export async function main(argv: readonly string[], io: Io = defaultIo): Promise
       io.stderr(`reef: ${err.code}: ${err.message}`);
       return err.code === 'REEF_ERR_CONFIG_INVALID' || err.code === 'REEF_ERR_CONFIG_FILE' ? 2 : 1;
     }
+    // A failed system call (a data dir that is a file, a full disk) is the user's to fix, and its
+    // message names the call and the path: the stack trace that came with it only buried that.
+    if (typeof (err as NodeJS.ErrnoException).syscall === 'string') {
+      io.stderr(`reef: ${(err as Error).message}`);
+      return 1;
+    }
     io.stderr(`reef: ${(err as Error).stack ?? String(err)}`);
     return 1;
   }
