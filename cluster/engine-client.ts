@@ -350,7 +350,10 @@ export class EngineClient {
     this.pathPrefix = url.pathname.replace(/\/+$/, '');
     this.name = opts.name ?? this.baseUrl;
     this.timeoutMs = opts.requestTimeoutMs ?? 300_000;
-    this.agent = new Agent({ connections: opts.connections ?? 64, keepAliveTimeout: 30_000, pipelining: 1 });
+    // An idle connection is let go before the engine lets it go: SGLang's uvicorn closes one after
+    // 5 s without a hint in its answers, and a request written as it closes fails (a 503 to the
+    // client). undici's own default, 4 s, is for this same reason.
+    this.agent = new Agent({ connections: opts.connections ?? 64, keepAliveTimeout: 4_000, pipelining: 1 });
   }
 
   /**
