@@ -249,7 +249,19 @@ describe('EngineClient.generateStream', () => {
     );
   });
 
-  it('refusals: a 4xx is the request\'s fault with the engine\'s words, a 5xx or no engine at all is the engine being down', async () => {
+  it.each([404, 405, 401, 429])('an engine answering %i is down (the setup or its load), not the request at fault', async (status) => {
+    await withEngine(
+      (res) => {
+        res.writeHead(status, { 'content-type': 'application/json' });
+        res.end('{"detail": "Not Found"}');
+      },
+      async (client) => {
+        await expect(texts(client)).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_DOWN', message: expect.stringContaining(`answered ${status}`) });
+      },
+    );
+  });
+
+  it('refusals: a 400, 413 or 422 is the request\'s fault with the engine\'s words, a 5xx or no engine at all is the engine being down', async () => {
     await withEngine(
       (res, path) => {
         res.writeHead(path.endsWith('/generate') ? 400 : 404, { 'content-type': 'application/json' });

@@ -302,10 +302,18 @@ class CollectedAnswer implements Dispatcher.DispatchHandler {
  * What an engine's refusal means: a 5xx is the engine being down, a 4xx the request's own fault
  * (e.g. a prompt past the context), with the engine's words.
  */
+/**
+ * Only what says the request itself is wrong (400, 413, 422) is the client's. The rest is the
+ * engine's state or the setup's: 429 (overloaded), 404 or 405 (a wrong engine URL, a server that
+ * is not SGLang), 401/403 (an engine behind a key): the client got a 400 for them, as if its
+ * request were at fault, and did not retry.
+ */
+const REQUEST_FAULTS = new Set([400, 413, 422]);
+
 function refusal(engine: string, path: string, status: number, text: string): Error {
-  return status >= 500
-    ? new ReefError('REEF_ERR_ENGINE_DOWN', { engine, reason: `${path} answered ${status}: ${text.slice(0, 300)}` })
-    : new EngineRequestError(status, text, path);
+  return REQUEST_FAULTS.has(status)
+    ? new EngineRequestError(status, text, path)
+    : new ReefError('REEF_ERR_ENGINE_DOWN', { engine, reason: `${path} answered ${status}: ${text.slice(0, 300)}` });
 }
 
 /** A streamed `error` event (or a reply with no output) as the engine being down, its `error` member the reason. */
