@@ -191,7 +191,12 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
           if (gw) await gw.call({ type: 'resume-generation', weightVersion: version });
           return published;
         } catch (err) {
-          if (gw) await gw.call({ type: 'resume-generation', weightVersion: null }).catch(() => {});
+          if (gw) {
+            // Unanswered, the gateway stays paused until its own bound (up to maxPauseMs) lets requests through.
+            await gw.call({ type: 'resume-generation', weightVersion: null }).catch((resumeErr: unknown) =>
+              w.log(`publish of ${version} failed and the gateway did not take the resume (${(resumeErr as Error).message}); it admits requests again after its pause bound`),
+            );
+          }
           throw err;
         } finally {
           await gw?.close();
