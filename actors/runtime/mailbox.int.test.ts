@@ -1,3 +1,4 @@
+import * as net from 'node:net';
 import * as zmq from 'zeromq';
 import { afterEach, describe, expect, it } from 'vitest';
 import { z } from 'zod';
@@ -130,6 +131,25 @@ describe('Mailbox + RpcClient over real sockets', () => {
     await expect(rpc.call({ type: 'slow', ms: 50 }, { timeoutMs: 2 ** 31 })).resolves.toMatchObject({ waited: 50 });
     await expect(rpc.call({ type: 'slow', ms: 50 }, { timeoutMs: Number.POSITIVE_INFINITY })).resolves.toMatchObject({ waited: 50 });
     expect(rpc.inFlight).toBe(0);
+  });
+
+  it('rejects a request zeromq cannot hand to an absent peer with a retryable REEF_ERR_TIMEOUT, not a bare EAGAIN', async () => {
+    // Nothing listens here; with a high-water mark of 1 the second request waits for room and fails.
+    const port = await new Promise<number>((resolve) => {
+      const srv = net.createServer().listen(0, '127.0.0.1', () => {
+        const { port: p } = srv.address() as net.AddressInfo;
+        srv.close(() => resolve(p));
+      });
+    });
+    const rpc = new RpcClient(`tcp://127.0.0.1:${port}`, { name: 'nobody', sendHighWaterMark: 1, sendTimeoutMs: 100, log: () => {} });
+    cleanups.push(() => rpc.close());
+    const first = rpc.call({ type: 'add', a: 1, b: 1 }, { timeoutMs: 60_000 }).catch((e: unknown) => e);
+    const err = await rpc.call({ type: 'add', a: 2, b: 2 }, { timeoutMs: 60_000 }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ReefError);
+    expect(err).toMatchObject({ code: 'REEF_ERR_TIMEOUT', retryable: true, message: 'nobody add (sending the request) timed out after 100 ms' });
+    expect(rpc.inFlight).toBe(1);
+    await rpc.close();
+    await expect(first).resolves.toMatchObject({ code: 'REEF_ERR_ACTOR_CLOSED' });
   });
 
   it('close() rejects pending calls with REEF_ERR_ACTOR_CLOSED and refuses new ones', async () => {

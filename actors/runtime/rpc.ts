@@ -65,6 +65,7 @@ export class RpcClient {
   private readonly requests: SendQueue;
   private readonly pending = new Map<string, Pending>();
   private readonly defaultTimeoutMs: number;
+  private readonly sendTimeoutMs: number;
   private readonly log: LogFn;
   private readonly loop: Promise<void>;
 
@@ -76,10 +77,11 @@ export class RpcClient {
     this.lifecycle = new Lifecycle(`rpc ${this.name}`);
     this.defaultTimeoutMs = options.defaultTimeoutMs ?? 5000;
     this.log = options.log ?? stderrLog;
+    this.sendTimeoutMs = options.sendTimeoutMs ?? 5000;
     this.dealer = new zmq.Dealer({
       sendHighWaterMark: options.sendHighWaterMark ?? 1000,
       receiveHighWaterMark: options.receiveHighWaterMark ?? 1000,
-      sendTimeout: options.sendTimeoutMs ?? 5000,
+      sendTimeout: this.sendTimeoutMs,
       linger: options.lingerMs ?? 0,
     });
     this.dealer.connect(endpoint);
@@ -94,7 +96,8 @@ export class RpcClient {
 
   /**
    * Send `msg` with a fresh `requestId` and resolve with the ok reply; an error reply rejects with
-   * `ReefError.fromReply`, no reply within the timeout rejects with REEF_ERR_TIMEOUT.
+   * `ReefError.fromReply`, no reply within the timeout (or a request zeromq could not hand over
+   * within `sendTimeoutMs`) rejects with REEF_ERR_TIMEOUT.
    */
   call<T = OkReply>(msg: Request, options: CallOptions<T> = {}): Promise<T> {
     if (!this.lifecycle.is('running')) {
@@ -116,7 +119,7 @@ export class RpcClient {
       }, Math.min(timeoutMs, MAX_TIMER_MS));
       this.pending.set(requestId, { resolve, reject, timer });
     });
-    this.requests.send([payload]).catch((err: unknown) => this.settle(requestId, null, err));
+    this.requests.send([payload]).catch((err: unknown) => this.settle(requestId, null, this.sendError(err, msg.type)));
     return reply.then((value) => {
       if (options.schema === undefined) return value as T;
       const parsed = options.schema.safeParse(value);
@@ -139,6 +142,15 @@ export class RpcClient {
         await this.loop;
       },
     });
+  }
+
+  /**
+   * zeromq fails a send that waited `sendTimeoutMs` for room (a peer that is gone or reads nothing)
+   * with a bare EAGAIN Error; callers match on ReefError codes, and this one is a retryable timeout.
+   */
+  private sendError(err: unknown, type: string): unknown {
+    if (err instanceof ReefError || (err as { code?: unknown } | null)?.code !== 'EAGAIN') return err;
+    return new ReefError('REEF_ERR_TIMEOUT', { what: `${this.name} ${type} (sending the request)`, ms: this.sendTimeoutMs }, { cause: err });
   }
 
   private settle(requestId: string, reply: Record<string, unknown> | null, err?: unknown): void {
