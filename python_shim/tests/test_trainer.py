@@ -182,6 +182,31 @@ def test_a_rank_that_raises_mid_step_fails_the_batch_not_retryably(
         group.stop()
 
 
+def test_a_step_whose_checkpoint_cannot_be_written_is_retried_on_a_fresh_group(
+        driver: RayDriver, model: Path, tasks: list[dict[str, Any]], tmp_path: Path) -> None:
+    # A full disk is not the batch's fault: answered REEF_ERR_TRAINER, the controller dead-lettered
+    # every batch while the disk stayed full. The ranks have stepped, so they must not train on.
+    ckpt = tmp_path / "ckpt"
+    group = TrainerGroup(driver)
+    try:
+        group.start(spec(str(model), str(ckpt), lr=LR))
+        shutil.rmtree(ckpt)
+        ckpt.write_text("not a directory")  # rank 0's save fails on the filesystem
+        with pytest.raises(ShimError) as failed:
+            group.step("s:openclawrl:1", tasks[:2])
+        assert failed.value.code == "REEF_ERR_TRAINER_RANK" and failed.value.retryable, failed.value.message
+        assert "trained, but the checkpoint" in failed.value.message and "could not be saved" in failed.value.message
+        with pytest.raises(ShimError) as broken:
+            group.step("s:openclawrl:1", tasks[:2])
+        assert broken.value.code == "REEF_ERR_TRAINER_RANK" and "send trainer-start again" in broken.value.message
+        ckpt.unlink()
+        group.start(spec(str(model), str(ckpt), lr=LR))
+        out = group.step("s:openclawrl:1", tasks[:2])
+    finally:
+        group.stop()
+    assert out["trained"] is True and out["weightVersion"] == "v1" and (ckpt / "v1" / "model.safetensors").is_file()
+
+
 def test_a_wait_on_the_ranks_ends_at_its_deadline_however_much_budget_it_had(driver: RayDriver) -> None:
     # trainer-start's phases share one deadline (the bridge client's timeout covers one budget,
     # not one per phase): a phase that starts after the budget is spent fails at once rather

@@ -92,3 +92,17 @@ def test_a_non_finite_gradient_behind_a_finite_loss_fails_the_step_and_changes_n
     # The same rank steps cleanly afterwards: nothing of the failed step was left in its gradients.
     assert ok["error"] is None and (tmp_path / "v1" / "model.safetensors").is_file()
     assert any(not torch.equal(before[k], trained[k]) for k in before)
+
+
+def test_a_checkpoint_that_cannot_be_saved_fails_the_step_as_applied(
+        model: Path, tasks: list[TrainTask], tmp_path: Path) -> None:
+    # Raised, a full disk read as the batch's fault: REEF_ERR_TRAINER, and every batch dead-lettered.
+    blocked = tmp_path / "ckpt"
+    blocked.write_text("a file where the checkpoint directory should be")
+    with one_rank(model) as r:
+        before = weights(r)
+        out = r.step("b:1", tasks, totals(tasks), str(blocked / "v1"), {"weightVersion": "v1"})
+        after = weights(r)
+    assert out["error"].startswith(f"the checkpoint {blocked / 'v1'} could not be saved: NotADirectoryError"), out
+    # The optimizer had stepped: the group that holds these weights must not train on.
+    assert out["applied"] is True and any(not torch.equal(before[k], after[k]) for k in before)

@@ -199,6 +199,30 @@ def test_a_save_clears_what_a_save_that_died_left(tmp_path: Path) -> None:
     assert next_version(ckpt, Ledger(ckpt)) == "v2"
 
 
+def test_a_save_that_runs_out_of_space_leaves_nothing_behind(tmp_path: Path) -> None:
+    # A real write failure: the process may not grow a file past 64 KiB (EFBIG, as ENOSPC would).
+    import resource
+    import signal
+
+    from safetensors import SafetensorError
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    ckpt = tmp_path / "ckpt"
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, hard))
+    try:
+        with pytest.raises((OSError, SafetensorError)):
+            save_checkpoint({"w": torch.ones(1 << 16)}, base, ckpt / "v1", {"weightVersion": "v1"})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+    # Neither `v1` nor the temporary copy, which held the disk full until the next save.
+    assert list(ckpt.iterdir()) == []
+
+
 @pytest.mark.parametrize("trainer,engine,backend", [
     ("cpu", "cpu", "gloo"),
     ("cuda", "cuda", "nccl"),  # SGLang on its own GPU

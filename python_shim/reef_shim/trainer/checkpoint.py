@@ -111,17 +111,23 @@ def save_checkpoint(state: dict[str, Any], base_model: Path, out: Path, meta: di
             if _PARTIAL.match(p.name):
                 shutil.rmtree(p, ignore_errors=True)
     tmp.mkdir(parents=True)
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    for name in COPIED:
-        if (base_model / name).is_file():
-            shutil.copyfile(base_model / name, tmp / name)
-    (tmp / META).write_text(json.dumps({**meta, "createdAt": int(time.time() * 1000)}, indent=1, sort_keys=True))
-    # The directory's fsync covers its entries, not the files' contents: without these a crash
-    # after the rename could leave `v<n>` complete by name with empty or short files.
-    for f in tmp.iterdir():
-        _fsync(f)
-    _fsync(tmp)
+    try:
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for name in COPIED:
+            if (base_model / name).is_file():
+                shutil.copyfile(base_model / name, tmp / name)
+        (tmp / META).write_text(json.dumps({**meta, "createdAt": int(time.time() * 1000)}, indent=1, sort_keys=True))
+        # The directory's fsync covers its entries, not the files' contents: without these a crash
+        # after the rename could leave `v<n>` complete by name with empty or short files.
+        for f in tmp.iterdir():
+            _fsync(f)
+        _fsync(tmp)
+    except BaseException:
+        # A full disk, most often: what was written of the copy, up to the model's size, would
+        # hold the disk full for everything else on it until the next save.
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if out.exists():
         shutil.rmtree(out)  # a leftover of a step that crashed after its rename but before the ledger
     os.rename(tmp, out)

@@ -178,6 +178,12 @@ class TrainerGroup:
                 for r, rank in enumerate(self._ranks)]
         results = self._gather(refs, f"trainer-step {batch_id}", _Deadline(STEP_TIMEOUT_S, started), raised_by_step=True)
         failed = next((r["error"] for r in results if r["error"]), None)
+        if failed and any(r.get("applied") for r in results):
+            # As with the ledger below: the ranks hold weights no checkpoint or ledger entry has,
+            # and a retry on them would train the batch twice. Not the batch's fault (a full disk).
+            self._broken = f"0 failed: {failed}"
+            raise ShimError("REEF_ERR_TRAINER_RANK", f"trainer: batch {batch_id}: trained, but {failed}; "
+                            "send trainer-start again")
         if failed:
             raise ShimError("REEF_ERR_TRAINER", f"trainer: batch {batch_id}: {failed}")
         from .loss import combine

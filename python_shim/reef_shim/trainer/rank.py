@@ -177,7 +177,16 @@ class TrainerRank:
         state = self._full_state()
         save_s = 0.0
         if self.rank == 0 and out_dir is not None:
-            save_s = save_checkpoint(state, self.model_path, Path(out_dir), meta)
+            from safetensors import SafetensorError  # what save_file raises for an I/O error
+
+            try:
+                save_s = save_checkpoint(state, self.model_path, Path(out_dir), meta)
+            except (OSError, SafetensorError) as e:
+                # Raised, it read as the batch's fault (REEF_ERR_TRAINER), and a full disk had every
+                # batch dead-lettered in turn. The weights have taken the step: the group must not
+                # train on (`applied`), and the retry starts a fresh one from the last release.
+                return {"error": f"the checkpoint {out_dir} could not be saved: {type(e).__name__}: {e}",
+                        "applied": True, "sums": sums}
         return {"error": None, "sums": sums, "train_s": forward_backward_s, "save_s": save_s}
 
     def _any_rank(self, flag: bool) -> bool:
