@@ -55,6 +55,10 @@ def check_config(path: Path, config: Any) -> None:
         raise WeightError("the checkpoint's config does not match the served model (" + "; ".join(diffs) + ")")
 
 
+def dtype_str(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def load_checked_state_dict(path: Path, config: Any, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -63,11 +67,14 @@ def load_checked_state_dict(path: Path, config: Any, model: torch.nn.Module) -> 
         raise WeightError(f"{path} is not a directory")
     check_config(path, config)
     state: dict[str, torch.Tensor] = {}
+    origin: dict[str, str] = {}  # tensor name → the file it came from, for the errors below
     for f in safetensors_files(path):
         try:
-            state.update(load_file(str(f), device="cpu"))
+            tensors = load_file(str(f), device="cpu")
         except (OSError, SafetensorError) as e:
             raise WeightError(f"cannot read {f}: {e}") from e
+        state.update(tensors)
+        origin.update(dict.fromkeys(tensors, f.name))
     expected = dict(model.state_dict())
     tied = bool(getattr(config, "tie_word_embeddings", False))
     if tied:
@@ -79,8 +86,14 @@ def load_checked_state_dict(path: Path, config: Any, model: torch.nn.Module) -> 
     if unexpected or missing:
         raise WeightError(f"tensor names differ: missing {missing[:5]}, unexpected {unexpected[:5]}")
     for name, tensor in state.items():
-        if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise WeightError(f"{name}: shape {tuple(tensor.shape)} != {tuple(expected[name].shape)}")
+        want = expected[name]
+        if tuple(tensor.shape) != tuple(want.shape):
+            raise WeightError(f"{origin[name]}: {name}: shape {tuple(tensor.shape)} != {tuple(want.shape)}")
+        # Another float width is converted on load (a bf16 base model into the fp32 trainer); an
+        # integer or bool tensor (quantized, or not weights at all) was cast into the weights unseen.
+        if tensor.is_floating_point() != want.is_floating_point():
+            raise WeightError(f"{origin[name]}: {name}: dtype {dtype_str(tensor.dtype)}, the model holds "
+                              f"{dtype_str(want.dtype)}")
         if not torch.isfinite(tensor).all():
-            raise WeightError(f"{name}: holds NaN or infinite values")
+            raise WeightError(f"{origin[name]}: {name}: holds NaN or infinite values")
     return state
