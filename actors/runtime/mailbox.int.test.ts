@@ -208,6 +208,10 @@ describe('Mailbox + RpcClient over real sockets', () => {
     await waitFor(() => mailbox.stats.inFlight === 1, { what: 'the slow handler to start' });
     const closed = mailbox.close();
     await expect(rpc.call({ type: 'add', a: 1, b: 2 })).rejects.toMatchObject({ code: 'REEF_ERR_ACTOR_CLOSED', retryable: true });
+    // Only the receive already waiting was answered; later requests sat unread until the caller's
+    // timeout ran out (a minute for the trainer-controller pausing a restarting gateway).
+    const later = await Promise.all([1, 2, 3].map((a) => rpc.call({ type: 'add', a, b: 2 }, { timeoutMs: 3000 }).catch((e: unknown) => e)));
+    expect(later).toEqual([1, 2, 3].map(() => expect.objectContaining({ code: 'REEF_ERR_ACTOR_CLOSED', retryable: true })));
     expect(ran).toEqual([]);
     release();
     await expect(slow).resolves.toMatchObject({ waited: 0 });

@@ -150,8 +150,10 @@ export class Mailbox<S extends z.ZodType<{ type: string }>> {
   }
 
   private async receiveLoop(): Promise<void> {
-    while (this.lifecycle.is('running')) {
-      if (this.running.size >= this.concurrency) {
+    // Reading goes on while the handlers drain, so that every request arriving meanwhile is refused
+    // at once (retryable); one left unread went unanswered until its caller's timeout ran out.
+    while (this.lifecycle.is('running', 'draining')) {
+      if (this.lifecycle.is('running') && this.running.size >= this.concurrency) {
         await new Promise<void>((resolve) => (this.slotFreed = resolve));
         continue;
       }
@@ -166,6 +168,11 @@ export class Mailbox<S extends z.ZodType<{ type: string }>> {
       const [identity, payload] = frames;
       if (identity === undefined || payload === undefined) continue;
       this.counters.received++;
+      if (!this.lifecycle.is('running')) {
+        // A refusal runs no handler: the drain does not wait for it, nor may it hold a slot.
+        void this.serve(identity, payload);
+        continue;
+      }
       const task = this.serve(identity, payload).finally(() => {
         this.running.delete(task);
         const wake = this.slotFreed;
