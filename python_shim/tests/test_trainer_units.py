@@ -185,6 +185,27 @@ def test_a_checkpoint_and_the_ledger_are_on_disk_before_anything_points_at_them(
     assert events[-1] == ("fsync", str(root))
 
 
+def test_a_checkpoint_no_ledger_entry_names_is_removed_once_a_later_step_is_recorded(tmp_path: Path) -> None:
+    for v in ("v1", "v2", "v3", "v4", "v6"):
+        (tmp_path / v).mkdir()
+        (tmp_path / v / "model.safetensors").write_bytes(b"\0" * 64)
+    ledger = Ledger(tmp_path)
+    ledger.record("b:1", {"weightVersion": "v1"})
+    ledger.record("b:2", {"weightVersion": "v2"})
+    # b:3 saved v3 and v4 (a crash after each rename, before its ledger write), then v5 for good.
+    ledger.record("b:3", {"weightVersion": "v5"})
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["v1", "v2", "v6"]
+    assert next_version(tmp_path, Ledger(tmp_path)) == "v7"
+
+
+def test_unlisted_checkpoints_are_left_alone_by_a_ledger_that_starts_empty(tmp_path: Path) -> None:
+    # A ledger removed by hand: v1..v3 may be releases it no longer lists.
+    for v in ("v1", "v2", "v3"):
+        (tmp_path / v).mkdir()
+    Ledger(tmp_path).record("b:1", {"weightVersion": next_version(tmp_path, Ledger(tmp_path))})
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["v1", "v2", "v3"]
+
+
 def test_a_save_clears_what_a_save_that_died_left(tmp_path: Path) -> None:
     base = tmp_path / "base"
     base.mkdir()

@@ -6,7 +6,8 @@
     <checkpointDir>/reef_trainer_ledger.json    {batches: {batchId: step result + parent}}, the newest LEDGER_KEEP
 
 A checkpoint is written into a hidden temporary directory and renamed into place, so a directory
-named `v<n>` is always complete (the next save removes a temporary one a crash left); the ledger
+named `v<n>` is always complete (the next save removes a temporary one a crash left, the next
+ledger entry a `v<n>` a crash left unrecorded); the ledger
 is replaced the same way (write, fsync, rename). Every file, the directory and the rename are
 fsynced before the call returns: the ledger and then a release point at the checkpoint, and after
 a power loss they must not point at empty files.
@@ -82,8 +83,28 @@ class Ledger:
         # recorded, the one a retry can hit, is always kept.
         for old in list(batches)[: max(0, len(batches) - LEDGER_KEEP)]:
             del batches[old]
+        newest = max(_versions(self.batches.values()), default=0)
         _write_json_atomic(self.path, {"batches": batches})
         self.batches = batches
+        self._prune_unlisted(newest, result)
+
+    def _prune_unlisted(self, newest: int, result: dict[str, Any]) -> None:
+        """Removes the `v<n>` directories above the ledger's newest version before this entry and
+        below this entry's: saved by steps that never recorded them (a crash between the rename and
+        the ledger write, a ledger write that failed). No reply ever named them, so no release or
+        ledger entry can; nothing else removed them, each as large as the model. With no entry
+        before, the directories may be releases of a ledger that was removed: left alone."""
+        m = _VERSION.match(str(result.get("weightVersion")))
+        if newest == 0 or m is None:
+            return
+        for p in self.path.parent.iterdir():
+            n = _VERSION.match(p.name)
+            if n and newest < int(n.group(1)) < int(m.group(1)) and p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def _versions(entries: Any) -> list[int]:
+    return [int(m.group(1)) for r in entries if (m := _VERSION.match(str(r.get("weightVersion"))))]
 
 
 def next_version(checkpoint_dir: Path, ledger: Ledger) -> str:
@@ -92,7 +113,7 @@ def next_version(checkpoint_dir: Path, ledger: Ledger) -> str:
     seen = [0]
     if checkpoint_dir.is_dir():
         seen += [int(m.group(1)) for p in checkpoint_dir.iterdir() if (m := _VERSION.match(p.name))]
-    seen += [int(m.group(1)) for r in ledger.batches.values() if (m := _VERSION.match(str(r.get("weightVersion"))))]
+    seen += _versions(ledger.batches.values())
     return f"v{max(seen) + 1}"
 
 
