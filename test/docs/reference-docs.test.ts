@@ -1,11 +1,12 @@
 /**
  * The reference docs name what the code has: the gateway's routes, the environment variables Reef
- * reads, the reef CLI's commands and flags. Each is read from the source, so a route, variable or
+ * reads, the reef CLI's commands and flags, the bridge's messages. Each is read from the source, so a route, variable or
  * flag added without a line of docs fails here (config keys: cluster/config/docs.test.ts).
  */
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
+import { BridgeRequest, REPLY_SCHEMAS } from '../../bridge/messages.js';
 import { COMMAND_FLAGS } from '../../cluster/args.js';
 import { repoRoot } from '../../cluster/paths.js';
 
@@ -104,5 +105,41 @@ describe('reef CLI in the README', () => {
   it('mentions --help and --version', () => {
     expect(section).toMatch(/--help/);
     expect(section).toMatch(/--version/);
+  });
+});
+
+describe('bridge protocol table in docs/internals.md', () => {
+  /** Rows of the table whose header starts `| request \`type\``, by type: [fields cell, reply cell]. */
+  const rows = (() => {
+    const lines = internals.split('\n');
+    const start = lines.findIndex((l) => /^\|\s*request `type`\s*\|\s*fields/.test(l));
+    const out = new Map<string, [string, string]>();
+    for (const line of lines.slice(start + 2)) {
+      if (!line.startsWith('|')) break;
+      const [, type, fields, reply] = line.split(/(?<!\\)\|/).map((c) => c.trim());
+      const name = /^`([a-z-]+)`$/.exec(type ?? '')?.[1];
+      if (name !== undefined) out.set(name, [fields ?? '', reply ?? '']);
+    }
+    return out;
+  })();
+  const keysOf = (schema: unknown) =>
+    Object.keys((schema as { shape: Record<string, unknown> }).shape).filter((k) => k !== 'type' && k !== 'requestId');
+  const requests = BridgeRequest.options.map((o) => [o.shape.type.value, keysOf(o)] as const);
+
+  it('has a row for every request type, and no other', () => {
+    expect(requests.length).toBeGreaterThan(10);
+    expect(requests.map(([t]) => t).filter((t) => !rows.has(t))).toEqual([]);
+    expect([...rows.keys()].filter((t) => !requests.some(([r]) => r === t))).toEqual([]);
+  });
+
+  it("names each request's fields and each reply's fields in its row", () => {
+    const wrong: string[] = [];
+    for (const [type, fields] of requests) {
+      const row = rows.get(type);
+      if (row === undefined) continue;
+      for (const f of fields) if (!row[0].includes(`\`${f}\``)) wrong.push(`${type}: request field ${f}`);
+      for (const f of keysOf(REPLY_SCHEMAS[type])) if (!row[1].includes(`\`${f}\``)) wrong.push(`${type}: reply field ${f}`);
+    }
+    expect(wrong).toEqual([]);
   });
 });
