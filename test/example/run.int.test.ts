@@ -1,4 +1,4 @@
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -51,6 +51,9 @@ describe('the example run against a gateway', () => {
     out = mkdtempSync(join(tmpdir(), 'reef-example-out-'));
     const prm = join(out, 'prm.jsonl');
     writeFileSync(prm, `${JSON.stringify({ batch: 'homework:openclawrl:1', rewards: { '1': 5, '-1': 3, '0': 0 } })}\n`);
+    // An earlier run's save of the session that saves nothing in this one.
+    mkdirSync(join(out, 'homework'));
+    writeFileSync(join(out, `homework/s00${NO_SAVE_SESSION}.txt`), 'an earlier run');
     summary = await runSessions({
       gateway: fx.url,
       scenario: 'homework',

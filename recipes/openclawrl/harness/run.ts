@@ -1,4 +1,4 @@
-import { appendFileSync, existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { appendFileSync, existsSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ReefError } from '../../../actors/runtime/errors.js';
 import { HomeworkAgent, type AgentOptions, type AgentTurn } from './agent.js';
@@ -152,6 +152,9 @@ export async function runSessions(opts: RunOptions): Promise<RunSummary> {
   const transcriptsFile = join(dir, 'transcripts.jsonl');
   writeFileSync(sessionsFile, '');
   writeFileSync(transcriptsFile, '');
+  // Files are named by session index: one left by an earlier run would pass for the save of a
+  // session of this run that saved nothing.
+  rmSync(join(opts.outputDir, 'homework'), { recursive: true, force: true });
   const agent = new HomeworkAgent({ ...opts.agent, baseURL: opts.gateway, apiKey: opts.apiKey ?? null, scenario: opts.scenario ?? 'homework', outputDir: opts.outputDir });
   const prm = opts.prmRecordFile ?? null;
   const results: SessionResult[] = [];
