@@ -6,6 +6,7 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
+import { judgeMessages } from '../../actors/judge/messages.js';
 import { BridgeRequest, REPLY_SCHEMAS } from '../../bridge/messages.js';
 import { COMMAND_FLAGS } from '../../cluster/args.js';
 import { repoRoot } from '../../cluster/paths.js';
@@ -108,23 +109,29 @@ describe('reef CLI in the README', () => {
   });
 });
 
+/**
+ * The rows of the internals table whose header starts `| request \`type\``, after the line that
+ * `after` matches, by type: [fields cell, reply cell].
+ */
+function messageTable(after: RegExp): Map<string, [string, string]> {
+  const lines = internals.split('\n');
+  const from = lines.findIndex((l) => after.test(l));
+  const start = lines.findIndex((l, i) => i > from && /^\|\s*request `type`\s*\|\s*fields/.test(l));
+  const out = new Map<string, [string, string]>();
+  for (const line of lines.slice(start + 2)) {
+    if (!line.startsWith('|')) break;
+    const [, type, fields, reply] = line.split(/(?<!\\)\|/).map((c) => c.trim());
+    const name = /^`([a-z-]+)`$/.exec(type ?? '')?.[1];
+    if (name !== undefined) out.set(name, [fields ?? '', reply ?? '']);
+  }
+  return out;
+}
+const keysOf = (schema: unknown) => Object.keys((schema as { shape: Record<string, unknown> }).shape).filter((k) => k !== 'type' && k !== 'requestId');
+const typeOf = (schema: { shape: { type: { value: string } } }) => schema.shape.type.value;
+
 describe('bridge protocol table in docs/internals.md', () => {
-  /** Rows of the table whose header starts `| request \`type\``, by type: [fields cell, reply cell]. */
-  const rows = (() => {
-    const lines = internals.split('\n');
-    const start = lines.findIndex((l) => /^\|\s*request `type`\s*\|\s*fields/.test(l));
-    const out = new Map<string, [string, string]>();
-    for (const line of lines.slice(start + 2)) {
-      if (!line.startsWith('|')) break;
-      const [, type, fields, reply] = line.split(/(?<!\\)\|/).map((c) => c.trim());
-      const name = /^`([a-z-]+)`$/.exec(type ?? '')?.[1];
-      if (name !== undefined) out.set(name, [fields ?? '', reply ?? '']);
-    }
-    return out;
-  })();
-  const keysOf = (schema: unknown) =>
-    Object.keys((schema as { shape: Record<string, unknown> }).shape).filter((k) => k !== 'type' && k !== 'requestId');
-  const requests = BridgeRequest.options.map((o) => [o.shape.type.value, keysOf(o)] as const);
+  const rows = messageTable(/^## Bridge protocol/);
+  const requests = BridgeRequest.options.map((o) => [typeOf(o), keysOf(o)] as const);
 
   it('has a row for every request type, and no other', () => {
     expect(requests.length).toBeGreaterThan(10);
@@ -140,6 +147,19 @@ describe('bridge protocol table in docs/internals.md', () => {
       for (const f of fields) if (!row[0].includes(`\`${f}\``)) wrong.push(`${type}: request field ${f}`);
       for (const f of keysOf(REPLY_SCHEMAS[type])) if (!row[1].includes(`\`${f}\``)) wrong.push(`${type}: reply field ${f}`);
     }
+    expect(wrong).toEqual([]);
+  });
+});
+
+describe('judge mailbox table in docs/internals.md', () => {
+  const rows = messageTable(/^## Judge and PRM actors/);
+  const requests = judgeMessages.options.map((o) => [typeOf(o), keysOf(o)] as const);
+
+  it("has a row for every request type, and no other, naming each of its fields", () => {
+    expect(requests.length).toBeGreaterThan(3);
+    expect(requests.map(([t]) => t).filter((t) => !rows.has(t))).toEqual([]);
+    expect([...rows.keys()].filter((t) => !requests.some(([r]) => r === t))).toEqual([]);
+    const wrong = requests.flatMap(([type, fields]) => fields.filter((f) => rows.has(type) && !rows.get(type)![0].includes(`\`${f}\``)).map((f) => `${type}: ${f}`));
     expect(wrong).toEqual([]);
   });
 });
