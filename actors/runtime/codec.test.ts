@@ -43,6 +43,20 @@ describe('codec', () => {
     expect(decode(encode({ b: Buffer.from([1, 2]), u: new Uint8Array([3, 4]) }))).toEqual({ b: Buffer.from([1, 2]), u: Buffer.from([3, 4]) });
   });
 
+  it('refuses what msgpack cannot carry with REEF_ERR_BAD_MESSAGE, not a plain Error', () => {
+    for (const value of [{ n: 2n ** 64n }, { n: -(2n ** 63n) - 1n }, { s: Symbol('x') }]) {
+      let err: unknown = null;
+      try {
+        encode(value);
+      } catch (e) {
+        err = e;
+      }
+      expect(err).toBeInstanceOf(ReefError);
+      expect(err).toMatchObject({ code: 'REEF_ERR_BAD_MESSAGE', message: expect.stringMatching(/^malformed message: cannot encode as msgpack \(.+\)$/) });
+    }
+    expect(decode(encode({ n: 2n ** 63n - 1n }))).toEqual({ n: 2n ** 63n - 1n });
+  });
+
   it('refuses bytes that are not a whole number of 4-byte values instead of dropping the rest', () => {
     expect(() => bytesToF32(Buffer.from([0, 0, 0xc0]))).toThrow(expect.objectContaining({ code: 'REEF_ERR_BAD_MESSAGE' }));
     expect(() => bytesToI32(Buffer.from([1, 0, 0, 0, 2]))).toThrow(/5 bytes are not a whole number of i32 values/);

@@ -41,9 +41,18 @@ for (const name of VIEW_CLASSES) {
   });
 }
 
-/** Throws REEF_ERR_BAD_MESSAGE for a typed-array view that is not a Uint8Array (see above). */
+/**
+ * Throws REEF_ERR_BAD_MESSAGE for what msgpack cannot carry: a typed-array view that is not a
+ * Uint8Array (see above), a bigint outside 64 bits, a symbol. msgpackr's own errors are plain
+ * Errors, which callers that sort failures by code took for a transient fault and retried.
+ */
 export function encode(value: unknown): Buffer {
-  return packr.pack(value);
+  try {
+    return packr.pack(value);
+  } catch (err) {
+    if (err instanceof ReefError) throw err;
+    throw new ReefError('REEF_ERR_BAD_MESSAGE', { details: `cannot encode as msgpack (${err instanceof Error ? err.message : String(err)})` }, { cause: err });
+  }
 }
 
 export function decode(bytes: Uint8Array): unknown {
