@@ -46,7 +46,11 @@ export interface MailboxOptions<S extends z.ZodType<{ type: string }>> {
   sendHighWaterMark?: number;
   /** @default 1000 */
   receiveHighWaterMark?: number;
-  /** ms a reply may wait for the peer before the send fails. @default 5000 */
+  /**
+   * The ROUTER's send timeout. Without ROUTER_MANDATORY (not set: one slow caller would stall the
+   * replies to all others behind it) zeromq never blocks a reply: one to a caller that is gone, or
+   * whose queue is full, is dropped, and that caller hears its own timeout. @default 5000
+   */
   sendTimeoutMs?: number;
   /** ms unsent replies are kept after close. @default 500 */
   lingerMs?: number;
