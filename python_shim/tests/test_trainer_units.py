@@ -323,6 +323,35 @@ def model(tmp_path_factory: pytest.TempPathFactory):
     return AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
 
 
+def test_a_checkpoint_loads_with_transformers_also_for_a_model_with_a_slow_tokenizer(model, tmp_path: Path) -> None:
+    # A base that ships its tokenizer as vocab.json + merges.txt (or tokenizer.model) and no
+    # tokenizer.json: the checkpoint had neither, and AutoTokenizer could not load it.
+    import json
+    import shutil
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = tmp_path / "base"
+    shutil.copytree(model.config.name_or_path, base)
+    bpe = json.loads((base / "tokenizer.json").read_text())["model"]
+    (base / "vocab.json").write_text(json.dumps(bpe["vocab"]))
+    (base / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in bpe["merges"]) + "\n")
+    (base / "tokenizer.json").unlink()
+    config = json.loads((base / "tokenizer_config.json").read_text())
+    (base / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "Qwen2Tokenizer"}))
+    tied = model.config.tie_word_embeddings
+    state = {k: v for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+    save_checkpoint(state, base, tmp_path / "v1", {"weightVersion": "v1"})
+
+    text = "hello world, <|im_start|>user hi"
+    ids = AutoTokenizer.from_pretrained(str(base))(text)["input_ids"]
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "v1"))(text)["input_ids"] == ids
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "v1"), dtype=torch.float32)
+    theirs = loaded.state_dict()
+    assert set(theirs) == set(model.state_dict())  # a tied head comes back from the embedding
+    assert all(torch.equal(theirs[k], v) for k, v in model.state_dict().items())
+
+
 def test_right_padding_changes_no_logit(model) -> None:
     rng = np.random.default_rng(0)
     ctx = [rng.integers(0, 2048, n) for n in (5, 17)]

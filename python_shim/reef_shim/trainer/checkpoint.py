@@ -27,9 +27,12 @@ from ..errors import ShimError
 
 LEDGER = "reef_trainer_ledger.json"
 META = "reef_checkpoint.json"
-# Small files that make a checkpoint a complete HF directory (the engine needs config.json).
+# Small files that make a checkpoint a complete HF directory (the engine needs config.json). The
+# tokenizer's in each form it ships in: a base with no tokenizer.json (a sentencepiece
+# tokenizer.model, or a BPE vocab.json + merges.txt) gave a checkpoint AutoTokenizer could not load.
 COPIED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-          "special_tokens_map.json", "chat_template.jinja")
+          "special_tokens_map.json", "chat_template.jinja", "tokenizer.model", "vocab.json", "merges.txt",
+          "added_tokens.json")
 _VERSION = re.compile(r"^v(\d+)$")
 # Batches a ledger remembers. The controller trains batches one at a time and retries only the one
 # it has not committed, so the newest entry is the one a retry can hit; the rest is margin. Without
