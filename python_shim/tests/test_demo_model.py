@@ -34,7 +34,10 @@ def test_reduced_builds_are_identical_and_cached(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(SHIM)}
     subprocess.run([sys.executable, "-m", "reef_shim.demo_model", "--out", str(tmp_path / "b"), "--steps",
                     str(SHORT), "--quiet"], check=True, env=env, timeout=600)
-    for name in ("model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja", "reef_demo.json"):
+    names = sorted(p.name for p in first.iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "b").iterdir())
+    assert {"model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja", "reef_demo.json"} <= set(names)
+    for name in names:
         assert (first / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     # The tiny model's tokenizer recipe: same size, same special and added tokens at the same ids.
     from tokenizers import Tokenizer
