@@ -352,6 +352,25 @@ def test_a_checkpoint_loads_with_transformers_also_for_a_model_with_a_slow_token
     assert all(torch.equal(theirs[k], v) for k, v in model.state_dict().items())
 
 
+def test_a_load_that_one_rank_cannot_read_says_why_and_which_rank(model, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # Rank 1 cannot see the path (a disk local to rank 0's node); rank 0 read it and answers only
+    # that another rank could not. The driver's check passes: it runs where rank 0 does.
+    from types import SimpleNamespace
+
+    from reef_shim.trainer.rank import PEER_FAILED
+
+    answers = [PEER_FAILED, "/mnt/local/v3 is not a directory"]
+    group = TrainerGroup(driver=None)
+    group._spec, group._ledger = {"modelPath": model.config.name_or_path}, Ledger(tmp_path)
+    group._ranks = [SimpleNamespace(load=SimpleNamespace(remote=lambda path, a=a: a)) for a in answers]
+    monkeypatch.setattr(group, "_gather", lambda refs, what, deadline: refs)
+    with pytest.raises(ShimError) as bad:
+        group.load(model.config.name_or_path)
+    assert bad.value.code == "REEF_ERR_INVALID_ARGUMENT"
+    assert bad.value.message == f"checkpoint {model.config.name_or_path} (rank 1 of 2): /mnt/local/v3 is not a directory"
+
+
 def test_right_padding_changes_no_logit(model) -> None:
     rng = np.random.default_rng(0)
     ctx = [rng.integers(0, 2048, n) for n in (5, 17)]

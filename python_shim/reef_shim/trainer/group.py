@@ -236,9 +236,15 @@ class TrainerGroup:
                               _Deadline(SETUP_TIMEOUT_S))
         # Only the tensors are read on the ranks (the driver holds no model); a file they cannot
         # use fails the load like one checked here, and the ranks keep the weights they held.
-        failed = next((e for e in errors if e), None)
+        failed = [(rank, e) for rank, e in enumerate(errors) if e]
         if failed:
-            raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"checkpoint {path}: {failed}")
+            from .rank import PEER_FAILED
+
+            # The reason, not rank 0's "another rank could not use it": a path only some ranks
+            # see (a disk local to rank 0's node) was reported as that alone, and said nothing.
+            rank, why = next(((r, e) for r, e in failed if e != PEER_FAILED), failed[0])
+            where = f" (rank {rank} of {len(errors)})" if len(errors) > 1 else ""
+            raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"checkpoint {path}{where}: {why}")
         self._version = checkpoint_version(path)
         log.info("trainer: loaded %s (%s); optimizer state reset", path, self._version)
         return {"weightVersion": self._version}

@@ -32,6 +32,7 @@ from .tasks import TrainTask  # noqa: E402
 
 PG_TIMEOUT = timedelta(minutes=10)  # a collective stuck longer than this raises instead of hanging
 DEVICE_ENV = "REEF_TRAINER_DEVICE"
+PEER_FAILED = "another rank could not use it"  # trainer-load's answer on a rank that could
 
 
 def pick_device(want: str) -> torch.device:
@@ -289,7 +290,7 @@ class TrainerRank:
         # All ranks agree before any loads: set_model_state_dict scatters each tensor from rank 0,
         # so a rank that skipped it would leave the others waiting in that scatter.
         if self._any_rank(why is not None):
-            return why or "another rank could not use it"
+            return why or PEER_FAILED
         if self.tied:
             state["lm_head.weight"] = state["model.embed_tokens.weight"]
         set_model_state_dict(self.policy, state, options=StateDictOptions(full_state_dict=True))
