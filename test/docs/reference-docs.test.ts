@@ -80,6 +80,28 @@ describe('environment variables', () => {
   it('documents every REEF_ variable the code reads', () => {
     expect(read_.filter((v) => !new RegExp(`\\b${v}\\b`).test(docs))).toEqual([]);
   });
+
+  it('documents every variable a shell script reads with a default (${NAME:-…})', () => {
+    const scripts = [...sources('scripts', /\.sh$/), ...sources('recipes', /\.sh$/)];
+    /** Names the script sets itself (`NAME=…` other than `NAME="${NAME:-…}"`, `read -r A B`): not read from outside. */
+    const setIn = (text: string) =>
+      new Set([
+        ...[...text.matchAll(/^\s*(?:export\s+|local\s+)?([A-Z_][A-Z0-9_]*)=(?!"?\$\{\1:)/gm)].map((m) => m[1]!),
+        ...[...text.matchAll(/\bread\s+(?:-\w+\s+)*([A-Z_][A-Z0-9_ ]*)/g)].flatMap((m) => m[1]!.trim().split(/\s+/)),
+      ]);
+    const vars = [
+      ...new Set(
+        scripts.flatMap((f) => {
+          const text = readFileSync(f, 'utf8');
+          const own = setIn(text);
+          return [...text.matchAll(/\$\{([A-Z_][A-Z0-9_]*):[-+]/g)].map((m) => m[1]!).filter((v) => !own.has(v));
+        }),
+      ),
+    ].sort();
+    expect(vars).toContain('NO_COLOR');
+    expect(vars).toContain('STUDENT');
+    expect(vars.filter((v) => !new RegExp(`\\b${v}\\b`).test(docs))).toEqual([]);
+  });
 });
 
 describe('reef CLI in the README', () => {
