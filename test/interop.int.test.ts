@@ -162,6 +162,8 @@ describe('bridge messages across TypeScript and Python', () => {
         safe: -Number.MAX_SAFE_INTEGER,
         nested: [[1, [2, [null, 'ü☃']]], {}, { a: [[], [[]]] }],
         float: 0.1,
+        // A lone surrogate in a short string went out as CESU-8, which Python cannot decode.
+        lone: 'cut \uD83D',
       },
     };
     const sent = [...TS_SAMPLES, codec];
@@ -180,6 +182,7 @@ describe('bridge messages across TypeScript and Python', () => {
     expect(raw.safe).toBe(-Number.MAX_SAFE_INTEGER);
     expect(raw.nested).toEqual(codec.message.nested);
     expect(raw.float).toBe(0.1);
+    expect(raw.lone).toBe('cut \uFFFD');
   });
 
   it('Python and zod refuse the same broken messages', () => {

@@ -57,6 +57,23 @@ describe('codec', () => {
     expect(decode(encode({ n: 2n ** 63n - 1n }))).toEqual({ n: 2n ** 63n - 1n });
   });
 
+  it('writes a lone surrogate as U+FFFD in short strings as in long ones, so the bytes are valid UTF-8', () => {
+    // A surrogate's UTF-8 form (CESU-8) starts ED A0..ED BF; no valid UTF-8 holds that pair.
+    const cesu = (b: Buffer) => b.some((x, i) => x === 0xed && (b[i + 1] ?? 0) >= 0xa0);
+    for (const [sent, expected] of [
+      ['a\uD83Db', 'a\uFFFDb'],
+      ['\uDE00'.repeat(3), '\uFFFD'.repeat(3)],
+      [`${'x'.repeat(100)}\uD83D`, `${'x'.repeat(100)}\uFFFD`],
+      ['😀 ok', '😀 ok'],
+    ]) {
+      const bytes = encode({ text: sent, list: [sent], [sent]: 1 });
+      expect(decode(bytes)).toEqual({ text: expected, list: [expected], [expected]: 1 });
+      expect(cesu(bytes), JSON.stringify(sent)).toBe(false);
+    }
+    const msg = { a: 'fine', nested: { b: ['x'] } };
+    expect(decode(encode(msg))).toEqual(msg);
+  });
+
   it('refuses bytes that are not a whole number of 4-byte values instead of dropping the rest', () => {
     expect(() => bytesToF32(Buffer.from([0, 0, 0xc0]))).toThrow(expect.objectContaining({ code: 'REEF_ERR_BAD_MESSAGE' }));
     expect(() => bytesToI32(Buffer.from([1, 0, 0, 0, 2]))).toThrow(/5 bytes are not a whole number of i32 values/);

@@ -48,7 +48,7 @@ for (const name of VIEW_CLASSES) {
  */
 export function encode(value: unknown): Buffer {
   try {
-    return packr.pack(value);
+    return packr.pack(wellFormed(value));
   } catch (err) {
     if (err instanceof ReefError) throw err;
     throw new ReefError('REEF_ERR_BAD_MESSAGE', { details: `cannot encode as msgpack (${err instanceof Error ? err.message : String(err)})` }, { cause: err });
@@ -57,6 +57,40 @@ export function encode(value: unknown): Buffer {
 
 export function decode(bytes: Uint8Array): unknown {
   return packr.unpack(bytes);
+}
+
+type WellFormedString = string & { isWellFormed(): boolean; toWellFormed(): string };
+
+/**
+ * msgpackr writes a string shorter than 64 code units by hand, and a lone surrogate in it (text cut
+ * in the middle of an emoji, a client's "\ud83d" in JSON) as the three bytes of CESU-8: invalid
+ * UTF-8, so Python failed to decode the whole message and answered it with no requestId, and the
+ * caller waited out its timeout. Longer strings already went as U+FFFD (Buffer's UTF-8 encoder);
+ * every string now does. Objects are copied only where a string changes.
+ */
+function wellFormed(value: unknown): unknown {
+  if (typeof value === 'string') return (value as WellFormedString).isWellFormed() ? value : (value as WellFormedString).toWellFormed();
+  if (typeof value !== 'object' || value === null) return value;
+  if (Array.isArray(value)) {
+    let out: unknown[] | null = null;
+    for (let i = 0; i < value.length; i++) {
+      const v = wellFormed(value[i]);
+      if (v !== value[i]) (out ??= value.slice())[i] = v;
+    }
+    return out ?? value;
+  }
+  const proto = Object.getPrototypeOf(value) as unknown;
+  if (proto !== Object.prototype && proto !== null) return value;
+  let out: Record<string, unknown> | null = null;
+  for (const [k, v] of Object.entries(value)) {
+    const key = wellFormed(k) as string;
+    const w = wellFormed(v);
+    if (key === k && w === v) continue;
+    out ??= { ...(value as Record<string, unknown>) };
+    if (key !== k) delete out[k];
+    out[key] = w;
+  }
+  return out ?? value;
 }
 
 /** Large numeric arrays travel as raw little-endian bytes (no typed-array extensions on the wire). */
