@@ -139,6 +139,26 @@ def test_a_ledger_entry_that_could_not_be_written_is_not_remembered(tmp_path: Pa
     assert ledger.get("b:1") is None
 
 
+def test_a_ledger_write_that_runs_out_of_space_leaves_the_ledger_as_it_was_and_no_copy(tmp_path: Path) -> None:
+    import resource
+    import signal
+
+    ledger = Ledger(tmp_path)
+    ledger.record("b:1", {"weightVersion": "v1"})
+    before = (tmp_path / "reef_trainer_ledger.json").read_bytes()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 12, hard))
+    try:
+        with pytest.raises(OSError):
+            ledger.record("b:2", {"weightVersion": "v2", "metrics": {"x" * 8192: 1.0}})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert [p.name for p in tmp_path.iterdir()] == ["reef_trainer_ledger.json"]
+    assert (tmp_path / "reef_trainer_ledger.json").read_bytes() == before and ledger.get("b:2") is None
+
+
 def test_a_checkpoint_and_the_ledger_are_on_disk_before_anything_points_at_them(tmp_path: Path,
                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     import os

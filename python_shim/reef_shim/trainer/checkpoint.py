@@ -52,12 +52,17 @@ def _fsync(path: Path) -> None:
 
 def _write_json_atomic(path: Path, value: Any) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        # Not sorted: the ledger's order is the order its batches were trained in.
-        json.dump(value, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            # Not sorted: the ledger's order is the order its batches were trained in.
+            json.dump(value, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        # Named by pid, a partial copy (a full disk) was never written over: one more per restart.
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync(path.parent)
 
 
