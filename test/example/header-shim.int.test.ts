@@ -149,12 +149,22 @@ describe('header shim', () => {
     expect(seen.map((x) => [x.url, x.headers['x-reef-tag-session']])).toEqual([['/v1/chat/completions', 'homework-s7'], ['/v1/models', undefined]]);
   });
 
+  it.each(['%E0%A4%A', 'a%0D%0Ax-injected:%201', '%20'])('answers 400 for the path tag %j, forwarding nothing', async (tag) => {
+    const s = await shim({ session: { mode: 'path' } });
+    // Regression: a bad %-escape was a 500; a CR/LF tag failed in the proxy's request and was
+    // answered as the gateway being down (503), which an agent retries.
+    const res = await fetch(`${s.url}/t/${tag}/v1/models`);
+    expect(res.status).toBe(400);
+    expect(await res.json()).toMatchObject({ error: { code: 'REEF_ERR_INVALID_ARGUMENT', type: 'invalid_request_error' } });
+    expect(seen).toEqual([]);
+  });
+
   it('answers 503 with an OpenAI error body when the gateway is down', async () => {
     const s = await startHeaderShim({ upstream: 'http://127.0.0.1:1' });
     shims.push(s);
     const res = await fetch(`${s.url}/v1/models`);
     expect(res.status).toBe(503);
-    expect(await res.json()).toMatchObject({ error: { code: 'REEF_ERR_ENGINE_DOWN', type: 'server_error' } });
+    expect(await res.json()).toMatchObject({ error: { code: 'REEF_ERR_ENGINE_DOWN', type: 'service_unavailable' } });
   });
 
   it.each([

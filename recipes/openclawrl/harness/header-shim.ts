@@ -2,7 +2,7 @@ import { createServer, type IncomingHttpHeaders, type IncomingMessage, type Serv
 import type { AddressInfo, Socket } from 'node:net';
 import { pipeline } from 'node:stream/promises';
 import { Agent } from 'undici';
-import { ReefError } from '../../../actors/runtime/errors.js';
+import { ERRORS, ReefError } from '../../../actors/runtime/errors.js';
 
 /**
  * A small HTTP proxy for agents that cannot set headers (Hermes, OpenClaw): it forwards every
@@ -60,6 +60,17 @@ export function parseSessionRule(spec: string): SessionRule {
   throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `--session ${JSON.stringify(spec)}: expected none, path, per-connection[:PREFIX] or fixed:VALUE` });
 }
 
+/** The `/t/<tag>` segment decoded, or null when it is no valid header value (bad %-escape, CR/LF, non-ASCII). */
+function pathTag(segment: string): string | null {
+  let tag: string;
+  try {
+    tag = decodeURIComponent(segment);
+  } catch {
+    return null;
+  }
+  return /^[\x20-\x7e]+$/.test(tag) && tag.trim() !== '' ? tag : null;
+}
+
 function forwardHeaders(h: IncomingHttpHeaders): Record<string, string | string[]> {
   const out: Record<string, string | string[]> = {};
   for (const [k, v] of Object.entries(h)) if (v !== undefined && !HOP.has(k)) out[k] = v;
@@ -95,7 +106,7 @@ export async function startHeaderShim(opts: HeaderShimOptions): Promise<HeaderSh
   const fail = (res: ServerResponse, err: ReefError) => {
     if (res.headersSent) return void res.destroy(err);
     res.writeHead(err.status ?? 502, { 'content-type': 'application/json' });
-    res.end(JSON.stringify({ error: { message: err.message, type: 'server_error', param: null, code: err.code } }));
+    res.end(JSON.stringify({ error: { message: err.message, type: ERRORS[err.code].type, param: null, code: err.code } }));
   };
 
   const handle = async (req: IncomingMessage, res: ServerResponse) => {
@@ -110,7 +121,9 @@ export async function startHeaderShim(opts: HeaderShimOptions): Promise<HeaderSh
     let tagFromPath: string | null = null;
     const m = rule.mode === 'path' ? /^\/t\/([^/?]+)(\/.*)?$/.exec(path) : null;
     if (m) {
-      tagFromPath = decodeURIComponent(m[1]!);
+      tagFromPath = pathTag(m[1]!);
+      // The agent's own base URL is wrong: a 400 it reports, not a down gateway (503) it retries.
+      if (tagFromPath === null) return fail(res, new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `session tag ${JSON.stringify(m[1])} in /t/<tag>/: expected printable ASCII, percent-encoded where needed` }));
       path = m[2] ?? '/';
     }
     const headers = forwardHeaders(req.headers);
