@@ -59,21 +59,25 @@ interface KeySpec {
   /** What is under the wrappers: `object`, `enum`, `number`, `unknown` (an open stage config), … */
   kind: string;
   enumValues?: string[];
+  /** Whether `null` is a value the key takes. */
+  nullable: boolean;
 }
 
 /** The default and kind of every key path (`reef.api_keys[].key`), as keyPaths names them. */
 function keySpecs(schema: z.ZodType, prefix: string, out = new Map<string, KeySpec>()): Map<string, KeySpec> {
   let cur = schema;
   let dflt: KeySpec['default'];
+  let nullable = false;
   for (;;) {
     const d = defOf(cur);
     if (d.type === 'default' && dflt === undefined) dflt = { value: d.defaultValue };
+    if (d.type === 'nullable') nullable = true;
     if (d.type === 'pipe' && d.out) cur = d.out;
     else if (d.innerType && d.type !== 'object') cur = d.innerType;
     else break;
   }
   const d = defOf(cur);
-  if (prefix !== '' && !prefix.endsWith('[]')) out.set(prefix, { default: dflt, kind: d.type, enumValues: d.entries && Object.values(d.entries) });
+  if (prefix !== '' && !prefix.endsWith('[]')) out.set(prefix, { default: dflt, kind: d.type, enumValues: d.entries && Object.values(d.entries), nullable });
   if (d.type === 'array' && d.element) keySpecs(d.element, `${prefix}[]`, out);
   for (const [key, child] of Object.entries(d.shape ?? {})) keySpecs(child, prefix === '' ? key : `${prefix}.${key}`, out);
   return out;
@@ -140,6 +144,15 @@ describe('docs/config.md is in step with the schemas', () => {
         wrong.push(`${key}: the schema has no default (the key is required), doc says ${cell || '(nothing)'}`);
       }
     }
+    expect(wrong).toEqual([]);
+  });
+
+  it('says which keys take null', () => {
+    // Sections (`section()`) read null as "all defaults": that is a rule of the doc, not a type.
+    const wrong = [...specs]
+      .filter(([key, spec]) => rows.has(key) && spec.kind !== 'object' && spec.kind !== 'unknown')
+      .filter(([key, spec]) => /\bnull\b/.test(rows.get(key)!.type!) !== spec.nullable)
+      .map(([key, spec]) => `${key}: doc type ${rows.get(key)!.type}, ${spec.nullable ? 'takes' : 'does not take'} null`);
     expect(wrong).toEqual([]);
   });
 
