@@ -1,3 +1,4 @@
+import { readdirSync } from 'node:fs';
 import * as net from 'node:net';
 import * as zmq from 'zeromq';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -150,6 +151,23 @@ describe('Mailbox + RpcClient over real sockets', () => {
     expect(rpc.inFlight).toBe(1);
     await rpc.close();
     await expect(first).resolves.toMatchObject({ code: 'REEF_ERR_ACTOR_CLOSED' });
+  });
+
+  it('refuses an endpoint zeromq cannot connect to with REEF_ERR_INVALID_ARGUMENT and leaves no socket open', async () => {
+    const fds = () => readdirSync('/proc/self/fd').length;
+    const before = fds();
+    for (let i = 0; i < 20; i++) {
+      let err: unknown = null;
+      try {
+        new RpcClient('localhost:5555', { name: 'misconfigured' });
+      } catch (e) {
+        err = e;
+      }
+      expect(err).toBeInstanceOf(ReefError);
+      expect(err).toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT', message: expect.stringContaining('misconfigured: cannot connect to "localhost:5555"') });
+    }
+    // zeromq's reaper thread releases a closed socket's descriptors a moment later.
+    await waitFor(() => fds() <= before + 2, { what: `the 20 refused clients' descriptors to be released (${before} before)`, timeoutMs: 5000 });
   });
 
   it('close() rejects pending calls with REEF_ERR_ACTOR_CLOSED and refuses new ones', async () => {

@@ -84,7 +84,14 @@ export class RpcClient {
       sendTimeout: this.sendTimeoutMs,
       linger: options.lingerMs ?? 0,
     });
-    this.dealer.connect(endpoint);
+    try {
+      this.dealer.connect(endpoint);
+    } catch (err) {
+      // The socket is already open: left behind, each failed construction (a caller retrying a
+      // misconfigured endpoint every few seconds) kept its file descriptors until the process ran out.
+      this.dealer.close();
+      throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `${this.name}: cannot connect to ${JSON.stringify(endpoint)} (${err instanceof Error ? err.message : String(err)}); a zeromq endpoint looks like tcp://127.0.0.1:5555` }, { cause: err });
+    }
     this.requests = new SendQueue(this.dealer, { name: `rpc ${this.name}`, maxQueued: options.maxQueued ?? 10_000 });
     this.lifecycle.transition('running');
     this.loop = this.receiveLoop();
