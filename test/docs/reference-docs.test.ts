@@ -9,6 +9,7 @@ import { describe, expect, it } from 'vitest';
 import { judgeMessages } from '../../actors/judge/messages.js';
 import { BridgeRequest, REPLY_SCHEMAS } from '../../bridge/messages.js';
 import { COMMAND_FLAGS } from '../../cluster/args.js';
+import { main } from '../../cluster/cli.js';
 import { repoRoot } from '../../cluster/paths.js';
 
 const root = repoRoot();
@@ -121,6 +122,20 @@ describe('reef CLI in the README', () => {
       if (text === '') continue;
       for (const f of flags) if (!flagText(f).test(text)) wrong.push(`reef ${cmd}: --${f} not shown`);
       for (const m of text.matchAll(/--([a-z][a-z-]*)\b(?!\.)/g)) if (!flags.includes(m[1]!)) wrong.push(`reef ${cmd}: shows --${m[1]}, which it does not take`);
+    }
+    expect(wrong).toEqual([]);
+  });
+
+  it("reef --help shows each command's flags too, and no flag it does not take", async () => {
+    let help = '';
+    expect(await main(['--help'], { stdout: (t) => (help += t), stderr: () => {} })).toBe(0);
+    const wrong: string[] = [];
+    for (const [cmd, { flags }] of Object.entries(COMMAND_FLAGS)) {
+      // A command's usage runs from `reef <cmd>` to the next `reef ` (its description may wrap).
+      const text = help.split(/(?=\breef )/).filter((u) => u.startsWith(`reef ${cmd} `)).join(' ');
+      if (text === '') wrong.push(`reef ${cmd}: not in --help`);
+      for (const f of flags) if (!flagText(f).test(text)) wrong.push(`reef ${cmd}: --${f} not shown`);
+      for (const m of text.matchAll(/--([a-z][a-z-]*)\b(?!\.)/g)) if (!flags.includes(m[1]!)) wrong.push(`reef ${cmd}: shows --${m[1]}`);
     }
     expect(wrong).toEqual([]);
   });
