@@ -66,6 +66,16 @@ describe('gateway routes', () => {
   });
 });
 
+describe('gateway metrics', () => {
+  it('names every metric family the gateway exposes in docs/internals.md', () => {
+    const families = ['actors/gateway/metrics.ts', 'actors/gateway/pipeline-status.ts']
+      .flatMap((f) => [...read(f).matchAll(/(?:new (?:Counter|Gauge|Histogram)|family)\(\s*'(reef_\w+)'/g)].map((m) => m[1]!));
+    expect(families).toContain('reef_http_requests_total');
+    expect(families).toContain('reef_training');
+    expect(families.filter((m) => !internals.includes(`\`${m}`))).toEqual([]);
+  });
+});
+
 describe('environment variables', () => {
   const docs = [readme, ...readdirSync(join(root, 'docs')).map((f) => read(`docs/${f}`)), read('recipes/openclawrl/examples/openclawrl/README.md')].join('\n');
   // Reef's own variables all start REEF_ (REEF_ERR_ is an error code, a name ending in _ a prefix).
