@@ -1,3 +1,5 @@
+import { spawnSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -19,6 +21,26 @@ describe('the example serve.yaml', () => {
     const judge = cfg.pipeline.record2record.config as Record<string, unknown>;
     expect(judge.prm_timeout_s).toBe(3600);
     expect(cfg.pipeline.task2batch.config).toMatchObject({ prm_record_file: join(EXAMPLE, 'results/prm_records.jsonl'), batch_size: 16 });
+  });
+});
+
+describe('run.sh', () => {
+  const RUN = join(EXAMPLE, 'run.sh');
+
+  it('brings the scripted student up without the student engine, and the override validates', async () => {
+    const override = /scripted\) UP_ARGS=\((--[^)]+)\)/.exec(readFileSync(RUN, 'utf8'))?.[1];
+    expect(override).toBe('--cluster.student=null');
+    const cfg = await loadConfig(SERVE, [override!]);
+    expect(cfg.cluster.student).toBeNull();
+    expect(layoutFromConfig(cfg)).toMatchObject({ trainer: { gpus: 4 }, rollout: { gpus: 1 }, prm: { gpus: 1, replicas: 1 } });
+  });
+
+  it('refuses an unknown STUDENT before it sets up or starts anything', () => {
+    // Regression: any value but llm ran the scripted student.
+    const r = spawnSync('bash', [RUN], { env: { ...process.env, STUDENT: 'LLM' }, encoding: 'utf8', timeout: 30_000 });
+    expect(r.status).toBe(2);
+    expect(r.stderr).toContain("STUDENT must be llm or scripted, got 'LLM'");
+    expect(r.stdout).toBe('');
   });
 });
 
