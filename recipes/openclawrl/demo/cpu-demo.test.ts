@@ -2,7 +2,7 @@ import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, wr
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { clearRunState, demoOptions, runDemo, runStatePaths } from './cpu-demo.js';
+import { clearRunState, demoOptions, describeSummary, runDemo, runStatePaths, type DemoResult } from './cpu-demo.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'reef-cpu-demo-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -48,6 +48,30 @@ describe('run state', () => {
     expect(existsSync(p.prmRecordFile)).toBe(false);
     expect(existsSync(join(out, 'results'))).toBe(true);
     clearRunState(join(dir, 'never-ran'));
+  });
+});
+
+describe('the closing summary', () => {
+  const result = (adapted: number | null): DemoResult => ({
+    summary: {
+      sessions: 8, passed: 3, bold: 4, list: 0, ended: { done: 8 }, rolling_window: 10,
+      rolling_start: { session: 8, pass: 0.375, bold: 0.5, list: 0 }, rolling_end: { session: 8, pass: 0.375, bold: 0.5, list: 0 },
+      rolling: [{ session: 8, pass: 0.375, bold: 0.5, list: 0 }], sessions_to_adaptation: adapted, wall_time_s: 61.4,
+      batches: [{ batch: 'homework:openclawrl:1', rewards: { '1': 4, '-1': 12, '0': 0 } }],
+      files: { sessions: '/o/results/sessions.jsonl', summary: '/o/results/summary.json', rates_plot: '/o/results/rates.svg', rewards_plot: '/o/results/rewards.svg' },
+    },
+    before: { samples: 40, bold: 0.6, list: 0 },
+    after: { samples: 40, bold: 0.05, list: 0 },
+    releasedBatches: ['homework:openclawrl:1'],
+  });
+
+  it('says what the adaptation count means, where the run state went and what to try next', () => {
+    const text = describeSummary(result(null), '/o');
+    expect(text).toContain('bold rate of 40 fresh first replies: 60% with the base weights → 5% after training');
+    expect(text).toContain('sessions_to_adaptation (first of 3 passed sessions in a row): not reached in 8');
+    expect(text).toContain(`records and checkpoints: ${runStatePaths('/o').dataDir} (removed when the demo runs again); config: /o/serve.yaml`);
+    expect(text).toMatch(/^next: .*npm run demo -- --w-opd 0/m);
+    expect(describeSummary(result(5), '/o')).toContain('in a row): 5\n');
   });
 });
 

@@ -26,7 +26,7 @@ if (options !== null) {
   process.on('SIGTERM', onSignal);
   try {
     const summary = await runDemo({ ...options, signal: stop.signal });
-    log(describeSummary(summary));
+    log(describeSummary(summary, options.out));
   } catch (err) {
     if (stop.signal.aborted) {
       process.stderr.write('demo: stopped\n');
