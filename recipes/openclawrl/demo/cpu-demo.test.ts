@@ -25,6 +25,7 @@ describe('demo options', () => {
   it.each([
     [['--sessions'], /--sessions needs a value/],
     [['--lr', 'fast'], /--lr: expected a non-negative number, got fast/],
+    [['--lr', '0'], /--lr: expected a positive number, got 0/],
     [['--w-rl', '-1'], /--w-rl: expected a non-negative number/],
     [['--wrl', '1'], /unknown option --wrl \(known: /],
     [['--eval-samples', '0'], /--eval-samples: expected at least 1, got 0/],

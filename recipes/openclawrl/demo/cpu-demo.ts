@@ -82,7 +82,11 @@ export function demoOptions(argv: readonly string[], log: (line: string) => void
       case '--w-opd': o.wOpd = num(); break;
       case '--sessions': o.sessions = Math.max(1, Math.round(num())); break;
       case '--batch-size': o.batchSize = Math.max(1, Math.round(num())); break;
-      case '--lr': o.lr = num(); break;
+      case '--lr':
+        // training.options would refuse it only after the rule PRM and the config were made.
+        o.lr = num();
+        if (o.lr === 0) throw new Error(`${flag}: expected a positive number, got ${value}`);
+        break;
       case '--out': o.out = resolve(value); break;
       case '--model': o.modelDir = resolve(value); break;
       case '--eval-samples':
