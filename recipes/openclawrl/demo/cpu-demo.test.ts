@@ -2,7 +2,7 @@ import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, wr
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { clearRunState, demoOptions, describeSummary, runDemo, runStatePaths, type DemoResult } from './cpu-demo.js';
+import { clearRunState, demoOptions, describeSummary, modelDirProblem, runDemo, runStatePaths, type DemoResult } from './cpu-demo.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'reef-cpu-demo-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -31,6 +31,18 @@ describe('demo options', () => {
     [['--eval-samples', '0'], /--eval-samples: expected at least 1, got 0/],
   ])('%j is refused: %s', (argv, message) => {
     expect(() => demoOptions(argv, () => {})).toThrow(message);
+  });
+});
+
+describe('the demo model', () => {
+  it('is checked before anything starts, naming what is missing and how to build it', () => {
+    const model = join(dir, 'model');
+    mkdirSync(model, { recursive: true });
+    writeFileSync(join(model, 'config.json'), '{}');
+    expect(modelDirProblem(model)).toBe(`no demo model at ${model} (missing tokenizer.json, model.safetensors): \`npm run demo\` builds it (scripts/setup.sh), or pass --model DIR`);
+    writeFileSync(join(model, 'tokenizer.json'), '{}');
+    writeFileSync(join(model, 'model.safetensors'), '');
+    expect(modelDirProblem(model)).toBeNull();
   });
 });
 

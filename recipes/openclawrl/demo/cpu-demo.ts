@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { stringify } from 'yaml';
 import { loadConfig } from '../../../cluster/config/index.js';
@@ -98,6 +98,16 @@ export function demoOptions(argv: readonly string[], log: (line: string) => void
     }
   }
   return o;
+}
+
+/**
+ * Why `dir` cannot serve as the demo model, or null when it can. Checked before anything starts:
+ * a missing model surfaced as a Python traceback of the rule PRM and "exited with code 1".
+ */
+export function modelDirProblem(dir: string): string | null {
+  const missing = ['config.json', 'tokenizer.json', 'model.safetensors'].filter((f) => !existsSync(join(dir, f)));
+  if (missing.length === 0) return null;
+  return `no demo model at ${dir} (missing ${missing.join(', ')}): \`npm run demo\` builds it (scripts/setup.sh), or pass --model DIR`;
 }
 
 const ACCEPT_HINT = 'Write plain sentences without bold text or lists, and show each calculation step.';

@@ -1,11 +1,14 @@
-import { demoOptions, describeSummary, runDemo, type DemoOptions } from './cpu-demo.js';
+import { demoOptions, describeSummary, modelDirProblem, runDemo, type DemoOptions } from './cpu-demo.js';
 
 /** `node dist/recipes/openclawrl/demo/main.js [--w-rl 1] [--w-opd 1] [--sessions 60] ...` */
 const log = (line: string) => process.stdout.write(`${line}\n`);
 let options: DemoOptions | null = null;
 try {
   options = demoOptions(process.argv.slice(2), log);
+  const problem = modelDirProblem(options.modelDir);
+  if (problem !== null) throw new Error(problem);
 } catch (err) {
+  options = null;
   process.stderr.write(`demo: ${(err as Error).message}\n`);
   process.exitCode = 2;
 }
