@@ -7,6 +7,7 @@ message instead of silently dropping a field. `test/interop.int.test.ts` keeps b
 
 from __future__ import annotations
 
+import codecs
 import math
 from typing import Any, Mapping
 
@@ -16,9 +17,16 @@ from .errors import ShimError
 
 # --- codec (docs/internals.md "Wire rules") ------------------------------------------------------
 
+# A str holding a lone surrogate (a file name os.listdir decoded with surrogateescape, named in an
+# exception's message) has no UTF-8 form: packb raised, and on the shim's worker thread that ended
+# the thread, so every later slow request went unanswered while pings still were. Such a
+# character goes out as U+FFFD, as TypeScript's codec writes one. (Bytes: the UTF-8 encoder takes
+# only ASCII text from an error handler.)
+codecs.register_error("reef_fffd", lambda e: ("\ufffd".encode() * (e.end - e.start), e.end))
+
 
 def pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    return msgpack.packb(obj, use_bin_type=True, unicode_errors="reef_fffd")
 
 
 def unpack(data: bytes) -> Any:

@@ -111,3 +111,10 @@ def test_integral_floats_from_msgpackr_become_ints() -> None:
     assert isinstance(checked["numCpus"], int)
     too_big = {**msg, "objectStoreBytes": float(2**60)}
     assert "init-ray.objectStoreBytes: expected an integer, got float" in reject(too_big).message
+
+
+def test_a_lone_surrogate_is_packed_as_u_fffd_instead_of_failing_the_reply() -> None:
+    name = b"ckpt-\xe9".decode("utf-8", "surrogateescape")  # as os.listdir gives a Latin-1 file name
+    reply = ShimError("REEF_ERR_HANDLER", f"handler for trainer-load failed: cannot read {name}").to_reply("r-1")
+    assert unpack(pack(reply))["message"] == "handler for trainer-load failed: cannot read ckpt-\ufffd"
+    assert unpack(pack({"\ud83d": ["a\udce9\udce9b"]})) == {"\ufffd": ["a\ufffd\ufffdb"]}
