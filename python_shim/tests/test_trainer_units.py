@@ -579,5 +579,9 @@ def test_a_batch_recorded_again_is_the_ledger_s_newest(tmp_path: Path, monkeypat
     monkeypatch.setattr(checkpoint, "LEDGER_KEEP", 2)
     ledger = Ledger(tmp_path)
     for batch_id, v in [("b:1", "v1"), ("b:2", "v2"), ("b:1", "v3"), ("b:3", "v4")]:
+        (tmp_path / v).mkdir()
         ledger.record(batch_id, {"weightVersion": v})
     assert Ledger(tmp_path).batches == {"b:1": {"weightVersion": "v3"}, "b:3": {"weightVersion": "v4"}}
+    # b:1's first training (v1) was never released: a rollback came first, and it trained again.
+    # Left, it held a model's size of disk for good. v2 is b:2's, only past LEDGER_KEEP: kept.
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["v2", "v3", "v4"]

@@ -7,7 +7,7 @@
 
 A checkpoint is written into a hidden temporary directory and renamed into place, so a directory
 named `v<n>` is always complete (the next save removes a temporary one a crash left, the next
-ledger entry a `v<n>` a crash left unrecorded); the ledger
+ledger entry a `v<n>` a crash left unrecorded or the one it supersedes); the ledger
 is replaced the same way (write, fsync, rename). Every file, the directory and the rename are
 fsynced before the call returns: the ledger and then a release point at the checkpoint, and after
 a power loss they must not point at empty files.
@@ -92,9 +92,19 @@ class Ledger:
         for old in list(batches)[: max(0, len(batches) - LEDGER_KEEP)]:
             del batches[old]
         newest = max(_versions(self.batches.values()), default=0)
+        replaced = self.batches.get(batch_id)
         _write_json_atomic(self.path, {"batches": batches})
         self.batches = batches
         self._prune_unlisted(newest, result)
+        if replaced is not None and replaced.get("weightVersion") != result.get("weightVersion"):
+            # Trained again because a rollback came before its release (its publish failed): the
+            # first training was never released, no entry names it now, and nothing descends from
+            # it (the controller trains the next batch only after this one's release).
+            self._remove(str(replaced.get("weightVersion")))
+
+    def _remove(self, version: str) -> None:
+        if _VERSION.match(version) and (self.path.parent / version).is_dir():
+            shutil.rmtree(self.path.parent / version, ignore_errors=True)
 
     def _prune_unlisted(self, newest: int, result: dict[str, Any]) -> None:
         """Removes the `v<n>` directories above the ledger's newest version before this entry and
@@ -107,8 +117,8 @@ class Ledger:
             return
         for p in self.path.parent.iterdir():
             n = _VERSION.match(p.name)
-            if n and newest < int(n.group(1)) < int(m.group(1)) and p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
+            if n and newest < int(n.group(1)) < int(m.group(1)):
+                self._remove(p.name)
 
 
 def _versions(entries: Any) -> list[int]:
