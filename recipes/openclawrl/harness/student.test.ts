@@ -85,6 +85,9 @@ describe('LLM student helpers', () => {
     ['<think>the helper used bold</think>\n\nno bold please', 'no bold please'],
     ['reasoning without an opening tag</think> ok', 'ok'],
     ['  plain  ', 'plain'],
+    // Regression: reasoning cut off by max_tokens was sent to the agent as the student's message.
+    ['<think>\nthe helper used bold, so I should', ''],
+    ['<think>a</think> keep this <think>cut off', 'keep this'],
     [null, ''],
   ])('studentText(%j)', (raw, want) => {
     expect(studentText(raw)).toBe(want);

@@ -147,9 +147,12 @@ export interface LlmStudentOptions {
   systemPrompt?: string;
 }
 
-/** Drops a thinking model's reasoning from what the student "says". */
+/**
+ * Drops a thinking model's reasoning from what the student "says". Reasoning cut off by the token
+ * limit has no `</think>`: all of it is reasoning, and the student has said nothing.
+ */
 export function studentText(raw: string | null | undefined): string {
-  const text = (raw ?? '').replace(/<think>[\s\S]*?<\/think>/g, '').replace(/^[\s\S]*<\/think>/, '');
+  const text = (raw ?? '').replace(/<think>[\s\S]*?<\/think>/g, '').replace(/^[\s\S]*<\/think>/, '').replace(/<think>[\s\S]*$/, '');
   return text.trim();
 }
 
@@ -191,7 +194,10 @@ export class LlmStudent implements Student {
       throw err;
     }
     const text = studentText(res.choices[0]?.message.content);
-    if (text === '') throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: 'the student model wrote an empty message' });
+    if (text === '') {
+      const cut = res.choices[0]?.finish_reason === 'length' ? ` (its ${this.options.maxTokens ?? 2048} tokens ran out, still thinking?)` : '';
+      throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `the student model wrote an empty message${cut}` });
+    }
     return text;
   }
 
