@@ -81,6 +81,7 @@ describe('the closing summary', () => {
   it('says what the adaptation count means, where the run state went and what to try next', () => {
     const text = describeSummary(result(null), '/o');
     expect(text).toContain('bold rate of 40 fresh first replies: 60% with the base weights → 5% after training');
+    expect(text).toContain('bold rate (last 10): 50% at session 8 → 50% at session 8');
     expect(text).toContain('sessions_to_adaptation (first of 3 passed sessions in a row): not reached in 8');
     expect(text).toContain(`records and checkpoints: ${runStatePaths('/o').dataDir} (removed when the demo runs again); config: /o/serve.yaml`);
     expect(text).toMatch(/^next: .*npm run demo -- --w-opd 0/m);

@@ -296,7 +296,8 @@ export function describeSummary(r: DemoResult, out: string): string {
     '',
     curveTable(s),
     '',
-    `bold rate (last ${s.rolling_window}): ${pct(s.rolling_start?.bold)} at the start → ${pct(s.rolling_end?.bold)} at the end`,
+    // rolling_start is the first full window, by which the first batches have been trained.
+    `bold rate (last ${s.rolling_window}): ${pct(s.rolling_start?.bold)} at session ${s.rolling_start?.session ?? '-'} → ${pct(s.rolling_end?.bold)} at session ${s.rolling_end?.session ?? '-'}`,
     `bold rate of ${r.before.samples} fresh first replies: ${pct(r.before.bold)} with the base weights → ${pct(r.after.bold)} after training`,
     `pass rate (last ${s.rolling_window}): ${pct(s.rolling_start?.pass)} → ${pct(s.rolling_end?.pass)}`,
     // The paper's criterion needs correct arithmetic too, which the demo model seldom gets right.
