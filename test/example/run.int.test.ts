@@ -54,6 +54,7 @@ describe('the example run against a gateway', () => {
     // An earlier run's save of the session that saves nothing in this one.
     mkdirSync(join(out, 'homework'));
     writeFileSync(join(out, `homework/s00${NO_SAVE_SESSION}.txt`), 'an earlier run');
+    writeFileSync(join(out, 'homework/notes.txt'), 'not the agent\'s');
     summary = await runSessions({
       gateway: fx.url,
       scenario: 'homework',
@@ -103,6 +104,7 @@ describe('the example run against a gateway', () => {
     const lines = readFileSync(join(out, 'results/sessions.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as SessionResult);
     expect(lines[NO_SAVE_SESSION - 1]).toMatchObject({ saved: false, ended: 'done', turns: 3 });
     expect(existsSync(join(out, `homework/s00${NO_SAVE_SESSION}.txt`))).toBe(false);
+    expect(readFileSync(join(out, 'homework/notes.txt'), 'utf8')).toBe('not the agent\'s');
     expect(lines.filter((s) => s.saved)).toHaveLength(5);
   });
 

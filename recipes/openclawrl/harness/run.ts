@@ -1,4 +1,4 @@
-import { appendFileSync, existsSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { appendFileSync, existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ReefError } from '../../../actors/runtime/errors.js';
 import { HomeworkAgent, type AgentOptions, type AgentTurn } from './agent.js';
@@ -142,6 +142,17 @@ export function progressLine(r: SessionResult, total: number, rolling: RollingPo
     `  last-10: pass ${pct(rolling.pass)} bold ${pct(rolling.bold)} list ${pct(rolling.list)}  ${r.wall_s.toFixed(1)} s  (${Math.round(elapsedS)} s in all)`;
 }
 
+/**
+ * Files are named by session index: one left by an earlier run would pass for the save of a session
+ * of this run that saved nothing. Only the agent's own `sNNN.txt` go: `--out` defaults to the
+ * working directory, whose `homework/` may be someone's own.
+ */
+export function clearSavedHomework(outputDir: string): void {
+  const dir = join(outputDir, 'homework');
+  if (!existsSync(dir)) return;
+  for (const name of readdirSync(dir)) if (/^s\d{3,}\.txt$/.test(name)) rmSync(join(dir, name), { force: true });
+}
+
 /** Runs the sessions in order; writes results/sessions.jsonl, transcripts.jsonl, summary.json and plots. */
 export async function runSessions(opts: RunOptions): Promise<RunSummary> {
   if (opts.problems.length === 0) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: 'no problems to run' });
@@ -152,9 +163,7 @@ export async function runSessions(opts: RunOptions): Promise<RunSummary> {
   const transcriptsFile = join(dir, 'transcripts.jsonl');
   writeFileSync(sessionsFile, '');
   writeFileSync(transcriptsFile, '');
-  // Files are named by session index: one left by an earlier run would pass for the save of a
-  // session of this run that saved nothing.
-  rmSync(join(opts.outputDir, 'homework'), { recursive: true, force: true });
+  clearSavedHomework(opts.outputDir);
   const agent = new HomeworkAgent({ ...opts.agent, baseURL: opts.gateway, apiKey: opts.apiKey ?? null, scenario: opts.scenario ?? 'homework', outputDir: opts.outputDir });
   const prm = opts.prmRecordFile ?? null;
   const results: SessionResult[] = [];
