@@ -62,6 +62,14 @@ describe('run state', () => {
     expect(existsSync(join(out, 'results'))).toBe(true);
     clearRunState(join(dir, 'never-ran'));
   });
+
+  it('leaves a data/ folder that is not a data dir, and says so', () => {
+    const out = join(dir, 'home');
+    mkdirSync(join(out, 'data', 'photos'), { recursive: true });
+    writeFileSync(join(out, 'data', 'taxes.txt'), 'mine');
+    expect(() => clearRunState(out)).toThrow(`--out ${out}: ${join(out, 'data')} holds photos, taxes.txt, not a data dir of an earlier run; choose another --out`);
+    expect(readFileSync(join(out, 'data', 'taxes.txt'), 'utf8')).toBe('mine');
+  });
 });
 
 describe('the closing summary', () => {

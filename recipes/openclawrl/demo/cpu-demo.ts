@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { stringify } from 'yaml';
 import { loadConfig } from '../../../cluster/config/index.js';
@@ -59,9 +59,18 @@ export function runStatePaths(out: string): { dataDir: string; prmRecordFile: st
  */
 export function clearRunState(out: string): void {
   const p = runStatePaths(out);
-  rmSync(p.dataDir, { recursive: true, force: true });
+  // --out names any directory: its data/ is only removed when it holds nothing but what a stack
+  // writes there (`--out ~` removed ~/data whole).
+  if (existsSync(p.dataDir)) {
+    const foreign = readdirSync(p.dataDir).filter((n) => !DATA_DIR_ENTRIES.has(n)).sort();
+    if (foreign.length > 0) throw new Error(`--out ${out}: ${p.dataDir} holds ${foreign.slice(0, 3).join(', ')}${foreign.length > 3 ? ', …' : ''}, not a data dir of an earlier run; choose another --out`);
+    rmSync(p.dataDir, { recursive: true, force: true });
+  }
   rmSync(p.prmRecordFile, { force: true });
 }
+
+/** What a stack writes in its data dir (SQLite's -wal/-shm beside the store). */
+const DATA_DIR_ENTRIES = new Set(['records.sqlite', 'records.sqlite-wal', 'records.sqlite-shm', 'run', 'checkpoints']);
 
 export function demoOptions(argv: readonly string[], log: (line: string) => void): DemoOptions {
   const o: DemoOptions = { wRl: 1, wOpd: 1, sessions: 100, batchSize: 16, lr: 3e-4, out: resolve('results/cpu-demo'), evalSamples: 40, modelDir: process.env.REEF_DEMO_MODEL ?? join(repoRoot(), '.cache', 'demo-model'), log };
