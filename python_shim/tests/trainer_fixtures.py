@@ -33,7 +33,7 @@ def generate(engine: HFEngine, prompt_ids: list[int], temperature: float, top_p:
                           "sampling_params": {"max_new_tokens": max_new, "temperature": temperature, "top_p": top_p,
                                               "top_k": top_k, "ignore_eos": True, "sampling_seed": seed}})
     with engine.lock:
-        *_, last = engine.generate(req, lambda: False)
+        *_, last = engine.generate(req, lambda: None)  # None: nothing asks it to stop
     return last
 
 
