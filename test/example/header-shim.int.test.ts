@@ -125,6 +125,18 @@ describe('header shim', () => {
     expect(seen.map((x) => x.headers['x-reef-tag-session'])).toEqual(['hw-s1', 'hw-s2', 'hw-s3', 'mine']);
   });
 
+  it.each(['a\nb', '', 'caf\u00e9'])('refuses the fixed tag %j with a 400 and keeps the one it had', async (value) => {
+    const s = await shim({ session: { mode: 'fixed', value: 'hw-s1' } });
+    expect(() => s.setSession(value)).toThrow(/expected printable ASCII/);
+    const put = await fetch(`${s.url}/_reef_shim/session`, { method: 'PUT', body: value });
+    expect(put.status).toBe(400);
+    expect(await put.json()).toMatchObject({ error: { code: 'REEF_ERR_INVALID_ARGUMENT' } });
+    // Regression: a tag with a newline was taken, and every later request failed as a down gateway.
+    const res = await fetch(`${s.url}/v1/models`);
+    expect(res.status).toBe(200);
+    expect(seen.map((x) => x.headers['x-reef-tag-session'])).toEqual(['hw-s1']);
+  });
+
   it('tags per connection', async () => {
     const s = await shim({ session: { mode: 'per-connection', prefix: 'hermes' } });
     const a = new Client(s.url);

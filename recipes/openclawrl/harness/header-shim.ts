@@ -60,6 +60,9 @@ export function parseSessionRule(spec: string): SessionRule {
   throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `--session ${JSON.stringify(spec)}: expected none, path, per-connection[:PREFIX] or fixed:VALUE` });
 }
 
+/** Whether `tag` can go out as an `x-reef-tag-session` value: printable ASCII, not blank. */
+const headerValue = (tag: string): boolean => /^[\x20-\x7e]+$/.test(tag) && tag.trim() !== '';
+
 /** The `/t/<tag>` segment decoded, or null when it is no valid header value (bad %-escape, CR/LF, non-ASCII). */
 function pathTag(segment: string): string | null {
   let tag: string;
@@ -68,7 +71,7 @@ function pathTag(segment: string): string | null {
   } catch {
     return null;
   }
-  return /^[\x20-\x7e]+$/.test(tag) && tag.trim() !== '' ? tag : null;
+  return headerValue(tag) ? tag : null;
 }
 
 function forwardHeaders(h: IncomingHttpHeaders): Record<string, string | string[]> {
@@ -114,7 +117,10 @@ export async function startHeaderShim(opts: HeaderShimOptions): Promise<HeaderSh
     if (path === CONTROL && req.method === 'PUT' && rule.mode === 'fixed') {
       let body = '';
       for await (const c of req) body += String(c);
-      fixed = body.trim() || fixed;
+      const value = body.trim();
+      // Taken as is, a value with CR/LF failed every later request as the gateway being down (503).
+      if (!headerValue(value)) return fail(res, new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `session tag ${JSON.stringify(value)}: expected printable ASCII; the tag stays ${JSON.stringify(fixed)}` }));
+      fixed = value;
       res.writeHead(200, { 'content-type': 'application/json' });
       return void res.end(JSON.stringify({ session: fixed }));
     }
@@ -168,6 +174,7 @@ export async function startHeaderShim(opts: HeaderShimOptions): Promise<HeaderSh
   return {
     url: `http://${host}:${addr.port}`,
     setSession(value: string) {
+      if (!headerValue(value)) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `session tag ${JSON.stringify(value)}: expected printable ASCII` });
       fixed = value;
     },
     close: () =>
