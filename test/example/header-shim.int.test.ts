@@ -189,7 +189,7 @@ describe('header shim', () => {
     expect(parseSessionRule(spec)).toEqual(rule);
   });
 
-  it.each(['fixed:', 'sometimes', ''])('rejects --session %j', (spec) => {
+  it.each(['fixed:', 'sometimes', '', 'fixed:a\nb', 'fixed: ', 'per-connection:h\u00e9'])('rejects --session %j', (spec) => {
     expect(() => parseSessionRule(spec)).toThrow(/expected none, path/);
   });
 });

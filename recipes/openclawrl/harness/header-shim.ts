@@ -52,16 +52,17 @@ const CONTROL = '/_reef_shim/session';
 // Hop-by-hop headers belong to one connection and are never forwarded (RFC 9110 §7.6.1).
 const HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authenticate', 'proxy-authorization', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'host']);
 
+/** Whether `tag` can go out as an `x-reef-tag-session` value: printable ASCII, not blank. */
+const headerValue = (tag: string): boolean => /^[\x20-\x7e]+$/.test(tag) && tag.trim() !== '';
+
 export function parseSessionRule(spec: string): SessionRule {
   if (spec === 'none') return { mode: 'none' };
   if (spec === 'path') return { mode: 'path' };
-  if (spec === 'per-connection' || spec.startsWith('per-connection:')) return { mode: 'per-connection', prefix: spec.slice('per-connection:'.length) || 'conn' };
-  if (spec.startsWith('fixed:') && spec.length > 'fixed:'.length) return { mode: 'fixed', value: spec.slice('fixed:'.length) };
+  // The value and the prefix go out in a header: checked here, not by every request failing later.
+  if ((spec === 'per-connection' || spec.startsWith('per-connection:')) && headerValue(`${spec}-c1`)) return { mode: 'per-connection', prefix: spec.slice('per-connection:'.length) || 'conn' };
+  if (spec.startsWith('fixed:') && headerValue(spec.slice('fixed:'.length))) return { mode: 'fixed', value: spec.slice('fixed:'.length) };
   throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `--session ${JSON.stringify(spec)}: expected none, path, per-connection[:PREFIX] or fixed:VALUE` });
 }
-
-/** Whether `tag` can go out as an `x-reef-tag-session` value: printable ASCII, not blank. */
-const headerValue = (tag: string): boolean => /^[\x20-\x7e]+$/.test(tag) && tag.trim() !== '';
 
 /** The `/t/<tag>` segment decoded, or null when it is no valid header value (bad %-escape, CR/LF, non-ASCII). */
 function pathTag(segment: string): string | null {
