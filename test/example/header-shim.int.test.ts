@@ -171,6 +171,13 @@ describe('header shim', () => {
     expect(seen).toEqual([]);
   });
 
+  it('refuses a scenario or key that cannot go out in a header, without showing the key', async () => {
+    await expect(startHeaderShim({ upstream, scenario: 'home\nwork' })).rejects.toThrow(/scenario "home\\nwork": expected printable ASCII/);
+    const err = await startHeaderShim({ upstream, apiKey: 'sk-secret\n' }).catch((e: Error) => e);
+    expect((err as Error).message).toMatch(/API key is not printable ASCII/);
+    expect((err as Error).message).not.toContain('sk-secret');
+  });
+
   it('answers 503 with an OpenAI error body when the gateway is down', async () => {
     const s = await startHeaderShim({ upstream: 'http://127.0.0.1:1' });
     shims.push(s);

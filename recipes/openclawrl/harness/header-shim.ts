@@ -82,6 +82,9 @@ function forwardHeaders(h: IncomingHttpHeaders): Record<string, string | string[
 }
 
 export async function startHeaderShim(opts: HeaderShimOptions): Promise<HeaderShim> {
+  if (opts.scenario && !headerValue(opts.scenario)) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `scenario ${JSON.stringify(opts.scenario)}: expected printable ASCII` });
+  // The key itself is never shown.
+  if (opts.apiKey && !headerValue(opts.apiKey)) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: 'the API key is not printable ASCII (a trailing newline?)' });
   const upstream = new URL(opts.upstream);
   const basePath = upstream.pathname.replace(/\/+$/, '');
   const rule = opts.session ?? { mode: 'none' };
