@@ -2,7 +2,9 @@ import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, wr
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { clearRunState, demoOptions, describeSummary, modelDirProblem, runDemo, runStatePaths, type DemoResult } from './cpu-demo.js';
+import { SqliteStore } from '../../../actors/gateway/store/sqlite-store.js';
+import { STATE_KEY as JUDGE_STATE } from '../../../actors/judge/handler.js';
+import { clearRunState, demoOptions, describeSummary, modelDirProblem, runDemo, runStatePaths, trainingCaughtUp, type DemoResult } from './cpu-demo.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'reef-cpu-demo-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -94,6 +96,22 @@ describe('the closing summary', () => {
     expect(text).toContain(`records and checkpoints: ${runStatePaths('/o').dataDir} (removed when the demo runs again); config: /o/serve.yaml`);
     expect(text).toMatch(/^next: .*npm run demo -- --w-opd 0/m);
     expect(describeSummary(result(5), '/o')).toContain('in a row): 5\n');
+  });
+});
+
+describe('waiting for training', () => {
+  it('says so when it gives up waiting', async () => {
+    const store = SqliteStore.open(join(dir, 'wait.sqlite'));
+    try {
+      const lines: string[] = [];
+      await trainingCaughtUp(store, (l) => lines.push(l), undefined, 0);
+      expect(lines).toEqual([]);
+      await store.putState(JUDGE_STATE, { pending: [{ turn: 1 }] });
+      await trainingCaughtUp(store, (l) => lines.push(l), undefined, 0);
+      expect(lines).toEqual(['  judging and training not caught up after 0 s (judge behind, trainer done); going on']);
+    } finally {
+      await store.close();
+    }
   });
 });
 

@@ -270,7 +270,7 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
  * would outrun training instead. So before each session, wait (bounded) until the judge has caught
  * up with the records and the trainer-controller with the judged turns, with no batch in flight.
  */
-async function trainingCaughtUp(store: SqliteStore, log: (l: string) => void, signal?: AbortSignal, timeoutMs = 120_000): Promise<void> {
+export async function trainingCaughtUp(store: SqliteStore, log: (l: string) => void, signal?: AbortSignal, timeoutMs = 120_000): Promise<void> {
   const t0 = Date.now();
   let said = false;
   for (;;) {
@@ -288,7 +288,12 @@ async function trainingCaughtUp(store: SqliteStore, log: (l: string) => void, si
     // Read every record, and every finished turn has its votes.
     const judgeDone = consumed(judgeNext, head) && (judge?.pending?.length ?? 0) === 0;
     const trainerDone = consumed(trainerNext, judgedHead) && (state?.pending?.length ?? 0) === 0;
-    if ((judgeDone && trainerDone) || Date.now() - t0 > timeoutMs) return;
+    if (judgeDone && trainerDone) return;
+    if (Date.now() - t0 > timeoutMs) {
+      // Going on in silence read as caught up: the sessions after it run on older weights.
+      log(`  judging and training not caught up after ${Math.round(timeoutMs / 1000)} s (judge ${judgeDone ? 'done' : 'behind'}, trainer ${trainerDone ? 'done' : 'behind'}); going on`);
+      return;
+    }
     if (!said && Date.now() - t0 > 5_000) {
       log('  waiting for judging and training to catch up …');
       said = true;
