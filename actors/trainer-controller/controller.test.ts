@@ -163,6 +163,17 @@ function world(dir: string) {
   };
 }
 
+/** The task ids of every step the trainer is sent, in order. */
+function stepsSent(w: ReturnType<typeof world>): string[][] {
+  const sent: string[][] = [];
+  const step = w.ports.trainer.step;
+  w.ports.trainer.step = async (id, tasks) => {
+    sent.push(tasks.map((t) => t.taskId));
+    return step(id, tasks);
+  };
+  return sent;
+}
+
 const opts = (dir: string) => ({ batchSize: 2, maxStaleness: 1, recordFile: join(dir, 'prm.jsonl'), keepCheckpoints: 2, baseModelPath: join(dir, 'base'), maxAttempts: 3, engineCheckMs: 0 });
 
 /** Four judged turns trained as two batches: releases v1 and v2. */
@@ -295,12 +306,7 @@ describe('TrainerController', () => {
     w.records.get('nan')!.logprobs = Float32Array.from([Number.NaN]);
     w.records.get('inf')!.logprobs = Float32Array.from([Number.NEGATIVE_INFINITY]);
     Object.assign(w.records.get('empty')!, { outputIds: new Int32Array(0), logprobs: new Float32Array(0), topkIds: new Int32Array(0), topkLogprobs: new Float32Array(0) });
-    const sent: string[][] = [];
-    const step = w.ports.trainer.step;
-    w.ports.trainer.step = async (id, tasks) => {
-      sent.push(tasks.map((t) => t.taskId));
-      return step(id, tasks);
-    };
+    const sent = stepsSent(w);
     const c = new TrainerController(w.ports, opts(dir), 0, null);
     await c.tick();
     expect(sent).toEqual([['a', 'b']]);
@@ -322,12 +328,7 @@ describe('TrainerController', () => {
       if (JSON.stringify(messages).includes('RAISE')) throw new Error('template raised: unsupported role');
       return Int32Array.from([9]);
     };
-    const sent: string[][] = [];
-    const step = w.ports.trainer.step;
-    w.ports.trainer.step = async (id, tasks) => {
-      sent.push(tasks.map((t) => t.taskId));
-      return step(id, tasks);
-    };
+    const sent = stepsSent(w);
     const c = new TrainerController(w.ports, opts(dir), 0, null);
     await c.tick();
     await c.tick();
