@@ -68,6 +68,21 @@ describe('streamCompletion', () => {
     expect(h.records[0]!.response).toEqual({ role: 'assistant', content: 'Hello world' });
   });
 
+  it('a stop string completed by the last token the budget allows is cut and answered stop, as one token earlier (SGLang answers length with it in the text)', async () => {
+    const h = harness(events(['Hello', 'Hello world</', 'Hello world</answer>'], { type: 'length', matched: null }), { stop: ['</answer>'] });
+    await streamCompletion(h.deps, h.p, h.sink);
+    expect(h.streamed('content')).toBe('Hello world');
+    expect(h.sent.find((e) => e.choices?.[0]?.finish_reason)?.choices[0].finish_reason).toBe('stop');
+    expect(h.records[0]).toMatchObject({ finishReason: 'stop', response: { role: 'assistant', content: 'Hello world' } });
+    // Non-streamed alike; and a length with no stop string in its text stays a length.
+    const once = (await completeOnce(h.deps, h.p))!.body as { choices: Array<{ message: { content: string }; finish_reason: string }> };
+    expect([once.choices[0]!.message.content, once.choices[0]!.finish_reason]).toEqual(['Hello world', 'stop']);
+    const cut = harness(events(['Hello', 'Hello world</an'], { type: 'length', matched: null }), { stop: ['</answer>'] });
+    await streamCompletion(cut.deps, cut.p, cut.sink);
+    expect(cut.streamed('content')).toBe('Hello world</an');
+    expect(cut.records[0]!.finishReason).toBe('length');
+  });
+
   it('a held-back stop-string start that turns out to be text is sent', async () => {
     const h = harness(events(['a <', 'a </an', 'a </and> b']), { stop: ['</answer>'] });
     await streamCompletion(h.deps, h.p, h.sink);

@@ -1,6 +1,6 @@
 import { EngineRequestError, type GenerateResponse } from '../../cluster/engine-client.js';
 import { ReefError } from '../runtime/errors.js';
-import { assistantMessage, buildRecord, commit, engineAborted, finishReason, stageRecord, type ChatDeps, type Prepared } from './chat.js';
+import { assistantMessage, buildRecord, commit, engineAborted, finishReason, settleStop, stageRecord, type ChatDeps, type Prepared } from './chat.js';
 import { errorBody } from './http-errors.js';
 import { callId } from './parsers/index.js';
 import { partialTagSuffix } from './parsers/tool-json.js';
@@ -48,7 +48,8 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
   // It runs once the loop below has sent the engine request and waits for an answer.
   stageRecord(deps, p);
   try {
-    for await (const res of deps.engine.generateStream(p.engineBody, sink.signal)) {
+    for await (const event of deps.engine.generateStream(p.engineBody, sink.signal)) {
+      const res = event.meta_info.finish_reason == null ? event : settleStop(event, p.stop);
       // Nothing goes out before the engine's first event, so an engine that is down or refuses
       // the request still gets the client a real status (503 with Retry-After, or 400).
       if (last === null) await sink.send(chunk({ role: 'assistant', content: '' }));

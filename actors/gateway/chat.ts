@@ -95,6 +95,24 @@ export function engineAborted(deps: ChatDeps, res: GenerateResponse | null): Ree
   return new ReefError('REEF_ERR_ENGINE_FAILED', { engine: deps.engineName, reason: `the engine aborted the generation${why}` });
 }
 
+/**
+ * A stop string that the last token the budget allowed completed. SGLang checks the length before
+ * stop strings, so it answers `length` with the stop string left in the text, where one token
+ * earlier it would have cut the text and answered `stop`; OpenAI never returns a stop sequence.
+ * Answered (and recorded) as the stop it is: the output ids are the same either way.
+ */
+export function settleStop(res: GenerateResponse, stop: readonly string[] | null | undefined): GenerateResponse {
+  if (!stop || res.meta_info.finish_reason?.type !== 'length') return res;
+  let at = -1;
+  let matched = '';
+  for (const s of stop) {
+    const i = res.text.indexOf(s);
+    if (i >= 0 && (at < 0 || i < at)) [at, matched] = [i, s];
+  }
+  if (at < 0) return res;
+  return { ...res, text: res.text.slice(0, at), meta_info: { ...res.meta_info, finish_reason: { type: 'stop', matched } } };
+}
+
 /** OpenAI finish_reason from the engine's, given what the parser found. */
 export function finishReason(res: GenerateResponse | null, hasToolCalls: boolean): 'stop' | 'length' | 'tool_calls' {
   if (res?.meta_info.finish_reason?.type === 'length') return 'length';
@@ -171,7 +189,7 @@ export async function completeOnce(deps: ChatDeps, p: Prepared, signal?: AbortSi
   try {
     const pending = deps.engine.generate(p.engineBody, signal);
     stageRecord(deps, p);
-    res = await pending;
+    res = settleStop(await pending, p.stop);
     if (res.meta_info.finish_reason?.type === 'abort') throw engineAborted(deps, res);
   } catch (err) {
     if (signal?.aborted) {
