@@ -1,3 +1,4 @@
+import { existsSync, renameSync } from 'node:fs';
 import { join } from 'node:path';
 import { BridgeClient, defaultTimeoutMs } from '../../bridge/client.js';
 import type { TrainingOptions, TrainTask } from '../../bridge/messages.js';
@@ -99,6 +100,25 @@ async function resumeLeftoverPause(gatewayRpc: () => Promise<RpcClient | null>, 
   }
 }
 
+/** The trainer group's ledger of trained batches in the checkpoint directory (python_shim/reef_shim/trainer/checkpoint.py `LEDGER`). */
+export const LEDGER_FILE = 'reef_trainer_ledger.json';
+
+/**
+ * A store without the controller's state has never formed a batch (a batch is saved before it is
+ * stepped), so a ledger in the checkpoint directory is another run's: the store was removed and
+ * the checkpoints kept. Its batch ids (`{scenario}:openclawrl:{n}`) are the ones this run forms
+ * first, and the trainer would answer them from it with that run's checkpoints, never trained on
+ * this run's turns. Set aside under another name, not deleted; returns where it went.
+ */
+export function setAsideEarlierLedger(checkpointDir: string, log: (line: string) => void, now = new Date()): string | null {
+  const path = join(checkpointDir, LEDGER_FILE);
+  if (!existsSync(path)) return null;
+  const to = join(checkpointDir, `${LEDGER_FILE.replace(/\.json$/, '')}.before-${now.toISOString().replace(/[:.]/g, '-')}.json`);
+  renameSync(path, to);
+  log(`the store has no trainer-controller state, so the batch ledger in ${checkpointDir} is an earlier run's: set aside as ${to}, so that this run's batches train rather than take that run's checkpoints`);
+  return to;
+}
+
 export async function createController(w: WiringOptions): Promise<{ controller: TrainerController; close(): Promise<void> }> {
   const cfg = w.config;
   const t2b = cfg.pipeline.task2batch.config as { batch_size: number; prm_record_file: string | null; max_staleness: number };
@@ -142,6 +162,7 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
   };
 
   const [offset, state] = await Promise.all([w.store.getOffset(CONSUMER), w.store.getState(STATE_KEY)]);
+  if (state === null) setAsideEarlierLedger(checkpointDir, w.log);
   const controller = new TrainerController(
     {
       readJudged: async (from, limit): Promise<JudgedTurnRow[]> => {
