@@ -73,11 +73,14 @@ export class JudgeLink {
 
 /**
  * No answer came from the judge: the client's own timeout, its close, a full send queue, or a
- * zeromq send error (not a ReefError). The judge's handlers reply with none of these codes.
+ * zeromq send error (not a ReefError); or the answer came from an actor that is not the judge.
+ * The judge's handlers reply with none of these codes.
  */
 function unanswered(err: unknown): boolean {
   if (!(err instanceof ReefError)) return true;
-  return err.code === 'REEF_ERR_TIMEOUT' || err.code === 'REEF_ERR_ACTOR_CLOSED' || err.code === 'REEF_ERR_QUEUE_FULL';
+  // An actor that does not know the judge's messages is not the judge: after a restart the
+  // judge's old port can be another actor's, and the client kept would ask it forever.
+  return err.code === 'REEF_ERR_TIMEOUT' || err.code === 'REEF_ERR_ACTOR_CLOSED' || err.code === 'REEF_ERR_QUEUE_FULL' || err.code === 'REEF_ERR_UNKNOWN_MESSAGE';
 }
 
 interface Job {
