@@ -13,7 +13,7 @@ afterEach(async () => {
   while (cleanups.length > 0) await cleanups.pop()!();
 });
 
-async function start(onDrain: () => Promise<void> = async () => {}, onWorkDone: () => void = () => {}) {
+async function start(onDrain: () => Promise<void> = async () => {}, onWorkDone: () => void = () => {}, stats: () => Record<string, number> = () => ({ custom: 7 })) {
   const exits: number[] = [];
   const host: ActorHost = await runActor({
     name: 'worker',
@@ -23,7 +23,7 @@ async function start(onDrain: () => Promise<void> = async () => {}, onWorkDone: 
     exit: (code) => exits.push(code),
     log: () => {},
     onDrain,
-    stats: () => ({ custom: 7 }),
+    stats,
     createHandler: () => ({
       work: async (msg) => {
         await new Promise((resolve) => setTimeout(resolve, msg.ms));
@@ -47,6 +47,16 @@ describe('runActor (in process, no supervisor)', () => {
     expect(pong).toMatchObject({ id: 'worker-0', name: 'worker', state: 'running', pid: process.pid });
     expect(pong.stats).toMatchObject({ custom: 7, working: 0 });
     await expect(rpc.call({ type: 'heartbeat' })).resolves.toMatchObject({ state: 'running' });
+  });
+
+  it('an actor whose stats() throws still answers ping with the mailbox\'s figures (the heartbeat\'s timer would have ended the process)', async () => {
+    const { rpc, exits } = await start(undefined, undefined, () => {
+      throw new Error('counter store closed');
+    });
+    const pong = await rpc.call<{ state: string; stats: Record<string, number> }>({ type: 'ping' });
+    expect(pong.state).toBe('running');
+    expect(pong.stats).toMatchObject({ working: 0 });
+    expect(exits).toEqual([]);
   });
 
   it('on drain: answers at once, refuses new work, finishes in-flight work, runs onDrain, exits 0', async () => {

@@ -93,13 +93,30 @@ export async function runActor<S extends z.ZodType<{ type: string }>>(options: R
   }
   if (env.name !== options.name) fail(new ReefError('REEF_ERR_CONFIG_INVALID', { details: `REEF_ACTOR.name is ${env.name}, expected ${options.name}` }));
 
+  let statsFailing = false;
+  /**
+   * The actor's own figures. The heartbeat asks for them from a timer, where a throw would end the
+   * process: a stats() that fails costs its figures (logged once until it works again), not the actor.
+   */
+  const ownStats = (): Record<string, number> => {
+    try {
+      const out = options.stats?.() ?? {};
+      statsFailing = false;
+      return out;
+    } catch (err) {
+      if (!statsFailing) log(`stats() failed, reporting the mailbox's figures only: ${err instanceof Error ? err.message : String(err)}`);
+      statsFailing = true;
+      return {};
+    }
+  };
+
   const status = (): ActorStatus => ({
     id: env.id,
     name: env.name,
     state: lifecycle.state,
     pid: process.pid,
     uptimeMs: Date.now() - startedAt,
-    stats: { ...(mailbox?.stats ?? {}), working, ...(options.stats?.() ?? {}) },
+    stats: { ...(mailbox?.stats ?? {}), working, ...ownStats() },
   });
 
   const drain = (reason: string): Promise<void> => {
