@@ -461,18 +461,6 @@ export class EngineClient {
     return this.json('POST', '/update_weights_from_disk', { model_path: modelPath, weight_version: weightVersion });
   }
 
-  pauseGeneration(): Promise<unknown> {
-    return this.json('POST', '/pause_generation', {});
-  }
-
-  continueGeneration(): Promise<unknown> {
-    return this.json('POST', '/continue_generation', {});
-  }
-
-  flushCache(): Promise<unknown> {
-    return this.json('POST', '/flush_cache', {});
-  }
-
   async close(): Promise<void> {
     await this.agent.close();
   }
