@@ -7,11 +7,17 @@ import { heartbeatReport, lifecycleStateSchema, registerRequest, statsSchema } f
  */
 
 export const statusRequest = z.object({ type: z.literal('status'), requestId: z.string() });
+/**
+ * The most instances `scale` starts of an actor. Each is a Node process (~60 MB); a typo such as
+ * 1000 for 10 would have spawned them all.
+ */
+export const MAX_SCALE = 64;
+
 export const scaleRequest = z.object({
   type: z.literal('scale'),
   requestId: z.string(),
   actor: z.string().min(1),
-  count: z.number().int().min(0),
+  count: z.number().int().min(0).max(MAX_SCALE),
 });
 /** Replied `{}` first, then the whole stack drains. */
 export const downRequest = z.object({ type: z.literal('down'), requestId: z.string() });

@@ -53,7 +53,7 @@ describe('reef status / scale / down', () => {
   });
 
   // `reef scale prm "$N"` with N unset passed '', which Number() reads as 0: every PRM stopped.
-  it.each([[''], [' '], ['0x2'], ['1e1'], ['-1'], ['1.5']])('scale refuses the count %j with usage and exit 2', async (count) => {
+  it.each([[''], [' '], ['0x2'], ['1e1'], ['-1'], ['1.5'], ['65'], ['1000']])('scale refuses the count %j with usage and exit 2', async (count) => {
     const io = capture();
     await expect(scaleCommand(parseArgs(['scale', '--data-dir', tempDataDir()]), ['prm', count], io)).resolves.toBe(2);
     expect(io.err.join('\n')).toContain('usage: reef scale prm N');

@@ -8,6 +8,7 @@ import { flagBool, type ParsedArgs } from '../args.js';
 import type { Io } from '../cli.js';
 import { deadRunFile, pidAlive, readRunFile, reusedRunFile, type RunFile } from '../run-file.js';
 import { renderStatus, type PipelineSummary } from './render-status.js';
+import { MAX_SCALE } from '../supervisor-messages.js';
 import { dataDirOf } from './export.js';
 
 /** The run directory of the stack a command talks to: `--data-dir`, the config's, or `.reef`. */
@@ -88,8 +89,8 @@ export async function scaleCommand(args: ParsedArgs, rest: string[], io: Io): Pr
   const [actor, countText, ...extra] = rest;
   // Number('') and Number(' ') are 0: `reef scale prm "$N"` with N unset would have stopped every PRM.
   const count = countText !== undefined && /^\d+$/.test(countText) ? Number(countText) : Number.NaN;
-  if (actor !== 'prm' || !Number.isSafeInteger(count) || extra.length > 0) {
-    io.stderr('usage: reef scale prm N   (N: an integer ≥ 0)');
+  if (actor !== 'prm' || !Number.isSafeInteger(count) || count > MAX_SCALE || extra.length > 0) {
+    io.stderr(`usage: reef scale prm N   (N: an integer from 0 to ${MAX_SCALE})`);
     return 2;
   }
   const rf = await findStack(args);
