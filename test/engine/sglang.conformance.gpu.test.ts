@@ -1,5 +1,5 @@
-import { createServer } from 'node:net';
 import { afterAll, beforeAll, describe } from 'vitest';
+import { freePort } from '../../cluster/net.js';
 import { pythonBin, pythonEnv } from '../../cluster/paths.js';
 import { engineConformance, type EngineTarget, type WeightSyncOptions } from './conformance.js';
 import { runQuietly, startWithHealth, type EngineChild } from './launch.js';
@@ -34,17 +34,6 @@ function weightSync(): WeightSyncOptions {
   const env = backend === 'nccl' ? pythonEnv({ CUDA_VISIBLE_DEVICES: visible[1] ?? '1' }) : pythonEnv();
   // SGLang documents a failed update as "partially updated", and its logprobs vary slightly run to run.
   return { backend, python, env, atomic: false, exact: false };
-}
-
-async function freePort(): Promise<number> {
-  return await new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.once('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address() as { port: number };
-      srv.close(() => resolve(port));
-    });
-  });
 }
 
 describe.skipIf(reason !== null)(`sglang engine conformance${reason ? ` (skipped: ${reason})` : ''}`, () => {
