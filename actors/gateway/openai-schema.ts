@@ -76,6 +76,11 @@ export const ChatCompletionRequest = z.object({
 }).loose();
 export type ChatCompletionRequest = z.infer<typeof ChatCompletionRequest>;
 
+/** A request's `stop` as a list (a single string is one stop string), or null when it has none. */
+export function stopStrings(stop: string | string[] | null | undefined): string[] | null {
+  return stop == null ? null : typeof stop === 'string' ? [stop] : stop;
+}
+
 const LOGPROBS_REFUSED = 'logprobs are not returned in the reply; the record of the turn holds each token\'s logprob and top-K (GET /reef/scenarios/{scenario}/records/{id})';
 
 /**
@@ -127,8 +132,7 @@ export function parseChatRequest(body: unknown): { ok: true; value: ChatCompleti
   }
   if (req.n != null && req.n !== 1) return { ok: false, issue: { param: 'n', message: 'n must be 1: Reef records one completion per request' } };
   // Both engines find an empty string at the start of any text: the reply would end, empty, after one token.
-  const stops = req.stop == null ? [] : Array.isArray(req.stop) ? req.stop : [req.stop];
-  if (stops.includes('')) return { ok: false, issue: { param: 'stop', message: 'stop: a stop string must not be empty' } };
+  if (stopStrings(req.stop)?.includes('')) return { ok: false, issue: { param: 'stop', message: 'stop: a stop string must not be empty' } };
   // Not enforced (generation is not constrained), but a call the client demands of a tool it did
   // not offer can never come back as a tool call: the markup would stay in the content.
   const offered = (req.tools ?? []).map((t) => t.function.name);

@@ -2,7 +2,7 @@ import type { GenerateRequest } from '../../../cluster/engine-client.js';
 import { generateBody, type IdText } from '../../../cluster/generate-body.js';
 import { ReefError, type ErrorCode } from '../../runtime/errors.js';
 import { parsedBodyProblem } from '../body-checks.js';
-import { isTopK, parseChatRequest } from '../openai-schema.js';
+import { isTopK, parseChatRequest, stopStrings } from '../openai-schema.js';
 import type { ChatTokenizer, EncodedPrompt, RenderOptions, RenderResult } from './chat-tokenizer.js';
 import { extendBody, rememberBody, type RememberedBody } from './body-memo.js';
 import { checkContextLength, normalizeMessages } from './normalize.js';
@@ -262,7 +262,7 @@ export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: 
     return refuse((err as ReefError).code, (err as ReefError).message, param);
   }
   const room = ctxLen - ids.length;
-  const stop = req.stop == null ? null : Array.isArray(req.stop) ? req.stop : [req.stop];
+  const stop = stopStrings(req.stop);
   const sampling = engineSampling(req);
   const engineReq: GenerateRequest = {
     input_ids: ids,
