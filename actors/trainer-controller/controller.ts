@@ -320,6 +320,25 @@ export class TrainerController {
     this.trainerReady = true;
   }
 
+  /**
+   * The first pending batch narrowed to the turns `kept`, persisted before the step, so that a
+   * retry after a crash trains (or finds in the ledger) this same batch; null when none is kept,
+   * and the batch is dropped, logged as `why`.
+   */
+  private async narrowFirst(batch: Batch, kept: TaskRef[], why: string): Promise<Batch | null> {
+    if (kept.length === batch.tasks.length) return batch;
+    if (kept.length === 0) {
+      this.state.pending.shift();
+      await this.persist();
+      this.ports.log(`batch ${batch.batchId}: ${why}; not trained`);
+      return null;
+    }
+    const narrowed = { ...batch, tasks: kept };
+    this.state.pending[0] = narrowed;
+    await this.persist();
+    return narrowed;
+  }
+
   /** Trains and releases the first pending batch, or dead-letters it; false when none is pending. */
   private async trainNext(): Promise<boolean> {
     let batch = this.state.pending[0];
@@ -337,19 +356,10 @@ export class TrainerController {
       // fresh; a rollback since then may also have put their weights aside.
       const lineage = releaseLineage(this.state.releases);
       const fresh = turns.filter((t) => !isStale(t.record.weightVersion, lineage, this.opts.maxStaleness));
-      if (fresh.length < turns.length) {
-        this.bump('stale', turns.length - fresh.length);
-        if (fresh.length === 0) {
-          this.state.pending.shift();
-          await this.persist();
-          this.ports.log(`batch ${batch.batchId}: every turn went stale before it could train; not trained`);
-          return true;
-        }
-        // Persisted before the step: a retry after a crash trains (or finds in the ledger) this same batch.
-        batch = { ...batch, tasks: fresh.map((t) => t.ref) };
-        this.state.pending[0] = batch;
-        await this.persist();
-      }
+      if (fresh.length < turns.length) this.bump('stale', turns.length - fresh.length);
+      const unstale = await this.narrowFirst(batch, fresh.map((t) => t.ref), 'every turn went stale before it could train');
+      if (unstale === null) return true;
+      batch = unstale;
       const rendered: TaskRef[] = [];
       for (const { ref, record } of fresh) {
         try {
@@ -363,17 +373,9 @@ export class TrainerController {
           this.ports.log(`turn ${ref.turnRecordId} is not trained: its teacher prompt cannot be rendered: ${(err as Error).message}`);
         }
       }
-      if (rendered.length < fresh.length) {
-        if (rendered.length === 0) {
-          this.state.pending.shift();
-          await this.persist();
-          this.ports.log(`batch ${batch.batchId}: no turn's teacher prompt could be rendered; not trained`);
-          return true;
-        }
-        batch = { ...batch, tasks: rendered };
-        this.state.pending[0] = batch;
-        await this.persist();
-      }
+      const renderable = await this.narrowFirst(batch, rendered, "no turn's teacher prompt could be rendered");
+      if (renderable === null) return true;
+      batch = renderable;
     } catch (err) {
       // A record that is gone, or that cannot be rendered, stays so: the batch could never train.
       if (err instanceof ReefError && !err.retryable) return this.deadLetter(batch, err, 0);
