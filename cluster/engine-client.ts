@@ -342,6 +342,13 @@ function parseJson(engine: string, path: string, text: string): unknown {
   }
 }
 
+/**
+ * How long an idle connection to an engine is kept: less than the engine keeps it. SGLang's uvicorn
+ * closes one after 5 s without a hint in its answers, and a request written as it closes fails (a
+ * 503 to the client, a failed PRM call). undici's own default, 4 s, is for this same reason.
+ */
+export const ENGINE_KEEP_ALIVE_MS = 4_000;
+
 export class EngineClient {
   readonly baseUrl: string;
   readonly name: string;
@@ -358,10 +365,7 @@ export class EngineClient {
     this.pathPrefix = url.pathname.replace(/\/+$/, '');
     this.name = opts.name ?? this.baseUrl;
     this.timeoutMs = opts.requestTimeoutMs ?? 300_000;
-    // An idle connection is let go before the engine lets it go: SGLang's uvicorn closes one after
-    // 5 s without a hint in its answers, and a request written as it closes fails (a 503 to the
-    // client). undici's own default, 4 s, is for this same reason.
-    this.agent = new Agent({ connections: opts.connections ?? 64, keepAliveTimeout: 4_000, pipelining: 1 });
+    this.agent = new Agent({ connections: opts.connections ?? 64, keepAliveTimeout: ENGINE_KEEP_ALIVE_MS, pipelining: 1 });
   }
 
   /**

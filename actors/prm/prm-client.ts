@@ -1,4 +1,5 @@
 import { Agent, request } from 'undici';
+import { ENGINE_KEEP_ALIVE_MS } from '../../cluster/engine-client.js';
 import { ChatTokenizer, normalizeMessages } from '../gateway/tokenize/index.js';
 import { ReefError } from '../runtime/errors.js';
 import type { PrmSettings } from './settings.js';
@@ -37,7 +38,7 @@ export class PrmClient implements PrmCaller {
     if (s.urls.length === 0) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: 'no PRM URL: set pipeline.record2record.config.prm_url or cluster.prm.replicas' });
     this.api = s.api;
     this.model = s.model;
-    this.agent = new Agent({ connections: Math.max(4, s.concurrency * 2), keepAliveTimeout: 30_000 });
+    this.agent = new Agent({ connections: Math.max(4, s.concurrency * 2), keepAliveTimeout: ENGINE_KEEP_ALIVE_MS });
     if (s.api === 'sglang') {
       if (s.tokenizerPath === null) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `${STAGE}.prm_api sglang needs ${STAGE}.prm_tokenizer_path (the PRM's chat template)` });
       this.tokenizer = ChatTokenizer.load(s.tokenizerPath);
