@@ -299,10 +299,6 @@ class CollectedAnswer implements Dispatcher.DispatchHandler {
 }
 
 /**
- * What an engine's refusal means: a 5xx is the engine being down, a 4xx the request's own fault
- * (e.g. a prompt past the context), with the engine's words.
- */
-/**
  * Only what says the request itself is wrong (400, 413, 422) is the client's. The rest is the
  * engine's state or the setup's: 429 (overloaded), 404 or 405 (a wrong engine URL, a server that
  * is not SGLang), 401/403 (an engine behind a key): the client got a 400 for them, as if its
@@ -310,6 +306,10 @@ class CollectedAnswer implements Dispatcher.DispatchHandler {
  */
 const REQUEST_FAULTS = new Set([400, 413, 422]);
 
+/**
+ * What an engine's refusal means: the request's own fault (e.g. a prompt past the context) for
+ * REQUEST_FAULTS, else the engine being down; with the engine's words either way.
+ */
 function refusal(engine: string, path: string, status: number, text: string): Error {
   return REQUEST_FAULTS.has(status)
     ? new EngineRequestError(status, text, path)
