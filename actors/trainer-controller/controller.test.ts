@@ -216,6 +216,26 @@ function twoBatchesWithMetrics(extra: Record<string, number>): { dir: string; w:
 }
 
 describe('TrainerController', () => {
+  it('with training off, forms and records every batch and neither trains, starts nor releases anything', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    ['a', 'b', 'c', 'd', 'e'].forEach((id, i) => w.add(id, i % 2 ? -1 : 1));
+    const c = new TrainerController(w.ports, { ...opts(dir), train: false }, 0, null);
+    await c.tick();
+    expect(w.stepsRun).toEqual([]);
+    expect(w.published).toEqual([]);
+    expect(w.calls).toEqual([]);
+    expect(c.releases).toEqual([]);
+    expect(c.counters.batches_untrained).toBe(2);
+    const lines = readFileSync(join(dir, 'prm.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    expect(lines.map((l) => [l.batch_id, l.samples, l.trained])).toEqual([['s:openclawrl:1', 2, false], ['s:openclawrl:2', 2, false]]);
+    // A restart from the saved state writes no line twice and trains nothing either.
+    const again = new TrainerController(w.ports, { ...opts(dir), train: false }, w.durable.offset, w.durable.state);
+    await again.tick();
+    expect(readFileSync(join(dir, 'prm.jsonl'), 'utf8').trim().split('\n')).toHaveLength(2);
+    expect(w.stepsRun).toEqual([]);
+  });
+
   it('batches judged turns, trains each batch once, releases it and writes one record line per batch', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'tc-'));
     const w = world(dir);

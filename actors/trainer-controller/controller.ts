@@ -99,6 +99,12 @@ export interface ControllerOptions {
   baseModelPath: string;
   /** Trainer failures tolerated per batch before giving up on this pass. @default 3 */
   maxAttempts: number;
+  /**
+   * false (`training.enabled: false`): every batch is formed, counted and written to the record
+   * file (`trained: false`), and none is trained or released; the trainer is never started.
+   * @default true
+   */
+  train?: boolean;
 }
 
 /** A batch given up on for good: it is never trained, and it no longer holds back the ones after it. */
@@ -343,6 +349,7 @@ export class TrainerController {
   private async trainNext(): Promise<boolean> {
     let batch = this.state.pending[0];
     if (!batch) return false;
+    if (this.opts.train === false) return this.setAside(batch);
     const tasks: Task[] = [];
     try {
       const turns: { ref: TaskRef; record: AgentRecord }[] = [];
@@ -447,6 +454,21 @@ export class TrainerController {
     if (line) this.writeRecordLine(line);
     this.pruneCheckpoints();
     this.ports.log(`released ${release.weightVersion} from ${batch.batchId} (${batch.tasks.length} samples, loss ${result.metrics.loss?.toFixed?.(4) ?? '?'}, ${Math.round(result.stepMs)} ms)`);
+    return true;
+  }
+
+  /**
+   * With training off: the first pending batch is recorded as it would have trained, and left. The
+   * line and the shift are saved together, as a release's are, so a crash writes it once.
+   */
+  private async setAside(batch: Batch): Promise<boolean> {
+    this.state.pending.shift();
+    this.bump('batches_untrained');
+    const line = this.opts.recordFile ? { ...recordLine(batch, await this.ports.correlation()), run: this.state.run, trained: false } : null;
+    this.state.lastLine = line;
+    await this.persist();
+    if (line) this.writeRecordLine(line);
+    this.ports.log(`batch ${batch.batchId} (${batch.tasks.length} samples) not trained: training.enabled is false`);
     return true;
   }
 

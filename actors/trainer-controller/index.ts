@@ -236,6 +236,7 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
       keepCheckpoints: cfg.training.keep_checkpoints,
       baseModelPath: cfg.cluster.rollout.model_path,
       maxAttempts: 3,
+      train: cfg.training.enabled,
     },
     offset,
     (state as ControllerState | null) ?? null,

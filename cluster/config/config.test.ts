@@ -319,6 +319,14 @@ describe('recipe-declared schemas without kit messages', () => {
   });
 });
 
+describe('training.enabled', () => {
+  it('defaults to true and takes a boolean only', async () => {
+    expect((await ok(minimal())).training.enabled).toBe(true);
+    expect((await ok(minimal(), ['--training.enabled=false'])).training.enabled).toBe(false);
+    expect(await errorsOf({ ...minimal(), training: { enabled: 'no' } })).toEqual(['training.enabled: expected true or false, got "no"']);
+  });
+});
+
 describe('training.keep_checkpoints', () => {
   it('defaults to 5 and rejects a count below 1, naming the path', async () => {
     expect((await ok(minimal())).training.keep_checkpoints).toBe(5);

@@ -6,7 +6,7 @@ import { isIPv4, isIPv6 } from 'node:net';
 import { z } from 'zod';
 import { SCENARIO_RE, SCENARIO_RULE } from '../../actors/runtime/scenario-name.js';
 import { isPlainObject } from './keys.js';
-import { envName, nonEmptyString, nonNegativeInt, oneOf, port, positiveInt, positiveNumber, section, stringList } from './kit.js';
+import { boolean, envName, nonEmptyString, nonNegativeInt, oneOf, port, positiveInt, positiveNumber, section, stringList } from './kit.js';
 
 /** Runs an object-level check even when some of its fields failed, so all errors are collected. */
 const always = { when: () => true };
@@ -198,6 +198,8 @@ const stageSection = section({ config: z.unknown().optional() });
 export const pipelineSchema = section({ record2record: stageSection, record2task: stageSection, task2batch: stageSection });
 
 export const trainingSchema = section({
+  /** false: turns are judged and batched (and the record file written), but no batch is trained. */
+  enabled: boolean().default(true),
   backend: oneOf(['fsdp2', 'tp']).default('fsdp2'),
   options: stringList().default([]),
   /** Release checkpoints kept on disk; older ones are deleted (their releases stay listed). */

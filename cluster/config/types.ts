@@ -97,6 +97,12 @@ export interface ReefConfig {
     readonly backend: 'fsdp2' | 'tp';
     /** @default [] */
     readonly options: readonly string[];
+    /**
+     * Whether batches are trained. false runs everything before training (correlation, judging,
+     * batching, the record file) and trains and releases nothing: the control arm of an
+     * experiment, or a dry run that shows what would train. @default true
+     */
+    readonly enabled: boolean;
     /** Release checkpoints kept on disk. @default 5 */
     readonly keep_checkpoints: number;
     /**
