@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from reef_shim.engines.rule_prm_rules import (CHECK_HINT, FORMAT_HINT, SAVE_HINT, STEPS_HINT, JudgePrompt, answer,
-                                              judge)
+from reef_shim.engines.rule_prm_rules import (ANSWER_HINTS, CHECK_HINT, FORMAT_HINTS, SAVE_HINT, STEPS_HINTS, JudgePrompt,
+                                              Turn, answer, format_hint, judge)
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ROOT / "recipes" / "openclawrl" / "prompts"
@@ -42,11 +42,11 @@ def verdict(text: str) -> tuple[int, str | None]:
 
 CASES = [  # (next role, next state, reply, score, hint vote)
     ("user", "please don't use bold text, it looks AI-written and my teacher will notice. Can you rewrite it as "
-             "normal sentences?", BOLD_REPLY, -1, (1, FORMAT_HINT)),
+             "normal sentences?", BOLD_REPLY, -1, (1, "FORMAT")),
     ("user", "Hmm, no bullet points or numbered lists please, it has to look like my own work. Can you redo it?",
-     PLAIN_REPLY, -1, (1, FORMAT_HINT)),
+     PLAIN_REPLY, -1, (1, "FORMAT")),
     ("user", "Can you show the calculations, like 3 × 4 = 12? My teacher wants to see the work.", "It is 17.",
-     -1, (1, STEPS_HINT)),
+     -1, (1, "STEPS")),
     ("user", "Perfect, that looks like my own work. Please save it for me.", PLAIN_REPLY, 1, (-1, None)),
     ("user", "Thanks, got it! HOMEWORK_DONE", "I saved your homework.", 1, (-1, None)),
     ("tool", "saved 120 characters to homework/s001.txt", '{"name": "save_homework"}', 1, (-1, None)),
@@ -54,7 +54,10 @@ CASES = [  # (next role, next state, reply, score, hint vote)
     ("user", "What is the capital of France?", PLAIN_REPLY, 0, (-1, None)),
     # Two complaints at once: the row higher in the module docstring's table wins.
     ("user", "You didn't save it, and the bold looks AI-written.", BOLD_REPLY, -1, (1, SAVE_HINT)),
-    ("user", "That's wrong, rewrite it with the calculations.", PLAIN_REPLY, -1, (1, STEPS_HINT)),
+    ("user", "That's wrong, rewrite it with the calculations.", PLAIN_REPLY, -1, (1, "STEPS")),
+    ("user", "I still need the answer at the end. Can you finish with the number?", PLAIN_REPLY, -1, (1, "ANSWER")),
+    ("user", "Hmm, no headings please, it has to look like my own work. Can you redo it? Never mind, I'll fix it "
+             "myself. HOMEWORK_DONE", PLAIN_REPLY, -1, (1, "FORMAT")),
     ("user", "That's wrong, thanks anyway.", PLAIN_REPLY, -1, (1, CHECK_HINT)),
 ]
 
@@ -71,7 +74,8 @@ def test_rule_table_on_the_real_templates(role: str, state: str, reply: str, sco
     vote, hint = verdict(answer(hint_turn))
     assert vote == hint_vote[0]
     if hint_vote[1] is not None:
-        assert hint == hint_vote[1]
+        want = {"FORMAT": format_hint(state), "STEPS": STEPS_HINTS, "ANSWER": ANSWER_HINTS}.get(hint_vote[1], hint_vote[1])
+        assert hint in want if isinstance(want, tuple) else hint == want
     assert (hint is None) == (vote == -1)
 
 
@@ -130,7 +134,7 @@ def test_sglang_api_with_text_and_input_ids(server: str) -> None:
                                          "sampling_params": {"max_new_tokens": 256}, "return_logprob": True})
     for status, body in (by_text, by_ids):
         assert status == 200
-        assert verdict(body["text"]) == (1, FORMAT_HINT)
+        assert verdict(body["text"]) == (1, format_hint("Can you rewrite it without bold text?"))
         assert body["meta_info"]["finish_reason"] == {"type": "stop", "matched": tok.token_to_id("<|im_end|>")}
         assert body["output_ids"][-1] == tok.token_to_id("<|im_end|>")
         assert tok.decode(body["output_ids"]) == body["text"]
@@ -189,3 +193,21 @@ def test_a_body_without_a_usable_length_is_400_and_the_connection_closed(server:
 def test_sampling_params_that_is_not_an_object_is_400(server: str) -> None:
     for sp in ([], 0, False, "x"):
         assert post(f"{server}/generate", {"text": "x", "sampling_params": sp})[0] == 400, sp
+
+
+def test_format_hints_are_paraphrases_that_name_what_the_user_named() -> None:
+    states = [f"Could you drop the {x} and write it the way a student would? ({i})"
+              for i in range(12) for x in ("bold text", "headings", "bullet points or numbered lists")]
+    hints = [judge(Turn("hint", "user", s, None))[1] for s in states]
+    assert len(set(hints)) > len(FORMAT_HINTS)  # wordings vary across turns, and with what was named
+    assert {h.split(", ")[0] for h in hints} and all(h is not None for h in hints)
+    for s, h in zip(states, hints):
+        named = "bold text" if "bold" in s else "headings" if "headings" in s else "lists"
+        assert named in h and h == judge(Turn("hint", "user", s, None))[1]  # and the same turn, the same hint
+    assert format_hint("This looks like a chatbot wrote it.").endswith("markdown formatting.")
+    assert format_hint("no bold or headings please") in {t.format(x="bold text or headings") for t in FORMAT_HINTS}
+
+
+def test_the_hint_prompt_example_is_not_about_the_measured_preference() -> None:
+    example = re.search(r"\[HINT_START\](.*?)\[HINT_END\]", (PROMPTS / "hint.md").read_text(encoding="utf-8")).group(1)
+    assert not re.search(r"bold|list|heading|header|markdown|format|plain|prose", example, re.I)

@@ -40,6 +40,21 @@ export interface AgentOptions {
   maxToolRounds?: number;
   /** Per-request timeout. @default 600000 */
   timeoutMs?: number;
+  /** Offer the save_homework tool; off for a model whose chat template has no tools. @default true */
+  tools?: boolean;
+  /**
+   * Sends each request a `seed` derived from this, the session's tag and the request's place in
+   * it, so a rerun samples the same replies (given the same weights); null leaves sampling to the
+   * engine. @default null
+   */
+  seed?: number | null;
+}
+
+/** The `seed` of a request: a hash of the run's seed, the session and how many messages precede it. */
+export function requestSeed(seed: number, tag: string, messages: number): number {
+  let h = 2166136261;
+  for (const ch of `${seed}|${tag}|${messages}`) h = Math.imul(h ^ ch.charCodeAt(0), 16777619) >>> 0;
+  return h & 0x7fffffff;
 }
 
 export interface ToolCallRecord {
@@ -110,21 +125,26 @@ export class AgentSession {
     this.messages = [{ role: 'system', content: agent.options.systemPrompt ?? AGENT_SYSTEM_PROMPT }];
   }
 
-  /** Sends one student message and runs the tool loop until the model answers in text (or the round limit). */
-  async send(userText: string): Promise<AgentTurn> {
+  /**
+   * Sends one student message and runs the tool loop until the model answers in text (or the round
+   * limit). `maxTokens` overrides the agent's limit for this message's requests.
+   */
+  async send(userText: string, opts: { maxTokens?: number | null } = {}): Promise<AgentTurn> {
     const o = this.agent.options;
     this.messages.push({ role: 'user', content: userText });
     const turn: AgentTurn = { reply: '', texts: [], toolCalls: [], saved: null, recordIds: [], finishReason: null };
     const rounds = o.maxToolRounds ?? 3;
+    const maxTokens = opts.maxTokens !== undefined ? opts.maxTokens : o.maxTokens;
     for (let round = 0; round < rounds; round++) {
       const { data, response } = await this.agent.client.chat.completions
         .create(
           {
             model: await this.agent.modelName(),
             messages: this.messages,
-            tools: [SAVE_TOOL],
+            ...(o.tools === false ? {} : { tools: [SAVE_TOOL] }),
             temperature: o.temperature ?? 0.7,
-            ...(o.maxTokens != null ? { max_tokens: o.maxTokens } : {}),
+            ...(maxTokens != null ? { max_tokens: maxTokens } : {}),
+            ...(o.seed != null ? { seed: requestSeed(o.seed, this.tag, this.messages.length) } : {}),
           },
           { headers: { 'x-reef-scenario': o.scenario, 'x-reef-tag-session': this.tag } },
         )

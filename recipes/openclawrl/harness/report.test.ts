@@ -10,7 +10,7 @@ const dir = mkdtempSync(join(tmpdir(), 'reef-report-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 function session(index: number, passed: boolean, bold = !passed, list = false): SessionResult {
-  return { index, problem_id: `p${index}`, family: 'f', gold: 1, passed, bold, list, violations: bold ? ['bold'] : [], steps: 2, has_answer: true, turns: 3, ended: 'done', saved: true, first_reply: 'x', tag: `hw-s${index}`, record_ids: [], error: null, wall_s: 1 };
+  return { index, problem_id: `p${index}`, family: 'f', gold: 1, passed, bold, list, header: false, habit: bold || list, answered: true, violations: bold ? ['bold'] : [], steps: 2, has_answer: true, turns: 3, ended: 'done', saved: true, first_reply: 'x', tag: `hw-s${index}`, record_ids: [], error: null, wall_s: 1 };
 }
 
 /** Every opened tag is closed and attributes are quoted: enough to catch broken markup. */
@@ -60,8 +60,8 @@ describe('summary and plots', () => {
     const s = summarize(results, { wallTimeS: 12.34, batches: null, dir });
     expect(s).toMatchObject({ sessions: 6, passed: 4, bold: 2, list: 1, sessions_to_adaptation: 3, wall_time_s: 12.3, ended: { done: 6 }, rolling_window: 10 });
     expect(s.rolling_start).toEqual(s.rolling[5]);
-    expect(s.rolling_end).toEqual({ session: 6, pass: 4 / 6, bold: 2 / 6, list: 1 / 6 });
-    expect(curveTable(s, 2).split('\n')).toEqual(['session  pass  bold  list', '      2    0%  100%   50%', '      4   50%   50%   25%', '      6   67%   33%   17%']);
+    expect(s.rolling_end).toEqual({ session: 6, pass: 4 / 6, habit: 2 / 6, bold: 2 / 6, list: 1 / 6 });
+    expect(curveTable(s, 2).split('\n')).toEqual(['session  pass  habit  bold  list', '      2    0%   100%  100%   50%', '      4   50%    50%   50%   25%', '      6   67%    33%   33%   17%']);
   });
 
   it('writes summary.json and well-formed SVGs', () => {
@@ -72,7 +72,7 @@ describe('summary and plots', () => {
     const rates = readFileSync(s.files.rates_plot, 'utf8');
     expect(wellFormed(rates)).toBe(true);
     expect(rates).toContain('adapted at session 3');
-    expect(rates.match(/<polyline/g)).toHaveLength(3);
+    expect(rates.match(/<polyline/g)).toHaveLength(4);
     const rewards = readFileSync(s.files.rewards_plot, 'utf8');
     expect(wellFormed(rewards)).toBe(true);
     expect(rewards.match(/<rect x=/g)!.length).toBeGreaterThanOrEqual(2);

@@ -18,6 +18,11 @@ export interface SessionResult {
   passed: boolean;
   bold: boolean;
   list: boolean;
+  header: boolean;
+  /** The first reply had formatting the session's student dislikes. */
+  habit: boolean;
+  /** The first reply ends with a final answer (scoring.ts `endsWithAnswer`). */
+  answered: boolean;
   violations: Violation[];
   steps: number;
   has_answer: boolean;
@@ -42,6 +47,7 @@ export interface BatchRewards {
 export interface RunSummary {
   sessions: number;
   passed: number;
+  habit: number;
   bold: number;
   list: number;
   ended: Record<string, number>;
@@ -88,12 +94,13 @@ export function readPrmRecords(path: string): BatchRewards[] {
 
 export function summarize(results: readonly SessionResult[], opts: { wallTimeS: number; batches: BatchRewards[] | null; dir: string; window?: number }): RunSummary {
   const window = opts.window ?? 10;
-  const rolling = rollingRates(results.map((r) => ({ accept: r.passed, bold: r.bold, list: r.list })), window);
+  const rolling = rollingRates(results.map((r) => ({ accept: r.passed, bold: r.bold, list: r.list, habit: r.habit })), window);
   const ended: Record<string, number> = {};
   for (const r of results) ended[r.ended] = (ended[r.ended] ?? 0) + 1;
   return {
     sessions: results.length,
     passed: results.filter((r) => r.passed).length,
+    habit: results.filter((r) => r.habit).length,
     bold: results.filter((r) => r.bold).length,
     list: results.filter((r) => r.list).length,
     ended,
@@ -116,10 +123,11 @@ export function summarize(results: readonly SessionResult[], opts: { wallTimeS: 
 export function ratesPlot(s: RunSummary): string {
   const a = s.sessions_to_adaptation;
   return lineChart({
-    title: `Pass, bold and list rates (last ${s.rolling_window} sessions)`,
+    title: `Pass, habit, bold and list rates (last ${s.rolling_window} sessions)`,
     xLabel: 'session',
     series: [
       { name: 'pass rate', color: '#2a9d4b', values: s.rolling.map((p) => p.pass) },
+      { name: 'habit rate', color: '#6a4c93', values: s.rolling.map((p) => p.habit) },
       { name: 'bold rate', color: '#d62828', values: s.rolling.map((p) => p.bold) },
       { name: 'list rate', color: '#f08c00', values: s.rolling.map((p) => p.list) },
     ],
@@ -157,9 +165,9 @@ const pct = (v: number | undefined) => (v === undefined ? '  -' : `${Math.round(
 
 /** The learning curve as text: one row per `every` sessions. */
 export function curveTable(s: RunSummary, every = 4): string {
-  const rows = ['session  pass  bold  list'];
+  const rows = ['session  pass  habit  bold  list'];
   for (const p of s.rolling) {
-    if (p.session % every === 0 || p.session === s.rolling.length) rows.push(`${String(p.session).padStart(7)}  ${pct(p.pass)}  ${pct(p.bold)}  ${pct(p.list)}`);
+    if (p.session % every === 0 || p.session === s.rolling.length) rows.push(`${String(p.session).padStart(7)}  ${pct(p.pass)}  ${pct(p.habit).padStart(5)}  ${pct(p.bold)}  ${pct(p.list)}`);
   }
   return rows.join('\n');
 }

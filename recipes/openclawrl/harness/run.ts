@@ -4,7 +4,7 @@ import { ReefError } from '../../../actors/runtime/errors.js';
 import { HomeworkAgent, type AgentOptions, type AgentTurn } from './agent.js';
 import type { Problem } from './problems.js';
 import { writeReport, type RunSummary, type SessionResult } from './report.js';
-import { rollingRates, scoreSession, type RollingPoint } from './scoring.js';
+import { HOMEWORK_RULE, rollingRates, scoreSession, type PassRule, type RollingPoint } from './scoring.js';
 import type { Student } from './student.js';
 
 /**
@@ -35,8 +35,25 @@ export interface RunOptions {
   sendDone?: boolean;
   /** Stop the run after this many sessions in a row fail on the agent side. @default 3 */
   maxAgentErrors?: number;
+  /** What a passing first reply is. @default HOMEWORK_RULE */
+  passRule?: PassRule;
+  /**
+   * Sessions that run at once, in waves: the next wave starts when the whole wave has ended, so a
+   * batching engine decodes their replies together. Results are reported in session order.
+   * @default 1
+   */
+  concurrency?: number;
+  /**
+   * Completion token limit of the request that carries the student's closing HOMEWORK_DONE. That
+   * request exists to give the turn before it its next state; its own reply is never judged or
+   * scored. null: the agent's limit. @default null
+   */
+  closingMaxTokens?: number | null;
   onProgress?: (p: Progress) => void;
-  /** Awaited before each session (1-based index), e.g. to let training catch up with the sessions. */
+  /**
+   * Awaited before each wave, with the 1-based index of its first session (before every session
+   * when `concurrency` is 1), e.g. to let training catch up with the sessions.
+   */
   beforeSession?: (index: number) => Promise<void>;
   signal?: AbortSignal;
 }
@@ -57,12 +74,13 @@ export interface TurnLog {
   texts: string[];
   tool_calls: AgentTurn['toolCalls'];
   record_ids: string[];
+  finish_reason: string | null;
 }
 
 const errText = (err: unknown) => (err instanceof ReefError ? `${err.code}: ${err.message}` : (err as Error)?.message ?? String(err));
 
 /** One session: opening, then reply/response until done or the turn limit. Never throws. */
-export async function runSession(agent: HomeworkAgent, student: Student, problem: Problem, index: number, opts: { maxTurns: number; sendDone: boolean }): Promise<{ result: SessionResult; transcript: TurnLog[] }> {
+export async function runSession(agent: HomeworkAgent, student: Student, problem: Problem, index: number, opts: { maxTurns: number; sendDone: boolean; passRule?: PassRule; closingMaxTokens?: number | null }): Promise<{ result: SessionResult; transcript: TurnLog[] }> {
   const t0 = performance.now();
   const conv = agent.session(index);
   const transcript: TurnLog[] = [];
@@ -81,13 +99,13 @@ export async function runSession(agent: HomeworkAgent, student: Student, problem
   while (message !== null) {
     let turn: AgentTurn;
     try {
-      turn = await conv.send(message);
+      turn = await conv.send(message, closing && opts.closingMaxTokens != null ? { maxTokens: opts.closingMaxTokens } : {});
     } catch (err) {
       ended = 'agent-error';
       error = errText(err);
       break;
     }
-    transcript.push({ student: message, reply: turn.reply, texts: turn.texts, tool_calls: turn.toolCalls, record_ids: turn.recordIds });
+    transcript.push({ student: message, reply: turn.reply, texts: turn.texts, tool_calls: turn.toolCalls, record_ids: turn.recordIds, finish_reason: turn.finishReason });
     const savedNow = turn.saved !== null && existsSync(turn.saved);
     saved ||= savedNow;
     if (closing) {
@@ -96,7 +114,7 @@ export async function runSession(agent: HomeworkAgent, student: Student, problem
     }
     if (transcript.length >= opts.maxTurns) break;
     try {
-      const move = await ss.respond({ reply: turn.reply, saved: savedNow });
+      const move = await ss.respond({ reply: turn.reply, saved: savedNow, finishReason: turn.finishReason });
       message = move.text;
       closing = move.done;
     } catch (err) {
@@ -109,8 +127,10 @@ export async function runSession(agent: HomeworkAgent, student: Student, problem
       break;
     }
   }
-  const firstReply = transcript.flatMap((t) => t.texts).find((t) => t.trim() !== '') ?? '';
-  const score = scoreSession(firstReply, problem.answer);
+  const firstTurn = transcript.find((t) => t.texts.some((x) => x.trim() !== ''));
+  const firstReply = firstTurn?.texts.find((t) => t.trim() !== '') ?? '';
+  // The finish reason is the turn's last request's: a reply cut off there ends with no answer.
+  const score = scoreSession(firstReply, problem.answer, opts.passRule ?? HOMEWORK_RULE, firstTurn?.finish_reason ?? null);
   const result: SessionResult = {
     index,
     problem_id: problem.id,
@@ -119,6 +139,9 @@ export async function runSession(agent: HomeworkAgent, student: Student, problem
     passed: score.accept,
     bold: score.bold,
     list: score.list,
+    header: score.header,
+    habit: score.habit,
+    answered: score.answered,
     violations: score.violations,
     steps: score.steps,
     has_answer: score.hasAnswer,
@@ -134,12 +157,17 @@ export async function runSession(agent: HomeworkAgent, student: Student, problem
   return { result, transcript };
 }
 
+/** What the rolling rates read of a session. */
+export function rollingInput(r: SessionResult): { accept: boolean; bold: boolean; list: boolean; habit: boolean } {
+  return { accept: r.passed, bold: r.bold, list: r.list, habit: r.habit };
+}
+
 export function progressLine(r: SessionResult, total: number, rolling: RollingPoint, elapsedS: number): string {
   const mark = (b: boolean) => (b ? 'yes' : ' no');
   const pct = (v: number) => `${Math.round(v * 100)}%`.padStart(4);
   const w = String(total).length;
-  return `session ${String(r.index).padStart(w)}/${total}  pass ${mark(r.passed)}  bold ${mark(r.bold)}  list ${mark(r.list)}  turns ${r.turns}  ${r.ended.padEnd(13)}` +
-    `  last-10: pass ${pct(rolling.pass)} bold ${pct(rolling.bold)} list ${pct(rolling.list)}  ${r.wall_s.toFixed(1)} s  (${Math.round(elapsedS)} s in all)`;
+  return `session ${String(r.index).padStart(w)}/${total}  pass ${mark(r.passed)}  habit ${mark(r.habit)}  bold ${mark(r.bold)}  list ${mark(r.list)}  turns ${r.turns}  ${r.ended.padEnd(13)}` +
+    `  last-10: pass ${pct(rolling.pass)} habit ${pct(rolling.habit)} bold ${pct(rolling.bold)} list ${pct(rolling.list)}  ${r.wall_s.toFixed(1)} s  (${Math.round(elapsedS)} s in all)`;
 }
 
 /**
@@ -169,22 +197,27 @@ export async function runSessions(opts: RunOptions): Promise<RunSummary> {
   const results: SessionResult[] = [];
   const t0 = performance.now();
   let agentErrors = 0;
-  for (let i = 1; i <= total; i++) {
+  const concurrency = Math.max(1, Math.floor(opts.concurrency ?? 1));
+  const sessionOpts = { maxTurns: opts.maxTurns ?? 8, sendDone: opts.sendDone ?? true, passRule: opts.passRule ?? HOMEWORK_RULE, closingMaxTokens: opts.closingMaxTokens ?? null };
+  for (let first = 1; first <= total; first += concurrency) {
     if (opts.signal?.aborted) break;
-    await opts.beforeSession?.(i);
-    const problem = opts.problems[(i - 1) % opts.problems.length]!;
-    const { result, transcript } = await runSession(agent, opts.student, problem, i, { maxTurns: opts.maxTurns ?? 8, sendDone: opts.sendDone ?? true });
-    results.push(result);
-    appendFileSync(sessionsFile, `${JSON.stringify(result)}\n`);
-    appendFileSync(transcriptsFile, `${JSON.stringify({ index: i, tag: result.tag, problem, turns: transcript })}\n`);
-    const elapsedS = (performance.now() - t0) / 1000;
-    // Summary and plots are refreshed every session so a live run can be watched (and survives a stop).
-    writeReport(dir, results, { wallTimeS: elapsedS, prmRecordFile: prm });
-    const rolling = rollingRates(results.map((r) => ({ accept: r.passed, bold: r.bold, list: r.list }))).at(-1)!;
-    opts.onProgress?.({ session: result, done: i, total, rolling, elapsedS, line: progressLine(result, total, rolling, elapsedS) });
-    agentErrors = result.ended === 'agent-error' ? agentErrors + 1 : 0;
+    await opts.beforeSession?.(first);
+    const wave = Array.from({ length: Math.min(concurrency, total - first + 1) }, (_, k) => first + k);
+    const done = await Promise.all(wave.map((i) => runSession(agent, opts.student, opts.problems[(i - 1) % opts.problems.length]!, i, sessionOpts)));
+    for (const { result, transcript } of done) {
+      const i = result.index;
+      results.push(result);
+      appendFileSync(sessionsFile, `${JSON.stringify(result)}\n`);
+      appendFileSync(transcriptsFile, `${JSON.stringify({ index: i, tag: result.tag, problem: opts.problems[(i - 1) % opts.problems.length], turns: transcript })}\n`);
+      const elapsedS = (performance.now() - t0) / 1000;
+      const rolling = rollingRates(results.map(rollingInput)).at(-1)!;
+      opts.onProgress?.({ session: result, done: i, total, rolling, elapsedS, line: progressLine(result, total, rolling, elapsedS) });
+      agentErrors = result.ended === 'agent-error' ? agentErrors + 1 : 0;
+    }
+    // Summary and plots are refreshed every wave so a live run can be watched (and survives a stop).
+    writeReport(dir, results, { wallTimeS: (performance.now() - t0) / 1000, prmRecordFile: prm });
     if (agentErrors >= (opts.maxAgentErrors ?? 3)) {
-      throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: `gateway ${opts.gateway}`, reason: `${agentErrors} sessions in a row failed, last: ${result.error}` });
+      throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: `gateway ${opts.gateway}`, reason: `${agentErrors} sessions in a row failed, last: ${results.at(-1)?.error}` });
     }
   }
   return writeReport(dir, results, { wallTimeS: (performance.now() - t0) / 1000, prmRecordFile: prm });

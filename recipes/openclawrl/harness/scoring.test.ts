@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { findEquations, numberTokens } from './arith.js';
-import { checkReply, rollingRates, scoreSession, sessionsToAdaptation, stripCode, type Violation } from './scoring.js';
+import { checkReply, endsWithAnswer, finalNumber, PLAIN_ANSWER_RULE, rollingRates, scoreSession, sessionsToAdaptation, stripCode, type Violation } from './scoring.js';
 
 const PLAIN = 'She buys 4 pens, so 4 × 3 = 12 dollars.\nWith the bag it is 12 + 5 = 17 dollars, so she pays 17.';
 
@@ -118,7 +118,7 @@ describe('answer tokens', () => {
 
 describe('session score', () => {
   it('passes plain prose with two steps and the answer', () => {
-    expect(scoreSession(PLAIN, 17)).toEqual({ accept: true, bold: false, list: false, violations: [], steps: 2, hasAnswer: true });
+    expect(scoreSession(PLAIN, 17)).toEqual({ accept: true, bold: false, list: false, header: false, violations: [], habit: false, steps: 2, hasAnswer: true, answered: true, finalNumber: 17 });
   });
   it.each([
     ['bold', PLAIN.replace('17 dollars', '**17** dollars')],
@@ -131,14 +131,42 @@ describe('session score', () => {
   });
 });
 
+describe('the plain-answer rule (the real-model experiment)', () => {
+  it.each([
+    ['plain prose ending with the answer', 'Leo earns 12 × 4 = 48 dollars a day. So he earns 144 dollars.', null, true],
+    ['the answer, then one closing sentence', 'So Leo earns 144 dollars. I hope this helps!', null, true],
+    ['the answer two sentences before the end', 'So Leo earns 144 dollars. I hope this helps! Good luck.', null, false],
+    ['no number at all', 'You need to multiply the hours by the rate.', null, false],
+    ['a GSM8K answer line', 'He earns 48 a day.\n#### 144', null, true],
+    ['cut off by the token limit', 'He earns 12 × 4 = 48 dollars a day, so over 3 days', 'length', false],
+    ['a number only inside code', 'Run `print(144)` to see. That is all.', null, false],
+  ] as Array<[string, string, string | null, boolean]>)('%s', (_name, text, finish, want) => {
+    expect(endsWithAnswer(text, finish)).toBe(want);
+  });
+
+  it('takes the last number stated as the final answer', () => {
+    expect(finalNumber('4 × 3 = 12, plus 5 makes 17 dollars.')).toBe(17);
+    expect(finalNumber('no numbers here')).toBeNull();
+  });
+
+  it('passes a reply without bold, lists or headings that ends with an answer, right or wrong', () => {
+    const wrong = 'He earns 12 × 4 = 48 dollars a day. So he earns 150 dollars.';
+    expect(scoreSession(wrong, 144, PLAIN_ANSWER_RULE)).toMatchObject({ accept: true, habit: false, answered: true, hasAnswer: false, finalNumber: 150 });
+    // A \\boxed answer or a table is not what this student dislikes; a heading is.
+    expect(scoreSession(`${wrong} \\boxed{150}`, 144, PLAIN_ANSWER_RULE).accept).toBe(true);
+    expect(scoreSession(`${wrong}\n#### 150`, 144, PLAIN_ANSWER_RULE)).toMatchObject({ accept: false, habit: true, header: true });
+    expect(scoreSession(wrong, 144, PLAIN_ANSWER_RULE, 'length')).toMatchObject({ accept: false, answered: false });
+  });
+});
+
 describe('rolling rates and adaptation', () => {
-  const s = (accept: boolean, bold = false, list = false) => ({ accept, bold, list });
+  const s = (accept: boolean, bold = false, list = false, habit = false) => ({ accept, bold, list, habit });
 
   it('averages over the last 10 sessions, fewer at the start', () => {
     const scores = [s(false, true), s(true), ...Array.from({ length: 10 }, () => s(true))];
     const r = rollingRates(scores);
-    expect(r[0]).toEqual({ session: 1, pass: 0, bold: 1, list: 0 });
-    expect(r[1]).toEqual({ session: 2, pass: 0.5, bold: 0.5, list: 0 });
+    expect(r[0]).toEqual({ session: 1, pass: 0, habit: 0, bold: 1, list: 0 });
+    expect(r[1]).toEqual({ session: 2, pass: 0.5, habit: 0, bold: 0.5, list: 0 });
     expect(r[9]!.pass).toBeCloseTo(0.9);
     expect(r[10]!.pass).toBe(1);
     expect(r[10]!.bold).toBe(0);
@@ -146,7 +174,7 @@ describe('rolling rates and adaptation', () => {
   });
 
   it('counts lists separately', () => {
-    expect(rollingRates([s(false, false, true), s(false, true, true)], 10)[1]).toEqual({ session: 2, pass: 0, bold: 0.5, list: 1 });
+    expect(rollingRates([s(false, false, true, true), s(false, true, true)], 10)[1]).toEqual({ session: 2, pass: 0, habit: 0.5, bold: 0.5, list: 1 });
   });
 
   it.each([

@@ -28,13 +28,38 @@ export interface SessionScore {
   accept: boolean;
   bold: boolean;
   list: boolean;
+  header: boolean;
   violations: Violation[];
+  /** Whether the reply has any formatting the rule's student dislikes (`PassRule.dislikes`). */
+  habit: boolean;
   steps: number;
   hasAnswer: boolean;
+  /** Whether the reply ends with a final answer (`endsWithAnswer`) and was not cut off. */
+  answered: boolean;
+  /** The last number the reply states, or null: its final answer as exact match reads it. */
+  finalNumber: number | null;
+}
+
+/**
+ * What a passing first reply must be. The example's homework student (`HOMEWORK_RULE`) dislikes
+ * every AI-looking feature, wants at least MIN_STEPS worked equations and the gold answer stated;
+ * the real-model experiment's student (`PLAIN_ANSWER_RULE`) dislikes the formatting the paper's
+ * student dislikes (bold, lists, headings) and wants the reply to end with a final answer, right or
+ * wrong: a 135M model's arithmetic is seldom right, and its correctness is measured apart.
+ */
+export interface PassRule {
+  readonly dislikes: readonly Violation[];
+  readonly minSteps: number;
+  /** `gold`: the gold answer appears as a number; `final`: the reply ends with a final answer. */
+  readonly answer: 'gold' | 'final';
 }
 
 /** Minimum worked equations a passing reply shows. */
 export const MIN_STEPS = 2;
+
+export const ALL_VIOLATIONS: readonly Violation[] = ['bold', 'header', 'list', 'boxed', 'final-answer', 'rule', 'table'];
+export const HOMEWORK_RULE: PassRule = { dislikes: ALL_VIOLATIONS, minSteps: MIN_STEPS, answer: 'gold' };
+export const PLAIN_ANSWER_RULE: PassRule = { dislikes: ['bold', 'list', 'header'], minSteps: 0, answer: 'final' };
 
 /** Blanks out fenced code blocks and inline code spans, keeping line structure. */
 export function stripCode(text: string): string {
@@ -97,27 +122,69 @@ export function checkReply(text: string, gold: number | null = null): ReplyCheck
   };
 }
 
-/** Scores a session by the agent's first solution reply. */
-export function scoreSession(firstReply: string, gold: number): SessionScore {
+/**
+ * The sentences of a reply's prose, in order: split after `.`, `!` or `?` followed by space, and
+ * at line breaks, so that a `#### 12` line or a list item counts as one. Code is blanked first.
+ */
+function sentences(text: string): string[] {
+  return stripCode(text)
+    .split(/(?<=[.!?])\s+|\n+/)
+    .map((s) => s.trim())
+    .filter((s) => s !== '');
+}
+
+/**
+ * Whether a reply ends with a final answer: one of its last two sentences states a number, and it
+ * was not cut off by the token limit (`finishReason` 'length'). Two, not one: "So Leo earns 48
+ * dollars. I hope this helps!" ends with its answer as a reader sees it.
+ */
+export function endsWithAnswer(text: string, finishReason: string | null = null): boolean {
+  if (finishReason === 'length') return false;
+  return sentences(text).slice(-2).some((s) => numberTokens(s).length > 0);
+}
+
+/** The last number a reply states (its final answer, as exact match reads it), or null. */
+export function finalNumber(text: string): number | null {
+  return numberTokens(stripCode(text)).at(-1) ?? null;
+}
+
+/** Scores a session by the agent's first solution reply, under `rule` (default: the homework student's). */
+export function scoreSession(firstReply: string, gold: number, rule: PassRule = HOMEWORK_RULE, finishReason: string | null = null): SessionScore {
   const c = checkReply(firstReply, gold);
   const hasAnswer = c.hasAnswer === true;
-  return { accept: c.violations.length === 0 && c.steps >= MIN_STEPS && hasAnswer, bold: c.bold, list: c.list, violations: c.violations, steps: c.steps, hasAnswer };
+  const habit = c.violations.some((v) => rule.dislikes.includes(v));
+  const answered = endsWithAnswer(firstReply, finishReason);
+  const answerOk = rule.answer === 'gold' ? hasAnswer : answered;
+  return {
+    accept: !habit && c.steps >= rule.minSteps && answerOk,
+    bold: c.bold,
+    list: c.list,
+    header: c.violations.includes('header'),
+    violations: c.violations,
+    habit,
+    steps: c.steps,
+    hasAnswer,
+    answered,
+    finalNumber: finalNumber(firstReply),
+  };
 }
 
 export interface RollingPoint {
   /** 1-based session index. */
   session: number;
   pass: number;
+  /** Sessions whose first reply had formatting the student dislikes. */
+  habit: number;
   bold: number;
   list: number;
 }
 
 /** Fractions over the last `window` sessions (fewer at the start), one point per session. */
-export function rollingRates(scores: readonly Pick<SessionScore, 'accept' | 'bold' | 'list'>[], window = 10): RollingPoint[] {
+export function rollingRates(scores: readonly Pick<SessionScore, 'accept' | 'bold' | 'list' | 'habit'>[], window = 10): RollingPoint[] {
   return scores.map((_, i) => {
     const w = scores.slice(Math.max(0, i - window + 1), i + 1);
     const rate = (f: (s: (typeof w)[number]) => boolean) => w.filter(f).length / w.length;
-    return { session: i + 1, pass: rate((s) => s.accept), bold: rate((s) => s.bold), list: rate((s) => s.list) };
+    return { session: i + 1, pass: rate((s) => s.accept), habit: rate((s) => s.habit), bold: rate((s) => s.bold), list: rate((s) => s.list) };
   });
 }
 

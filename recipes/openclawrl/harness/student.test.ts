@@ -1,17 +1,43 @@
 import { describe, expect, it } from 'vitest';
 import { generateProblems } from './problems.js';
-import { DONE, ScriptedStudent, studentText, v1Url } from './student.js';
+import { DONE, ScriptedStudent, studentText, v1Url, type ScriptedStudentOptions } from './student.js';
 
 const problem = generateProblems(1)[0]!;
 const PLAIN = 'First 4 × 3 = 12, then 12 + 5 = 17, so it is 17.';
 
-async function afterReplies(replies: Array<{ reply: string; saved?: boolean }>, opts = {}, index = 1) {
+async function afterReplies(replies: Array<{ reply: string; saved?: boolean; finishReason?: string }>, opts: ScriptedStudentOptions = {}, index = 1) {
   const s = new ScriptedStudent(opts).begin(problem, index);
   const opening = await s.opening();
   const moves = [];
-  for (const r of replies) moves.push(await s.respond({ reply: r.reply, saved: r.saved ?? false }));
+  for (const r of replies) moves.push(await s.respond({ reply: r.reply, saved: r.saved ?? false, finishReason: r.finishReason ?? null }));
   return { opening, moves };
 }
+
+describe('scripted student of the real-model experiment', () => {
+  const plainAnswer: ScriptedStudentOptions = { dislikes: ['bold', 'list', 'header'], requireSteps: false, requireAnswer: true, save: false, maxReplies: 3 };
+
+  it('minds only what it dislikes, and ends the session on the first acceptable reply', async () => {
+    const { moves } = await afterReplies([{ reply: 'He earns 48. \\boxed{48}' }], plainAnswer);
+    expect(moves[0]!.done).toBe(true);
+    expect(moves[0]!.text).toContain(DONE);
+    expect(moves[0]!.text).not.toMatch(/save/i);
+  });
+
+  it('asks for the answer when a reply does not end with one, or was cut off', async () => {
+    for (const r of [{ reply: 'You multiply the rate by the hours.' }, { reply: 'He earns 12 × 4 = 48 a day, so over', finishReason: 'length' }]) {
+      const { moves } = await afterReplies([r], plainAnswer);
+      expect(moves[0]).toEqual({ text: expect.stringMatching(/answer/), done: false });
+    }
+  });
+
+  it('after its last allowed reply still complains, so that reply is judged too, and ends', async () => {
+    const bad = { reply: '#### 48\nThe answer is 48.' };
+    const { moves } = await afterReplies([bad, bad, bad], plainAnswer);
+    expect(moves.map((m) => m.done)).toEqual([false, false, true]);
+    expect(moves[2]!.text).toMatch(/headings/);
+    expect(moves[2]!.text).toContain(DONE);
+  });
+});
 
 describe('scripted student', () => {
   it('opens with the problem and asks for help', async () => {

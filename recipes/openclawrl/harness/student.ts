@@ -1,7 +1,7 @@
 import OpenAI from 'openai';
 import { ReefError } from '../../../actors/runtime/errors.js';
 import type { Problem } from './problems.js';
-import { checkReply, MIN_STEPS, type Violation } from './scoring.js';
+import { ALL_VIOLATIONS, checkReply, endsWithAnswer, MIN_STEPS, type Violation } from './scoring.js';
 
 /**
  * The simulated student of the example. It brings one problem per session, wants homework that
@@ -19,6 +19,8 @@ export interface AgentTurnView {
   reply: string;
   /** Whether the save tool ran in this turn and the file exists. */
   saved: boolean;
+  /** Why the reply's last request ended (`length`: cut off by the token limit), when known. @default null */
+  finishReason?: string | null;
 }
 
 export interface StudentMove {
@@ -81,10 +83,28 @@ const EMPTY = ['You did not write anything, can you solve it for me?', 'Hello? I
 const SAVE = ['great, please save it', 'Perfect, that looks like my own work. Please save it for me.', "Thanks, that's good! Can you save it?", 'Nice, please save it.'];
 const THANKS = ['Thanks, got it!', 'Saved, thank you!', 'Great, thanks!'];
 const GIVE_UP = ["I don't see the file, never mind, I'll copy it myself.", "It didn't save, but that's ok, I'll copy it."];
+const NO_ANSWER = ['I still need the answer at the end. Can you finish with the number?', "I can't find the answer in that. Can you finish it with the final number?"];
+const LAST_WORD = ["Never mind, I'll fix it myself.", "Forget it, I'll write it up on my own."];
+const ACCEPT_DONE = ["Thanks, that's what I needed!", 'Great, that looks like my own work. Thank you!', 'Perfect, thanks for the help!'];
 
 export interface ScriptedStudentOptions {
   /** Ask for worked calculations when a reply shows fewer than MIN_STEPS. @default true */
   requireSteps?: boolean;
+  /** The formatting the student asks to drop. @default every Violation */
+  dislikes?: readonly Violation[];
+  /** Ask for the answer when a reply does not end with one (`endsWithAnswer`). @default false */
+  requireAnswer?: boolean;
+  /**
+   * Ask the agent to save an acceptable reply (its save_homework tool) before ending; without it
+   * the student thanks the agent and ends with HOMEWORK_DONE in the same message. @default true
+   */
+  save?: boolean;
+  /**
+   * After this many agent replies that are not acceptable, the student's next message (its
+   * complaint, so the last reply is judged like the others) ends the session with HOMEWORK_DONE.
+   * @default unlimited
+   */
+  maxReplies?: number;
 }
 
 /** The scripted student: the same rules as the scoring, applied to every reply until one passes. */
@@ -94,24 +114,30 @@ export class ScriptedStudent implements Student {
 
   begin(problem: Problem, sessionIndex: number): StudentSession {
     const requireSteps = this.options.requireSteps ?? true;
+    const dislikes = this.options.dislikes ?? ALL_VIOLATIONS;
     let phase: 'solving' | 'saving' = 'solving';
     let turn = 0;
     const key = (kind: string) => [problem.id, sessionIndex, turn, kind] as const;
     return {
       opening: async () => choose(OPENINGS, ...key('open'))(problem.question),
-      respond: async ({ reply, saved }) => {
+      respond: async ({ reply, saved, finishReason }) => {
         turn++;
         if (phase === 'saving') {
           return { text: `${saved ? choose(THANKS, ...key('thanks')) : choose(GIVE_UP, ...key('give-up'))} ${DONE}`, done: true };
         }
-        if (reply.trim() === '') return { text: choose(EMPTY, ...key('empty')), done: false };
+        const last = this.options.maxReplies !== undefined && turn >= this.options.maxReplies;
+        const ask = (text: string): StudentMove => (last ? { text: `${text} ${choose(LAST_WORD, ...key('last'))} ${DONE}`, done: true } : { text, done: false });
+        if (reply.trim() === '') return ask(choose(EMPTY, ...key('empty')));
         const check = checkReply(reply);
         const fewSteps = requireSteps && check.steps < MIN_STEPS;
-        if (check.violations.length > 0) {
-          const text = choose(COMPLAINTS, ...key('complain'))(listWords(check.violations.map((v) => NAMES[v])));
-          return { text: fewSteps ? text + STEPS_TOO : text, done: false };
+        const disliked = check.violations.filter((v) => dislikes.includes(v));
+        if (disliked.length > 0) {
+          const text = choose(COMPLAINTS, ...key('complain'))(listWords(disliked.map((v) => NAMES[v])));
+          return ask(fewSteps ? text + STEPS_TOO : text);
         }
-        if (fewSteps) return { text: choose(STEPS_ONLY, ...key('steps')), done: false };
+        if (fewSteps) return ask(choose(STEPS_ONLY, ...key('steps')));
+        if (this.options.requireAnswer && !endsWithAnswer(reply, finishReason ?? null)) return ask(choose(NO_ANSWER, ...key('answer')));
+        if (this.options.save === false) return { text: `${choose(ACCEPT_DONE, ...key('accept'))} ${DONE}`, done: true };
         phase = 'saving';
         return { text: choose(SAVE, ...key('save')), done: false };
       },
