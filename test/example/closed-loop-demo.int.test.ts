@@ -6,20 +6,23 @@ import { join } from 'node:path';
 import { SqliteStore } from '../../actors/gateway/store/sqlite-store.js';
 import { STATE_KEY } from '../../actors/trainer-controller/messages.js';
 import { pythonBin, pythonEnv, repoRoot } from '../../cluster/paths.js';
-import { demoOptions, runDemo, type DemoResult } from '../../recipes/openclawrl/demo/cpu-demo.js';
+import { armOptions, runArm, type ArmSummary } from '../../recipes/openclawrl/demo/experiment.js';
 
 /**
- * A short run of the closed-loop CPU demo (the README's first command): the real pipeline, the
- * demo model with its bold habit, the scripted student and the rule PRM double. The habit must
- * fall, and every batch's record line must agree with what the store holds.
+ * A short arm of the experiment on the toy demo model (the real-model run is the README's `npm run
+ * demo`, far too long for the suite): the real pipeline, the scripted student and the rule PRM
+ * double, with the toy's planted bold habit. A plumbing test: the toy was pre-trained to answer a
+ * hinted prompt plainly, so its habit falling shows that judged turns reach the trainer and releases
+ * reach the engine, not that Reef teaches a real model (docs/experiment.md has that result).
  */
 
 const BATCH = 8;
 
-describe('closed-loop CPU demo (short)', () => {
+describe('closed-loop experiment arm on the toy model (short)', () => {
   const out = mkdtempSync(join(tmpdir(), 'reef-demo-'));
   const modelDir = process.env.REEF_DEMO_MODEL ?? join(repoRoot(), '.cache', 'demo-model');
-  let result: DemoResult;
+  let result: ArmSummary;
+  const lines: string[] = [];
 
   beforeAll(() => {
     if (!existsSync(join(modelDir, 'model.safetensors'))) {
@@ -27,29 +30,27 @@ describe('closed-loop CPU demo (short)', () => {
     }
   });
 
-  it('runs sessions, trains batches and the bold habit falls', async () => {
-    const lines: string[] = [];
-    const o = demoOptions(['--sessions', '36', '--batch-size', String(BATCH), '--eval-samples', '30', '--out', out, '--model', modelDir], (l) => lines.push(l));
-    result = await runDemo(o);
-    const { before, after, summary } = result;
-    expect(summary.sessions).toBe(36);
-    expect(summary.batches?.length ?? 0).toBeGreaterThanOrEqual(6);
-    // The base model has the habit; training removes most of it. Each rate is read off 30 sampled
-    // replies, so the bound leaves room for sampling noise: a cap of 15% failed one run in several
-    // (5 of 30 bold, 17%, after 14 batches; P(≥5 of 30) is ~18% at a true rate of 10%). At most
-    // half the base rate and at most 25% (≥8 of 30: under 1% at 10%) still fails a run that did
-    // not learn, whose rate stays near the base model's ~55%.
-    expect(before.bold, lines.join('\n')).toBeGreaterThanOrEqual(0.35);
-    expect(after.bold, lines.join('\n')).toBeLessThanOrEqual(Math.min(0.25, before.bold / 2));
-    for (const f of [summary.files.rates_plot, summary.files.rewards_plot, summary.files.summary, summary.files.sessions]) expect(existsSync(f)).toBe(true);
-    // The whole loop takes 110-125 s on this 2-core machine (the same before and after this
-    // session's trainer changes: 113.9 s and 120.5 s in one A/B), too close to the suite's 120 s
-    // default for a guard against a hang.
-  }, 300_000);
+  it('runs sessions in waves, trains batches, evaluates held-out replies and the planted habit falls', async () => {
+    const o = armOptions(['--model', modelDir, '--sessions', '36', '--batch-size', String(BATCH), '--eval-samples', '30', '--concurrency', '6', '--lr', '3e-4', '--max-tokens', '160', '--no-greedy', '--out', out], (l) => lines.push(l));
+    result = await runArm(o);
+    expect(result.sessions).toBe(36);
+    expect(result.training.releases).toBeGreaterThanOrEqual(4);
+    expect(result.training.releases).toBe(result.training.batches);
+    expect(result.heldout.n).toBe(30);
+    // Every stand-in is named on the console and in the summary.
+    expect(lines).toContain(`judge: ${result.doubles.judge}`);
+    expect(lines).toContain(`student: ${result.doubles.student}`);
+    const before = result.heldout.before.habit_rate as number;
+    const after = result.heldout.after.habit_rate as number;
+    expect(before, lines.join('\n')).toBeGreaterThanOrEqual(0.3);
+    expect(after, lines.join('\n')).toBeLessThanOrEqual(before / 2);
+    expect(result.heldout.kl_to_base?.mean_kl).toBeGreaterThan(0);
+    for (const f of ['summary.json', 'heldout-before.json', 'heldout-after.json', 'reference.jsonl', 'results/rates.svg', 'results/sessions.jsonl']) expect(existsSync(join(out, f)), f).toBe(true);
+  }, 600_000);
 
   it("writes one record line per released batch, agreeing with the store's judged turns", async () => {
     const recordLines = readFileSync(join(out, 'prm-records.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { batch: number; batch_id: string; samples: number; rewards: Record<string, number> });
-    expect(recordLines.map((l) => l.batch_id)).toEqual(result.releasedBatches);
+    expect(recordLines).toHaveLength(result.training.releases);
     expect(recordLines.map((l) => l.batch)).toEqual(recordLines.map((_, i) => i + 1));
 
     const store = SqliteStore.open(join(out, 'data', 'records.sqlite'));

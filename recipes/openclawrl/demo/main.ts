@@ -1,10 +1,10 @@
-import { demoOptions, describeSummary, modelDirProblem, runDemo, type DemoOptions } from './cpu-demo.js';
+import { armOptions, modelDirProblem, runArm, type ArmOptions } from './experiment.js';
 
-/** `node dist/recipes/openclawrl/demo/main.js [--w-rl 1] [--w-opd 1] [--sessions 60] ...` */
+/** `node dist/recipes/openclawrl/demo/main.js [--seed 1] [--w-rl 1] [--w-opd 1] [--control] ...`: one arm. */
 const log = (line: string) => process.stdout.write(`${line}\n`);
-let options: DemoOptions | null = null;
+let options: ArmOptions | null = null;
 try {
-  options = demoOptions(process.argv.slice(2), log);
+  options = armOptions(process.argv.slice(2), log);
   const problem = modelDirProblem(options.modelDir);
   if (problem !== null) throw new Error(problem);
 } catch (err) {
@@ -13,7 +13,7 @@ try {
   process.exitCode = 2;
 }
 if (options !== null) {
-  // Dying on the default action would skip runDemo's clean-up: the actors, the shim, Ray and the
+  // Dying on the default action would skip runArm's clean-up: the actors, the shim, Ray and the
   // engines run in process groups of their own, so Ctrl-C in the terminal does not reach them.
   const stop = new AbortController();
   let signals = 0;
@@ -28,8 +28,7 @@ if (options !== null) {
   process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
   try {
-    const summary = await runDemo({ ...options, signal: stop.signal });
-    log(describeSummary(summary, options.out));
+    await runArm({ ...options, signal: stop.signal });
   } catch (err) {
     if (stop.signal.aborted) {
       process.stderr.write('demo: stopped\n');
