@@ -377,3 +377,37 @@ def test_pause_holds_new_requests_until_continue(engine: Engine) -> None:
                                 timeout=60) as r:
         assert r.status == 200 and r.headers.get_content_type() == "text/plain"
         assert r.read().startswith(b"Cache flushed")
+
+
+def test_a_burst_of_clients_connecting_while_the_engine_cannot_accept_all_get_in(engine: Engine) -> None:
+    import select
+    import socket
+
+    host, port = engine.url.removeprefix("http://").split(":")
+    n = 64
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    # Stopped, the engine accepts nothing: the kernel completes as many handshakes as the listen
+    # backlog holds and drops the rest (socketserver's default backlog, 5, held 6).
+    engine.proc.send_signal(signal.SIGSTOP)
+    try:
+        for s in socks:
+            s.setblocking(False)
+            s.connect_ex((host, int(port)))
+        connected: set[socket.socket] = set()
+        deadline = time.monotonic() + 2.0
+        while len(connected) < n and time.monotonic() < deadline:
+            _, writable, _ = select.select([], [s for s in socks if s not in connected], [], 0.1)
+            connected.update(s for s in writable if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0)
+    finally:
+        engine.proc.send_signal(signal.SIGCONT)
+    try:
+        assert len(connected) == n
+        for s in socks:
+            s.setblocking(True)
+            s.settimeout(60)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: e\r\nConnection: close\r\n\r\n")
+        for s in socks:
+            assert s.makefile("rb").readline().split()[1] == b"200"
+    finally:
+        for s in socks:
+            s.close()

@@ -48,6 +48,8 @@ Behaviour a client can rely on:
   refused transfer answers 400 `success: false` and leaves the weights that were serving. `nccl`
   is refused (the weights live on the CPU). `--weight-sync-timeout-s` (300) bounds the join and
   each transfer.
+- Up to 1024 connections wait to be accepted (the listen backlog), so a burst of clients
+  connecting at once all get in.
 - Errors: `{error: {message, code}}` with a Reef code; 400 for a bad request, an input at or
   past the context length, or a `rid` of a request still in flight (as SGLang), 413 for a body
   over 64 MiB, 503 while loading. A body is read by Content-Length or chunked; one that cannot
@@ -70,6 +72,14 @@ from .http_handler import EngineHandler, ServerState
 from .sampling import sampling_logprobs
 
 log = logging.getLogger("reef_shim.hf_server")
+
+
+class EngineHTTPServer(ThreadingHTTPServer):
+    # socketserver listens with a backlog of 5: 32 clients connecting at once overflowed it while
+    # the model thread was busy, and the kernel reset one of the connections it had dropped.
+    request_queue_size = 1024
+    daemon_threads = True
+
 # How long a stopping server waits for the requests in flight to answer `abort`.
 STOP_GRACE_S = 8.0
 
@@ -107,8 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     state = ServerState(max_running=args.max_running)
-    httpd = ThreadingHTTPServer((args.host, args.port), EngineHandler)
-    httpd.daemon_threads = True
+    httpd = EngineHTTPServer((args.host, args.port), EngineHandler)
     httpd.state = state  # type: ignore[attr-defined]
     stop = threading.Event()
 
