@@ -252,6 +252,17 @@ def test_a_rid_in_flight_is_refused_and_free_again_once_its_request_ended(engine
         conn.close()
 
 
+def test_a_rid_is_free_again_once_its_reply_arrived(engine: Engine) -> None:
+    # The client may reuse a rid the moment it has the answer: the engine must have let go of it
+    # before sending that answer, not after.
+    for body in ({"stream": False}, {"stream": True}):
+        for _ in range(100):
+            if body["stream"]:
+                assert list(engine.stream(text=PROMPT, rid="again", sampling_params={"max_new_tokens": 1}))[-1] == "[DONE]"
+            else:
+                assert engine.generate(text=PROMPT, rid="again", sampling_params={"max_new_tokens": 1})["meta_info"]["id"] == "again"
+
+
 def test_a_server_told_to_stop_answers_the_stream_in_flight_with_abort(models: tuple[Path, Path],
                                                                         tmp_path: Path) -> None:
     # Each token takes seconds here (hf_server_slow.py): the server must wait for the request's

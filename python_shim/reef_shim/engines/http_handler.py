@@ -61,6 +61,13 @@ class ServerState:
             if rid is not None:
                 self._rids.add(rid)
 
+    def release_rid(self, rid: str | None) -> None:
+        """Let another request take `rid`: called before the last of a reply goes out, since the
+        client may reuse the rid as soon as it has that (the admission itself lasts until `leave`)."""
+        if rid is not None:
+            with self._cond:
+                self._rids.discard(rid)
+
     def leave(self, rid: str | None) -> None:
         with self._cond:
             self._admitted -= 1
@@ -381,6 +388,7 @@ class EngineHandler(BaseHTTPRequestHandler):
                         self.close_connection = True
                         log.info("client left request %s after %d tokens", last.rid, len(last.output_ids))
                         return
+                    self.st.release_rid(req.rid)
                     self._send_json(200, reply_body(last, engine.weight_version, req))
         finally:
             self.st.leave(req.rid)
@@ -398,6 +406,8 @@ class EngineHandler(BaseHTTPRequestHandler):
             while state is not None:
                 if state.finish is not None and state.finish["type"] == "abort" and self._client_gone():
                     raise ClientGone()
+                if state.finish is not None:
+                    self.st.release_rid(req.rid)
                 if state.stable or state.finish is not None:
                     event = json.dumps(reply_body(state, engine.weight_version, req), allow_nan=False)
                     self._chunk(f"data: {event}\n\n".encode())
