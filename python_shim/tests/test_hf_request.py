@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
 from reef_shim.engines.hf_engine import request_generator
 from reef_shim.engines.request import RequestError, parse_generate
-from reef_shim.engines.sampling import pick_token, sampling_logprobs
+from reef_shim.engines.sampling import (LOGPROB_FLOOR, RowSampling, sample_rows, sampling_logprobs, support,
+                                        tempered_logprobs, top_logprobs)
 
 
 def draws(body: dict, server_seed: int | None) -> list[float]:
@@ -34,9 +37,82 @@ def test_a_temperature_below_sglangs_epsilon_is_greedy() -> None:
     logits = torch.tensor([3.0, -2.0, 7.5, 7.0, -40.0])
     greedy = sampling_logprobs(logits, 0.0)
     for t in (1e-40, 1e-7):
-        lp = sampling_logprobs(logits, t, top_k=2, top_p=0.5)
-        assert torch.equal(lp, greedy)
-        assert pick_token(lp, t, torch.Generator().manual_seed(0)) == 2
+        assert torch.equal(sampling_logprobs(logits, t, top_k=2, top_p=0.5), greedy)
+        assert torch.equal(tempered_logprobs(logits, t), greedy)
+        [pick] = sample_rows(logits.unsqueeze(0), [RowSampling(t, 2, 0.5, torch.Generator().manual_seed(0), True, 2)])
+        assert pick.token == 2 and pick.logprob == float(greedy[2])
+    # An exact tie: the lower id.
+    [pick] = sample_rows(torch.tensor([[1.0, 5.0, 5.0]]), [RowSampling(0.0)])
+    assert pick.token == 1
+
+
+def brute_top(row: list[float], k: int) -> list[list[float | int | None]]:
+    """The K best by (value descending, id ascending), by sorting everything."""
+    return [[max(v, LOGPROB_FLOOR), i, None] for i, v in sorted(enumerate(row), key=lambda e: (-e[1], e[0]))[:k]]
+
+
+def test_the_top_k_lists_equal_values_lower_id_first_also_across_the_kth_place() -> None:
+    # Ties inside the K, across the K-th place, and values repeated many times.
+    rows = torch.tensor([[-1.0, -2.0, -1.0, -3.0, -2.0, -2.0, -0.5, -2.0],
+                         [-2.0, -2.0, -2.0, -2.0, -2.0, -2.0, -2.0, -2.0],
+                         [-0.1, -5.0, -4.0, -3.0, -2.0, -1.0, -6.0, -7.0]])
+    for k in (1, 2, 3, 4, 8, 20):
+        got = top_logprobs(rows, k)
+        assert got == [brute_top(r, k) for r in rows.tolist()], k
+        assert top_logprobs(rows[0], k) == got[0]
+    gen = torch.Generator().manual_seed(0)
+    # Few distinct values over a vocabulary-sized row: ties everywhere.
+    wide = torch.randint(0, 6, (4, 5000), generator=gen).float().neg()
+    assert top_logprobs(wide, 7) == [brute_top(r, 7) for r in wide.tolist()]
+    assert top_logprobs(torch.tensor([[0.0, float("-inf"), float("-inf")]]), 2) == [[[0.0, 0, None],
+                                                                                      [LOGPROB_FLOOR, 1, None]]]
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(-1, 0.3), (-1, 0.9), (-1, 0.999), (5, 1.0), (50, 0.7), (3, 0.2),
+                                              (2000, 0.95)])
+def test_the_kept_tokens_are_those_the_reference_distribution_keeps(top_k: int, top_p: float) -> None:
+    gen = torch.Generator().manual_seed(1)
+    rows = [torch.randn(3000, generator=gen) * 3,
+            torch.randn(3000, generator=gen) * 0.1,  # flat: top-p keeps a large share
+            torch.randint(0, 4, (3000,), generator=gen).float(),  # ties at every cut
+            torch.cat([torch.tensor([30.0]), torch.zeros(2999)])]  # one token holds all the mass
+    for z in rows:
+        reference = torch.isfinite(sampling_logprobs(z, 1.0, top_k, top_p)).nonzero().squeeze(1)
+        assert support(z, top_k, top_p).tolist() == reference.tolist()
+
+
+def test_draws_follow_the_truncated_distribution_and_the_report_is_tempered() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
+    row = RowSampling(temperature=0.7, top_k=3, top_p=0.95, generator=torch.Generator().manual_seed(2),
+                      logprob=True, top_n=5)
+    picks = [sample_rows(logits, [row])[0] for _ in range(20000)]
+    want = sampling_logprobs(logits[0], 0.7, 3, 0.95).exp()
+    seen = Counter(p.token for p in picks)
+    assert set(seen) <= {i for i in range(6) if want[i] > 0}
+    for i in range(6):
+        assert abs(seen[i] / len(picks) - float(want[i])) < 0.015, (i, seen)
+    tempered = tempered_logprobs(logits[0], 0.7)
+    pick = picks[0]
+    assert abs(pick.logprob - float(tempered[pick.token])) < 1e-6
+    # Five entries though top_k is 3: all finite, the tempered values.
+    assert [e[1] for e in pick.top] == [0, 1, 2, 3, 4]
+    assert all(abs(e[0] - float(tempered[e[1]])) < 1e-6 for e in pick.top)
+
+
+def test_a_rows_draws_depend_on_its_own_logits_and_generator_only() -> None:
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 500, generator=gen) * 2
+    params = [(1.0, -1, 1.0), (0.8, 20, 1.0), (1.2, -1, 0.7), (0.0, -1, 1.0), (0.5, 10, 0.9)]
+
+    def rows() -> list[RowSampling]:
+        return [RowSampling(t, k, p, torch.Generator().manual_seed(40 + i), True, 3) for i, (t, k, p) in enumerate(params)]
+
+    batch_rows = rows()
+    batched = [sample_rows(logits, batch_rows) for _ in range(30)]
+    for i in range(5):
+        alone_row = rows()[i]
+        alone = [sample_rows(logits[i:i + 1], [alone_row])[0] for _ in range(30)]
+        assert [(p.token, p.logprob, p.top) for p in alone] == [(b[i].token, b[i].logprob, b[i].top) for b in batched]
 
 
 @pytest.mark.parametrize("sampling", [{"min_p": 0.05}, {"repetition_penalty": 1.1}, {"frequency_penalty": 0.5},

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import pytest
 
 from reef_shim import tiny_model
-from reef_shim.engines.sampling import LOGPROB_FLOOR, sampling_logprobs
+from reef_shim.engines.sampling import LOGPROB_FLOOR, sampling_logprobs, tempered_logprobs
 
 SHIM = Path(__file__).resolve().parents[1]
 PROMPT = "<|im_start|>user\nWhat is 12 + 7?<|im_end|>\n<|im_start|>assistant\n"
@@ -94,15 +94,16 @@ def engine(models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) 
         yield e
 
 
-def recompute(model_dir: Path, prompt_ids: list[int], output_ids: list[int], **sampling: Any) -> Any:
-    """Full forward over prompt + output, then the engine's own sampling distribution."""
+def recompute(model_dir: Path, prompt_ids: list[int], output_ids: list[int], **sampling: Any) -> tuple[Any, Any]:
+    """Full forward over prompt + output: what the engine reports (log-softmax of logits / T, before
+    top-k / top-p) and the truncated distribution it draws from."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.inference_mode():
-        logits = model(torch.tensor([prompt_ids + output_ids])).logits[0]
-    return sampling_logprobs(logits[len(prompt_ids) - 1:-1], **sampling)
+        logits = model(torch.tensor([prompt_ids + output_ids])).logits[0][len(prompt_ids) - 1:-1]
+    return tempered_logprobs(logits, sampling["temperature"]), sampling_logprobs(logits, **sampling)
 
 
 def prompt_ids(model_dir: Path) -> list[int]:
@@ -137,14 +138,16 @@ def test_greedy_is_deterministic_and_text_equals_input_ids(engine: Engine, model
     {"temperature": 0.0, "top_k": -1, "top_p": 1.0},
     {"temperature": 0.8, "top_k": 40, "top_p": 0.9},
     {"temperature": 1.3, "top_k": -1, "top_p": 0.5},
+    # top_k below K: every top-K entry is still a finite logprob (SGLang's convention), none the floor.
+    {"temperature": 0.8, "top_k": 2, "top_p": 1.0},
 ])
-def test_logprobs_match_a_full_forward_recomputation(engine: Engine, models: tuple[Path, Path],
-                                                     sampling: dict[str, Any]) -> None:
+def test_logprobs_are_tempered_before_truncation_as_a_full_forward_recomputes_them(
+        engine: Engine, models: tuple[Path, Path], sampling: dict[str, Any]) -> None:
     k = 5
     reply = engine.generate(text=PROMPT, sampling_params={"max_new_tokens": 16, "sampling_seed": 3, **sampling},
                             return_logprob=True, top_logprobs_num=k)
     out = reply["output_ids"]
-    lp = recompute(models[0], prompt_ids(models[0]), out, **sampling)
+    lp, drawn_from = recompute(models[0], prompt_ids(models[0]), out, **sampling)
     meta = reply["meta_info"]
     assert len(meta["output_token_logprobs"]) == len(meta["output_top_logprobs"]) == len(out)
     for t, (entry, top) in enumerate(zip(meta["output_token_logprobs"], meta["output_top_logprobs"])):
@@ -154,12 +157,11 @@ def test_logprobs_match_a_full_forward_recomputation(engine: Engine, models: tup
         values = [x[0] for x in top]
         assert values == sorted(values, reverse=True)
         for value, tid, none in top:
-            assert none is None and abs(value - max(float(lp[t, tid]), LOGPROB_FLOOR)) < 1e-5
-        rank = int((lp[t] > lp[t, out[t]]).sum())
-        if rank < k:
-            assert out[t] in [x[1] for x in top]
-        # The sampled token was drawn from the reported distribution: it must be in its support.
-        assert float(lp[t, out[t]]) > float("-inf")
+            assert none is None and value > LOGPROB_FLOOR and abs(value - float(lp[t, tid])) < 1e-5
+        # The top-K are the K best of the reported distribution, not of the truncated one.
+        assert [x[1] for x in top] == lp[t].topk(k).indices.tolist()
+        # The token was drawn from the truncated distribution: it is in its support.
+        assert float(drawn_from[t, out[t]]) > float("-inf")
 
 
 def test_a_temperature_too_small_to_divide_by_is_greedy(engine: Engine) -> None:

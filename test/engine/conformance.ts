@@ -176,6 +176,30 @@ export function engineConformance(target: EngineTarget, options: ConformanceOpti
     });
   });
 
+  it('reports logprobs before top-k (SGLang\'s convention): at temperature 1 with top_k 1, those of the greedy run, all K finite', async () => {
+    // At temperature 1, log_softmax(logits / T) is the greedy run's log_softmax(logits), and top_k 1
+    // draws its argmax. The distribution sampled from (top_k 1, renormalised) would say 0 for every
+    // token and the floor (-10000) for the other K-1 entries.
+    const K = 4;
+    const greedyRun = await generate(target, { ...greedy(6), return_logprob: true, top_logprobs_num: K });
+    const topK1 = await generate(target, {
+      input_ids: PROMPT_IDS, return_logprob: true, top_logprobs_num: K,
+      sampling_params: { max_new_tokens: 6, temperature: 1, top_k: 1, ignore_eos: true, sampling_seed: 1 },
+    });
+    expect(topK1.output_ids).toEqual(greedyRun.output_ids);
+    const g = greedyRun.meta_info;
+    const m = topK1.meta_info;
+    topK1.output_ids.forEach((id: number, t: number) => {
+      expectLogprobEntry(m.output_token_logprobs[t], id);
+      expect(Math.abs(m.output_token_logprobs[t][0] - g.output_token_logprobs[t][0])).toBeLessThan(1e-3);
+      const row = m.output_top_logprobs[t] as Array<[number, number, null]>;
+      expect(row).toHaveLength(K);
+      expect(row.every(([lp]) => lp > -1000)).toBe(true);
+      expect(row.map(([, tid]) => tid)).toEqual((g.output_top_logprobs[t] as Array<[number, number, null]>).map(([, tid]) => tid));
+    });
+    expect(Math.min(...m.output_token_logprobs.map((e: number[]) => e[0]))).toBeLessThan(-1e-4);
+  });
+
   it('stops on stop_token_ids with matched = the token id, the token kept in output_ids', async () => {
     const first = await generate(target, greedy(4));
     const stopId = first.output_ids[0] as number;

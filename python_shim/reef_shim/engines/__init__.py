@@ -1,5 +1,6 @@
 """Engine servers Reef launches: `hf_server` (CPU, transformers) speaks the same HTTP API as SGLang.
 
-`sampling.sampling_logprobs` is the `hf` engine's sampling distribution, importable on its own
-(torch only) by a trainer that must reproduce the engine's logprobs.
+`sampling.tempered_logprobs` recomputes the logprobs the `hf` engine reports (SGLang's convention)
+and `sampling.sampling_logprobs` the truncated distribution it draws tokens from, importable on
+their own (torch only) by a trainer that must reproduce the engine's numbers.
 """

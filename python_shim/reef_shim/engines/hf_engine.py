@@ -21,7 +21,7 @@ import torch
 
 from .dist_weights import WeightGroups
 from .request import GenRequest
-from .sampling import pick_token, sampling_logprobs, top_logprobs
+from .sampling import RowSampling, sample_rows
 from .weights import WeightError, load_checked_state_dict
 
 
@@ -116,7 +116,9 @@ class HFEngine:
         budget = min(sp.max_new_tokens, self.max_context_length - len(prompt))
         # As SGLang: ignore_eos turns every stop token off, stop_token_ids included.
         stop_ids = set() if sp.ignore_eos else set(sp.stop_token_ids) | self.eos_ids
-        gen = request_generator(req, self.seed)
+        row = RowSampling(temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
+                          generator=request_generator(req, self.seed), logprob=req.return_logprob,
+                          top_n=req.top_logprobs_num if req.return_logprob else 0)
         state = GenState(rid=req.rid or uuid.uuid4().hex, prompt_tokens=len(prompt))
         if budget <= 0:
             state.finish = {"type": "length", "matched": None}
@@ -125,12 +127,12 @@ class HFEngine:
         with torch.inference_mode():
             out = self.model(input_ids=torch.tensor([prompt]), use_cache=True)
             while True:
-                lp = sampling_logprobs(out.logits[0, -1], sp.temperature, sp.top_k, sp.top_p)
-                token = pick_token(lp, sp.temperature, gen)
+                pick = sample_rows(out.logits[:, -1], [row])[0]
+                token = pick.token
                 state.output_ids.append(token)
-                if req.return_logprob:
-                    state.token_logprobs.append([float(lp[token]), token, None])
-                    state.top_logprobs.append(top_logprobs(lp, req.top_logprobs_num))
+                if pick.logprob is not None:
+                    state.token_logprobs.append([pick.logprob, token, None])
+                    state.top_logprobs.append(pick.top)
                 # The length first, then stop tokens, then stop strings, as SGLang checks them: a
                 # stop token or string completed by the last token the budget allows ends with
                 # `length` and stays in the text.

@@ -13,11 +13,13 @@ Routes (docs/internals.md, "Engine HTTP API"): `POST /generate`, `GET /health`,
 Behaviour a client can rely on:
 - One request generates at a time (KV-cached, fp32, `torch.inference_mode`); others queue, at most
   `--max-running` admitted at once (more → 503 `REEF_ERR_ENGINE_DOWN`, retryable).
-- Sampling: see `sampling.py`. The reported logprobs and top-K are those of the distribution the
-  token was drawn from (temperature, then top-k, then top-p, renormalised; a temperature below
-  1e-6 = greedy on the raw log-softmax, as SGLang). `sampling_logprobs` recomputes them from
-  (prompt, output). SGLang parameters it does not implement (min_p, penalties, n, grammars...) are
-  400 unless they hold the value that changes nothing (`request.UNIMPLEMENTED`).
+- Sampling and logprobs: see `sampling.py`. The reported logprob and top-K are SGLang's:
+  `log_softmax(logits / temperature)` before top-k / top-p (a temperature below 1e-6 = greedy,
+  reporting `log_softmax(logits)`), so every top-K entry is finite; `tempered_logprobs` recomputes
+  them from (prompt, output). The token itself is drawn from the truncated distribution
+  (temperature, then top-k, then top-p, renormalised: `sampling_logprobs`). SGLang parameters it
+  does not implement (min_p, penalties, n, grammars...) are 400 unless they hold the value that
+  changes nothing (`request.UNIMPLEMENTED`).
 - Randomness: each request gets its own `torch.Generator`, seeded by `sampling_params.sampling_seed`
   when given, else by sha256(f"{--seed}:{rid}") when the server has a seed and the client a rid,
   else randomly. So (seed, rid, weights, prompt, params) fixes the output.
@@ -69,7 +71,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 from .http_handler import EngineHandler, ServerState
-from .sampling import sampling_logprobs
+from .sampling import sampling_logprobs, tempered_logprobs
 
 log = logging.getLogger("reef_shim.hf_server")
 
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["main", "sampling_logprobs"]
+__all__ = ["main", "sampling_logprobs", "tempered_logprobs"]
 
 if __name__ == "__main__":
     sys.exit(main())
