@@ -15,17 +15,22 @@ from reef_shim.engines.hf_engine import GenState
 from reef_shim.engines.http_handler import EngineHandler, ServerState
 
 
-class FailingEngine:
-    """Yields one token, then fails as a model or a decode could."""
+class FailingTicket:
+    """Hands out one token, then fails as a model or a decode could."""
 
-    weight_version = "w"
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-
-    def generate(self, req: Any, should_stop: Any) -> Iterator[GenState]:
+    def states(self) -> Iterator[GenState]:
         yield GenState(rid="r", prompt_tokens=1, output_ids=[5], text="a")
         raise RuntimeError("the model broke")
+
+    def cancel(self) -> None:
+        pass
+
+
+class FailingEngine:
+    weight_version = "w"
+
+    def submit(self, req: Any, should_stop: Any) -> FailingTicket:
+        return FailingTicket()
 
 
 @pytest.fixture()

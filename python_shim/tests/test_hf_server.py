@@ -424,3 +424,112 @@ def test_a_burst_of_clients_connecting_while_the_engine_cannot_accept_all_get_in
     finally:
         for s in socks:
             s.close()
+
+
+def _same_outputs(batched: dict[str, Any], alone: dict[str, Any]) -> None:
+    """Tokens, text and finish equal; logprobs and top-K equal up to float rounding (another batch
+    shape sums in another order)."""
+    assert batched["output_ids"] == alone["output_ids"]
+    assert batched["text"] == alone["text"]
+    got, want = batched["meta_info"], alone["meta_info"]
+    assert got["finish_reason"] == want["finish_reason"]
+    if want["output_token_logprobs"] is None:
+        assert got["output_token_logprobs"] is None
+        return
+    for (a, ida, _), (b, idb, _) in zip(got["output_token_logprobs"], want["output_token_logprobs"], strict=True):
+        assert ida == idb and abs(a - b) < 1e-5
+    for row_a, row_b in zip(got["output_top_logprobs"], want["output_top_logprobs"], strict=True):
+        assert [x[1] for x in row_a] == [x[1] for x in row_b]
+        assert all(abs(x[0] - y[0]) < 1e-5 for x, y in zip(row_a, row_b))
+
+
+def _concurrently(engine: Engine, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    replies: list[Any] = [None] * len(bodies)
+
+    def one(i: int) -> None:
+        replies[i] = engine.call("/generate", bodies[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert all(r is not None and r[0] == 200 for r in replies), replies
+    return [r[1] for r in replies]
+
+
+def test_a_request_gets_the_same_output_alone_and_inside_a_busy_batch(engine: Engine) -> None:
+    probes = [
+        {"text": PROMPT, "return_logprob": True, "top_logprobs_num": 3,
+         "sampling_params": {"max_new_tokens": 12, "temperature": 0.9, "top_p": 0.8, "sampling_seed": 5}},
+        {"input_ids": list(range(30, 34)), "return_logprob": True, "top_logprobs_num": 2,
+         "sampling_params": {"max_new_tokens": 10, "temperature": 1.1, "top_k": 20, "sampling_seed": 6,
+                             "ignore_eos": True}},
+        {"text": PROMPT, "return_logprob": True, "sampling_params": {"max_new_tokens": 9, "temperature": 0}},
+        # Seeded by (--seed, rid), not by sampling_seed.
+        {"text": PROMPT, "rid": "probe-rid", "sampling_params": {"max_new_tokens": 11, "temperature": 1.0}},
+    ]
+    alone = [engine.generate(**p) for p in probes]
+    # Company of other lengths (one longer, one shorter than the probes' prompts) and other sampling,
+    # generating all along: each has sent its first event before the probes arrive.
+    long_prompt = PROMPT.replace("What is 12 + 7?", "Count the apples: " + "one apple, " * 20)
+    company = [
+        {"text": long_prompt, "sampling_params": {"temperature": 0}},
+        {"text": "Hi", "sampling_params": {"temperature": 1.3, "top_k": 5}},
+        {"text": PROMPT, "sampling_params": {"temperature": 0.7, "top_p": 0.5}},
+    ]
+    streams = [engine.stream(**{**c, "return_logprob": True, "top_logprobs_num": 4, "sampling_params": {
+        **c["sampling_params"], "max_new_tokens": 3000, "ignore_eos": True}}) for c in company]
+    try:
+        for s in streams:
+            assert next(s)["meta_info"]["finish_reason"] is None
+        for batched, ref in zip(_concurrently(engine, probes), alone):
+            _same_outputs(batched, ref)
+    finally:
+        for s in streams:
+            s.close()  # the client leaves: its row ends
+
+
+def _wait_for_log(engine: Engine, text: str) -> None:
+    deadline = time.monotonic() + 60
+    while text not in engine.log_path.read_text():
+        assert time.monotonic() < deadline, f"the engine never logged {text!r}"
+        time.sleep(0.05)
+
+
+def test_a_weight_update_waits_for_the_running_batch_and_requests_sent_meanwhile_wait_for_it(
+        models: tuple[Path, Path], tmp_path: Path) -> None:
+    with launch(models[0], tmp_path / "swap.log", "--weight-version", "v0") as eng:
+        bodies = [{"text": PROMPT, "sampling_params": {"temperature": 0.9, "sampling_seed": i, "ignore_eos": True}}
+                  for i in range(3)]
+        before = [eng.generate(**{**b, "sampling_params": {**b["sampling_params"], "max_new_tokens": 20}})
+                  for b in bodies]
+        streams = [eng.stream(**{**b, "sampling_params": {**b["sampling_params"], "max_new_tokens": 3000}})
+                   for b in bodies]
+        try:
+            for s in streams:  # all three are generating
+                assert next(s)["meta_info"]["finish_reason"] is None
+            update: dict[str, Any] = {}
+            updater = threading.Thread(target=lambda: update.update(zip(("status", "reply"), eng.call(
+                "/update_weights_from_disk", {"model_path": str(models[1]), "weight_version": "v1"}))))
+            updater.start()
+            _wait_for_log(eng, "weight swap waits for")
+            # Sent while the swap waits: it must not start on the old weights.
+            probe: dict[str, Any] = {}
+            prober = threading.Thread(target=lambda: probe.update(eng.generate(
+                text=PROMPT, sampling_params={"max_new_tokens": 8, "temperature": 0})))
+            prober.start()
+            for s, ref in zip(streams, before):
+                event = next(e for e in s if len(e["output_ids"]) >= 20)
+                # Still the old weights, token for token, and the reply says so.
+                assert event["output_ids"][:20] == ref["output_ids"]
+                assert event["meta_info"]["weight_version"] == "v0"
+        finally:
+            for s in streams:
+                s.close()  # the clients leave; the batch drains and the swap can go
+        updater.join(120)
+        prober.join(120)
+        assert update["status"] == 200 and update["reply"]["weight_version"] == "v1", update
+        after = eng.generate(text=PROMPT, sampling_params={"max_new_tokens": 8, "temperature": 0})
+        assert probe["meta_info"]["weight_version"] == after["meta_info"]["weight_version"] == "v1"
+        assert probe["output_ids"] == after["output_ids"]

@@ -1,59 +1,28 @@
-"""The `hf` engine's model side: load, generate one request token by token, swap weights.
+"""The `hf` engine's model side: load, generate, swap weights. No HTTP here (`http_handler.py`).
 
-No HTTP here (that is `hf_server.py`). One request runs at a time: the caller holds `lock`
-around `generate`, and both weight updates (`update_weights_from_disk`,
-`update_weights_from_distributed`) read and check the new weights first, then take the same lock
-to copy them in, so a swap waits for the request in flight and the next request sees the new
-weights.
+Served requests go through the `Scheduler` (continuous batching, `scheduler.py`): `start` it, then
+`submit` each request. `generate` runs one request in the caller's thread instead (the trainer
+tests build their tasks so), with the caller holding `lock`. Both weight updates
+(`update_weights_from_disk`, `update_weights_from_distributed`) read and check the new weights
+first, then copy them in with no request generating: `Scheduler.exclusive` when the scheduler
+runs (it waits for the batch to drain and holds new requests meanwhile), else `lock`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
-import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
 
 from .dist_weights import WeightGroups
+from .generation import GenState, Run, request_generator
 from .request import GenRequest
-from .sampling import RowSampling, sample_rows
+from .sampling import sample_rows
+from .scheduler import Scheduler, Ticket
 from .weights import WeightError, load_checked_state_dict
-
-
-@dataclass
-class GenState:
-    """A request's output so far; `finish` is set on the last state."""
-
-    rid: str
-    prompt_tokens: int
-    output_ids: list[int] = field(default_factory=list)
-    token_logprobs: list[list[Any]] = field(default_factory=list)
-    top_logprobs: list[list[list[Any]]] = field(default_factory=list)
-    text: str = ""
-    finish: dict[str, Any] | None = None
-    # False while the text ends inside a multi-byte character or a possible stop string: a stream
-    # skips such states so that cumulative text never shrinks.
-    stable: bool = True
-
-
-def request_generator(req: GenRequest, server_seed: int | None) -> torch.Generator:
-    """Per-request RNG: `sampling_seed` if given, else derived from (server seed, rid) when both are
-    set, else random."""
-    g = torch.Generator(device="cpu")
-    if req.sampling_seed is not None:
-        g.manual_seed(req.sampling_seed)
-    elif server_seed is not None and req.rid is not None:
-        # Without a rid every request would share one seed and draw the same sample.
-        digest = hashlib.sha256(f"{server_seed}:{req.rid}".encode()).digest()
-        g.manual_seed(int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF)
-    else:
-        g.seed()
-    return g
 
 
 class HFEngine:
@@ -63,6 +32,9 @@ class HFEngine:
         from transformers import AutoConfig, AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
+        # Imported here, as transformers is: the server answers /health 503 while this loads.
+        from .kv_batch import check_full_attention
+
         hf_logging.disable_progress_bar()  # a progress bar per load is noise in an engine log
         self.model_path = str(Path(model_path).resolve())
         self.tokenizer_path = self.model_path
@@ -71,12 +43,19 @@ class HFEngine:
         self.lock = threading.Lock()
         self.tokenizer = Tokenizer.from_file(str(Path(model_path) / "tokenizer.json"))
         self.config = AutoConfig.from_pretrained(model_path)
+        check_full_attention(self.config)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
         self.vocab_size = int(self.config.vocab_size)
         self.max_context_length = int(getattr(self.config, "max_position_embeddings", 4096))
         self.eos_ids = self._eos_ids(Path(model_path))
         self.tied = bool(getattr(self.config, "tie_word_embeddings", False))
         self.weight_groups = WeightGroups(weight_sync_timeout_s)
+        self.scheduler: Scheduler | None = None
+
+    def start(self, max_batch: int) -> None:
+        """Start the model thread that serves `submit`, at most `max_batch` requests per step."""
+        self.scheduler = Scheduler(self, max_batch)
+        self.scheduler.start()
 
     def _eos_ids(self, path: Path) -> set[int]:
         ids: set[int] = set()
@@ -103,70 +82,41 @@ class HFEngine:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def generate(self, req: GenRequest, should_stop: Callable[[], str | None]) -> Iterator[GenState]:
-        """Yield the state after every new token; the caller must hold `lock`.
-
-        `should_stop` is polled between tokens and says why the request must end (client gone,
-        server stopping), or None: the last state then finishes with `abort` and that `message`,
-        as SGLang's abort carries one.
-        """
+    def prepare(self, req: GenRequest, should_stop: Callable[[], str | None]) -> Run:
+        """Encode and check the prompt (RequestError when it does not fit) and set up the request's
+        sampling. `should_stop` is polled between tokens and says why the request must end (client
+        gone, server stopping), or None: it then finishes with `abort` and that `message`, as
+        SGLang's abort carries one."""
         prompt = req.input_ids if req.input_ids is not None else self.encode(req.text or "")
-        req.check_prompt(prompt, self.vocab_size, self.max_context_length)
-        sp = req.sampling
-        budget = min(sp.max_new_tokens, self.max_context_length - len(prompt))
-        # As SGLang: ignore_eos turns every stop token off, stop_token_ids included.
-        stop_ids = set() if sp.ignore_eos else set(sp.stop_token_ids) | self.eos_ids
-        row = RowSampling(temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p,
-                          generator=request_generator(req, self.seed), logprob=req.return_logprob,
-                          top_n=req.top_logprobs_num if req.return_logprob else 0)
-        state = GenState(rid=req.rid or uuid.uuid4().hex, prompt_tokens=len(prompt))
-        if budget <= 0:
-            state.finish = {"type": "length", "matched": None}
-            yield state
-            return
-        with torch.inference_mode():
-            out = self.model(input_ids=torch.tensor([prompt]), use_cache=True)
-            while True:
-                pick = sample_rows(out.logits[:, -1], [row])[0]
-                token = pick.token
-                state.output_ids.append(token)
-                if pick.logprob is not None:
-                    state.token_logprobs.append([pick.logprob, token, None])
-                    state.top_logprobs.append(pick.top)
-                # The length first, then stop tokens, then stop strings, as SGLang checks them: a
-                # stop token or string completed by the last token the budget allows ends with
-                # `length` and stays in the text.
-                is_stop_token = False
-                if len(state.output_ids) >= budget:
-                    state.finish = {"type": "length", "matched": None}
-                elif token in stop_ids:
-                    is_stop_token = True
-                    state.finish = {"type": "stop", "matched": token}
-                elif (why := should_stop()) is not None:
-                    state.finish = {"type": "abort", "matched": None, "message": why}
-                # Decoding is O(length) per token: do it only when someone looks at the text.
-                if sp.stop or req.stream or state.finish is not None:
-                    self._update_text(state, sp.stop if state.finish is None else [], is_stop_token)
-                yield state
-                if state.finish is not None:
-                    return
-                out = self.model(input_ids=torch.tensor([[token]]), past_key_values=out.past_key_values,
-                                 use_cache=True)
+        return Run(req, prompt, vocab_size=self.vocab_size, context=self.max_context_length, eos_ids=self.eos_ids,
+                   server_seed=self.seed, decode=self.decode, should_stop=should_stop)
 
-    def _update_text(self, state: GenState, stops: list[str], stop_token: bool) -> None:
-        # A matched stop token is kept in output_ids (a trainer learns to emit it) but not in text.
-        ids = state.output_ids[:-1] if stop_token else state.output_ids
-        text = self.decode(ids)
-        for s in stops:
-            at = text.find(s)
-            if at >= 0:
-                state.text = text[:at]
-                state.finish = {"type": "stop", "matched": s}
-                state.stable = True
-                return
-        state.text = text
-        tail_is_prefix = any(text.endswith(s[:n]) for s in stops for n in range(1, len(s)))
-        state.stable = not text.endswith("\ufffd") and not tail_is_prefix
+    def submit(self, req: GenRequest, should_stop: Callable[[], str | None]) -> Ticket:
+        """Queue a request for the running batch (`start` first); read its states from the ticket."""
+        assert self.scheduler is not None, "start() the scheduler before submitting"
+        return self.scheduler.submit(self.prepare(req, should_stop))
+
+    def generate(self, req: GenRequest, should_stop: Callable[[], str | None]) -> Iterator[GenState]:
+        """Run one request alone in the caller's thread, yielding its state after every token (the
+        same object, updated); the caller must hold `lock`."""
+        from .kv_batch import KVBatch
+
+        run = self.prepare(req, should_stop)
+        run.state.weight_version = self.weight_version
+        if run.finished:
+            yield run.state
+            return
+        kv = KVBatch(self.model)
+        with torch.inference_mode():
+            logits, cache = kv.prefill(run.prompt)
+            while True:
+                run.accept(sample_rows(logits.unsqueeze(0), [run.sampling])[0])
+                yield run.state
+                if run.finished:
+                    return
+                if kv.size == 0:
+                    kv.merge([cache])
+                logits = kv.step([run.last_token])[0]
 
     def update_weights_from_disk(self, model_path: str, weight_version: str | None) -> None:
         """Load safetensors from `model_path` into the running model; raises WeightError."""
@@ -190,7 +140,8 @@ class HFEngine:
 
     def _swap(self, state: dict[str, torch.Tensor], weight_version: str | None) -> None:
         # Everything that can fail was checked before this point: the copy itself does not.
-        with self.lock, torch.inference_mode():
+        hold = self.scheduler.exclusive() if self.scheduler is not None else self.lock
+        with hold, torch.inference_mode():
             params = dict(self.model.named_parameters(remove_duplicate=False))
             buffers = dict(self.model.named_buffers())
             for name, tensor in state.items():

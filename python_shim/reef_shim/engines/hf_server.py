@@ -1,7 +1,8 @@
 """The `hf` engine: a CPU inference server on transformers speaking Reef's SGLang subset.
 
     python -m reef_shim.engines.hf_server --model-path DIR --host 127.0.0.1 --port P
-        [--weight-version V] [--seed S] [--max-running N] [--threads T] [--weight-sync-timeout-s S]
+        [--weight-version V] [--seed S] [--max-running N] [--max-batch B] [--threads T]
+        [--weight-sync-timeout-s S]
 
 Routes (docs/internals.md, "Engine HTTP API"): `POST /generate`, `GET /health`,
 `GET /model_info` (also `/get_model_info`), `GET /get_server_info` (tp_size and device only),
@@ -11,8 +12,13 @@ Routes (docs/internals.md, "Engine HTTP API"): `POST /generate`, `GET /health`,
 `POST /flush_cache` (answered in plain text, as SGLang does).
 
 Behaviour a client can rely on:
-- One request generates at a time (KV-cached, fp32, `torch.inference_mode`); others queue, at most
-  `--max-running` admitted at once (more → 503 `REEF_ERR_ENGINE_DOWN`, retryable).
+- Continuous batching (`scheduler.py`): one model thread decodes every running request in one
+  forward per token (KV-cached, fp32, `torch.inference_mode`); a new request joins the batch
+  between two steps (its prompt prefilled alone), a finished one leaves. At most `--max-batch` (32)
+  run at once, the others queue; at most `--max-running` (256) are admitted, queued or running
+  (more → 503 `REEF_ERR_ENGINE_DOWN`, retryable).
+- Everything below holds per request, whatever else is in the batch: a request's tokens and
+  logprobs are those it gets alone (logprobs up to float rounding, ~1e-6).
 - Sampling and logprobs: see `sampling.py`. The reported logprob and top-K are SGLang's:
   `log_softmax(logits / temperature)` before top-k / top-p (a temperature below 1e-6 = greedy,
   reporting `log_softmax(logits)`), so every top-K entry is finite; `tempered_logprobs` recomputes
@@ -22,7 +28,7 @@ Behaviour a client can rely on:
   changes nothing (`request.UNIMPLEMENTED`).
 - Randomness: each request gets its own `torch.Generator`, seeded by `sampling_params.sampling_seed`
   when given, else by sha256(f"{--seed}:{rid}") when the server has a seed and the client a rid,
-  else randomly. So (seed, rid, weights, prompt, params) fixes the output.
+  else randomly. So (seed, rid, weights, prompt, params) fixes the output, batch or not.
 - Finishing: a stop token (`stop_token_ids` and the model's eos ids; `ignore_eos` turns both off,
   as SGLang) ends with `{type: 'stop', matched: <id>}`; the token is in `output_ids` and its
   logprobs, not in `text`. A stop string ends with `matched: <string>` and `text` cut before it.
@@ -41,12 +47,15 @@ Behaviour a client can rely on:
   ends there (or does not start, if it was queued) and the engine moves on.
 - Pause: `/pause_generation` makes new `/generate` calls wait (they are not failed) until
   `/continue_generation`; requests already admitted finish. `/health` stays 200 while paused.
-- `/update_weights_from_disk {model_path, weight_version}` waits for the request in flight, loads
-  the safetensors of a same-shaped checkpoint, and answers `{success, message, weight_version}`
-  (400 with `success: false` and nothing changed when the checkpoint does not fit).
+- Weights: every request's tokens come from one weight version, the `weight_version` of its reply.
+  `/update_weights_from_disk {model_path, weight_version}` loads and checks the safetensors of a
+  same-shaped checkpoint, then waits until no request is generating (the running batch drains;
+  new requests wait meanwhile), swaps them in, and admission resumes. It answers
+  `{success, message, weight_version}` (400 with `success: false` and nothing changed when the
+  checkpoint does not fit).
 - The distributed update is SGLang's protocol over gloo (`engines/dist_weights.py`): join a weight
   group as rank `rank_offset`, then receive the announced tensors from rank 0. Tensors are received
-  while requests keep generating and swapped in under the same lock as a disk update; a broken or
+  while requests keep generating and swapped in as a disk update's are; a broken or
   refused transfer answers 400 `success: false` and leaves the weights that were serving. `nccl`
   is refused (the weights live on the CPU). `--weight-sync-timeout-s` (300) bounds the join and
   each transfer.
@@ -93,13 +102,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=30000, help="0 picks a free port (see the ready line)")
     p.add_argument("--weight-version", default="default")
     p.add_argument("--seed", type=int, default=None, help="server seed for per-request RNGs")
-    p.add_argument("--max-running", type=int, default=256, help="requests admitted at once")
+    p.add_argument("--max-running", type=int, default=256, help="requests admitted at once, queued or running")
+    p.add_argument("--max-batch", type=int, default=32, help="requests generating at once, in one batch")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: 1 for models under 50M parameters, else torch's)")
     p.add_argument("--weight-sync-timeout-s", type=float, default=300.0,
                    help="how long a weight group join or transfer may wait for its peer")
     p.add_argument("--log-level", default="info")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.max_batch < 1:
+        p.error("--max-batch must be at least 1")
+    return args
 
 
 def _set_threads(threads: int | None, engine: Any) -> None:
@@ -112,6 +125,12 @@ def _set_threads(threads: int | None, engine: Any) -> None:
         threads = 1 if params < 50_000_000 else None
     if threads:
         torch.set_num_threads(threads)
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = HFEngine(args.model_path, weight_version=args.weight_version, seed=args.seed,
                           weight_sync_timeout_s=args.weight_sync_timeout_s)
         _set_threads(args.threads, engine)
+        engine.start(args.max_batch)
         state.engine = engine
     except Exception:
         log.exception("cannot load %s", args.model_path)
@@ -148,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     url = f"http://{host}:{port}"
     print(json.dumps({"event": "ready", "url": url, "pid": os.getpid()}), flush=True)
-    log.info("ready at %s (weight_version %s)", url, args.weight_version)
+    log.info("ready at %s (weight_version %s, batches of up to %d, %d threads)", url, args.weight_version,
+             args.max_batch, torch_threads())
     while not stop.wait(0.5):
         pass
     state.release_waiters()
@@ -156,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     # their `abort` first (within the shim's 10 s SIGTERM grace).
     if not state.wait_idle(STOP_GRACE_S):
         log.warning("stopping with requests still in flight after %.0f s", STOP_GRACE_S)
+    if engine.scheduler is not None:
+        engine.scheduler.close()
     httpd.shutdown()
     httpd.server_close()
     log.info("stopped")

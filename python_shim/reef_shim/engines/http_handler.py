@@ -13,6 +13,7 @@ from typing import Any
 
 from .hf_engine import GenState, HFEngine
 from .request import GenRequest, RequestError, parse_generate
+from .scheduler import NotStarted, Ticket
 from .weights import WeightError
 
 log = logging.getLogger("reef_shim.hf_server")
@@ -88,7 +89,7 @@ class ServerState:
         return True
 
 
-def reply_body(state: GenState, weight_version: str, req: GenRequest) -> dict[str, Any]:
+def reply_body(state: GenState, req: GenRequest) -> dict[str, Any]:
     return {
         "text": state.text,
         "output_ids": list(state.output_ids),
@@ -99,7 +100,8 @@ def reply_body(state: GenState, weight_version: str, req: GenRequest) -> dict[st
             "completion_tokens": len(state.output_ids),
             "output_token_logprobs": list(state.token_logprobs) if req.return_logprob else None,
             "output_top_logprobs": list(state.top_logprobs) if req.return_logprob else None,
-            "weight_version": weight_version,
+            # The version the tokens came from, not the engine's now: a swap may follow the last token.
+            "weight_version": state.weight_version,
         },
     }
 
@@ -362,40 +364,37 @@ class EngineHandler(BaseHTTPRequestHandler):
 
     def _generate(self, body: Any) -> None:
         req = parse_generate(body)
-        if self._engine() is None:
+        engine = self._engine()
+        if engine is None:
             return
         self.st.admit(req.rid)
         try:
-            engine = self.st.engine
-            assert engine is not None
-            with engine.lock:
+            ticket = engine.submit(req, self._should_stop)  # a RequestError about the prompt surfaces here
+            states = ticket.states()
+            try:
+                first = next(states)
+            except NotStarted:
                 if self.st.stopping.is_set():
                     # Queued behind others when the server began to stop: not even the prompt runs.
-                    raise RequestError("the engine is stopping", "REEF_ERR_ENGINE_DOWN", 503)
-                if self._client_gone():
-                    # It left while queued (behind other requests, or paused): not even the prompt runs.
-                    self.close_connection = True
-                    log.info("client left request %s before it started", req.rid)
-                    return
-                if req.stream:
-                    self._stream(engine, req)
-                else:
-                    last = None
-                    for last in engine.generate(req, self._should_stop):
-                        pass
-                    assert last is not None
-                    if last.finish and last.finish["type"] == "abort" and self._client_gone():
-                        self.close_connection = True
-                        log.info("client left request %s after %d tokens", last.rid, len(last.output_ids))
-                        return
-                    self.st.release_rid(req.rid)
-                    self._send_json(200, reply_body(last, engine.weight_version, req))
+                    raise RequestError("the engine is stopping", "REEF_ERR_ENGINE_DOWN", 503) from None
+                # It left while queued (behind other requests, or paused): not even the prompt runs.
+                self.close_connection = True
+                log.info("client left request %s before it started", req.rid)
+                return
+            if req.stream:
+                self._stream(ticket, first, states, req)
+                return
+            last = first  # without streaming, the one state handed out is the last
+            if last.finish and last.finish["type"] == "abort" and self._client_gone():
+                self.close_connection = True
+                log.info("client left request %s after %d tokens", last.rid, len(last.output_ids))
+                return
+            self.st.release_rid(req.rid)
+            self._send_json(200, reply_body(last, req))
         finally:
             self.st.leave(req.rid)
 
-    def _stream(self, engine: HFEngine, req: GenRequest) -> None:
-        states = engine.generate(req, self._should_stop)
-        first = next(states)  # a RequestError about the prompt surfaces here, before any header
+    def _stream(self, ticket: Ticket, first: GenState, states: Any, req: GenRequest) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -408,19 +407,19 @@ class EngineHandler(BaseHTTPRequestHandler):
                     raise ClientGone()
                 if state.finish is not None:
                     self.st.release_rid(req.rid)
-                if state.stable or state.finish is not None:
-                    event = json.dumps(reply_body(state, engine.weight_version, req), allow_nan=False)
-                    self._chunk(f"data: {event}\n\n".encode())
+                event = json.dumps(reply_body(state, req), allow_nan=False)
+                self._chunk(f"data: {event}\n\n".encode())
                 state = next(states, None)
             self._chunk(b"data: [DONE]\n\n")
             self._chunk(b"")
         except ClientGone:
-            states.close()  # stops the generator: no token is computed for a client that left
+            ticket.cancel()  # its row leaves the batch: no token is computed for a client that left
             self.close_connection = True
             log.info("client left stream %s", req.rid)
         except Exception as e:
             # The 200 and some events are out: an error response now would land inside the chunked
             # body. SGLang ends such a stream with an error event, then [DONE].
+            ticket.cancel()
             log.exception("stream %s failed", req.rid)
             self.close_connection = True
             error = json.dumps({"error": {"message": f"generation failed: {e}", "code": "REEF_ERR_HANDLER"}})
