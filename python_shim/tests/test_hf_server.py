@@ -533,3 +533,21 @@ def test_a_weight_update_waits_for_the_running_batch_and_requests_sent_meanwhile
         after = eng.generate(text=PROMPT, sampling_params={"max_new_tokens": 8, "temperature": 0})
         assert probe["meta_info"]["weight_version"] == after["meta_info"]["weight_version"] == "v1"
         assert probe["output_ids"] == after["output_ids"]
+
+
+def test_a_bf16_engine_serves_near_fp32_logprobs_and_casts_loaded_weights_to_bf16(
+        models: tuple[Path, Path], tmp_path: Path) -> None:
+    body = {"text": PROMPT, "return_logprob": True, "top_logprobs_num": 3,
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    with launch(models[0], tmp_path / "bf16.log", "--dtype", "bf16") as eng:
+        first = eng.generate(**body)
+        lp, _ = recompute(models[0], prompt_ids(models[0]), first["output_ids"], temperature=0.0)
+        gaps = [abs(e[0] - float(lp[t, e[1]])) for t, e in enumerate(first["meta_info"]["output_token_logprobs"])]
+        # bf16 weights: near the fp32 numbers, not equal to them.
+        assert 1e-4 < max(gaps) < 0.1, gaps
+        for path in (models[1], models[0]):  # fp32 checkpoints, loaded into the bf16 model
+            status, r = eng.call("/update_weights_from_disk", {"model_path": str(path), "weight_version": None})
+            assert status == 200 and r["success"], r
+        again = eng.generate(**body)
+        assert again["output_ids"] == first["output_ids"]
+        assert again["meta_info"]["output_token_logprobs"] == first["meta_info"]["output_token_logprobs"]

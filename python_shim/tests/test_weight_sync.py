@@ -105,3 +105,14 @@ def test_a_broken_or_refused_push_leaves_the_old_weights_serving(engine: Engine,
     # The engine still takes a good push afterwards.
     assert send(engine, models[1], "v2")["ok"] is True
     assert engine.generate(**SAMPLED)["meta_info"]["weight_version"] == "v2"
+
+
+def test_a_gloo_push_into_a_bf16_engine_is_cast_as_a_disk_load_is(models: tuple[Path, Path], tmp_path: Path) -> None:
+    # The trainer pushes fp32 tensors; a bf16 engine casts them as it casts a checkpoint it loads.
+    with launch(models[0], tmp_path / "bf16.log", "--dtype", "bf16", "--weight-sync-timeout-s", "30") as bf16:
+        outcome = send(bf16, models[1], "v1")
+        assert outcome["ok"] is True, outcome
+        pushed = bf16.generate(**SAMPLED)
+        status, r = bf16.call("/update_weights_from_disk", {"model_path": str(models[1]), "weight_version": "v1-disk"})
+        assert status == 200 and r["success"], r
+        assert outputs(bf16.generate(**SAMPLED)) == outputs(pushed)

@@ -24,10 +24,13 @@ from .sampling import sample_rows
 from .scheduler import Scheduler, Ticket
 from .weights import WeightError, load_checked_state_dict
 
+# `--dtype`: the weights' dtype. Logits are cast to fp32 before any softmax either way.
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
 
 class HFEngine:
     def __init__(self, model_path: str, weight_version: str = "default", seed: int | None = None,
-                 weight_sync_timeout_s: float = 300.0) -> None:
+                 weight_sync_timeout_s: float = 300.0, dtype: str = "fp32") -> None:
         from tokenizers import Tokenizer
         from transformers import AutoConfig, AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
@@ -43,8 +46,11 @@ class HFEngine:
         self.lock = threading.Lock()
         self.tokenizer = Tokenizer.from_file(str(Path(model_path) / "tokenizer.json"))
         self.config = AutoConfig.from_pretrained(model_path)
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+        self.dtype = dtype
         check_full_attention(self.config)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype]).eval()
         self.vocab_size = int(self.config.vocab_size)
         self.max_context_length = int(getattr(self.config, "max_position_embeddings", 4096))
         self.eos_ids = self._eos_ids(Path(model_path))
@@ -139,7 +145,8 @@ class HFEngine:
         return self.weight_groups.destroy(group_name)
 
     def _swap(self, state: dict[str, torch.Tensor], weight_version: str | None) -> None:
-        # Everything that can fail was checked before this point: the copy itself does not.
+        # Everything that can fail was checked before this point: the copy itself does not. The copy
+        # casts into the served dtype (an fp32 trainer's weights into a bf16 engine).
         hold = self.scheduler.exclusive() if self.scheduler is not None else self.lock
         with hold, torch.inference_mode():
             params = dict(self.model.named_parameters(remove_duplicate=False))
@@ -153,4 +160,4 @@ class HFEngine:
                 self.weight_version = weight_version
 
 
-__all__ = ["GenState", "HFEngine", "WeightError", "request_generator"]
+__all__ = ["DTYPES", "GenState", "HFEngine", "WeightError", "request_generator"]

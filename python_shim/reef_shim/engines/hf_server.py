@@ -1,8 +1,8 @@
 """The `hf` engine: a CPU inference server on transformers speaking Reef's SGLang subset.
 
     python -m reef_shim.engines.hf_server --model-path DIR --host 127.0.0.1 --port P
-        [--weight-version V] [--seed S] [--max-running N] [--max-batch B] [--threads T]
-        [--weight-sync-timeout-s S]
+        [--weight-version V] [--seed S] [--max-running N] [--max-batch B] [--dtype fp32|bf16]
+        [--threads T] [--weight-sync-timeout-s S]
 
 Routes (docs/internals.md, "Engine HTTP API"): `POST /generate`, `GET /health`,
 `GET /model_info` (also `/get_model_info`), `GET /get_server_info` (tp_size and device only),
@@ -13,10 +13,11 @@ Routes (docs/internals.md, "Engine HTTP API"): `POST /generate`, `GET /health`,
 
 Behaviour a client can rely on:
 - Continuous batching (`scheduler.py`): one model thread decodes every running request in one
-  forward per token (KV-cached, fp32, `torch.inference_mode`); a new request joins the batch
-  between two steps (its prompt prefilled alone), a finished one leaves. At most `--max-batch` (32)
-  run at once, the others queue; at most `--max-running` (256) are admitted, queued or running
-  (more → 503 `REEF_ERR_ENGINE_DOWN`, retryable).
+  forward per token (KV-cached, `torch.inference_mode`); a new request joins the batch between two
+  steps (its prompt prefilled alone), a finished one leaves. At most `--max-batch` (32) run at
+  once, the others queue; at most `--max-running` (256) are admitted, queued or running (more → 503
+  `REEF_ERR_ENGINE_DOWN`, retryable). `--dtype bf16` holds the weights in bf16 (default fp32);
+  logits are cast to fp32 before any softmax.
 - Everything below holds per request, whatever else is in the batch: a request's tokens and
   logprobs are those it gets alone (logprobs up to float rounding, ~1e-6).
 - Sampling and logprobs: see `sampling.py`. The reported logprob and top-K are SGLang's:
@@ -50,9 +51,9 @@ Behaviour a client can rely on:
 - Weights: every request's tokens come from one weight version, the `weight_version` of its reply.
   `/update_weights_from_disk {model_path, weight_version}` loads and checks the safetensors of a
   same-shaped checkpoint, then waits until no request is generating (the running batch drains;
-  new requests wait meanwhile), swaps them in, and admission resumes. It answers
-  `{success, message, weight_version}` (400 with `success: false` and nothing changed when the
-  checkpoint does not fit).
+  new requests wait meanwhile), swaps them in (cast to `--dtype`), and admission resumes. It
+  answers `{success, message, weight_version}` (400 with `success: false` and nothing changed when
+  the checkpoint does not fit).
 - The distributed update is SGLang's protocol over gloo (`engines/dist_weights.py`): join a weight
   group as rank `rank_offset`, then receive the announced tensors from rank 0. Tensors are received
   while requests keep generating and swapped in as a disk update's are; a broken or
@@ -82,6 +83,9 @@ from typing import Any
 from .http_handler import EngineHandler, ServerState
 from .sampling import sampling_logprobs, tempered_logprobs
 
+# The choices of --dtype (hf_engine.DTYPES, which needs transformers, imported once /health answers).
+DTYPES = ("bf16", "fp32")
+
 log = logging.getLogger("reef_shim.hf_server")
 
 
@@ -104,6 +108,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=None, help="server seed for per-request RNGs")
     p.add_argument("--max-running", type=int, default=256, help="requests admitted at once, queued or running")
     p.add_argument("--max-batch", type=int, default=32, help="requests generating at once, in one batch")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="the weights' dtype")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: 1 for models under 50M parameters, else torch's)")
     p.add_argument("--weight-sync-timeout-s", type=float, default=300.0,
@@ -158,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         from .hf_engine import HFEngine
 
         engine = HFEngine(args.model_path, weight_version=args.weight_version, seed=args.seed,
-                          weight_sync_timeout_s=args.weight_sync_timeout_s)
+                          weight_sync_timeout_s=args.weight_sync_timeout_s, dtype=args.dtype)
         _set_threads(args.threads, engine)
         engine.start(args.max_batch)
         state.engine = engine
@@ -168,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     url = f"http://{host}:{port}"
     print(json.dumps({"event": "ready", "url": url, "pid": os.getpid()}), flush=True)
-    log.info("ready at %s (weight_version %s, batches of up to %d, %d threads)", url, args.weight_version,
-             args.max_batch, torch_threads())
+    log.info("ready at %s (weight_version %s, %s, batches of up to %d, %d threads)", url, args.weight_version,
+             args.dtype, args.max_batch, torch_threads())
     while not stop.wait(0.5):
         pass
     state.release_waiters()
