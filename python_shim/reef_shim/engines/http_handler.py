@@ -369,9 +369,9 @@ class EngineHandler(BaseHTTPRequestHandler):
             return
         self.st.admit(req.rid)
         try:
-            ticket = engine.submit(req, self._should_stop)  # a RequestError about the prompt surfaces here
-            states = ticket.states()
             try:
+                ticket = engine.submit(req, self._should_stop)  # a RequestError about the prompt surfaces here
+                states = ticket.states()
                 first = next(states)
             except NotStarted:
                 if self.st.stopping.is_set():
