@@ -6,6 +6,7 @@ import * as hfTokenizers from '@huggingface/tokenizers';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { ReefError } from '../../runtime/errors.js';
 import { AddedTokenSplitter } from './added-tokens.js';
+import { bpeDropsUnknownAsCrate } from './bpe-as-crate.js';
 import { ControlTokenMarker, controlTokens, literalAlternation } from './control-tokens.js';
 import { loadModelFiles, type AddedTokenSpec, type ModelFiles } from './model-files.js';
 import { isDeepFrozen, perFrozen } from './frozen.js';
@@ -158,6 +159,7 @@ export class ChatTokenizer {
       this.template = new Template(files.chatTemplate.replace(/\r\n?/g, '\n'));
       splitAtUnicodeWhitespace(this.full.pre_tokenizer);
       lowercaseAsCrate(this.full.normalizer);
+      bpeDropsUnknownAsCrate(this.full, files.tokenizerJson.model);
       decodeAsCrate(this.full.decoder, (this.files.tokenizerJson.decoder ?? null) as unknown);
     } catch (err) {
       throw new ReefError('REEF_ERR_TOKENIZER', { modelDir: files.modelDir, reason: (err as Error).message }, { cause: err });
@@ -214,6 +216,7 @@ export class ChatTokenizer {
     const t = new Tokenizer(spec, { ...this.files.tokenizerConfig, additional_special_tokens: [] });
     splitAtUnicodeWhitespace(t.pre_tokenizer);
     lowercaseAsCrate(t.normalizer);
+    bpeDropsUnknownAsCrate(t, spec.model);
     return t;
   }
 

@@ -312,3 +312,29 @@ describe('a tokenizer with normalized added tokens', () => {
     }
   });
 });
+
+describe('a BPE vocabulary without some bytes and no unk token (SmolLM2\'s lacks 21 of the 256)', () => {
+  it('leaves those bytes out before merging, as the tokenizers crate does: their neighbours merge across them', () => {
+    const dir = copyTinyModel(mkdtempSync(join(tmpdir(), 'reef-missing-byte-')));
+    try {
+      const path = join(dir, 'tokenizer.json');
+      const spec = JSON.parse(readFileSync(path, 'utf8')) as { model: { vocab: Record<string, number>; unk_token: unknown } };
+      // "ĝ" is byte 0x1d in the byte-level alphabet; no merge of the tiny model's uses it.
+      expect(spec.model.unk_token).toBeNull();
+      delete spec.model.vocab['\u011d'];
+      writeFileSync(path, JSON.stringify(spec));
+      const t = ChatTokenizer.load(dir);
+      // Punctuation on both sides keeps the three characters one pre-tokenized word.
+      const pair = Array.from(t.encodeText('":'));
+      expect(pair).toHaveLength(1);
+      // The package kept the byte in the word, which blocked the merge, and dropped it afterwards: two ids.
+      expect(Array.from(t.encodeText('"\u001d:'))).toEqual(pair);
+      expect(Array.from(t.encodePlain('"\u001d\u001d:', true))).toEqual(pair);
+      expect(t.decode(t.encodeText('"\u001d:'))).toBe('":');
+      // The tiny model itself has the byte: it stays an id of its own there.
+      expect(Array.from(tok.encodeText('"\u001d:'))).toHaveLength(3);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
