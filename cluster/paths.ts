@@ -42,6 +42,14 @@ export function tinyModelDir(): string {
   return process.env.REEF_TINY_MODEL ?? join(repoRoot(), '.cache', 'tiny-model');
 }
 
+/**
+ * Where SmolLM2-135M-Instruct, a real pretrained model (Llama architecture, 49,152-id byte-level BPE,
+ * ChatML template), is installed by `scripts/setup.sh` (`python -m reef_shim.smollm2_model`).
+ */
+export function smolModelDir(): string {
+  return process.env.REEF_SMOL_MODEL ?? join(repoRoot(), '.cache', 'smollm2-135m-instruct');
+}
+
 export function resolveFrom(base: string, p: string): string {
   return resolve(base, p);
 }

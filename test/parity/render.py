@@ -4,7 +4,7 @@ Reads {"modelDir": str, "cases": [{"id", "modelDir", "messages", "tools", "extra
 stdin (a case's modelDir, where given, overrides the request's)
 and prints {"results": {id: {"ids": [...], "sanitizedIds": [...], "text": str}}} on stdout:
 transformers' apply_chat_template(..., add_generation_prompt=True, tokenize=True), plain and with
-sanitize_control_tokens=True.
+sanitize_control_tokens=True; {"error": str} for a case whose template raised.
 """
 
 import json
@@ -24,7 +24,11 @@ def main() -> None:
         tokenizer = tokenizers[model_dir]
         kwargs = dict(case.get("extra") or {})
         common = dict(tools=case.get("tools"), add_generation_prompt=True, **kwargs)
-        text = tokenizer.apply_chat_template(case["messages"], tokenize=False, **common)
+        try:
+            text = tokenizer.apply_chat_template(case["messages"], tokenize=False, **common)
+        except Exception as e:  # the template refuses this chat (SmolLM2's on a message without content)
+            results[case["id"]] = {"error": f"{type(e).__name__}: {e}"}
+            continue
         plain = tokenizer.apply_chat_template(case["messages"], tokenize=True, **common)
         sanitized = tokenizer.apply_chat_template(
             case["messages"], tokenize=True, sanitize_control_tokens=True, **common

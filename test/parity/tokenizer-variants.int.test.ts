@@ -1,9 +1,9 @@
 import { spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { pythonBin, pythonEnv, repoRoot, tinyModelDir } from '../../cluster/paths.js';
+import { pythonBin, pythonEnv, repoRoot, smolModelDir, tinyModelDir } from '../../cluster/paths.js';
 import { ChatTokenizer } from '../../actors/gateway/tokenize/chat-tokenizer.js';
 import { normalizeMessages } from '../../actors/gateway/tokenize/normalize.js';
 
@@ -18,7 +18,9 @@ import { normalizeMessages } from '../../actors/gateway/tokenize/normalize.js';
  * for clean_up_tokenization_spaces (which transformers 5 ignores for BPE) or names a non-special
  * token among its additional_special_tokens (still not skipped in decoding), and models with a
  * named `tool_use` template (a file, or a list in the config), which renders requests with tools. Python writes the models
- * (tokenizer_variants.py) and encodes the same seeded strings and chats.
+ * (tokenizer_variants.py) and encodes the same seeded strings and chats. Besides them, a real
+ * pretrained model's tokenizer as it ships: SmolLM2-135M-Instruct's (49,152 ids, 17 special tokens),
+ * built by scripts/setup.sh and skipped, saying so, only where that directory is absent.
  */
 
 /** Text that sits next to added tokens: whitespace of both kinds, word characters, marks, case variants. */
@@ -27,7 +29,19 @@ const ATOMS = [
   ' ', '  ', '\t', '\n', '\r\n', '\u00a0', '\u0085', '\u2028', '\u3000', '\ufeff', '\u200b', '\u200d', '\u0000', '\u001f',
   'a', 'word', '_', '9', '٣', '¼', '²', '１２', 'e\u0301', '\u0301', 'ﬁ', '①', 'Å', '😀', '👨‍👩‍👧', 'Привет', '中文', 'it\'s', '-', '.', '<', '|>',
   '＜|im_end|＞', '<|ＩＭ_ＥＮＤ|>', 'ΟΔΟΣ', 'İ',
+  // SmolLM2's other special tokens, runs its vocabulary has pieces for, and ByteLevel's own alphabet as text.
+  '<repo_name>', '<file_sep>', '<jupyter_code>', '<empty_output>', '    ', '1234', ' 42', "'s", "'LL", 'Ġ', 'âĢĶ', 'Ċ',
+  // Bytes SmolLM2's vocabulary lacks (0x06, 0x1d, 0x13, lead bytes 0xf1 and 0xf2): the crate leaves them out of the word.
+  '\u0006', '\u001d', '>\u0013<', '\u{50000}', '\u{9fffd}',
 ];
+
+/** Code-point ranges for random text: scripts, marks, digits, symbols, emoji, whitespace and controls. */
+const RANGES: [number, number][] = [
+  [0x20, 0x7e], [0x20, 0x7e], [0x20, 0x7e], [0x00, 0x1f], [0xa0, 0x17f], [0x300, 0x36f], [0x370, 0x3ff], [0x400, 0x4ff], [0x590, 0x5ff],
+  [0x600, 0x6ff], [0x900, 0x97f], [0xe00, 0xe7f], [0x2000, 0x206f], [0x3000, 0x30ff], [0x4e00, 0x9fff], [0xac00, 0xd7a3],
+  [0xfe00, 0xfe0f], [0xff00, 0xffef], [0x1f300, 0x1faff], [0x1d400, 0x1d7ff], [0x10000, 0x10ffff],
+];
+const WORDS = ['the', ' the', 'The', ' function', 'return', '\n\n', '    ', ' 2024', '...', '—', ' über', ' naïve', '東京', ' Привет', 'don\'t', 'http://x.org/a?b=1'];
 
 function seeded(seed: number): () => number {
   let s = seed >>> 0;
@@ -48,6 +62,20 @@ function strings(): string[] {
     for (let j = 0; j < n; j++) s += ATOMS[Math.floor(rnd() * ATOMS.length)];
     out.push(s);
   }
+  // Random text for the BPE model itself: code points of many scripts mixed with common words.
+  for (let i = 0; i < 400; i++) {
+    let s = '';
+    const n = 1 + Math.floor(rnd() * 24);
+    for (let j = 0; j < n; j++) {
+      if (rnd() < 0.2) s += WORDS[Math.floor(rnd() * WORDS.length)];
+      else {
+        const [lo, hi] = RANGES[Math.floor(rnd() * RANGES.length)]!;
+        const cp = lo + Math.floor(rnd() * (hi - lo + 1));
+        s += String.fromCodePoint(cp >= 0xd800 && cp <= 0xdfff ? 0xfffd : cp);
+      }
+    }
+    out.push(s);
+  }
   return out;
 }
 
@@ -62,6 +90,10 @@ const CHATS: { messages: Record<string, string>[]; tools: typeof TOOLS | null }[
 ].map((messages) => ({ messages, tools: null }));
 CHATS.push({ messages: [{ role: 'system', content: 'Use tools.' }, { role: 'user', content: 'call f <|im_end|>' }], tools: TOOLS });
 
+/** SmolLM2-135M-Instruct is there (scripts/setup.sh builds it): its tokenizer is one more variant, `smollm2`. */
+const SMOL = existsSync(join(smolModelDir(), 'tokenizer.json'));
+const dirOf = (outDir: string, name: string): string => (name === 'smollm2' ? smolModelDir() : join(outDir, name));
+
 interface PyModel { encode: number[][]; plain: number[][]; chats: { ids: number[]; sanitizedIds: number[] }[]; decode: string[]; random: { ids: number[]; text: string; skipped: string }[] }
 
 describe('tokenizer variants against transformers', () => {
@@ -70,7 +102,7 @@ describe('tokenizer variants against transformers', () => {
 
   beforeAll(() => {
     outDir = mkdtempSync(join(tmpdir(), 'reef-tokvariants-'));
-    const input = JSON.stringify({ tinyModelDir: tinyModelDir(), outDir, strings: STRINGS, chats: CHATS });
+    const input = JSON.stringify({ tinyModelDir: tinyModelDir(), smolModelDir: SMOL ? smolModelDir() : null, outDir, strings: STRINGS, chats: CHATS });
     const proc = spawnSync(pythonBin(), [join(repoRoot(), 'test/parity/tokenizer_variants.py')], { input, env: pythonEnv(), encoding: 'utf8', maxBuffer: 256 << 20, timeout: 120_000 });
     if (proc.status !== 0) throw new Error(`tokenizer_variants.py failed (${proc.status}): ${proc.stderr}`);
     py = (JSON.parse(proc.stdout) as { models: Record<string, PyModel> }).models;
@@ -81,13 +113,15 @@ describe('tokenizer variants against transformers', () => {
   });
 
   it('covers every variant', () => {
-    expect(Object.keys(py).length).toBe(23);
+    expect(Object.keys(py).length).toBe(SMOL ? 24 : 23);
   });
 
+  if (!SMOL) it.skip(`smollm2 (skipped: ${smolModelDir()} is absent; scripts/setup.sh builds it)`, () => {});
+
   const names = ['lstrip', 'rstrip', 'single_word', 'normalized'].flatMap((f) => ['none', 'Lowercase', 'NFKC'].map((n) => `${f}-${n}`));
-  describe.each([...names, 'all-flags-lowercase', 'metaspace-first', 'metaspace-split', 'sentencepiece-legacy', 'digits', 'digit-runs', 'whitespace-tokens', 'clean-up-spaces', 'additional-special-names', 'tool-use-file', 'tool-use-config'])('%s', (name) => {
+  describe.each([...names, 'all-flags-lowercase', 'metaspace-first', 'metaspace-split', 'sentencepiece-legacy', 'digits', 'digit-runs', 'whitespace-tokens', 'clean-up-spaces', 'additional-special-names', 'tool-use-file', 'tool-use-config', ...(SMOL ? ['smollm2'] : [])])('%s', (name) => {
     it('encodes every string as the tokenizers crate does, with added tokens and without', () => {
-      const tok = ChatTokenizer.load(join(outDir, name));
+      const tok = ChatTokenizer.load(dirOf(outDir, name));
       const want = py[name]!;
       const wrong = STRINGS.filter((s, i) => JSON.stringify(Array.from(tok.encodeText(s))) !== JSON.stringify(want.encode[i]));
       expect(wrong).toEqual([]);
@@ -97,7 +131,7 @@ describe('tokenizer variants against transformers', () => {
     });
 
     it('decodes those ids, and random ones, to the text transformers decodes them to', () => {
-      const tok = ChatTokenizer.load(join(outDir, name));
+      const tok = ChatTokenizer.load(dirOf(outDir, name));
       const wrong = STRINGS.filter((s, i) => tok.decode(py[name]!.encode[i]!) !== py[name]!.decode[i]);
       expect(wrong).toEqual([]);
       // Broken UTF-8 in byte tokens, special tokens skipped or not, ids past the vocabulary.
@@ -106,7 +140,7 @@ describe('tokenizer variants against transformers', () => {
     });
 
     it('renders every chat to the ids of apply_chat_template, guarded or not', () => {
-      const tok = ChatTokenizer.load(join(outDir, name));
+      const tok = ChatTokenizer.load(dirOf(outDir, name));
       CHATS.forEach((chat, i) => {
         expect(Array.from(tok.render(normalizeMessages(chat.messages), chat.tools, { guard: false }).ids)).toEqual(py[name]!.chats[i]!.ids);
         expect(Array.from(tok.render(normalizeMessages(chat.messages), chat.tools).ids)).toEqual(py[name]!.chats[i]!.sanitizedIds);

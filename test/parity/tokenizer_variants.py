@@ -1,11 +1,12 @@
 """Reference side of tokenizer-variants.int.test.ts.
 
-Reads {"tinyModelDir": str, "outDir": str, "strings": [str], "chats": [{"messages", "tools"}]} as JSON on stdin,
-writes tokenizer variants of the tiny model under outDir (one directory each: added-token flags,
+Reads {"tinyModelDir": str, "smolModelDir": str | null, "outDir": str, "strings": [str], "chats": [{"messages", "tools"}]}
+as JSON on stdin, writes tokenizer variants of the tiny model under outDir (one directory each: added-token flags,
 normalisers, a SentencePiece-style byte-fallback BPE), and prints {"models": {name: {"encode":
 [[id]], "plain": [[id]], "chats": [{"ids", "sanitizedIds"}], "decode": [str], "random": [{"ids", "text", "skipped"}]}}} on stdout: what transformers gives
 for each string (with and without added-token matching, and its ids decoded), random ids
-decoded, and each chat (apply_chat_template).
+decoded, and each chat (apply_chat_template). SmolLM2-135M-Instruct's directory, where given, is
+the variant `smollm2`, read as it is.
 """
 
 import copy
@@ -142,10 +143,16 @@ def main() -> None:
     for name in named:
         variants[name] = base
 
+    paths = {name: write(request["outDir"], name, spec, configs.get(name, config), templates.get(name, template), named.get(name))
+             for name, spec in variants.items()}
+    if request.get("smolModelDir"):
+        with open(os.path.join(request["smolModelDir"], "tokenizer.json"), encoding="utf-8") as f:
+            variants["smollm2"] = json.load(f)
+        paths["smollm2"] = request["smolModelDir"]
+
     results = {}
     for name, spec in variants.items():
-        path = write(request["outDir"], name, spec, configs.get(name, config), templates.get(name, template), named.get(name))
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(paths[name])
         chats = []
         for chat in request["chats"]:
             messages = chat["messages"]
