@@ -52,7 +52,7 @@ describe('arm options', () => {
     const cfg = armConfig(o, null, 8000) as { training: { enabled: boolean; options: string[] }; pipeline: { record2record: { config: Record<string, unknown> } } };
     expect(cfg.training.enabled).toBe(false);
     expect(cfg.training.options.at(-1)).toBe('--kl-coef=0.1');
-    expect(cfg.pipeline.record2record.config).toMatchObject({ prm_api: 'openai', prm_url: 'http://127.0.0.1:9/v1', prm_model: 'qwen3-8b', prm_api_key_env: 'JUDGE_KEY' });
+    expect(cfg.pipeline.record2record.config).toMatchObject({ prm_api: 'openai', prm_url: 'http://127.0.0.1:9', prm_model: 'qwen3-8b', prm_api_key_env: 'JUDGE_KEY' });
     expect(doublesOf(o.judge).judge).toBe('LLM judge qwen3-8b at http://127.0.0.1:9/v1 (prm_api: openai)');
     expect(doublesOf({ kind: 'rule' }).judge).toMatch(/^rule-following PRM double .*not a model/);
   });

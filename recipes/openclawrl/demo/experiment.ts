@@ -62,7 +62,7 @@ export interface ArmOptions {
   evalSamples: number;
   /** Also reply greedily to each held-out problem (exact match). @default true */
   greedy: boolean;
-  /** Sessions run at once (a wave), so the batching engine decodes them together. @default 12 */
+  /** Sessions in flight at once, so the batching engine decodes them together. @default 16 */
   concurrency: number;
   /** Held-out requests in flight at once. @default 32 */
   evalConcurrency: number;
@@ -94,7 +94,7 @@ export const MAX_REPLIES = 3;
 /** The closing HOMEWORK_DONE's request only gives the last reply its next state; its own reply is never read. */
 const CLOSING_MAX_TOKENS = 8;
 /** Reference replies for the KL to the base: the base model's greedy replies to the first held-out problems. */
-const KL_REFERENCE = 24;
+const KL_REFERENCE = 16;
 
 export function armOf(o: Pick<ArmOptions, 'wRl' | 'wOpd' | 'control'>): Arm {
   if (o.control) return 'control';
@@ -190,7 +190,8 @@ async function startRulePrm(modelDir: string, log: (l: string) => void, signal?:
 export function judgeConfig(judge: JudgeChoice, prmUrl: string | null, modelDir: string): Record<string, unknown> {
   if (judge.kind === 'openai') {
     // A model judges: several votes per turn, as the recipe's defaults, and room to think.
-    return { prm_url: judge.url, prm_api: 'openai', prm_model: judge.model, prm_api_key_env: judge.apiKeyEnv, prm_m: 3, prm_max_tokens: 2048, prm_timeout_s: 120 };
+    // The PRM client appends /v1/chat/completions; an OpenAI-style base URL ending in /v1 is taken too.
+    return { prm_url: judge.url.replace(/\/+$/, '').replace(/\/v1$/, ''), prm_api: 'openai', prm_model: judge.model, prm_api_key_env: judge.apiKeyEnv, prm_m: 3, prm_max_tokens: 2048, prm_timeout_s: 120 };
   }
   // The rule double answers the same text to the same prompt: more than one vote would be the same vote.
   return { prm_url: prmUrl, prm_api: 'sglang', prm_tokenizer_path: modelDir, prm_m: 1, prm_max_tokens: 256, prm_timeout_s: 60 };
@@ -258,6 +259,27 @@ export async function trainingCaughtUp(store: SqliteStore, log: (l: string) => v
   }
 }
 
+/**
+ * Before a session starts: wait while more than `maxPending` formed batches wait to be trained.
+ * Sessions and training then share the two cores instead of sessions running ahead on weights
+ * many releases old (their turns would go stale) or training leaving the engine idle.
+ */
+export async function trainerKeepsUp(store: SqliteStore, maxPending: number, log: (l: string) => void, signal?: AbortSignal): Promise<void> {
+  const t0 = Date.now();
+  let said = 0;
+  for (;;) {
+    signal?.throwIfAborted();
+    const state = (await store.getState(TRAINER_STATE)) as { pending?: unknown[] } | null;
+    const pending = state?.pending?.length ?? 0;
+    if (pending <= maxPending) return;
+    if (Date.now() - t0 > 10_000 + said * 30_000) {
+      log(`  ${pending} batches wait to be trained; the next session waits for the trainer …`);
+      said++;
+    }
+    await new Promise((r) => setTimeout(r, 250));
+  }
+}
+
 /** A held-out evaluation's figures as summary.json holds them. */
 function heldoutFigures(e: HeldoutEval): Record<string, unknown> {
   const m: EvalMetrics = e.metrics;
@@ -312,8 +334,9 @@ export interface ArmSummary {
 
 function modelName(dir: string): string {
   try {
-    const build = JSON.parse(readFileSync(join(dir, 'reef_build.json'), 'utf8')) as { name?: unknown };
-    if (typeof build.name === 'string') return build.name;
+    // SmolLM2's build names the model and where its weights came from (reef_shim/smollm2_model.py).
+    const build = JSON.parse(readFileSync(join(dir, 'reef_build.json'), 'utf8')) as { model?: unknown; requirement?: unknown };
+    if (typeof build.model === 'string') return typeof build.requirement === 'string' ? `${build.model} (the Q4_1 GGUF of ${build.requirement}, dequantised to fp32)` : build.model;
   } catch {
     // a model directory without Reef's build record: named by its folder
   }
@@ -410,7 +433,7 @@ export async function runArm(o: ArmOptions): Promise<ArmSummary> {
       concurrency: o.concurrency,
       closingMaxTokens: CLOSING_MAX_TOKENS,
       onProgress: (p) => o.log(p.line),
-      beforeSession: () => trainingCaughtUp(store, o.log, signal),
+      beforeSession: () => trainerKeepsUp(store, 1, o.log, signal),
       ...(signal ? { signal } : {}),
     });
     // runSessions stops early on abort and returns a partial summary: not a result of this run.
@@ -504,7 +527,7 @@ export function describeArm(s: ArmSummary, out: string, sessions: RunSummary | n
 export function armOptions(argv: readonly string[], log: (line: string) => void): ArmOptions {
   const o: ArmOptions = {
     wRl: 1, wOpd: 1, control: false, seed: 1, sessions: 72, batchSize: 16, lr: LR_DEFAULT, trainOptions: [],
-    out: '', modelDir: smolModelDir(), evalSamples: 100, greedy: true, concurrency: 12, evalConcurrency: 32,
+    out: '', modelDir: smolModelDir(), evalSamples: 100, greedy: true, concurrency: 16, evalConcurrency: 32,
     maxTokens: 256, trainerRanks: 1, judge: { kind: 'rule' }, beforeFrom: null, log,
   };
   const judge: { url?: string; model?: string; keyEnv?: string } = {};

@@ -38,9 +38,8 @@ export interface RunOptions {
   /** What a passing first reply is. @default HOMEWORK_RULE */
   passRule?: PassRule;
   /**
-   * Sessions that run at once, in waves: the next wave starts when the whole wave has ended, so a
-   * batching engine decodes their replies together. Results are reported in session order.
-   * @default 1
+   * Sessions in flight at once: when one ends the next starts, so a batching engine keeps decoding
+   * that many conversations together. Results are reported in session order. @default 1
    */
   concurrency?: number;
   /**
@@ -50,10 +49,7 @@ export interface RunOptions {
    */
   closingMaxTokens?: number | null;
   onProgress?: (p: Progress) => void;
-  /**
-   * Awaited before each wave, with the 1-based index of its first session (before every session
-   * when `concurrency` is 1), e.g. to let training catch up with the sessions.
-   */
+  /** Awaited before each session starts (1-based index), e.g. to let training catch up with the sessions. */
   beforeSession?: (index: number) => Promise<void>;
   signal?: AbortSignal;
 }
@@ -199,26 +195,41 @@ export async function runSessions(opts: RunOptions): Promise<RunSummary> {
   let agentErrors = 0;
   const concurrency = Math.max(1, Math.floor(opts.concurrency ?? 1));
   const sessionOpts = { maxTurns: opts.maxTurns ?? 8, sendDone: opts.sendDone ?? true, passRule: opts.passRule ?? HOMEWORK_RULE, closingMaxTokens: opts.closingMaxTokens ?? null };
-  for (let first = 1; first <= total; first += concurrency) {
-    if (opts.signal?.aborted) break;
-    await opts.beforeSession?.(first);
-    const wave = Array.from({ length: Math.min(concurrency, total - first + 1) }, (_, k) => first + k);
-    const done = await Promise.all(wave.map((i) => runSession(agent, opts.student, opts.problems[(i - 1) % opts.problems.length]!, i, sessionOpts)));
-    for (const { result, transcript } of done) {
-      const i = result.index;
+  const problemOf = (i: number) => opts.problems[(i - 1) % opts.problems.length]!;
+  // Sessions end out of order; they are reported in order, each as soon as all before it have ended.
+  const ended = new Map<number, { result: SessionResult; transcript: TurnLog[] }>();
+  let next = 1;
+  let failed: Error | null = null;
+  const report = () => {
+    for (let i = results.length + 1; ended.has(i); i++) {
+      const { result, transcript } = ended.get(i)!;
+      ended.delete(i);
       results.push(result);
       appendFileSync(sessionsFile, `${JSON.stringify(result)}\n`);
-      appendFileSync(transcriptsFile, `${JSON.stringify({ index: i, tag: result.tag, problem: opts.problems[(i - 1) % opts.problems.length], turns: transcript })}\n`);
+      appendFileSync(transcriptsFile, `${JSON.stringify({ index: i, tag: result.tag, problem: problemOf(i), turns: transcript })}\n`);
       const elapsedS = (performance.now() - t0) / 1000;
       const rolling = rollingRates(results.map(rollingInput)).at(-1)!;
       opts.onProgress?.({ session: result, done: i, total, rolling, elapsedS, line: progressLine(result, total, rolling, elapsedS) });
       agentErrors = result.ended === 'agent-error' ? agentErrors + 1 : 0;
+      if (agentErrors >= (opts.maxAgentErrors ?? 3)) {
+        failed ??= new ReefError('REEF_ERR_ENGINE_DOWN', { engine: `gateway ${opts.gateway}`, reason: `${agentErrors} sessions in a row failed, last: ${result.error}` });
+      }
     }
-    // Summary and plots are refreshed every wave so a live run can be watched (and survives a stop).
+    // Summary and plots are refreshed as sessions end so a live run can be watched (and survives a stop).
     writeReport(dir, results, { wallTimeS: (performance.now() - t0) / 1000, prmRecordFile: prm });
-    if (agentErrors >= (opts.maxAgentErrors ?? 3)) {
-      throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: `gateway ${opts.gateway}`, reason: `${agentErrors} sessions in a row failed, last: ${results.at(-1)?.error}` });
+  };
+  const worker = async () => {
+    for (;;) {
+      if (opts.signal?.aborted || failed) return;
+      const i = next++;
+      if (i > total) return;
+      await opts.beforeSession?.(i);
+      if (opts.signal?.aborted) return;
+      ended.set(i, await runSession(agent, opts.student, problemOf(i), i, sessionOpts));
+      report();
     }
-  }
+  };
+  await Promise.all(Array.from({ length: Math.min(concurrency, total) }, worker));
+  if (failed) throw failed;
   return writeReport(dir, results, { wallTimeS: (performance.now() - t0) / 1000, prmRecordFile: prm });
 }
