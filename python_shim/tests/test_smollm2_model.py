@@ -137,3 +137,20 @@ def test_a_tampered_download_is_refused_and_not_cached(tmp_path: Path, monkeypat
     assert cmd[1:4] == ["-m", "pip", "download"] and "--no-deps" in cmd and "--require-hashes" in cmd
     assert not Path(cmd[cmd.index("-r") + 1]).exists()  # pip's temporary directory is gone
     assert list(downloads.iterdir()) == []
+
+
+def test_work_directories_of_killed_builds_are_removed(tmp_path: Path) -> None:
+    # A killed build leaves its work directory (about 700 MB); the next build removes it, and only it.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    for name, pid in (("killed", dead), ("running", str(os.getpid())), ("starting", None)):
+        work = tmp_path / f"{smollm2_model.WORK_PREFIX}{name}"
+        work.mkdir()
+        if pid is not None:
+            (work / "builder.pid").write_text(pid, encoding="utf-8")
+    (tmp_path / "smollm2-135m-instruct").mkdir()
+    said: list[str] = []
+    smollm2_model.remove_abandoned(tmp_path, said.append)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"{smollm2_model.WORK_PREFIX}running", f"{smollm2_model.WORK_PREFIX}starting", "smollm2-135m-instruct"]
+    assert len(said) == 1 and "killed" in said[0]
