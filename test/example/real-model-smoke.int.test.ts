@@ -4,8 +4,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { pythonBin, pythonEnv } from '../../cluster/paths.js';
-import { armOptions, runArm, smolModelDir, type ArmSummary } from '../../recipes/openclawrl/demo/experiment.js';
+import { pythonBin, pythonEnv, smolModelDir } from '../../cluster/paths.js';
+import { armOptions, runArm, type ArmSummary } from '../../recipes/openclawrl/demo/experiment.js';
 
 /**
  * The real model through the whole loop, in miniature: SmolLM2-135M-Instruct (built by set-up)

@@ -5,7 +5,7 @@ import { stringify } from 'yaml';
 import { loadConfig } from '../../../cluster/config/index.js';
 import { EngineClient } from '../../../cluster/engine-client.js';
 import { freePort } from '../../../cluster/net.js';
-import { pythonBin, pythonEnv, repoRoot } from '../../../cluster/paths.js';
+import { pythonBin, pythonEnv, smolModelDir } from '../../../cluster/paths.js';
 import { Stack } from '../../../cluster/stack.js';
 import { SqliteStore } from '../../../actors/gateway/store/sqlite-store.js';
 import { CONSUMER as TRAINER, STATE_KEY as TRAINER_STATE } from '../../../actors/trainer-controller/messages.js';
@@ -100,10 +100,6 @@ export function armOf(o: Pick<ArmOptions, 'wRl' | 'wOpd' | 'control'>): Arm {
   if (o.control) return 'control';
   if (o.wRl > 0 && o.wOpd > 0) return 'both';
   return o.wRl > 0 ? 'rl' : 'opd';
-}
-
-export function smolModelDir(): string {
-  return process.env.REEF_SMOL_MODEL ?? join(repoRoot(), '.cache', 'smollm2-135m-instruct');
 }
 
 /** The stand-ins of a run, named wherever its results are printed. */
