@@ -137,7 +137,8 @@ def train_size(torch: Any, size: str, params: int, n_tasks: int, args: argparse.
 
     options = {"wRl": 1.0, "wOpd": 1.0, "clipC": 1.0, "hintSelection": "sequence_optimal", "lr": 1e-6,
                "epsLow": 0.2, "epsHigh": 0.28, "weightDecay": 0.1, "betas": [0.9, 0.98], "topK": args.k,
-               "dtype": args.dtype, "engineLogprobs": "sampled"}
+               "dtype": args.dtype, "oldLogprobs": "trainer", "tisCap": 2.0, "klCoef": 0.0,
+               "clipGrad": 1.0, "microBatchTokens": 0, "gradCheckpointing": "off", "engineLogprobs": "tempered"}
     torch.cuda.reset_peak_memory_stats()
     rank = TrainerRank(0, 1, seed=0, threads=8, crash_hook=None)
     try:  # a rank that fails anywhere (out of memory while loading, too) must leave its process group

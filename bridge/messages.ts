@@ -85,14 +85,20 @@ export const TrainingOptions = z.strictObject({
   wRl: z.number(),
   wOpd: z.number(),
   clipC: z.number(),
-  hintSelection: z.enum(['sequence_optimal', 'token_optimal']),
+  hintSelection: z.enum(['sequence_optimal', 'token_optimal', 'shortest']),
+  oldLogprobs: z.enum(['engine', 'trainer']),
+  tisCap: z.number(),
+  klCoef: z.number(),
   lr: z.number(),
   epsLow: z.number(),
   epsHigh: z.number(),
   weightDecay: z.number(),
   betas: z.tuple([z.number(), z.number()]),
+  clipGrad: z.number(),
   topK: int(),
   dtype: z.enum(['fp32', 'bf16']),
+  microBatchTokens: int(),
+  gradCheckpointing: z.enum(['off', 'on']),
 });
 
 export const TrainerSpec = z.strictObject({
@@ -103,7 +109,7 @@ export const TrainerSpec = z.strictObject({
   backend: z.enum(['fsdp2', 'tp']),
   options: TrainingOptions,
   /** How the rollout engine reports logprobs, so ℓθ is scored alike (`training.engine_logprobs`). */
-  engineLogprobs: z.enum(['sampled', 'tempered', 'raw']),
+  engineLogprobs: z.enum(['tempered', 'raw']),
   /** Holds `v<n>/` checkpoints and the completed-batch ledger. */
   checkpointDir: z.string(),
   seed: int(),

@@ -52,7 +52,7 @@ const engine = (pid: number | null, weightVersion: string | null) => ({
 });
 const spec = { name: 'rollout-0', role: 'rollout', kind: 'hf', modelPath: '/m/tiny', group: 'reef-rollout', bundleIndex: 0, host: '127.0.0.1', port: 0, extraArgs: ['--dtype', 'float32', '', '—ünï'] };
 
-const trainOptions = { wRl: 1, wOpd: 0.5, clipC: 1, hintSelection: 'token_optimal', lr: 1e-5, epsLow: 0.2, epsHigh: 0.28, weightDecay: 0.1, betas: [0.9, 0.98], topK: 4, dtype: 'fp32' };
+const trainOptions = { wRl: 1, wOpd: 0.5, clipC: 1, hintSelection: 'token_optimal', lr: 1e-5, epsLow: 0.2, epsHigh: 0.28, weightDecay: 0.1, betas: [0.9, 0.98], topK: 4, dtype: 'fp32', oldLogprobs: 'trainer', tisCap: 2, klCoef: 0, clipGrad: 1, microBatchTokens: 2048, gradCheckpointing: 'off' };
 const trainerSpec = { modelPath: '/m/tiny', ranks: 2, backend: 'fsdp2', options: trainOptions, engineLogprobs: 'tempered', checkpointDir: '/data/ckpt-ü', seed: 0, group: 'reef-trainer' };
 const trainTask = {
   taskId: 'rec-01J×',

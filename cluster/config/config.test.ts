@@ -3,6 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { ConfigError, formatIssue, resolveConfig, type ReefConfig } from './index.js';
+import { SAMPLED_REMOVED } from './resolve.js';
 
 const BASE = '/srv/reef';
 /** The smallest valid config: only the model paths have no default. */
@@ -356,10 +357,18 @@ describe('training.backend', () => {
 });
 
 describe('training.engine_logprobs', () => {
-  it('auto follows the engine (SGLang reports logits / temperature before truncation, hf what it sampled from); an explicit choice stays', async () => {
+  it('auto is tempered for both engines (SGLang and the hf engine report logits / temperature before truncation); an explicit choice stays', async () => {
     expect((await ok(minimal())).training.engine_logprobs).toBe('tempered');
-    expect((await ok(minimal(), ['--cluster.rollout.engine=hf'])).training.engine_logprobs).toBe('sampled');
+    expect((await ok(minimal(), ['--cluster.rollout.engine=hf'])).training.engine_logprobs).toBe('tempered');
     expect((await ok(minimal(), ['--training.engine_logprobs=raw'])).training.engine_logprobs).toBe('raw');
-    expect(await errorsOf({ ...minimal(), training: { engine_logprobs: 'processed' } })).toEqual(['training.engine_logprobs: expected one of auto, sampled, tempered, raw, got "processed"']);
+    expect((await ok(minimal(), ['--cluster.rollout.engine=hf', '--training.engine_logprobs=tempered'])).training.engine_logprobs).toBe('tempered');
+    expect(await errorsOf({ ...minimal(), training: { engine_logprobs: 'processed' } })).toEqual(['training.engine_logprobs: expected one of auto, tempered, raw, sampled, got "processed"']);
+  });
+
+  it('refuses the removed sampled, naming tempered instead', async () => {
+    const errors = await errorsOf({ ...minimal(), training: { engine_logprobs: 'sampled' } });
+    expect(errors).toEqual([`training.engine_logprobs: ${SAMPLED_REMOVED}`]);
+    expect(errors[0]).toMatch(/sampled was removed.*use tempered/);
+    expect(await errorsOf(minimal(), ['--cluster.rollout.engine=hf', '--training.engine_logprobs=sampled'])).toEqual([`training.engine_logprobs: ${SAMPLED_REMOVED}`]);
   });
 });

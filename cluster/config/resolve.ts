@@ -83,6 +83,7 @@ export async function resolveConfig(raw: unknown, opts: ResolveOptions): Promise
       // Named by the schema so the message can say why, but the trainer would refuse it at start,
       // minutes into `reef up`.
       if (training.backend === 'tp') issues.push({ path: 'training.backend', message: 'tp is not implemented; use fsdp2 (docs/training.md)' });
+      if (training.engine_logprobs === 'sampled') issues.push({ path: 'training.engine_logprobs', message: SAMPLED_REMOVED });
       const r = parseTrainingOptions(training.options, recipe.trainingOptions);
       issues.push(...r.issues);
       resolvedTraining = r.resolved;
@@ -111,7 +112,7 @@ export async function resolveConfig(raw: unknown, opts: ResolveOptions): Promise
     training: {
       ...training,
       weight_sync: weightSyncOf(training.weight_sync, cluster.rollout.engine),
-      engine_logprobs: engineLogprobsOf(training.engine_logprobs, cluster.rollout.engine),
+      engine_logprobs: engineLogprobsOf(training.engine_logprobs),
       resolved: resolvedTraining as Record<string, unknown>,
     },
   };
@@ -131,14 +132,16 @@ export function weightSyncOf(value: 'auto' | 'disk' | 'distributed', engine: 'hf
   return engine === 'sglang' ? 'distributed' : 'disk';
 }
 
+/** Why `training.engine_logprobs: sampled` is refused, and what to write instead. */
+export const SAMPLED_REMOVED = 'sampled was removed: both engines report tempered logprobs (log-softmax of logits / temperature, before top-k and top-p), the one distribution the trainer scores ℓold, the teacher and the policy in; use tempered, which auto resolves to (docs/training.md)';
+
 /**
- * `auto`: the hf engine reports the distribution it sampled from; SGLang's sampler reports the
- * log-softmax of logits / temperature, before top-k and top-p (`raw` is for an SGLang started with
- * SGLANG_RETURN_ORIGINAL_LOGPROB, which Reef does not set).
+ * `auto`: both engines report SGLang's convention, the log-softmax of logits / temperature before
+ * top-k and top-p (`raw` is for an SGLang started with SGLANG_RETURN_ORIGINAL_LOGPROB, which Reef
+ * does not set). `sampled` never gets here: resolve refuses it (SAMPLED_REMOVED).
  */
-export function engineLogprobsOf(value: 'auto' | EngineLogprobs, engine: 'hf' | 'sglang'): EngineLogprobs {
-  if (value !== 'auto') return value;
-  return engine === 'sglang' ? 'tempered' : 'sampled';
+export function engineLogprobsOf(value: 'auto' | 'sampled' | EngineLogprobs): EngineLogprobs {
+  return value === 'raw' ? 'raw' : 'tempered';
 }
 
 /** The recipe named by the (folded, overridden) tree, or null with an issue when it cannot load. */

@@ -206,8 +206,12 @@ export const trainingSchema = section({
   keep_checkpoints: positiveInt().default(5),
   /** How a release reaches the rollout engine; `auto` is resolved against `cluster.rollout.engine`. */
   weight_sync: oneOf(['auto', 'disk', 'distributed']).default('auto'),
-  /** How the rollout engine reports logprobs, which the trainer scores alike; `auto` follows `cluster.rollout.engine`. */
-  engine_logprobs: oneOf(['auto', 'sampled', 'tempered', 'raw']).default('auto'),
+  /**
+   * How the rollout engine reports logprobs, the one distribution the trainer scores ℓθ, ℓold and
+   * the teacher in; `auto` is `tempered` for both engines. `sampled` was removed and is refused
+   * when the config resolves, naming `tempered` (resolve.ts).
+   */
+  engine_logprobs: oneOf(['auto', 'tempered', 'raw', 'sampled']).default('auto'),
 });
 
 /** Each top-level section, validated on its own so that one bad section hides nothing in another. */

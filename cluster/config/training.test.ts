@@ -7,7 +7,7 @@ const parse = (options: string[]) => parseTrainingOptions(options, OPENCLAWRL_TR
 
 describe('training.options', () => {
   it('defaults come from ARCHITECTURE.md §4', () => {
-    expect(parse([]).resolved).toEqual({ wRl: 1, wOpd: 1, clipC: 1, hintSelection: 'sequence_optimal', lr: 1e-5, epsLow: 0.2, epsHigh: 0.28, weightDecay: 0.1, betas: [0.9, 0.98], topK: 4, dtype: 'fp32' });
+    expect(parse([]).resolved).toEqual({ wRl: 1, wOpd: 1, clipC: 1, hintSelection: 'sequence_optimal', oldLogprobs: 'trainer', tisCap: 2, klCoef: 0, lr: 1e-5, epsLow: 0.2, epsHigh: 0.28, weightDecay: 0.1, betas: [0.9, 0.98], clipGrad: 1, topK: 4, dtype: 'fp32', microBatchTokens: 2048, gradCheckpointing: 'off' });
   });
 
   const good: { options: string[]; want: Record<string, unknown> }[] = [
@@ -20,6 +20,16 @@ describe('training.options', () => {
     { options: ['--topk', '8'], want: { topK: 8 } },
     { options: ['--openclawrl-w-opd=0'], want: { wOpd: 0 } },
     { options: ['--dtype', 'bf16'], want: { dtype: 'bf16' } },
+    { options: ['--openclawrl-hint-selection=shortest'], want: { hintSelection: 'shortest' } },
+    { options: ['--openclawrl-old-logprobs=engine'], want: { oldLogprobs: 'engine' } },
+    { options: ['--openclawrl-tis-cap=0'], want: { tisCap: 0 } },
+    { options: ['--openclawrl-tis-cap', '1.5'], want: { tisCap: 1.5 } },
+    { options: ['--kl-coef=0.05'], want: { klCoef: 0.05 } },
+    { options: ['--clip-grad=0'], want: { clipGrad: 0 } },
+    { options: ['--clip-grad', '0.5'], want: { clipGrad: 0.5 } },
+    { options: ['--micro-batch-tokens=0'], want: { microBatchTokens: 0 } },
+    { options: ['--micro-batch-tokens', '4096'], want: { microBatchTokens: 4096 } },
+    { options: ['--grad-checkpointing=on'], want: { gradCheckpointing: 'on' } },
   ];
   it.each(good)('accepts $options', ({ options, want }) => {
     const r = parse(options);
@@ -35,7 +45,13 @@ describe('training.options', () => {
     { options: ['--lr=0x10'], lines: ['training.options[0]: --lr: expected a positive number, got "0x10"'] },
     { options: ['--topk=2.5'], lines: ['training.options[0]: --topk: expected a positive integer, got "2.5"'] },
     { options: ['--adam-beta2=1'], lines: ['training.options[0]: --adam-beta2: expected a number in [0, 1), got "1"'] },
-    { options: ['--openclawrl-hint-selection=best'], lines: ['training.options[0]: --openclawrl-hint-selection: expected one of sequence_optimal, token_optimal, got "best"'] },
+    { options: ['--openclawrl-hint-selection=best'], lines: ['training.options[0]: --openclawrl-hint-selection: expected one of sequence_optimal, token_optimal, shortest, got "best"'] },
+    { options: ['--openclawrl-old-logprobs=rollout'], lines: ['training.options[0]: --openclawrl-old-logprobs: expected one of engine, trainer, got "rollout"'] },
+    { options: ['--openclawrl-tis-cap=0.5'], lines: ['training.options[0]: --openclawrl-tis-cap: expected 0 (off) or a number >= 1, got "0.5"'] },
+    { options: ['--kl-coef=-0.1'], lines: ['training.options[0]: --kl-coef: expected a number >= 0, got "-0.1"'] },
+    { options: ['--clip-grad=-1'], lines: ['training.options[0]: --clip-grad: expected a number >= 0, got "-1"'] },
+    { options: ['--micro-batch-tokens=1.5'], lines: ['training.options[0]: --micro-batch-tokens: expected an integer >= 0, got "1.5"'] },
+    { options: ['--grad-checkpointing=yes'], lines: ['training.options[0]: --grad-checkpointing: expected one of off, on, got "yes"'] },
     { options: ['--dtype=fp16'], lines: ['training.options[0]: --dtype: expected one of fp32, bf16, got "fp16"'] },
     { options: ['--openclawrl-w-rl=-1'], lines: ['training.options[0]: --openclawrl-w-rl: expected a number >= 0, got "-1"'] },
     { options: ['--lr'], lines: ['training.options[0]: --lr needs a value'] },

@@ -6,7 +6,7 @@ import type { z } from 'zod';
 
 export type EngineKind = 'hf' | 'sglang';
 /** How an engine reports a sampled token's logprob (`training.engine_logprobs`). */
-export type EngineLogprobs = 'sampled' | 'tempered' | 'raw';
+export type EngineLogprobs = 'tempered' | 'raw';
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error';
 export type StageName = 'record2record' | 'record2task' | 'task2batch';
 export const STAGE_NAMES: readonly StageName[] = ['record2record', 'record2task', 'task2batch'];
@@ -112,11 +112,11 @@ export interface ReefConfig {
      */
     readonly weight_sync: 'disk' | 'distributed';
     /**
-     * How the rollout engine reports a sampled token's logprob, so that the trainer scores ℓθ the
-     * same way and its ratio starts at 1: `sampled` (the distribution sampled from, after top-k and
-     * top-p, renormalised: the hf engine), `tempered` (log-softmax of logits / temperature, before
-     * truncation: SGLang), `raw` (log-softmax of the logits: SGLang with
-     * SGLANG_RETURN_ORIGINAL_LOGPROB). Written as `auto` (the default) it follows the engine.
+     * How the rollout engine reports a sampled token's logprob, the one distribution the trainer
+     * scores ℓθ, ℓold and the teacher in: `tempered` (log-softmax of logits / temperature, before
+     * top-k and top-p: SGLang and the hf engine), `raw` (log-softmax of the logits: SGLang with
+     * SGLANG_RETURN_ORIGINAL_LOGPROB). Written as `auto` (the default) it is `tempered`; the
+     * removed `sampled` is refused, naming `tempered`.
      */
     readonly engine_logprobs: EngineLogprobs;
     /** `options` parsed by the recipe's training-options spec (camelCase). */

@@ -259,9 +259,11 @@ RAY_STATUS = Obj({"address": Str(), "resources": MapOf(Num()), "available": MapO
 
 # `training.resolved` of the openclawrl recipe (recipes/openclawrl/options.ts), camelCase.
 TRAINING_OPTIONS = Obj({
-    "wRl": Num(), "wOpd": Num(), "clipC": Num(), "hintSelection": Lit("sequence_optimal", "token_optimal"),
+    "wRl": Num(), "wOpd": Num(), "clipC": Num(), "hintSelection": Lit("sequence_optimal", "token_optimal", "shortest"),
+    "oldLogprobs": Lit("engine", "trainer"), "tisCap": Num(), "klCoef": Num(),
     "lr": Num(), "epsLow": Num(), "epsHigh": Num(), "weightDecay": Num(), "betas": ListOf(Num(), length=2),
-    "topK": Int(), "dtype": Lit("fp32", "bf16"),
+    "clipGrad": Num(), "topK": Int(), "dtype": Lit("fp32", "bf16"), "microBatchTokens": Int(),
+    "gradCheckpointing": Lit("off", "on"),
 })
 TRAINER_SPEC = Obj({
     "modelPath": Str(),
@@ -269,7 +271,7 @@ TRAINER_SPEC = Obj({
     "backend": Lit("fsdp2", "tp"),
     "options": TRAINING_OPTIONS,
     # How the rollout engine reports logprobs (`engines.sampling.ENGINE_LOGPROBS`).
-    "engineLogprobs": Lit("sampled", "tempered", "raw"),
+    "engineLogprobs": Lit("tempered", "raw"),
     "checkpointDir": Str(),
     "seed": Int(),
     "group": Lit("reef-trainer"),  # as bridge/messages.ts: the ranks need the STRICT_PACK trainer group

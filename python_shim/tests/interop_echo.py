@@ -64,7 +64,9 @@ def _engine(name: str, pid: int | None, version: str | None) -> dict[str, Any]:
 
 def _trainer_spec() -> dict[str, Any]:
     options = {"wRl": 1.0, "wOpd": 1.0, "clipC": 1.0, "hintSelection": "sequence_optimal", "lr": 1e-5, "epsLow": 0.2,
-               "epsHigh": 0.28, "weightDecay": 0.1, "betas": [0.9, 0.98], "topK": 4, "dtype": "fp32"}
+               "epsHigh": 0.28, "weightDecay": 0.1, "betas": [0.9, 0.98], "topK": 4, "dtype": "fp32",
+               "oldLogprobs": "trainer", "tisCap": 2.0, "klCoef": 0.0, "clipGrad": 1.0, "microBatchTokens": 2048,
+               "gradCheckpointing": "off"}
     return {"modelPath": "/m/tiny", "ranks": 4, "backend": "fsdp2", "options": options, "engineLogprobs": "tempered",
             "checkpointDir": "/data/ckpt",
             "seed": 7, "group": "reef-trainer"}

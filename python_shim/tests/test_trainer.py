@@ -1,7 +1,7 @@
 """The trainer group for real: Ray with logical GPUs, 2 gloo ranks, FSDP2, the tiny model.
 
 Tasks come from real generations of the hf engine (sampled at temperature 0.8 / top_p 0.9, greedy,
-and top_k 2 so that top-K rows hold floor entries). One module-scoped Ray head and placement.
+and top_k 2 < K: trainer_fixtures.three_tasks). One module-scoped Ray head and placement.
 """
 
 from __future__ import annotations

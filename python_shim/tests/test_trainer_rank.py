@@ -37,10 +37,11 @@ def tasks(model: Path) -> list[TrainTask]:
 
 
 @contextmanager
-def one_rank(model: Path) -> Iterator[TrainerRank]:
+def one_rank(model: Path, **opts: Any) -> Iterator[TrainerRank]:
     with scoped_env(REEF_TRAINER_DEVICE="cpu"):
         r = TrainerRank(0, 1, seed=0, threads=torch.get_num_threads(), crash_hook=None)
-        r.setup(("127.0.0.1", pick_free_port("127.0.0.1")), str(model), {**options(lr=1e-3), "engineLogprobs": "sampled"})
+        r.setup(("127.0.0.1", pick_free_port("127.0.0.1")), str(model),
+                {**options(**{"lr": 1e-3, **opts}), "engineLogprobs": "tempered"})
     try:
         yield r
     finally:
@@ -106,3 +107,60 @@ def test_a_checkpoint_that_cannot_be_saved_fails_the_step_as_applied(
     assert out["error"].startswith(f"the checkpoint {blocked / 'v1'} could not be saved: NotADirectoryError"), out
     # The optimizer had stepped: the group that holds these weights must not train on.
     assert out["applied"] is True and any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _grads_at_step(r: TrainerRank, monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+    """The gradients AdamW is handed at the next step (after any clipping)."""
+    seen: list[torch.Tensor] = []
+    real = r.optimizer.step
+
+    def step(*a: Any, **k: Any) -> Any:
+        seen.extend(_local(p.grad).detach().clone() for p in r.policy.parameters() if p.grad is not None)
+        return real(*a, **k)
+
+    monkeypatch.setattr(r.optimizer, "step", step)
+    return seen
+
+
+@pytest.mark.parametrize("clip", [0.0, 0.05, 1e6])
+def test_the_gradient_is_clipped_to_its_global_norm(model: Path, tasks: list[TrainTask], clip: float,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    with one_rank(model, clipGrad=clip) as r:
+        seen = _grads_at_step(r, monkeypatch)
+        out = r.step("b:1", tasks, totals(tasks), None, {})
+    s = out["sums"]
+    after = torch.sqrt(sum(g.pow(2).sum() for g in seen)).item()
+    # `grad_norm` is the norm before clipping; AdamW gets min(1, clip / norm) of the gradient.
+    assert s["grad_norm"] > 0.05, s
+    if 0 < clip < s["grad_norm"]:
+        assert s["grad_clipped"] == 1.0 and after == pytest.approx(clip, rel=1e-4)
+    else:
+        assert s["grad_clipped"] == 0.0 and after == pytest.approx(s["grad_norm"], rel=1e-5)
+
+
+def test_micro_batches_and_checkpointing_change_no_gradient(model: Path, tasks: list[TrainTask],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # The model here has attention dropout 0.5 in its config: checkpointed layers are put in
+    # training mode for transformers to checkpoint them, their dropout must stay off.
+    runs = {}
+    for name, opts in {"one pass": {"microBatchTokens": 0}, "micro-batches": {"microBatchTokens": 40},
+                       "checkpointed": {"microBatchTokens": 40, "gradCheckpointing": "on"}}.items():
+        with one_rank(model, clipGrad=0.0, **opts) as r:
+            attention = [m for n, m in r.policy.named_modules() if n.endswith("layers.0.self_attn")][0]
+            calls: list[int] = []
+            attention.register_forward_hook(lambda *_: calls.append(1))
+            seen = _grads_at_step(r, monkeypatch)
+            out = r.step("b:1", tasks, totals(tasks), None, {})
+        runs[name] = (out["sums"], torch.cat([g.flatten() for g in seen]), len(calls))
+    one, micro, ckpt = runs["one pass"], runs["micro-batches"], runs["checkpointed"]
+    assert one[0]["micro_batches"] == 1 and micro[0]["micro_batches"] == 3 and ckpt[0]["micro_batches"] == 3
+    # The layer runs once per forward, and once more in each backward when checkpointed.
+    assert (one[2], micro[2], ckpt[2]) == (1, 3, 6)
+    for other in (micro, ckpt):
+        assert torch.allclose(other[1], one[1], atol=1e-6, rtol=1e-4), (other[1] - one[1]).abs().max()
+        assert other[0]["abs_diff_sum"] == pytest.approx(one[0]["abs_diff_sum"], rel=1e-4, abs=1e-6)
+    assert ckpt[0]["abs_diff_sum"] / ckpt[0]["tokens"] < 1e-3  # no dropout: ℓθ = ℓold before the update

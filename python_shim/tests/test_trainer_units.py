@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from reef_shim import tiny_model
-from reef_shim.engines.sampling import sampling_logprobs
 from reef_shim.errors import ShimError
 from reef_shim.trainer.checkpoint import Ledger, next_version, save_checkpoint
 from reef_shim.trainer.loss import combine, empty_sums
@@ -445,40 +445,194 @@ def _random_task(seed: int, prompt: int, response: int, k: int) -> TrainTask:
     return t
 
 
-def test_policy_uses_the_engine_transform_and_the_teacher_plain_softmax(model) -> None:
+def test_policy_and_teacher_score_in_one_distribution(model) -> None:
+    # ℓθ and the teacher both in the engine's convention at the task's temperature (0.7): SGLang's
+    # log_softmax(logits / T) before top-k / top-p, which the task's top_k 50 / top_p 0.9 leave alone.
+    # The teacher was scored at T = 1 before, while ℓold was at 0.7.
     t = _random_task(1, 6, 4, 3)
     cpu = torch.device("cpu")
     with torch.no_grad():
-        logp, topk = policy_logprobs(model, [t], cpu)
+        logp, topk, kl = policy_logprobs(model, [t], cpu)
+        assert kl is None
         lg = response_logits(model, [t.prompt_ids], [t.response_ids], cpu)[0]
-        ref = sampling_logprobs(lg, 0.7, 50, 0.9).clamp(min=-1e4)
-        assert torch.allclose(logp[0], ref.gather(-1, torch.from_numpy(t.response_ids)[:, None]).squeeze(-1))
-        assert torch.allclose(topk[0], ref.gather(-1, torch.from_numpy(t.topk_ids)))
+        ref = torch.log_softmax(lg / 0.7, -1)
+        assert torch.allclose(logp[0], ref.gather(-1, torch.from_numpy(t.response_ids)[:, None]).squeeze(-1), atol=1e-6)
+        assert torch.allclose(topk[0], ref.gather(-1, torch.from_numpy(t.topk_ids)), atol=1e-6)
         teach = teacher_scores(model, [t], cpu)
-        tl = torch.log_softmax(response_logits(model, [t.teacher_prompt_ids[0]], [t.response_ids], cpu)[0], -1)
+        tl = torch.log_softmax(response_logits(model, [t.teacher_prompt_ids[0]], [t.response_ids], cpu)[0] / 0.7, -1)
     assert torch.allclose(teach["teacher_topk_logp"][0, 0], tl.gather(-1, torch.from_numpy(t.topk_ids)), atol=1e-6)
     assert teach["teacher_top_ids"][0, 0].tolist() == torch.topk(tl, 3, -1).indices.tolist()
     assert teach["cand_mask"].tolist() == [[True]]
+    assert teach["cand_len"].tolist() == [[len(t.teacher_prompt_ids[0])]]
 
 
 def test_policy_scores_in_the_engine_logprob_convention(model) -> None:
     # SGLang reports log-softmax(logits / T) before top-k/top-p ("tempered"), or of the raw logits
-    # ("raw"): scored with the truncated distribution instead, every in-support ratio would start
-    # at 1 / (kept mass) rather than 1.
+    # ("raw", SGLANG_RETURN_ORIGINAL_LOGPROB); the teacher follows the same convention.
     t = _random_task(2, 5, 3, 2)
     cpu = torch.device("cpu")
     resp = torch.from_numpy(t.response_ids)[:, None]
     with torch.no_grad():
         lg = response_logits(model, [t.prompt_ids], [t.response_ids], cpu)[0]
-        for convention, ref in [("tempered", torch.log_softmax(lg / 0.7, -1)), ("raw", torch.log_softmax(lg, -1))]:
-            logp, topk = policy_logprobs(model, [t], cpu, convention)
+        tlg = response_logits(model, [t.teacher_prompt_ids[0]], [t.response_ids], cpu)[0]
+        for convention, scale in [("tempered", 1 / 0.7), ("raw", 1.0)]:
+            ref = torch.log_softmax(lg * scale, -1)
+            logp, topk, _ = policy_logprobs(model, [t], cpu, convention)
             assert torch.allclose(logp[0], ref.gather(-1, resp).squeeze(-1), atol=1e-6), convention
             assert torch.allclose(topk[0], ref.gather(-1, torch.from_numpy(t.topk_ids)), atol=1e-6), convention
-        sampled, _ = policy_logprobs(model, [t], cpu, "sampled")
-        tempered, _ = policy_logprobs(model, [t], cpu, "tempered")
-        assert not torch.allclose(sampled, tempered)
-    with pytest.raises(ValueError, match="expected one of sampled, tempered, raw"):
+            teach = teacher_scores(model, [t], cpu, convention)
+            tref = torch.log_softmax(tlg * scale, -1)
+            assert torch.allclose(teach["teacher_topk_logp"][0, 0], tref.gather(-1, torch.from_numpy(t.topk_ids)),
+                                  atol=1e-6), convention
+    with pytest.raises(ValueError, match="engine logprobs convention 'processed'"):
         policy_logprobs(model, [t], cpu, "processed")
+
+
+def _self_scored_tasks(model: Any, temperature: float, lengths: list[tuple[int, int]], k: int = 4,
+                       seed: int = 5) -> list[TrainTask]:
+    """Tasks as an fp32 engine serving `model` would record them at `temperature` (tempered
+    logprobs, its own top-K), each with the plain prompt as its only teacher candidate (an anchor
+    turn, recipes/openclawrl/record2task.ts). The engine's forward is the batch's own padded one,
+    so its numbers are the trainer's exactly."""
+    rng = np.random.default_rng(seed)
+    tasks = []
+    for i, (p, r) in enumerate(lengths):
+        t = _task(p, r, h=1)
+        t.task_id, t.prompt_ids, t.response_ids = f"t{i}", rng.integers(0, 2048, p), rng.integers(0, 2048, r)
+        t.teacher_prompt_ids = [t.prompt_ids.copy()]
+        t.temperature, t.reward = temperature, (1.0 if i % 2 == 0 else -1.0)
+        tasks.append(t)
+    with torch.no_grad():
+        logits = response_logits(model, [t.prompt_ids for t in tasks], [t.response_ids for t in tasks], torch.device("cpu"))
+    for t, lg in zip(tasks, logits):
+        lp = torch.log_softmax(lg / temperature, -1)
+        t.logprobs = lp.gather(-1, torch.from_numpy(t.response_ids)[:, None]).squeeze(-1).numpy()
+        top = torch.topk(lp, k, -1)
+        t.topk_ids, t.topk_logprobs = top.indices.numpy(), top.values.numpy()
+    return tasks
+
+
+def _param_grads(model: Any, loss: torch.Tensor) -> torch.Tensor:
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    g = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    model.zero_grad(set_to_none=True)
+    return g
+
+
+@pytest.mark.parametrize("old_logprobs", ["engine", "trainer"])
+def test_a_teacher_that_is_the_policy_gives_no_opd_gradient_at_any_temperature(model, old_logprobs: str) -> None:
+    # Before any update the teacher on an anchor turn (the plain prompt) is the policy itself, so d =
+    # ℓT − ℓold must be 0 and OPD must push nowhere. With the teacher scored at T = 1 while ℓold
+    # came from T = 0.7, d was the gap between the temperatures (mean |d| ~0.3 here) and OPD pulled
+    # every turn toward the T = 1 distribution.
+    from recipes.openclawrl.objective import openclawrl_loss
+    from reef_shim.trainer.scoring import objective_batch
+
+    tasks = _self_scored_tasks(model, 0.7, [(7, 5), (4, 9)])
+    cfg = ObjectiveConfig(w_rl=0.0, w_opd=1.0, old_logprobs=old_logprobs)
+    batch = objective_batch(model, model, tasks, torch.device("cpu"), "tempered")
+    loss, m = openclawrl_loss(batch, cfg)
+    grad = _param_grads(model, loss)
+    assert m["samples_with_teacher"] == 2 and m["mean_abs_d"] <= 1e-6, m
+    assert grad.norm().item() <= 1e-7, grad.norm().item()
+    # The same batch's RL term does move the weights: the zero above is OPD's, not a dead graph.
+    rl, _ = openclawrl_loss(objective_batch(model, model, tasks, torch.device("cpu"), "tempered"),
+                            ObjectiveConfig(w_rl=1.0, w_opd=0.0, old_logprobs=old_logprobs))
+    assert _param_grads(model, rl).norm().item() > 1e-3
+
+
+def test_micro_batches_pack_by_padded_tokens_longest_first() -> None:
+    from reef_shim.trainer.scoring import micro_batches
+
+    # Lengths (prompt + response): 20, 110, 15, 40, 10.
+    tasks = [_task(10, 10), _task(100, 10), _task(10, 5), _task(20, 20), _task(5, 5)]
+    # Longest first: [1] alone (110 > 100 with any other row), then 40 + 20 (2 rows x 40 = 80), then
+    # 15 would make 3 x 40 = 120: next micro-batch, 15 + 10.
+    assert micro_batches(tasks, 100) == [[1], [0, 3], [2, 4]]
+    assert micro_batches(tasks, 0) == [[0, 1, 2, 3, 4]]
+    assert micro_batches(tasks, 10_000) == [[0, 1, 2, 3, 4]]
+    assert micro_batches(tasks, 1) == [[1], [3], [0], [2], [4]]  # each above the budget: one each
+    assert micro_batches([], 100) == []
+
+
+@pytest.mark.parametrize("old_logprobs, kl_coef", [("engine", 0.0), ("trainer", 0.3)])
+def test_micro_batches_accumulate_the_gradient_of_the_whole_batch(model, old_logprobs: str, kl_coef: float) -> None:
+    # Gradient accumulation by token budget must keep the loss the batch's global means: each
+    # micro-batch's loss weighted by its share of the batch's tokens (local_loss), summed over the
+    # backward passes, is the one-shot gradient, and the metrics add up to the one-shot ones.
+    from recipes.openclawrl.objective import openclawrl_loss
+    from reef_shim.trainer.loss import add_sums, local_loss
+    from reef_shim.trainer.scoring import micro_batches, objective_batch
+
+    cpu = torch.device("cpu")
+    tasks = _self_scored_tasks(model, 0.7, [(9, 6), (3, 11), (12, 4), (5, 7)])
+    # A hinted candidate too, and a drifted engine: ratios, overlaps and TIS weights all take part.
+    for i, t in enumerate(tasks):
+        t.teacher_prompt_ids = [t.prompt_ids, np.concatenate([t.prompt_ids, [7, 8, 9][: i + 1]])]
+        # The engine's ℓ below the trainer's by up to 1: TIS weights up to e, some past the cap of 2.
+        t.logprobs = t.logprobs - np.abs(np.sin(np.arange(t.T, dtype=np.float32) + i))
+    cfg = ObjectiveConfig(old_logprobs=old_logprobs, kl_coef=kl_coef)
+    totals = {"tokens": float(sum(t.T for t in tasks))}
+    kl = kl_coef > 0
+
+    loss, whole = local_loss(objective_batch(model, model, tasks, cpu, "tempered", kl), cfg, totals, 1, openclawrl_loss)
+    one_shot = _param_grads(model, loss)
+    plan = micro_batches(tasks, 30)  # lengths 15, 14, 16, 12
+    assert plan == [[2], [0, 1], [3]], plan
+    model.zero_grad(set_to_none=True)
+    parts = []
+    for mb in plan:
+        part, sums = local_loss(objective_batch(model, model, [tasks[i] for i in mb], cpu, "tempered", kl), cfg,
+                                totals, 1, openclawrl_loss)
+        part.backward()
+        parts.append(sums)
+    accumulated = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    model.zero_grad(set_to_none=True)
+    assert torch.allclose(accumulated, one_shot, atol=1e-6, rtol=1e-5), (accumulated - one_shot).abs().max()
+    assert one_shot.norm() > 1e-3
+    got, want = combine([add_sums(parts)], cfg), combine([whole], cfg)
+    for key in ("loss", "rl_loss", "opd_loss", "kl", "rl_clip_frac", "opd_clip_frac", "mean_abs_d", "chosen_overlap",
+                "tis_weight_mean", "tis_clip_frac", "tokens", "train_rollout_logprob_abs_diff",
+                "train_rollout_logprob_abs_diff_max"):
+        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
+    if old_logprobs == "trainer":
+        assert 0 < want["tis_clip_frac"] < 1 and want["kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_the_kl_term_is_the_exact_kl_to_the_base_model_on_the_plain_prompt(model) -> None:
+    from reef_shim.trainer.scoring import objective_batch, policy_logprobs, reference_logprobs
+
+    cpu = torch.device("cpu")
+    tasks = _self_scored_tasks(model, 0.7, [(6, 5), (3, 8)])
+    # The base: the same architecture with other weights; the policy stays `model`.
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model.config.name_or_path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in base.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ref = reference_logprobs(base, tasks, cpu, "tempered")
+    _, _, kl = policy_logprobs(model, tasks, cpu, "tempered", ref)
+    for b, task in enumerate(tasks):
+        with torch.no_grad():
+            lp = torch.log_softmax(response_logits(model, [task.prompt_ids], [task.response_ids], cpu)[0] / 0.7, -1)
+            lq = torch.log_softmax(response_logits(base, [task.prompt_ids], [task.response_ids], cpu)[0] / 0.7, -1)
+        want = torch.nn.functional.kl_div(lq, lp, log_target=True, reduction="none").sum(-1)  # KL(p ‖ q)
+        assert torch.allclose(kl[b, :task.T], want, atol=1e-5), b
+        assert (kl[b, task.T:] == 0).all()
+    assert kl.min() >= -1e-6 and kl.max() > 1e-3
+    # Against itself the KL is 0; and without it no reference forward runs (one forward per
+    # candidate chunk and one of the policy: 2 here, 3 with the KL).
+    calls: list[int] = []
+    hook = model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        b0 = objective_batch(model, model, tasks, cpu, "tempered")
+        assert "kl" not in b0 and len(calls) == 2
+        b1 = objective_batch(model, model, tasks, cpu, "tempered", kl=True)
+        assert len(calls) == 5 and b1["kl"].abs().max() < 1e-5
+    finally:
+        hook.remove()
 
 
 def _objective_batch(seed: int, B: int = 4, T: int = 5, K: int = 3, H: int = 2) -> dict[str, torch.Tensor]:
@@ -504,7 +658,8 @@ def _objective_batch(seed: int, B: int = 4, T: int = 5, K: int = 3, H: int = 2) 
     }
 
 
-def test_ranks_weighted_by_their_tokens_give_the_gradient_of_the_whole_batch() -> None:
+@pytest.mark.parametrize("old_logprobs", ["engine", "trainer"])
+def test_ranks_weighted_by_their_tokens_give_the_gradient_of_the_whole_batch(old_logprobs: str) -> None:
     # FSDP2 averages the ranks' gradients; each rank's loss is weighted by its share of the batch's
     # tokens times the world size, so the average is the gradient of the global means. The shards
     # hold 5 + 2 and 4 + 1 tokens (unequal), and only one of them a sample without a teacher.
@@ -512,11 +667,14 @@ def test_ranks_weighted_by_their_tokens_give_the_gradient_of_the_whole_batch() -
     from reef_shim.trainer.loss import local_loss
 
     full = _objective_batch(0)
-    cfg = ObjectiveConfig(w_rl=0.7, w_opd=1.3)
+    cfg = ObjectiveConfig(w_rl=0.7, w_opd=1.3, old_logprobs=old_logprobs)
     leaves = {k: full[k].clone().requires_grad_() for k in ("logp_new", "topk_logp_new")}
     whole, m_whole = openclawrl_loss({**full, **leaves}, cfg)
     whole.backward()
-    assert m_whole["rl_clip_frac"] > 0 and m_whole["opd_clip_frac"] > 0  # both clips take part
+    if old_logprobs == "engine":
+        assert m_whole["rl_clip_frac"] > 0 and m_whole["opd_clip_frac"] > 0  # both clips take part
+    else:
+        assert m_whole["tis_weight_mean"] != 1.0  # the importance weights take part
 
     totals = {"tokens": float(full["mask"].sum())}
     grads = {k: torch.zeros_like(full[k]) for k in leaves}
@@ -532,7 +690,8 @@ def test_ranks_weighted_by_their_tokens_give_the_gradient_of_the_whole_batch() -
     for k in leaves:
         assert torch.allclose(grads[k], leaves[k].grad, atol=1e-12), k
     combined = combine(sums, cfg)
-    for key in ("loss", "rl_loss", "opd_loss", "rl_clip_frac", "opd_clip_frac", "mean_abs_d", "chosen_overlap"):
+    for key in ("loss", "rl_loss", "opd_loss", "rl_clip_frac", "opd_clip_frac", "mean_abs_d", "chosen_overlap",
+                "tis_weight_mean", "tis_clip_frac"):
         assert combined[key] == pytest.approx(m_whole[key], abs=1e-12), key
 
 

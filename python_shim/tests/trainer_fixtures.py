@@ -69,18 +69,21 @@ def task(engine: HFEngine, task_id: str, *, temperature: float, top_p: float = 1
 
 def options(**over: Any) -> dict[str, Any]:
     base = {"wRl": 1.0, "wOpd": 1.0, "clipC": 1.0, "hintSelection": "sequence_optimal", "lr": 1e-5, "epsLow": 0.2,
-            "epsHigh": 0.28, "weightDecay": 0.1, "betas": [0.9, 0.98], "topK": 4, "dtype": "fp32"}
+            "epsHigh": 0.28, "weightDecay": 0.1, "betas": [0.9, 0.98], "topK": 4, "dtype": "fp32", "oldLogprobs": "trainer",
+            "tisCap": 2.0, "klCoef": 0.0, "clipGrad": 1.0, "microBatchTokens": 2048, "gradCheckpointing": "off"}
     return {**base, **over}
 
 
 def spec(model: str, checkpoint_dir: str, ranks: int = 2, **opts: Any) -> dict[str, Any]:
     return {"modelPath": model, "ranks": ranks, "backend": "fsdp2", "options": options(**opts),
-            "engineLogprobs": "sampled", "checkpointDir": checkpoint_dir, "seed": 0, "group": "reef-trainer"}
+            "engineLogprobs": "tempered", "checkpointDir": checkpoint_dir, "seed": 0, "group": "reef-trainer"}
 
 
 def three_tasks(engine: HFEngine) -> list[dict[str, Any]]:
-    """The trainer tests' batch: sampled with two hints, greedy with one, top-k 2 with none (72
-    response tokens, 48 of them with a teacher)."""
+    """The trainer tests' batch: sampled at T = 0.8 / top_p 0.9 with two hints, greedy with one,
+    top_k 2 < K with none (72 response tokens, 48 of them with a teacher). The engine reports
+    SGLang's tempered logprobs, before top-k / top-p, the convention the trainer scores in: with
+    the truncation the two differ only if the trainer got it wrong."""
     return [
         task(engine, "sampled", temperature=0.8, top_p=0.9, hints=HINTS, reward=1.0, seed=11),
         task(engine, "greedy", temperature=0.0, hints=HINTS[:1], reward=-1.0, seed=12),

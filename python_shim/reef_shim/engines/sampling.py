@@ -71,22 +71,18 @@ def sampling_logprobs(logits: torch.Tensor, temperature: float, top_k: int = -1,
     return torch.log_softmax(z, dim=-1)
 
 
-# How an engine reports the logprob of a token it sampled (`training.engine_logprobs`), and so how the
-# trainer must score ℓθ for its ratio to start at 1:
+# How an engine reports the logprob of a token it sampled (`training.engine_logprobs`), and so the
+# one distribution the trainer scores ℓθ, ℓold and the teacher in:
 # - "tempered": `log_softmax(logits / temperature)`, before top-k / top-p (SGLang's sampler, and
 #   the hf engine's);
-# - "raw": `log_softmax(logits)` (SGLang with SGLANG_RETURN_ORIGINAL_LOGPROB set);
-# - "sampled": of the distribution sampled from, truncated and renormalised (what the hf engine
-#   reported before it took SGLang's convention; kept until the trainer's config drops it).
-# Greedy requests are `log_softmax(logits)` in all three.
-ENGINE_LOGPROBS = ("sampled", "tempered", "raw")
+# - "raw": `log_softmax(logits)` (SGLang with SGLANG_RETURN_ORIGINAL_LOGPROB set).
+# Greedy requests are `log_softmax(logits)` in both. ("sampled", the truncated distribution the hf
+# engine reported before, was removed with it: the config refuses it, naming "tempered".)
+ENGINE_LOGPROBS = ("tempered", "raw")
 
 
-def engine_logprobs(logits: torch.Tensor, convention: str, temperature: float, top_k: int = -1,
-                    top_p: float = 1.0) -> torch.Tensor:
+def engine_logprobs(logits: torch.Tensor, convention: str, temperature: float) -> torch.Tensor:
     """Log-probabilities `[..., V]` as an engine of `convention` reports them (see ENGINE_LOGPROBS)."""
-    if convention == "sampled":
-        return sampling_logprobs(logits, temperature, top_k, top_p)
     if convention == "tempered":
         return tempered_logprobs(logits, temperature)
     if convention == "raw":

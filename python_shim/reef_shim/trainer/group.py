@@ -189,7 +189,9 @@ class TrainerGroup:
         from .loss import combine
 
         metrics = combine([r["sums"] for r in results], self._cfg)
-        metrics.update(grad_norm=results[0]["sums"]["grad_norm"], lr=float(self._spec_options()["lr"]),
+        metrics.update(grad_norm=results[0]["sums"]["grad_norm"], grad_clipped=results[0]["sums"]["grad_clipped"],
+                       micro_batches=max(r["sums"]["micro_batches"] for r in results),
+                       lr=float(self._spec_options()["lr"]),
                        train_ms=results[0]["train_s"] * 1000, save_ms=results[0]["save_s"] * 1000,
                        teacher_candidates_overlong=float(overlong))
         result = {"batchId": batch_id, "weightVersion": version, "checkpointPath": str(out), "metrics": metrics,

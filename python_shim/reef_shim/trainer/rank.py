@@ -26,8 +26,8 @@ if _REPO not in sys.path:
 from recipes.openclawrl.objective import objective_from_options, openclawrl_loss  # noqa: E402
 
 from .checkpoint import save_checkpoint  # noqa: E402
-from .loss import empty_sums, local_loss  # noqa: E402
-from .scoring import objective_batch  # noqa: E402
+from .loss import add_sums, empty_sums, local_loss  # noqa: E402
+from .scoring import micro_batches, objective_batch  # noqa: E402
 from .tasks import TrainTask  # noqa: E402
 
 PG_TIMEOUT = timedelta(minutes=10)  # a collective stuck longer than this raises instead of hanging
@@ -92,6 +92,8 @@ class TrainerRank:
         self.bf16 = options.get("dtype") == "bf16"
         self.teacher = self._load(model_path, torch.bfloat16 if self.bf16 else torch.float32).eval().requires_grad_(False)
         self.policy = self._shard(self._load(model_path, torch.float32))
+        if options.get("gradCheckpointing") == "on":
+            checkpoint_layers(self.policy)
         self.tied = bool(getattr(self.teacher.config, "tie_word_embeddings", False))
         self.cfg = objective_from_options(options)
         self._new_optimizer()
@@ -150,21 +152,37 @@ class TrainerRank:
 
     def step(self, batch_id: str, tasks: list[TrainTask], totals: dict[str, float], out_dir: str | None,
              meta: dict[str, Any]) -> dict[str, Any]:
-        """Forward, loss, backward, AdamW; then every rank helps gather the full weights and rank 0
-        saves them to `out_dir`. Returns this rank's metric sums (and, on rank 0, save timing)."""
+        """Forward, loss and backward per micro-batch (the gradients accumulate), the global norm
+        clipped, AdamW; then every rank helps gather the full weights and rank 0 saves them to
+        `out_dir`. Returns this rank's metric sums (and, on rank 0, save timing)."""
         started = time.monotonic()
         self.optimizer.zero_grad(set_to_none=True)
-        if tasks:
-            batch = objective_batch(self.policy, self.teacher, tasks, self.device, self.options["engineLogprobs"])
-            loss, sums = local_loss(batch, self.cfg, totals, self.world, openclawrl_loss)
-        else:
-            dummy = torch.zeros(1, 1, dtype=torch.long, device=self.device)
-            loss, sums = self.policy(input_ids=dummy, use_cache=False).logits.sum() * 0.0, empty_sums()
-        self._maybe_crash(batch_id)
-        # All ranks agree on finiteness before anyone steps, so a NaN batch fails cleanly everywhere.
-        if self._any_rank(not bool(torch.isfinite(loss))):
-            return {"error": "non-finite loss: the batch was not applied", "sums": sums}
-        loss.backward()
+        plan = micro_batches(tasks, int(self.options.get("microBatchTokens", 0)))
+        # Every rank runs as many forward/backward passes as the rank with the most micro-batches,
+        # so FSDP's collectives pair up; the extra ones are a one-token dummy whose loss is × 0.
+        rounds = max(1, self._max_over_ranks(len(plan)))
+        convention, kl = self.options["engineLogprobs"], self.cfg.kl_coef > 0
+        parts: list[dict[str, float]] = []
+        for i in range(rounds):
+            if i < len(plan):
+                batch = objective_batch(self.policy, self.teacher, [tasks[j] for j in plan[i]], self.device,
+                                        convention, kl)
+                loss, sums = local_loss(batch, self.cfg, totals, self.world, openclawrl_loss)
+                del batch
+            else:
+                dummy = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+                loss, sums = self.policy(input_ids=dummy, use_cache=False).logits.sum() * 0.0, empty_sums()
+            parts.append(sums)
+            if i == 0:
+                self._maybe_crash(batch_id)
+            # All ranks agree on finiteness before anyone steps, so a NaN batch fails cleanly everywhere.
+            if self._any_rank(not bool(torch.isfinite(loss))):
+                self.optimizer.zero_grad(set_to_none=True)
+                return {"error": "non-finite loss: the batch was not applied", "sums": add_sums(parts)}
+            loss.backward()
+            del loss
+        sums = add_sums(parts)
+        sums["micro_batches"] = float(len(plan))
         # A finite loss can still give a non-finite gradient (an overflow in backward); AdamW would
         # write it into every weight it touches. All ranks agree before anyone steps, as above.
         grad_norm, grads_finite = self._grad_norm()
@@ -172,6 +190,7 @@ class TrainerRank:
             self.optimizer.zero_grad(set_to_none=True)
             return {"error": "non-finite gradient: the batch was not applied", "sums": sums}
         sums["grad_norm"] = grad_norm
+        sums["grad_clipped"] = float(self._clip_grads(grad_norm))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         forward_backward_s = time.monotonic() - started
@@ -189,6 +208,27 @@ class TrainerRank:
                 return {"error": f"the checkpoint {out_dir} could not be saved: {type(e).__name__}: {e}",
                         "applied": True, "sums": sums}
         return {"error": None, "sums": sums, "train_s": forward_backward_s, "save_s": save_s}
+
+    def _max_over_ranks(self, n: int) -> int:
+        """The largest `n` of any rank (one all-reduce)."""
+        import torch.distributed as dist
+
+        t = torch.tensor([float(n)], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def _clip_grads(self, norm: float) -> bool:
+        """Scale every rank's shard of the gradient by min(1, clipGrad / ‖g‖), ‖g‖ the global norm
+        (`_grad_norm`), as torch's clip_grad_norm_ does (its 1e-6 too); clipGrad 0 is off. Every
+        rank has the same norm, so the shards are scaled alike. Returns whether it clipped."""
+        limit = float(self.options.get("clipGrad", 0.0))
+        if limit <= 0 or norm <= limit:
+            return False
+        scale = limit / (norm + 1e-6)
+        for p in self.policy.parameters():
+            if p.grad is not None:
+                p.grad.mul_(scale)
+        return True
 
     def _any_rank(self, flag: bool) -> bool:
         """Whether `flag` holds on any rank (one all-reduce, so every rank takes the same branch)."""
@@ -304,4 +344,20 @@ class TrainerRank:
             dist.destroy_process_group()
 
 
-__all__ = ["TrainerRank"]
+def checkpoint_layers(model: Any) -> None:
+    """Activation checkpointing of every decoder layer (non-reentrant): a layer keeps only its input
+    for backward and runs its forward again there, which trades one more forward of each layer
+    for most of the activation memory. transformers checkpoints a layer only when the layer is in
+    training mode; the policy runs in eval mode (no dropout: rank.py `_shard`), so each decoder
+    layer's own flag is set and its submodules (attention, MLP, their dropout) stay in eval mode.
+    The layers' forwards are transformers' own, wrapped inside the module call, so FSDP2's hooks
+    stay outside the recomputation."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    for module in model.modules():
+        if isinstance(module, GradientCheckpointingLayer):
+            module.training = True
+
+
+__all__ = ["TrainerRank", "checkpoint_layers"]

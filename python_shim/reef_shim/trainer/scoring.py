@@ -1,12 +1,14 @@
 """What a rank computes from its tasks before the objective: ℓθ, the teacher's view, the batch.
 
-Distribution policy (docs/training.md "Which distribution"):
-- ℓθ (policy, with gradient) uses the engine's own transform, `engine_logprobs` with the task's
-  temperature / top_k / top_p in the engine's convention (the hf engine: the distribution sampled
-  from; SGLang: logits / temperature before truncation), because the RL ratio and the OPD ratio
-  divide by ℓold, which the engine recorded so. Before any update ℓθ == ℓold up to rounding.
-- The teacher is a target, not a sampler: its log-probs are the plain `log_softmax` of its logits
-  (temperature 1, no truncation), and its own top-K is taken from that distribution.
+Distribution policy (docs/training.md "Which distribution"): one distribution for ℓold, the
+teacher and the policy. All three are `engine_logprobs` in the engine's convention with the task's
+temperature: `tempered`, SGLang's `log_softmax(logits / T)` before top-k / top-p (greedy, T < 1e-6:
+`log_softmax(logits)`), or `raw`, `log_softmax(logits)`. ℓθ (with gradient) so that before any
+update it equals the engine's ℓold up to rounding; the teacher (no gradient) so that with the
+teacher = the policy, d = ℓT − ℓold = 0 and OPD pushes nowhere. (Scored at T = 1 while ℓold was
+taken at T = 0.7, d was the gap between the two temperatures, and OPD pulled every turn toward the
+T = 1 distribution, anchor turns included.) The teacher's own top-K is taken from that distribution.
+The KL to the base model (`kl_coef` > 0) is exact over the vocabulary, in the same distribution.
 
 Sequences are right-padded and run without an attention mask: with a causal model no real token
 attends to a later (padding) position, and position ids stay 0..n-1, so padding changes nothing.
@@ -79,40 +81,66 @@ def dims(tasks: list[TrainTask]) -> tuple[int, int, int]:
     return max(t.T for t in tasks), max(t.K for t in tasks), max(t.H for t in tasks)
 
 
-def policy_logprobs(model: Any, tasks: list[TrainTask], device: torch.device,
-                    convention: str = "sampled") -> tuple[torch.Tensor, torch.Tensor]:
+def _logprobs(logits: torch.Tensor, convention: str, task: TrainTask) -> torch.Tensor:
+    """[T, V] log-probabilities of one row in the batch's one distribution (module docstring)."""
+    return engine_logprobs(logits, convention, task.temperature)
+
+
+def policy_logprobs(model: Any, tasks: list[TrainTask], device: torch.device, convention: str = "tempered",
+                    reference: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """ℓθ of the response tokens [B,T] and of the recorded top-K ids [B,T,K], with gradient, in the
     rollout engine's logprob `convention` (`engine_logprobs`), so that before any update ℓθ = ℓold.
+    With `reference` (the base model's [T_b, V] log-probs per task, `reference_logprobs`), also the
+    exact per-token KL(πθ ‖ π_base) = Σ_v πθ(v)·(ℓθ(v) − ℓbase(v)) [B,T], with gradient; else None.
 
-    Values below the engine's floor (tokens outside the sampled support) are clamped to it, as the
-    engine does on the wire, so a -inf can never reach a ratio or a metric.
+    Values below the engine's floor are clamped to it, as the engine does on the wire, so a -inf can
+    never reach a ratio or a metric.
     """
     T, K, _ = dims(tasks)
     logits = response_logits(model, [t.prompt_ids for t in tasks], [t.response_ids for t in tasks], device)
-    logp_rows, topk_rows = [], []
-    for task, lg in zip(tasks, logits):
-        lp = engine_logprobs(lg, convention, task.temperature, task.top_k, task.top_p)  # [T_b, V]
+    logp_rows, topk_rows, kl_rows = [], [], []
+    for b, (task, lg) in enumerate(zip(tasks, logits)):
+        lp = _logprobs(lg, convention, task)  # [T_b, V]
         resp = torch.from_numpy(task.response_ids).to(device)
         logp = lp.gather(-1, resp[:, None]).squeeze(-1).clamp(min=LOGPROB_FLOOR)
         ids = torch.from_numpy(task.topk_ids).to(device).clamp(min=0)
         topk = lp.gather(-1, ids).clamp(min=LOGPROB_FLOOR)
         logp_rows.append(F.pad(logp, (0, T - task.T)))
         topk_rows.append(F.pad(topk, (0, K - task.K, 0, T - task.T)))
-    return torch.stack(logp_rows), torch.stack(topk_rows)
+        if reference is not None:
+            kl_rows.append(F.pad((lp.exp() * (lp - reference[b])).sum(-1), (0, T - task.T)))
+    kl = torch.stack(kl_rows) if reference is not None else None
+    return torch.stack(logp_rows), torch.stack(topk_rows), kl
 
 
 @torch.no_grad()
-def teacher_scores(model: Any, tasks: list[TrainTask], device: torch.device) -> dict[str, torch.Tensor]:
-    """For every teacher candidate: its log-probs on the recorded top-K ids and its own top-K ids.
+def reference_logprobs(model: Any, tasks: list[TrainTask], device: torch.device,
+                       convention: str = "tempered") -> list[torch.Tensor]:
+    """The base model's [T_b, V] log-probabilities on each task's own (unhinted) prompt, for the KL
+    term: one more teacher forward per task, run only when kl_coef > 0."""
+    out: list[torch.Tensor] = []
+    for start in range(0, len(tasks), TEACHER_ROWS_PER_FORWARD):
+        chunk = tasks[start:start + TEACHER_ROWS_PER_FORWARD]
+        logits = response_logits(model, [t.prompt_ids for t in chunk], [t.response_ids for t in chunk], device)
+        out.extend(_logprobs(lg, convention, t) for t, lg in zip(chunk, logits))
+    return out
 
-    Returns `teacher_topk_logp [B,H,T,K]`, `teacher_top_ids [B,H,T,K]` (-1 = padding) and
-    `cand_mask [B,H]`.
+
+@torch.no_grad()
+def teacher_scores(model: Any, tasks: list[TrainTask], device: torch.device,
+                   convention: str = "tempered") -> dict[str, torch.Tensor]:
+    """For every teacher candidate: its log-probs on the recorded top-K ids and its own top-K ids,
+    in the same distribution as ℓθ and ℓold (the task's temperature, `convention`).
+
+    Returns `teacher_topk_logp [B,H,T,K]`, `teacher_top_ids [B,H,T,K]` (-1 = padding), `cand_mask
+    [B,H]` and `cand_len [B,H]` (each candidate's teacher-prompt tokens, for `shortest`).
     """
     T, K, H = dims(tasks)
     B = len(tasks)
     t_logp = torch.zeros(B, H, T, K, device=device)
     t_ids = torch.full((B, H, T, K), -1, dtype=torch.long, device=device)
     cand = torch.zeros(B, H, dtype=torch.bool, device=device)
+    cand_len = torch.zeros(B, H, dtype=torch.long, device=device)
     pairs = [(b, h) for b, task in enumerate(tasks) for h in range(task.H)]
     for start in range(0, len(pairs), TEACHER_ROWS_PER_FORWARD):
         chunk = pairs[start:start + TEACHER_ROWS_PER_FORWARD]
@@ -120,12 +148,13 @@ def teacher_scores(model: Any, tasks: list[TrainTask], device: torch.device) -> 
                                  [tasks[b].response_ids for b, _ in chunk], device)
         for (b, h), lg in zip(chunk, logits):
             task = tasks[b]
-            lp = torch.log_softmax(lg.float(), dim=-1)
+            lp = _logprobs(lg, convention, task)
             ids = torch.from_numpy(task.topk_ids).to(device).clamp(min=0)
             t_logp[b, h, :task.T, :task.K] = lp.gather(-1, ids)
             t_ids[b, h, :task.T, :task.K] = torch.topk(lp, task.K, dim=-1).indices
             cand[b, h] = True
-    return {"teacher_topk_logp": t_logp, "teacher_top_ids": t_ids, "cand_mask": cand}
+            cand_len[b, h] = len(task.teacher_prompt_ids[h])
+    return {"teacher_topk_logp": t_logp, "teacher_top_ids": t_ids, "cand_mask": cand, "cand_len": cand_len}
 
 
 def recorded(tasks: list[TrainTask], device: torch.device) -> dict[str, torch.Tensor]:
@@ -147,15 +176,36 @@ def recorded(tasks: list[TrainTask], device: torch.device) -> dict[str, torch.Te
 
 
 def objective_batch(model: Any, teacher: Any, tasks: list[TrainTask], device: torch.device,
-                    convention: str = "sampled") -> dict[str, torch.Tensor]:
-    """Every tensor `openclawrl_loss` takes; `logp_new`/`topk_logp_new` carry the policy's graph."""
-    logp_new, topk_new = policy_logprobs(model, tasks, device, convention)
-    return {"logp_new": logp_new, "topk_logp_new": topk_new, **recorded(tasks, device),
-            **teacher_scores(teacher, tasks, device)}
+                    convention: str = "tempered", kl: bool = False) -> dict[str, torch.Tensor]:
+    """Every tensor `openclawrl_loss` takes; `logp_new`/`topk_logp_new` (and `kl`) carry the
+    policy's graph. The teacher runs first: its forwards keep nothing for backward."""
+    scores = teacher_scores(teacher, tasks, device, convention)
+    reference = reference_logprobs(teacher, tasks, device, convention) if kl else None
+    logp_new, topk_new, kl_tok = policy_logprobs(model, tasks, device, convention, reference)
+    out = {"logp_new": logp_new, "topk_logp_new": topk_new, **recorded(tasks, device), **scores}
+    if kl_tok is not None:
+        out["kl"] = kl_tok
+    return out
 
 
-def opd_entries(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Valid (t, v) entries of OPD tokens: the denominator of `opd_clip_frac` and `mean_abs_d`."""
-    valid = (batch["topk_ids"] >= 0) & torch.isfinite(batch["topk_logp_old"]) & (batch["topk_logp_old"] > LOGPROB_FLOOR)
-    opd_tok = batch["mask"].bool() & batch["cand_mask"].any(-1)[:, None]
-    return (valid & opd_tok[..., None]).sum()
+def micro_batches(tasks: list[TrainTask], budget: int) -> list[list[int]]:
+    """Task indices per micro-batch: consecutive tasks by length (longest first, so rows of one
+    forward are alike and pad little) while the padded policy forward (rows × the longest prompt +
+    response) stays within `budget` tokens; a task above the budget alone. `budget` 0: one
+    micro-batch. Deterministic, as `shard` is."""
+    if not tasks:
+        return []
+    if budget <= 0:
+        return [list(range(len(tasks)))]
+    order = sorted(range(len(tasks)), key=lambda i: (-(len(tasks[i].prompt_ids) + tasks[i].T), i))
+    out: list[list[int]] = [[]]
+    width = 0
+    for i in order:
+        n = len(tasks[i].prompt_ids) + tasks[i].T
+        if out[-1] and max(width, n) * (len(out[-1]) + 1) > budget:
+            out.append([])
+            width = 0
+        out[-1].append(i)
+        width = max(width, n)
+    return [sorted(mb) for mb in out]
+
