@@ -551,3 +551,24 @@ def test_a_bf16_engine_serves_near_fp32_logprobs_and_casts_loaded_weights_to_bf1
         again = eng.generate(**body)
         assert again["output_ids"] == first["output_ids"]
         assert again["meta_info"]["output_token_logprobs"] == first["meta_info"]["output_token_logprobs"]
+
+
+def test_openmp_threads_wait_passively_unless_the_environment_says_otherwise() -> None:
+    # Read by libgomp once, when torch loads: the server module sets it before importing torch.
+    code = "import os; import reef_shim.engines.hf_server; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env["PYTHONPATH"] = str(SHIM)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "PASSIVE"
+    env["OMP_WAIT_POLICY"] = "ACTIVE"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "ACTIVE"
+
+
+def test_threads_are_one_for_a_tiny_model_and_one_per_cpu_for_a_large_one_whatever_ray_set() -> None:
+    from reef_shim.engines.hf_server import choose_threads
+
+    assert choose_threads(None, 1_000_000, 2) == 1
+    assert choose_threads(None, 135_000_000, 2) == 2  # not torch's 1 under Ray's OMP_NUM_THREADS=1
+    assert choose_threads(3, 135_000_000, 2) == 3
+    assert choose_threads(None, 135_000_000, 0) == 1

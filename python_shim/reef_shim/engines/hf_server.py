@@ -62,6 +62,8 @@ Behaviour a client can rely on:
   each transfer.
 - Up to 1024 connections wait to be accepted (the listen backlog), so a burst of clients
   connecting at once all get in.
+- Threads: `--threads`, else 1 under 50M parameters and one per usable CPU above; OpenMP
+  threads wait passively (`OMP_WAIT_POLICY=PASSIVE` unless the environment sets it).
 - Errors: `{error: {message, code}}` with a Reef code; 400 for a bad request, an input at or
   past the context length, or a `rid` of a request still in flight (as SGLang), 413 for a body
   over 64 MiB, 503 while loading. A body is read by Content-Length or chunked; one that cannot
@@ -80,8 +82,15 @@ import threading
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from .http_handler import EngineHandler, ServerState
-from .sampling import sampling_logprobs, tempered_logprobs
+# Read once, when torch loads its OpenMP runtime (libgomp), so set before the imports below. By
+# default its threads spin between parallel regions; on a busy machine (the trainer, gateway and
+# tests share the two cores with the engine) a spinning or descheduled thread stalls every
+# matmul: SmolLM2 at 4 concurrent requests with one other process busy gave 4.8 tokens/s with 2
+# spinning threads, 53 tokens/s with them passive, as with 1 thread. An explicit setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from .http_handler import EngineHandler, ServerState  # noqa: E402
+from .sampling import sampling_logprobs, tempered_logprobs  # noqa: E402
 
 # The choices of --dtype (hf_engine.DTYPES, which needs transformers, imported once /health answers).
 DTYPES = ("bf16", "fp32")
@@ -110,7 +119,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-batch", type=int, default=32, help="requests generating at once, in one batch")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="the weights' dtype")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads (default: 1 for models under 50M parameters, else torch's)")
+                   help="torch intra-op threads (default: 1 for models under 50M parameters, else one per CPU "
+                        "this process may use)")
     p.add_argument("--weight-sync-timeout-s", type=float, default=300.0,
                    help="how long a weight group join or transfer may wait for its peer")
     p.add_argument("--log-level", default="info")
@@ -120,16 +130,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def choose_threads(requested: int | None, params: int, cpus: int) -> int:
+    """Intra-op threads: `--threads` if given; 1 for a model under 50M parameters (it decodes a
+    token in well under a millisecond, and thread hand-offs then cost more than they save:
+    measured ~10x slower with 2 threads on the tiny model); else one per usable CPU, which is
+    torch's own default except under Ray: its workers get OMP_NUM_THREADS=1 (num_cpus below 1),
+    and the engine, started from one, inherited that."""
+    if requested is not None:
+        return requested
+    return 1 if params < 50_000_000 else max(1, cpus)
+
+
 def _set_threads(threads: int | None, engine: Any) -> None:
     import torch
 
-    if threads is None:
-        # A tiny model decodes one token in well under a millisecond; thread hand-offs then cost
-        # more than they save (measured: ~10x slower with 2 threads on the tiny model).
-        params = sum(p.numel() for p in engine.model.parameters())
-        threads = 1 if params < 50_000_000 else None
-    if threads:
-        torch.set_num_threads(threads)
+    params = sum(p.numel() for p in engine.model.parameters())
+    torch.set_num_threads(choose_threads(threads, params, len(os.sched_getaffinity(0))))
 
 
 def torch_threads() -> int:
