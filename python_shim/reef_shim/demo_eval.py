@@ -1,6 +1,6 @@
 """Measure the demo model's habit: sample first replies to homework requests, plain and hinted.
 
-Sampling uses the `hf` engine's distribution (`engines.sampling.sampling_logprobs`), batched with
+Sampling uses the `hf` engine's sampler (`engines.sampling.sample_rows`), batched with
 left padding so a hundred replies take seconds, not minutes. Problems come from a seed far from
 the corpus's, so the model is measured on requests it did not see.
 """
@@ -40,10 +40,10 @@ def load(model_dir: str | Path) -> tuple[Any, Any]:
 
 def sample(model: Any, prompts: list[list[int]], temperature: float, seed: int, max_new_tokens: int = 200,
            eos: int | None = None, batch: int = 32) -> list[list[int]]:
-    """Sample one reply per prompt (ids up to and including eos) from `sampling_logprobs`."""
+    """Sample one reply per prompt (ids up to and including eos) with the engine's own sampler."""
     import torch
 
-    from .engines.sampling import pick_token, sampling_logprobs
+    from .engines.sampling import RowSampling, sample_rows
 
     eos = model.config.eos_token_id if eos is None else eos
     gen = torch.Generator().manual_seed(seed)
@@ -55,12 +55,13 @@ def sample(model: Any, prompts: list[list[int]], temperature: float, seed: int, 
         attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         done = [False] * len(rows)
+        # One generator shared by the rows, in row order: the draws stay a function of (seed, prompts).
+        sampling = [RowSampling(temperature=temperature, generator=gen) for _ in rows]
         got: list[list[int]] = [[] for _ in rows]
         with torch.inference_mode():
             out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
             for _ in range(max_new_tokens):
-                lp = sampling_logprobs(out.logits[:, -1], temperature)
-                nxt = [pick_token(lp[i], temperature, gen) for i in range(len(rows))]
+                nxt = [p.token for p in sample_rows(out.logits[:, -1], sampling)]
                 for i, t in enumerate(nxt):
                     if not done[i]:
                         got[i].append(t)
