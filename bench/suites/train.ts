@@ -1,7 +1,7 @@
 import { spawn, spawnSync } from 'node:child_process';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
-import { mkdtempSync, readFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { BridgeClient } from '../../bridge/client.js';
 import type { TrainingOptions } from '../../bridge/messages.js';
@@ -21,6 +21,11 @@ import { type BenchRow, type BenchSuite, toRow } from '../lib.js';
  * (`trainer-push-weights`: a gather of the full weights on both ranks, then SGLang's
  * `update_weights_from_distributed`). The baseline, measured in the same run, is the engine
  * generating the same batch: what a step costs relative to producing its data.
+ *
+ * With `REEF_BENCH_SMOL=1`, `bench/cpu_train.py` adds the rows of a real model on this CPU: one
+ * trainer rank (2 threads) stepping the realistic batch `bench/cpu_train.py batch` builds (16 turns
+ * of ~300 + ~200 tokens, one hint each; docs/training.md, "ℓold") in fp32 and bf16, with its peak RSS
+ * (`REEF_BENCH_SMOL_MODEL`, default `.cache/smollm2-135m-instruct`; about 15 minutes, so opt-in).
  *
  * Where `nvidia-smi` finds a GPU, `bench/gpu_train.py` adds the GPU rows: one trainer rank on
  * Qwen3-shaped models, beside that GPU's matrix product rate in the trainer's dtype
@@ -108,6 +113,7 @@ export const suite: BenchSuite = {
         row('per release', 'weight sync: update_weights_from_distributed (gloo)', pushes),
       ];
       rows.push(...gpuRows(ctx.log));
+      rows.push(...smolRows(ctx.log));
       return rows;
     } finally {
       await bridge.shutdown().catch(() => {});
@@ -138,6 +144,37 @@ function gpuRows(log: (line: string) => void): BenchRow[] {
     const steps = Array.from({ length: r.steps }, () => r.step_s * 1e6);
     rows.push(toRow(`GPU step, Qwen3-${r.size} shape, ${r.tasks} tasks`, `1 rank ${out.dtype}: ${Math.round(r.tokens_per_s)} tokens/s, ${Math.round(r.of_baseline * 100)}% of ${out.dtype} matmul (${out.baseline_tflops.toFixed(1)} TFLOP/s, baseline), peak ${r.peak_gib.toFixed(0)} GiB`, { ops: r.steps, seconds: r.step_s * r.steps, latenciesUs: steps }));
     rows.push(toRow(`GPU per release, Qwen3-${r.size} shape`, `full-weight gather + checkpoint write`, { ops: 1, seconds: r.gather_s + r.save_s, latenciesUs: [(r.gather_s + r.save_s) * 1e6] }));
+  }
+  return rows;
+}
+
+interface SmolRow { ranks: number; threads: number; micro_batch_tokens: number; dtype: string; tasks: number; policy_tokens: number; step_s: number; steady_s: number[]; rss_peak_gib: number[] }
+
+/** The SmolLM2-135M rows from `bench/cpu_train.py` (REEF_BENCH_SMOL=1), or none, logged why. */
+function smolRows(log: (line: string) => void): BenchRow[] {
+  if (process.env.REEF_BENCH_SMOL !== '1') {
+    log('  SmolLM2 rows: skipped (REEF_BENCH_SMOL=1 runs bench/cpu_train.py on the real model, ~15 min)');
+    return [];
+  }
+  const model = process.env.REEF_BENCH_SMOL_MODEL ?? join(repoRoot(), '.cache/smollm2-135m-instruct');
+  if (!existsSync(join(model, 'config.json'))) {
+    log(`  SmolLM2 rows: skipped, no model at ${model} (REEF_BENCH_SMOL_MODEL)`);
+    return [];
+  }
+  const script = join(repoRoot(), 'bench/cpu_train.py');
+  const batch = join(mkdtempSync(join(tmpdir(), 'reef-bench-smol-')), 'batch.pt');
+  const py = (args: string[]) => {
+    log(`  SmolLM2: ${pythonBin()} bench/cpu_train.py ${args.join(' ')}`);
+    const run = spawnSync(pythonBin(), [script, ...args, '--model', model], { env: pythonEnv({ PYTHONUNBUFFERED: '1' }), encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'] });
+    if (run.status !== 0) throw new Error(`bench/cpu_train.py exited with ${run.status ?? run.signal}`);
+    return run.stdout;
+  };
+  py(['batch', '--out', batch]);
+  const rows: BenchRow[] = [];
+  for (const dtype of ['fp32', 'bf16']) {
+    const line = py(['step', '--batch', batch, '--ranks', '1', '--threads', '2', '--micro-batch-tokens', '2048', '--dtype', dtype, '--steps', '3']).trim().split('\n').at(-1)!;
+    const r = JSON.parse(line) as SmolRow;
+    rows.push(toRow(`SmolLM2-135M step, ${r.tasks} tasks (${r.policy_tokens} policy tokens)`, `1 rank × ${r.threads} threads ${r.dtype}, micro-batches of ${r.micro_batch_tokens} tokens, peak RSS ${Math.max(...r.rss_peak_gib).toFixed(1)} GiB`, { ops: r.steady_s.length, seconds: r.steady_s.reduce((a, b) => a + b, 0), latenciesUs: r.steady_s.map((x) => x * 1e6) }));
   }
   return rows;
 }
