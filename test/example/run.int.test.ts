@@ -84,7 +84,9 @@ describe('the example run against a gateway', () => {
     ]);
     expect(lines[0]!.first_reply).toContain('**');
     expect(summary).toMatchObject({ sessions: 6, passed: 3, bold: 2, list: 1, sessions_to_adaptation: 4, ended: { done: 6 } });
-    expect(summary.rolling_end).toEqual({ session: 6, pass: 0.5, bold: 2 / 6, list: 1 / 6 });
+    // The habit is any of bold, a list or a heading: sessions 1-3 have one each, no heading.
+    expect(lines.map((s) => s.habit)).toEqual([true, true, true, false, false, false]);
+    expect(summary.rolling_end).toEqual({ session: 6, pass: 0.5, habit: 3 / 6, bold: 2 / 6, list: 1 / 6 });
   });
 
   it('complains, rewrites, asks to save in a separate message, saves, ends with HOMEWORK_DONE', () => {
