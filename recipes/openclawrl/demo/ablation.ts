@@ -175,7 +175,8 @@ export function targetLines(rows: readonly ArmRow[]): string[] {
   if (both) {
     out.push(`both terms: held-out habit rate falls by at least half, relative: ${both.relative_fall === null ? 'no base habit to fall' : `${pct(both.relative_fall)} → ${both.relative_fall >= 0.5 ? 'met' : 'not met'}`}`);
     const drop = both.answer_before && both.answer_after ? both.answer_before.mean - both.answer_after.mean : null;
-    out.push(`both terms: answer rate falls by at most 5 points: ${drop === null ? '-' : `${(drop * 100).toFixed(1)} points → ${drop <= 0.05 ? 'met' : 'not met'}`}`);
+    const moved = (d: number) => (d > 0 ? `falls ${(d * 100).toFixed(1)} points` : d < 0 ? `rises ${(-d * 100).toFixed(1)} points` : 'unchanged');
+    out.push(`both terms: answer rate falls by at most 5 points: ${drop === null ? '-' : `${pct(both.answer_before!.mean)} → ${pct(both.answer_after!.mean)}, ${moved(drop)} → ${drop <= 0.05 ? 'met' : 'not met'}`}`);
     const adapted = both.sessions_to_adaptation.filter((s): s is number => s !== null);
     out.push(`both terms: sessions to adaptation ≤ 20: ${both.sessions_to_adaptation.map((s) => s ?? 'not reached').join(', ')} → ${adapted.length === both.sessions_to_adaptation.length && adapted.every((s) => s <= 20) ? 'met in every seed' : 'not met in every seed'}`);
   }
