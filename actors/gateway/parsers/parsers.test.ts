@@ -3,6 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { callId, parserFor, plainParser, qwen3Parser, type ParsedOutput, type ParseOptions, type StreamDelta } from './index.js';
+import { trailingSpaceStart } from './qwen3.js';
 
 interface Case {
   name: string;
@@ -164,6 +165,27 @@ describe('qwen3Parser.stream equals parse', () => {
     expect(s.push('call>{"name": "f", "arguments": {}}</tool_')).toEqual([]);
     expect(s.push('call> bye')).toEqual([{ tool_calls: [{ index: 0, id: 'call_000000000000000000000000', type: 'function', function: { name: 'f', arguments: '{}' } }] }, { content: '  bye' }]);
     expect(s.finish()).toEqual([]);
+  });
+});
+
+describe('trailing whitespace in the stream', () => {
+  it('finds the run a trailing /\\s+$/u would, over every code unit the regex calls whitespace', () => {
+    const samples = ['', 'a', 'a ', ' a', '   ', 'x\u3000\u00a0\t\n', 'x\u2028', 'x\ufeff', 'x\u200b', 'x\ud83d\ude00', 'x\ud83d\ude00 ', 'a b \r\n'];
+    for (let c = 0; c < 0x10000; c += 97) samples.push(`y${String.fromCharCode(c)}`);
+    for (const t of samples) {
+      const m = /\s+$/u.exec(t);
+      expect(trailingSpaceStart(t), JSON.stringify(t)).toBe(m ? m.index : t.length);
+    }
+  });
+
+  it('holds a long whitespace run across tokens and emits it once text follows (a degenerate model emitting spaces)', () => {
+    const s = qwen3Parser.stream({ newId: counterIds() });
+    const out: StreamDelta[] = [...s.push('Answer:')];
+    for (let i = 0; i < 40_000; i++) out.push(...s.push(i % 1000 === 999 ? '\n' : ' '));
+    expect(out).toEqual([{ content: 'Answer:' }]);
+    out.push(...s.push(' 42'), ...s.finish());
+    const content = out.map((d) => ('content' in d ? d.content : '')).join('');
+    expect(content).toBe(`Answer:${Array.from({ length: 40_000 }, (_, i) => (i % 1000 === 999 ? '\n' : ' ')).join('')} 42`);
   });
 });
 

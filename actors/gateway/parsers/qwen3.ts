@@ -78,13 +78,28 @@ class Trimmer {
       if (!text) return;
       this.started = true;
     }
-    const all = this.held + text;
-    const m = /\s+$/u.exec(all);
-    const cut = m ? m.index : all.length;
-    if (cut > 0) this.emit(all.slice(0, cut));
-    this.held = all.slice(cut);
+    // Only the new text is scanned, from its end: `held` is whitespace already. A regex for the
+    // trailing run (/\s+$/u) retries from every start inside it, so 40k spaces a degenerate model
+    // emits unaided blocked the event loop for seconds (quadratic), rescanned at every push.
+    const cut = trailingSpaceStart(text);
+    if (cut === 0) {
+      this.held += text;
+      return;
+    }
+    this.emit(this.held + text.slice(0, cut));
+    this.held = text.slice(cut);
   }
 }
+
+/** Where the run of whitespace (`\s`, as the regex means it) that ends `text` starts; `text.length` if none. */
+export function trailingSpaceStart(text: string): number {
+  let i = text.length;
+  // Every \s character is in the BMP, so code units suffice: a surrogate is never whitespace.
+  while (i > 0 && WHITESPACE.has(text.charCodeAt(i - 1))) i--;
+  return i;
+}
+
+const WHITESPACE = new Set(Array.from({ length: 0x10000 }, (_, c) => c).filter((c) => /\s/u.test(String.fromCharCode(c))));
 
 type State = 'start' | 'reasoning' | 'content' | 'call';
 
