@@ -8,6 +8,8 @@ describe('parseChatRequest: fields refused after the schema', () => {
   it.each([
     ['an empty stop string (regression: both engines ended every reply after one token, empty)', { stop: '' }, 'stop', /must not be empty/],
     ['an empty string among the stop strings', { stop: ['\n\n', ''] }, 'stop', /must not be empty/],
+    ['a stop string longer than 256 characters (each streamed event checks the tail against it, quadratic in its length)', { stop: ['END', 'x'.repeat(257)] }, 'stop', /at most 256 characters, got one of 257/],
+    ['one long string as the stop', { stop: 'y'.repeat(100_000) }, 'stop', /at most 256 characters, got one of 100000/],
     ['logprobs: true (regression: answered logprobs: null)', { logprobs: true }, 'logprobs', /not returned in the reply.*records\/\{id\}/],
     ['top_logprobs without logprobs', { top_logprobs: 5 }, 'top_logprobs', /not returned in the reply/],
     ['top_logprobs with logprobs: false', { logprobs: false, top_logprobs: 2 }, 'top_logprobs', /not returned in the reply/],
@@ -70,5 +72,11 @@ describe('parseChatRequest: what an invalid field is told', () => {
   ] as const)('%s', (_name, extra, param, message) => {
     const out = parseChatRequest({ messages: MESSAGES, ...extra });
     expect(out).toEqual({ ok: false, issue: { param, message } });
+  });
+});
+
+describe('parseChatRequest: stop strings up to the limit', () => {
+  it('accepts four stop strings of 256 characters', () => {
+    expect(parseChatRequest({ messages: MESSAGES, stop: ['a', 'b', 'c', 'é'.repeat(256)] }).ok).toBe(true);
   });
 });

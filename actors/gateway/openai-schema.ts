@@ -76,6 +76,9 @@ export const ChatCompletionRequest = z.object({
 }).loose();
 export type ChatCompletionRequest = z.infer<typeof ChatCompletionRequest>;
 
+/** The longest stop string a request may give, in UTF-16 code units (JavaScript string length). */
+export const MAX_STOP_LENGTH = 256;
+
 /** A request's `stop` as a list (a single string is one stop string), or null when it has none. */
 export function stopStrings(stop: string | string[] | null | undefined): string[] | null {
   return stop == null ? null : typeof stop === 'string' ? [stop] : stop;
@@ -133,6 +136,11 @@ export function parseChatRequest(body: unknown): { ok: true; value: ChatCompleti
   if (req.n != null && req.n !== 1) return { ok: false, issue: { param: 'n', message: 'n must be 1: Reef records one completion per request' } };
   // Both engines find an empty string at the start of any text: the reply would end, empty, after one token.
   if (stopStrings(req.stop)?.includes('')) return { ok: false, issue: { param: 'stop', message: 'stop: a stop string must not be empty' } };
+  // Each streamed event checks whether the reply's tail could still become a stop string, work
+  // quadratic in the stop string's length on the event loop (and the engine matches it at every
+  // token): a body may carry megabytes, so the length is bounded far above any real stop sequence.
+  const long = stopStrings(req.stop)?.find((x) => x.length > MAX_STOP_LENGTH);
+  if (long !== undefined) return { ok: false, issue: { param: 'stop', message: `stop: a stop string must be at most ${MAX_STOP_LENGTH} characters, got one of ${long.length}` } };
   // Not enforced (generation is not constrained), but a call the client demands of a tool it did
   // not offer can never come back as a tool call: the markup would stay in the content.
   const offered = (req.tools ?? []).map((t) => t.function.name);
