@@ -236,6 +236,31 @@ describe('TrainerController', () => {
     expect(w.stepsRun).toEqual([]);
   });
 
+  it("trains a batch whose id the trainer's ledger holds with other tasks under the next id (the store lost commits the ledger kept)", async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    const sent = stepsSent(w);
+    for (const id of ['a', 'b', 'c', 'd']) w.add(id, 1);
+    w.failBatch('s:openclawrl:1', () => new ReefError('REEF_ERR_CONFLICT', { what: 'batch id s:openclawrl:1', details: 'trained before on other tasks' }));
+    const c = new TrainerController(w.ports, opts(dir), 0, null);
+    await c.tick();
+    // Answered "already trained", a and b were counted and never trained; as batch 3 they are.
+    expect(w.stepsRun).toEqual(['s:openclawrl:3', 's:openclawrl:2']);
+    expect(sent).toEqual([['a', 'b'], ['a', 'b'], ['c', 'd']]);
+    expect(c.releases.map((r) => r.batchIds)).toEqual([['s:openclawrl:3'], ['s:openclawrl:2']]);
+    expect(c.counters.batches_renumbered).toBe(1);
+    expect(c.counters.trainer_restarts ?? 0).toBe(0);
+    expect(w.calls.filter((x) => x.startsWith('restart:'))).toHaveLength(1);
+    const lines = readFileSync(join(dir, 'prm.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    expect(lines.map((l) => [l.batch, l.batch_id])).toEqual([[3, 's:openclawrl:3'], [2, 's:openclawrl:2']]);
+    // The next batch takes the number after the one claimed (sampled from the last release: not stale).
+    w.add('e', 1, 'anchor', c.releases.at(-1)!.weightVersion);
+    w.add('f', 1, 'anchor', c.releases.at(-1)!.weightVersion);
+    const again = new TrainerController(w.ports, opts(dir), w.durable.offset, w.durable.state);
+    await again.tick();
+    expect(w.stepsRun.at(-1)).toBe('s:openclawrl:4');
+  });
+
   it('batches judged turns, trains each batch once, releases it and writes one record line per batch', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'tc-'));
     const w = world(dir);

@@ -4,7 +4,7 @@ import { dirname } from 'node:path';
 import { ReefError } from '../runtime/errors.js';
 import type { AgentRecord } from '../gateway/store/types.js';
 import { isStale, recordToTask, releaseLineage, type Task, type TeacherRenderer } from '../../recipes/openclawrl/record2task.js';
-import { Batcher, recordLine, type Batch, type BatcherState, type TaskRef } from '../../recipes/openclawrl/task2batch.js';
+import { Batcher, batchId, recordLine, type Batch, type BatcherState, type TaskRef } from '../../recipes/openclawrl/task2batch.js';
 
 /**
  * The trainer-controller's logic, socket-free: judged turns → tasks → batches → training steps →
@@ -140,6 +140,11 @@ export interface ControllerState {
 const FIRST_BATCH_LOGPROB_GAP = 0.02;
 
 /** What the trainer answers for a batch it cannot take: the same answer every time it is sent. */
+/**
+ * New ids tried for one batch whose id the trainer's ledger holds with other tasks: one per batch
+ * the ledger is ahead of the store by, which the ledger's own bound (LEDGER_KEEP) limits.
+ */
+const RENUMBER_LIMIT = 1024;
 const PERMANENT = new Set(['REEF_ERR_INVALID_ARGUMENT', 'REEF_ERR_BAD_MESSAGE', 'REEF_ERR_UNKNOWN_MESSAGE']);
 
 /** Whether a line of the record file is `line`'s (its run and batch id); a torn or foreign line is not. */
@@ -345,6 +350,15 @@ export class TrainerController {
     return narrowed;
   }
 
+  /** The first pending batch under the scenario's next batch number, persisted before it trains. */
+  private async renumberFirst(batch: Batch): Promise<Batch> {
+    const n = this.batcher.claimNumber(batch.scenario);
+    const renamed = { ...batch, n, batchId: batchId(batch.scenario, n) };
+    this.state.pending[0] = renamed;
+    await this.persist();
+    return renamed;
+  }
+
   /** Trains and releases the first pending batch, or dead-letters it; false when none is pending. */
   private async trainNext(): Promise<boolean> {
     let batch = this.state.pending[0];
@@ -389,6 +403,7 @@ export class TrainerController {
       throw err;
     }
     let result: StepResult | null = null;
+    let renumbered = 0;
     for (let attempt = 1; result === null; attempt++) {
       let stage: 'restart' | 'step' | 'load' = 'restart';
       try {
@@ -405,8 +420,20 @@ export class TrainerController {
         if (!r.trained) await this.ports.trainer.load(r.checkpointPath);
         result = r;
       } catch (err) {
-        this.trainerReady = false;
         const code = err instanceof ReefError ? err.code : null;
+        if (stage === 'step' && code === 'REEF_ERR_CONFLICT' && renumbered < RENUMBER_LIMIT) {
+          // The trainer's ledger trained this id on other tasks: our state is older than the ledger
+          // (the store lost commits to a power loss, or was restored). Under a new id the batch
+          // trains; the group is fine, and the attempt is not the batch's failure.
+          renumbered++;
+          attempt--;
+          const old = batch.batchId;
+          batch = await this.renumberFirst(batch);
+          this.bump('batches_renumbered');
+          this.ports.log(`batch ${old}: ${(err as Error).message}; training it as ${batch.batchId}`);
+          continue;
+        }
+        this.trainerReady = false;
         this.ports.log(`batch ${batch.batchId}: trainer ${stage} failed (attempt ${attempt}): ${(err as Error).message}`);
         if (stage === 'restart' && code === 'REEF_ERR_INVALID_ARGUMENT') {
           // The last release's checkpoint is unusable (cut short, a tensor missing): every restart

@@ -22,6 +22,7 @@ RETRYABLE: dict[str, bool] = {
     "REEF_ERR_ENGINE_DOWN": True,
     "REEF_ERR_NOT_FOUND": False,
     "REEF_ERR_INVALID_ARGUMENT": False,
+    "REEF_ERR_CONFLICT": False,
     "REEF_ERR_TRAINER": False,
     "REEF_ERR_TRAINER_RANK": True,
     "REEF_ERR_WEIGHT_SYNC": True,

@@ -727,6 +727,39 @@ def test_a_batch_trained_from_weights_a_rollback_put_aside_trains_again_on_the_w
         group.step("b:3", [])
 
 
+def _raw_task(task_id: str, reward: float = 1.0, hints: int = 1) -> dict[str, Any]:
+    return {"taskId": task_id, "reward": reward, "weightVersion": "v0", "promptIds": b"\x01\x00\x00\x00",
+            "responseIds": b"\x02\x00\x00\x00", "teacherPromptIds": [b"\x03\x00\x00\x00" * (i + 1) for i in range(hints)]}
+
+
+def test_a_batch_fingerprint_is_of_its_content_in_any_order() -> None:
+    from reef_shim.trainer.checkpoint import batch_fingerprint
+
+    a, b = _raw_task("r1"), _raw_task("r2", reward=-1.0)
+    assert batch_fingerprint([a, b]) == batch_fingerprint([b, a])
+    others = [[a], [a, _raw_task("r3")], [a, {**b, "reward": 1.0}], [a, _raw_task("r2", reward=-1.0, hints=2)],
+              [a, {**b, "weightVersion": "v1"}], [a, {**b, "responseIds": b"\x05\x00\x00\x00"}]]
+    assert len({batch_fingerprint([a, b]), *(batch_fingerprint(o) for o in others)}) == 1 + len(others)
+
+
+def test_a_batch_id_trained_on_other_tasks_is_a_conflict_not_an_answer(tmp_path: Path) -> None:
+    # After a power loss the store's state is a prefix of what it acknowledged while the ledger,
+    # fsynced, is ahead: the controller forms b:3 again from other turns. Answered "already
+    # trained", the new turns were counted and never trained.
+    from reef_shim.trainer.checkpoint import batch_fingerprint
+
+    group = _group_holding(tmp_path, "v2", {"b:1": ("v1", "v0"), "b:2": ("v2", "v1")})
+    entry = {"batchId": "b:3", "weightVersion": "v3", "checkpointPath": str(tmp_path / "v3"), "metrics": {}, "stepMs": 1.0,
+             "parent": "v2", "fingerprint": batch_fingerprint([_raw_task("r1"), _raw_task("r2")])}
+    group._ledger.record("b:3", entry)
+    with pytest.raises(ShimError, match="b:3 was trained before, as v3, on other tasks") as e:
+        group.step("b:3", [_raw_task("r1"), _raw_task("r9")])
+    assert e.value.code == "REEF_ERR_CONFLICT" and e.value.retryable is False
+    # The same tasks are a retry, answered from the ledger, without the fingerprint.
+    out = group.step("b:3", [_raw_task("r2"), _raw_task("r1")])
+    assert out["trained"] is False and out["weightVersion"] == "v3" and "fingerprint" not in out
+
+
 def test_a_ledger_entry_written_without_its_parent_still_answers(tmp_path: Path) -> None:
     group = _group_holding(tmp_path, "v1", {"b:3": ("v3", None)})
     assert group.step("b:3", [])["trained"] is False

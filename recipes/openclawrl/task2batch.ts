@@ -64,6 +64,16 @@ export class Batcher {
     return { batchId: batchId(scenario, n), n, scenario, tasks, judged };
   }
 
+  /**
+   * Takes the scenario's next batch number for a batch formed already, whose own id the trainer
+   * answered as another batch's (its ledger is ahead of this state).
+   */
+  claimNumber(scenario: string): number {
+    const n = (this.state.lastN[scenario] ?? 0) + 1;
+    this.state.lastN[scenario] = n;
+    return n;
+  }
+
   pendingCount(scenario: string): number {
     return this.state.pending[scenario]?.length ?? 0;
   }

@@ -3,7 +3,7 @@
     <checkpointDir>/v<n>/model.safetensors      full weights (a tied lm_head is saved once, as the embedding)
     <checkpointDir>/v<n>/config.json            + the base model's tokenizer / generation files
     <checkpointDir>/v<n>/reef_checkpoint.json   {weightVersion, parent, batchId, createdAt}
-    <checkpointDir>/reef_trainer_ledger.json    {batches: {batchId: step result + parent}}, the newest LEDGER_KEEP
+    <checkpointDir>/reef_trainer_ledger.json    {batches: {batchId: step result + parent + fingerprint}}, the newest LEDGER_KEEP
 
 A checkpoint is written into a hidden temporary directory and renamed into place, so a directory
 named `v<n>` is always complete (the next save removes a temporary one a crash left, the next
@@ -15,10 +15,12 @@ a power loss they must not point at empty files.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,26 @@ def _write_json_atomic(path: Path, value: Any) -> None:
         tmp.unlink(missing_ok=True)
         raise
     _fsync(path.parent)
+
+
+def batch_fingerprint(raw_tasks: list[dict[str, Any]]) -> str:
+    """sha256 of what a batch trains, in any task order: each task's id, reward, weight version,
+    prompt, response and teacher prompts (the hints). A batch id the controller forms again after
+    its store lost commits (power loss, a restored backup) may hold other turns, or the same turns
+    judged otherwise; the ledger must not answer those with a checkpoint trained on the first."""
+    def part(b: Any) -> bytes:
+        raw = b if isinstance(b, (bytes, bytearray, memoryview)) else str(b).encode()
+        return len(raw).to_bytes(8, "little") + bytes(raw)
+
+    rows = []
+    for t in raw_tasks:
+        fields = [t.get("taskId"), struct.pack("<d", float(t.get("reward", 0.0))), t.get("weightVersion"),
+                  t.get("promptIds", b""), t.get("responseIds", b""), *t.get("teacherPromptIds", [])]
+        rows.append(b"".join(part(f) for f in fields))
+    h = hashlib.sha256()
+    for row in sorted(rows):
+        h.update(part(row))
+    return h.hexdigest()
 
 
 class Ledger:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ShimError
-from .checkpoint import Ledger, checkpoint_version, next_version
+from .checkpoint import Ledger, batch_fingerprint, checkpoint_version, next_version
 from .tasks import decode_tasks, shard
 
 log = logging.getLogger("reef_shim.trainer")
@@ -151,10 +151,17 @@ class TrainerGroup:
         return self._spec
 
     def step(self, batch_id: str, raw_tasks: list[dict[str, Any]]) -> dict[str, Any]:
+        fingerprint = batch_fingerprint(raw_tasks)
         if self._ledger is not None and (done := self._ledger.get(batch_id)) is not None:
+            # An entry written before fingerprints were kept has none: answered by id, as then.
+            if done.get("fingerprint") not in (None, fingerprint):
+                raise ShimError("REEF_ERR_CONFLICT", f"trainer: batch id {batch_id} was trained before, as "
+                                f"{done.get('weightVersion')}, on other tasks (fingerprint {str(done['fingerprint'])[:12]}, "
+                                f"these {fingerprint[:12]}): the controller's state is older than the ledger (its store "
+                                "lost commits, or was restored); give this batch a new id")
             if self._answers(done):
                 log.info("trainer-step %s: already trained as %s; not training it again", batch_id, done["weightVersion"])
-                return {**{k: v for k, v in done.items() if k != "parent"}, "trained": False}
+                return {**{k: v for k, v in done.items() if k not in ("parent", "fingerprint")}, "trained": False}
             # Trained from weights the group does not descend from: a rollback came between the
             # step and its release (whose publish failed). Answering it would put the weights the
             # rollback took back into the engine, as a child of the rollback; that training was
@@ -197,7 +204,7 @@ class TrainerGroup:
         result = {"batchId": batch_id, "weightVersion": version, "checkpointPath": str(out), "metrics": metrics,
                   "stepMs": (time.monotonic() - started) * 1000}
         try:
-            self._ledger.record(batch_id, {**result, "parent": meta["parent"]})
+            self._ledger.record(batch_id, {**result, "parent": meta["parent"], "fingerprint": fingerprint})
         except OSError as e:
             # The ranks have taken the step, the ledger does not know it: a retry on these ranks
             # would train the batch a second time on top of the first. A fresh group restarts from
