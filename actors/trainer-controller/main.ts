@@ -25,7 +25,12 @@ await runActor({
     const config = await loadConfig(ctx.configPath, ctx.overrides);
     const engines = stackEngines();
     if (!engines?.shim) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: 'REEF_ENGINES has no shim endpoint: start the trainer-controller with `reef up`' });
-    store = SqliteStore.open(join(config.reef.data_dir, 'records.sqlite'));
+    // FULL sync on this connection: its commits are rare (one per read or step), and the one that
+    // records a release is followed by deleting the checkpoints it retires, which must not happen
+    // before that commit survives an OS crash. Its fsync of the WAL also makes every earlier frame
+    // durable, the judged turns and records it read among them, so no batch it trained can refer
+    // to turns an OS crash takes back.
+    store = SqliteStore.open(join(config.reef.data_dir, 'records.sqlite'), { durability: 'power' });
     wiring = await createController({ config, store, shimEndpoint: engines.shim, rolloutUrl: engines.rollout, supervisor: ctx.env.supervisor, log: ctx.log });
     const c = wiring.controller;
     // One tick at a time; a failing tick backs off instead of spinning. A batch that can never train
