@@ -4,6 +4,8 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { ablationOptions, ARM_FLAGS, armRow, runAblation, tableMarkdown, targetLines } from './ablation.js';
 import { armOptions, doublesOf, type Arm, type ArmSummary } from './experiment.js';
+import { SqliteStore } from '../../../actors/gateway/store/sqlite-store.js';
+import { sampleRecord } from '../../../actors/gateway/store/fixtures.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'reef-ablation-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -88,5 +90,22 @@ describe('the table', () => {
     expect(rows.map((r) => r.arm)).toEqual(['control', 'both']);
     for (const f of ['table.md', 'table.json', 'habit-curves.svg', 'pass-curves.svg']) expect(existsSync(join(out, f))).toBe(true);
     expect(readFileSync(join(out, 'habit-curves.svg'), 'utf8').match(/<polyline/g)).toHaveLength(2);
+  });
+
+  it("counts the judge's hints of a kept arm from its store when its summary predates them", async () => {
+    const out = join(dir, 'kept-hints');
+    const argv = ['--sessions', '24'];
+    const d = join(out, 'both-seed1');
+    mkdirSync(join(d, 'data'), { recursive: true });
+    writeFileSync(join(d, 'summary.json'), JSON.stringify(summaryFor('both', 1, [0.2, 0.05], [0.8, 0.8], 10, argv)));
+    const store = SqliteStore.open(join(d, 'data', 'records.sqlite'));
+    const r = await store.append({ ...sampleRecord(1), scenario: 'homework' });
+    await store.appendJudgedTurn({ turnRecordId: r.id, nextStateRecordId: 'next', scenario: 'homework', sessionKey: 's', decision: 'hint', reward: -1, teacherCandidates: ['End with the answer.'], judgment: {} });
+    await store.close();
+    const lines: string[] = [];
+    await runAblation({ ...ablationOptions(['--seeds', '1', '--arms', 'both', '--out', out, ...argv], (l) => lines.push(l)) });
+    expect(lines.filter((l) => /: kept from /.test(l))).toHaveLength(1);
+    const kept = JSON.parse(readFileSync(join(d, 'summary.json'), 'utf8')) as ArmSummary;
+    expect(kept.training.hints).toEqual({ turns: { '-1/hint': 1 }, hints: [{ hint: 'End with the answer.', turns: 1 }] });
   });
 });

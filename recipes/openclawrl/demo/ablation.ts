@@ -1,7 +1,8 @@
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { lineChart } from '../harness/svg.js';
-import { armOf, armOptions, runArm, type Arm, type ArmOptions, type ArmSummary } from './experiment.js';
+import { SqliteStore } from '../../../actors/gateway/store/sqlite-store.js';
+import { armOf, armOptions, hintCounts, judgedTurns, runArm, runStatePaths, SCENARIO, type Arm, type ArmOptions, type ArmSummary } from './experiment.js';
 import { spread, twoProportionP, wilson, type Spread } from './stats.js';
 
 /**
@@ -201,6 +202,30 @@ export function curvesSvg(byArm: ReadonlyMap<Arm, readonly ArmSummary[]>, key: '
   return lineChart({ title: `${key === 'habit' ? 'Habit' : 'Pass'} rate of first replies in sessions (last 10), mean over seeds`, xLabel: 'session', series, marker: null });
 }
 
+/**
+ * A kept summary written before arms counted the judge's hints gets them from the arm's store,
+ * which stays in its folder until the arm runs again; without the store it is kept as it is.
+ */
+async function withHints(summary: ArmSummary, dir: string, file: string, log: (l: string) => void): Promise<ArmSummary> {
+  const db = join(runStatePaths(dir).dataDir, 'records.sqlite');
+  if (!existsSync(db)) return summary;
+  let store: SqliteStore;
+  try {
+    store = SqliteStore.open(db, { readonly: true });
+  } catch (err) {
+    log(`  the judge's hints of ${file} are not counted: ${(err as Error).message}`);
+    return summary;
+  }
+  try {
+    const filled = { ...summary, training: { ...summary.training, hints: hintCounts(await judgedTurns(store, SCENARIO)) } };
+    writeFileSync(file, `${JSON.stringify(filled, null, 2)}\n`);
+    log(`  counted the judge's hints of ${file} from ${db}`);
+    return filled;
+  } finally {
+    await store.close();
+  }
+}
+
 export async function runAblation(o: AblationOptions): Promise<{ rows: ArmRow[]; markdown: string }> {
   mkdirSync(o.out, { recursive: true });
   const byArm = new Map<Arm, ArmSummary[]>();
@@ -220,6 +245,7 @@ export async function runAblation(o: AblationOptions): Promise<{ rows: ArmRow[];
         const kept = JSON.parse(readFileSync(file, 'utf8')) as ArmSummary;
         if (sameRun(kept, opts)) summary = kept;
       }
+      if (summary && !summary.training.hints) summary = await withHints(summary, dir, file, o.log);
       if (summary) o.log(`[${k}/${total}] ${arm}, seed ${seed}: kept from ${file}`);
       else {
         o.log(`[${k}/${total}] ${arm}, seed ${seed} (${Math.round((performance.now() - t0) / 60_000)} min into the table)`);

@@ -4,7 +4,8 @@ import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { SqliteStore } from '../../../actors/gateway/store/sqlite-store.js';
 import { STATE_KEY as JUDGE_STATE } from '../../../actors/judge/handler.js';
-import { armConfig, armOptions, clearRunState, describeArm, doublesOf, experimentProblems, LR_DEFAULT, modelDirProblem, runArm, runStatePaths, trainingCaughtUp, type ArmSummary } from './experiment.js';
+import { sampleRecord } from '../../../actors/gateway/store/fixtures.js';
+import { armConfig, armOptions, clearRunState, describeArm, doublesOf, experimentProblems, hintCounts, judgedTurns, LR_DEFAULT, modelDirProblem, runArm, runStatePaths, trainingCaughtUp, type ArmSummary } from './experiment.js';
 
 const dir = mkdtempSync(join(tmpdir(), 'reef-cpu-demo-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -114,7 +115,7 @@ describe('the closing summary', () => {
     doubles: doublesOf({ kind: 'rule' }),
     heldout: { n: 100, problems: 'p', temperature: 0.7, max_tokens: 256, before: figures(0.3, 0.8), after: figures(0.1, 0.78), habit_p_value: 0.0004, exact_match_kept: { base_correct: 10, still_correct: 9, rate: 0.9 }, kl_to_base: { tokens: 3000, mean_kl: 0.0123, max_kl: 1, reference: 'r' } },
     sessions_to_adaptation: adapted, pass_definition: 'no habit, an answer', session_results: { passed: 30, habit: 20, bold: 0, list: 5, ended: { done: 72 }, rolling: [] },
-    training: { batches: 12, releases: 12, counters: {}, steps: [] }, wall_time_s: 1234, timings_s: { stack_up: 40, sessions: 700 },
+    training: { batches: 12, releases: 12, counters: {}, steps: [], hints: { turns: { '-1/hint': 3, '1/anchor': 2 }, hints: [{ hint: 'End with the answer.', turns: 2 }, { hint: 'No lists.', turns: 1 }] } }, wall_time_s: 1234, timings_s: { stack_up: 40, sessions: 700 },
   });
 
   it('names both stand-ins, gives the held-out figures with intervals, and says what to run next', () => {
@@ -126,6 +127,7 @@ describe('the closing summary', () => {
     expect(text).toContain('KL to the base 0.0123 nats/token');
     expect(text).toContain('sessions_to_adaptation (first of 3 passed sessions in a row): not reached in 72');
     expect(text).toContain(`records and checkpoints: ${runStatePaths('/o').dataDir} (removed when this arm runs again); config: /o/serve.yaml`);
+    expect(text).toContain('judged turns (reward/decision): -1/hint 3, 1/anchor 2; the teacher\'s hints, most used first: 2 × "End with the answer."; 1 × "No lists."');
     expect(text).toMatch(/^next: .*npm run demo:ablation/m);
     expect(describeArm(summary(5), '/o')).toContain('in a row): 5;');
   });
@@ -170,6 +172,31 @@ describe('stopping the demo', () => {
     } finally {
       if (prior === undefined) delete process.env.REEF_PYTHON;
       else process.env.REEF_PYTHON = prior;
+    }
+  });
+});
+
+describe("the judge's hints in the summary", () => {
+  it('counts judged turns by reward and decision, and each hint by the turns it conditioned, most used first', () => {
+    const h = hintCounts([
+      { reward: -1, decision: 'hint', teacherCandidates: ['End with the answer.', 'No lists.'] },
+      { reward: -1, decision: 'hint', teacherCandidates: ['End with the answer.'] },
+      { reward: 1, decision: 'anchor', teacherCandidates: [null] },
+      { reward: 0, decision: 'dropped', teacherCandidates: [] },
+    ]);
+    expect(h).toEqual({ turns: { '-1/hint': 2, '1/anchor': 1, '0/dropped': 1 }, hints: [{ hint: 'End with the answer.', turns: 2 }, { hint: 'No lists.', turns: 1 }] });
+  });
+
+  it("reads every judged turn of the arm's scenario from the store", async () => {
+    const store = SqliteStore.open(join(dir, 'hints.sqlite'));
+    try {
+      for (const [i, scenario] of ['homework', 'eval', 'homework'].entries()) {
+        const r = await store.append({ ...sampleRecord(i + 1), scenario });
+        await store.appendJudgedTurn({ turnRecordId: r.id, nextStateRecordId: 'next', scenario, sessionKey: `s${i}`, decision: 'hint', reward: -1, teacherCandidates: [`hint ${i}`], judgment: {} });
+      }
+      expect((await judgedTurns(store, 'homework')).map((t) => t.teacherCandidates)).toEqual([['hint 0'], ['hint 2']]);
+    } finally {
+      await store.close();
     }
   });
 });

@@ -8,6 +8,7 @@ import { freePort } from '../../../cluster/net.js';
 import { pythonBin, pythonEnv, smolModelDir } from '../../../cluster/paths.js';
 import { Stack } from '../../../cluster/stack.js';
 import { SqliteStore } from '../../../actors/gateway/store/sqlite-store.js';
+import type { JudgedTurn } from '../../../actors/gateway/store/types.js';
 import { CONSUMER as TRAINER, STATE_KEY as TRAINER_STATE } from '../../../actors/trainer-controller/messages.js';
 import { CONSUMER as JUDGE, STATE_KEY as JUDGE_STATE } from '../../../actors/judge/handler.js';
 import { generateProblems, type Problem } from '../harness/problems.js';
@@ -323,7 +324,11 @@ export interface ArmSummary {
   sessions_to_adaptation: number | null;
   pass_definition: string;
   session_results: Pick<RunSummary, 'passed' | 'habit' | 'bold' | 'list' | 'ended' | 'rolling'>;
-  training: { batches: number; releases: number; counters: Record<string, number>; steps: Array<Record<string, number>> };
+  /**
+   * `hints`: the judged turns of the sessions by reward and decision, and each hint the judge gave
+   * with how many turns it conditioned the teacher of (the OPD term learns only what they say).
+   */
+  training: { batches: number; releases: number; counters: Record<string, number>; steps: Array<Record<string, number>>; hints?: HintCounts };
   wall_time_s: number;
   timings_s: Record<string, number>;
 }
@@ -359,6 +364,36 @@ function runKl(baseDir: string, policyDir: string, reference: string, out: strin
       else resolveKl(JSON.parse(readFileSync(out, 'utf8')) as { tokens: number; mean_kl: number; max_kl: number });
     });
   });
+}
+
+export interface HintCounts {
+  /** Judged turns by `reward/decision`, e.g. `-1/hint`, `1/anchor`. */
+  turns: Record<string, number>;
+  /** Each hint text, most used first, with the number of turns whose teacher it conditioned. */
+  hints: Array<{ hint: string; turns: number }>;
+}
+
+/** Every judged turn of `scenario`, in log order. */
+export async function judgedTurns(store: SqliteStore, scenario: string): Promise<JudgedTurn[]> {
+  const out: JudgedTurn[] = [];
+  for (let offset = 0; ; ) {
+    const page = await store.readJudgedTurns(offset, 1000);
+    if (page.length === 0) return out;
+    out.push(...page.filter((t) => t.scenario === scenario));
+    offset = page.at(-1)!.offset + 1;
+  }
+}
+
+export function hintCounts(turns: readonly Pick<JudgedTurn, 'reward' | 'decision' | 'teacherCandidates'>[]): HintCounts {
+  const byKind: Record<string, number> = {};
+  const byHint = new Map<string, number>();
+  for (const t of turns) {
+    const kind = `${t.reward}/${t.decision}`;
+    byKind[kind] = (byKind[kind] ?? 0) + 1;
+    for (const h of t.teacherCandidates) if (h !== null) byHint.set(h, (byHint.get(h) ?? 0) + 1);
+  }
+  const hints = [...byHint.entries()].map(([hint, n]) => ({ hint, turns: n })).sort((a, b) => b.turns - a.turns || (a.hint < b.hint ? -1 : 1));
+  return { turns: byKind, hints };
 }
 
 export async function runArm(o: ArmOptions): Promise<ArmSummary> {
@@ -441,6 +476,7 @@ export async function runArm(o: ArmOptions): Promise<ArmSummary> {
     const after = await evaluateHeldout({ ...evalOpts, round: 'after' });
     writeFileSync(join(o.out, 'heldout-after.json'), `${JSON.stringify({ settings: evalSettings, eval: after })}\n`);
     lap('heldout_after', t);
+    const hints = hintCounts(await judgedTurns(store, SCENARIO));
     const state = (await store.getState(TRAINER_STATE)) as { releases?: Array<{ checkpointPath: string; metrics: Record<string, number>; rollbackOf: string | null }>; counters?: Record<string, number> } | null;
     const releases = state?.releases ?? [];
     o.log(`after ${releases.length} release(s), ${after.metrics.n} held-out first replies: habit ${pct(after.metrics.habit.rate)} [${after.metrics.habit.ci95.map(pct).join(', ')}], answer ${pct(after.metrics.answer.rate)}${after.greedy_accuracy === null ? '' : `, greedy exact ${pct(after.greedy_accuracy)}`} (${timings.heldout_after} s)`);
@@ -481,6 +517,7 @@ export async function runArm(o: ArmOptions): Promise<ArmSummary> {
         releases: releases.length,
         counters: state?.counters ?? {},
         steps: releases.filter((r) => r.rollbackOf === null).map((r) => r.metrics),
+        hints,
       },
       wall_time_s: Math.round((performance.now() - t0) / 100) / 10,
       timings_s: timings,
@@ -512,6 +549,7 @@ export function describeArm(s: ArmSummary, out: string, sessions: RunSummary | n
     `answer rate (ends with an answer): ${pct(b.answer_rate)} → ${pct(a.answer_rate)}; mean length ${Number(b.mean_tokens).toFixed(0)} → ${Number(a.mean_tokens).toFixed(0)} tokens; distinct-2 ${Number(b.distinct_2).toFixed(2)} → ${Number(a.distinct_2).toFixed(2)}`,
     `exact match kept at T=0: ${em ? `${em.still_correct} of the ${em.base_correct} the base got right` : '-'}; greedy accuracy ${pct(b.greedy_accuracy)} → ${pct(a.greedy_accuracy)}; KL to the base ${s.heldout.kl_to_base ? `${s.heldout.kl_to_base.mean_kl.toFixed(4)} nats/token` : '-'}`,
     `sessions_to_adaptation (first of 3 passed sessions in a row): ${s.sessions_to_adaptation ?? `not reached in ${s.sessions}`}; pass: ${s.pass_definition}`,
+    ...(s.training.hints ? [`judged turns (reward/decision): ${Object.entries(s.training.hints.turns).map(([k, v]) => `${k} ${v}`).join(', ')}; the teacher's hints, most used first: ${s.training.hints.hints.slice(0, 3).map((h) => `${h.turns} × "${h.hint}"`).join('; ') || 'none'}`] : []),
     `batches: ${s.training.batches} (${s.training.releases} released); wall time ${s.wall_time_s.toFixed(0)} s (${Object.entries(s.timings_s).map(([k, v]) => `${k} ${v.toFixed(0)} s`).join(', ')})`,
     `summary: ${join(out, 'summary.json')}; plots: ${join(out, 'results', 'rates.svg')}, ${join(out, 'results', 'rewards.svg')}; replies: ${join(out, 'heldout-before.json')}, ${join(out, 'heldout-after.json')}`,
     `records and checkpoints: ${runStatePaths(out).dataDir} (removed when this arm runs again); config: ${join(out, 'serve.yaml')}`,
