@@ -59,6 +59,27 @@ describe('errors name the full path', () => {
   });
 });
 
+describe('names and origins a keyless gateway answers browsers from', () => {
+  it('takes host names and IP literals, and origins as a browser writes them', async () => {
+    const cfg = await ok({ ...minimal(), reef: { allowed_hosts: ['reef.internal', 'my-box', '10.0.0.5', '[fd00::1]'], allowed_origins: ['http://localhost:3000', 'https://ui.example.com'] } });
+    expect(cfg.reef.allowed_hosts).toEqual(['reef.internal', 'my-box', '10.0.0.5', '[fd00::1]']);
+    expect(cfg.reef.allowed_origins).toEqual(['http://localhost:3000', 'https://ui.example.com']);
+  });
+
+  it.each([
+    [{ allowed_hosts: ['reef.internal', 'http://reef.internal'] }, 'reef.allowed_hosts[1]: expected a host name without scheme or port (reef.example.com, 10.0.0.5, [fd00::1]), got "http://reef.internal"'],
+    [{ allowed_hosts: ['reef.internal:8600'] }, 'reef.allowed_hosts[0]: expected a host name without scheme or port (reef.example.com, 10.0.0.5, [fd00::1]), got "reef.internal:8600"'],
+    [{ allowed_hosts: 'reef.internal' }, 'reef.allowed_hosts: expected a list of host names, got "reef.internal"'],
+    // Compared as written with the browser's Origin, which never ends in / nor names the default port.
+    [{ allowed_origins: ['http://localhost:3000/'] }, 'reef.allowed_origins[0]: expected an origin as a browser sends it (http://localhost:3000: scheme and host in lower case, a port unless the default, no path or trailing /), got "http://localhost:3000/"'],
+    [{ allowed_origins: ['http://localhost:3000', 'https://ui.example.com:443'] }, 'reef.allowed_origins[1]: expected an origin as a browser sends it (http://localhost:3000: scheme and host in lower case, a port unless the default, no path or trailing /), got "https://ui.example.com:443"'],
+    [{ allowed_origins: ['localhost:3000'] }, 'reef.allowed_origins[0]: expected an origin as a browser sends it (http://localhost:3000: scheme and host in lower case, a port unless the default, no path or trailing /), got "localhost:3000"'],
+    [{ allowed_origins: [3000] }, 'reef.allowed_origins[0]: expected an origin as a browser sends it (http://localhost:3000: scheme and host in lower case, a port unless the default, no path or trailing /), got 3000'],
+  ])('refuses %j naming the entry', async (reef, line) => {
+    expect(await errorsOf({ ...minimal(), reef })).toEqual([line]);
+  });
+});
+
 describe('non-loopback host needs an api key', () => {
   it.each(['0.0.0.0', '10.1.2.3', '::', 'reef.example.com'])('%s without keys is an error naming reef.api_keys', async (host) => {
     const lines = await errorsOf({ ...minimal(), reef: { host } });
@@ -136,7 +157,7 @@ describe('overrides', () => {
 describe('resolved config', () => {
   it('applies defaults', async () => {
     const cfg = await ok(minimal());
-    expect(cfg.reef).toEqual({ host: '127.0.0.1', port: 8600, api_keys: [], data_dir: '/srv/reef/.reef', default_scenario: 'default', default_max_tokens: 1024, log_level: 'info' });
+    expect(cfg.reef).toEqual({ host: '127.0.0.1', port: 8600, api_keys: [], allowed_hosts: [], allowed_origins: [], data_dir: '/srv/reef/.reef', default_scenario: 'default', default_max_tokens: 1024, log_level: 'info' });
     expect(cfg.cluster).toMatchObject({ ray_address: null, num_gpus: 6, num_cpus: null, trainer: { gpus: 4 }, prm_actors: 2, cpus_per_bundle: 1, placement_timeout_s: 120, student: null });
     expect(cfg.cluster.rollout).toEqual({ gpus: 1, engine: 'sglang', model_path: '/models/policy', port: 0, extra_args: [] });
     expect(cfg.cluster.prm).toEqual({ gpus: 1, engine: 'sglang', model_path: '/models/prm', port: 0, extra_args: [], replicas: 1 });

@@ -66,10 +66,34 @@ const apiKey = z
     }),
   );
 
+/** A name a client puts in Host: a DNS name or an IP literal, without scheme or port. */
+const hostName = () => {
+  const e = { error: 'expected a host name without scheme or port (reef.example.com, 10.0.0.5, [fd00::1])' };
+  return z.string(e).refine((h) => /^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$/i.test(h) || isIPv6(h.replace(/^\[(.*)\]$/, '$1')), e);
+};
+
+/**
+ * An origin as a browser sends it in Origin, which is compared as written: scheme, lower-case host
+ * and a port only where it is not the scheme's default (`http://localhost:3000`).
+ */
+const webOrigin = () => {
+  const e = { error: 'expected an origin as a browser sends it (http://localhost:3000: scheme and host in lower case, a port unless the default, no path or trailing /)' };
+  return z.string(e).refine((o) => {
+    try {
+      const u = new URL(o);
+      return (u.protocol === 'http:' || u.protocol === 'https:') && u.origin === o;
+    } catch {
+      return false;
+    }
+  }, e);
+};
+
 export const reefSchema = section({
   host: nonEmptyString().default('127.0.0.1'),
   port: port().default(8600),
   api_keys: z.array(apiKey, { error: 'expected a list' }).default([]),
+  allowed_hosts: z.array(hostName(), { error: 'expected a list of host names' }).default([]),
+  allowed_origins: z.array(webOrigin(), { error: 'expected a list of origins' }).default([]),
   data_dir: nonEmptyString().default('.reef'),
   default_scenario: scenarioName().default('default'),
   default_max_tokens: positiveInt().nullable().default(1024),

@@ -29,6 +29,10 @@ export interface ReefSection {
   readonly port: number;
   /** @default [] (required when host is not loopback) */
   readonly api_keys: readonly ApiKeyConfig[];
+  /** Names a browser may send in Host to a gateway without keys, besides localhost, loopback literals and `host`. @default [] */
+  readonly allowed_hosts: readonly string[];
+  /** Origins (`scheme://host[:port]`) a browser may call a gateway without keys from, besides the gateway's own. @default [] */
+  readonly allowed_origins: readonly string[];
   /** Absolute; written relative to the config file. @default '.reef' */
   readonly data_dir: string;
   /** @default 'default' */
