@@ -7,6 +7,7 @@ import { PRINTABLE_ASCII } from '../../cluster/config/schema.js';
 import { ReefError } from '../runtime/errors.js';
 import type { Handlers } from '../runtime/mailbox.js';
 import { Authenticator, type ApiKeySpec } from './auth.js';
+import type { BrowserGuardOptions } from './browser-guard.js';
 import type { ChatDeps } from './chat.js';
 import { GenerationGate } from './generation-gate.js';
 import type { GatewayMessage } from './messages.js';
@@ -68,6 +69,11 @@ export function resolveApiKeys(cfg: ReefConfig, env: NodeJS.ProcessEnv = process
     if (!PRINTABLE_ASCII.test(key)) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}].key_env: environment variable ${k.key_env} holds characters other than printable ASCII, which no client can send in a header` });
     return { key, scenarios: k.scenarios, maxConcurrency: k.max_concurrency };
   });
+}
+
+/** The names and origins a keyless gateway answers browsers from. */
+export function browserOptions(cfg: ReefConfig): BrowserGuardOptions {
+  return { bindHost: cfg.reef.host, allowedHosts: cfg.reef.allowed_hosts, allowedOrigins: cfg.reef.allowed_origins };
 }
 
 /**
@@ -138,6 +144,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       chat,
       auth,
       defaultScenario: cfg.reef.default_scenario,
+      browser: browserOptions(cfg),
       registerReefRoutes: (a, principalOf) =>
         registerReefRoutes(a, {
           store,

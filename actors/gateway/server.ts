@@ -2,6 +2,7 @@ import { isUtf8 } from 'node:buffer';
 import { maxHeaderSize, STATUS_CODES } from 'node:http';
 import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
 import { Authenticator, canSee, type Principal } from './auth.js';
+import { BrowserGuard, isJsonContentType, STATE_CHANGING, type BrowserGuardOptions } from './browser-guard.js';
 import type { ChatDeps } from './chat.js';
 import { ReefError } from '../runtime/errors.js';
 import { errorBody, sendError, sendReefError } from './http-errors.js';
@@ -16,6 +17,8 @@ export interface GatewayServerOptions {
   chat: ChatDeps;
   auth: Authenticator;
   defaultScenario: string;
+  /** What a keyless gateway lets browsers name it by (`reef.host`, `reef.allowed_hosts`, `reef.allowed_origins`). @default { bindHost: '127.0.0.1' } */
+  browser?: BrowserGuardOptions;
   /** Registers the /reef/* API (records, reports, scenarios, status, releases). */
   registerReefRoutes?: (app: FastifyInstance, principalOf: (req: FastifyRequest) => Principal) => void;
   logger?: boolean;
@@ -55,6 +58,9 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
     },
   });
   const { metrics } = opts.chat;
+  // Only without keys: a page in a browser holds no key, so a keyed gateway already refuses it, and
+  // a keyed gateway is the one put behind proxies that send whatever Host their clients used.
+  const browserGuard = opts.auth.required ? null : new BrowserGuard(opts.browser ?? { bindHost: '127.0.0.1' });
 
   // JSON text is UTF-8 (RFC 8259 §8.1). Fastify's own parser decodes a body as a string first,
   // turning bad bytes into U+FFFD, so a report or scenario would be stored with text the client
@@ -92,6 +98,11 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
     }
     // The matched route, not the raw URL: probes may add a query string.
     if (request.routeOptions.url === '/healthz') return done();
+    const refused = browserGuard?.check(request.headers, request.socket.localPort ?? null) ?? null;
+    if (refused !== null) {
+      sendReefError(reply, refused);
+      return;
+    }
     const principal = opts.auth.authenticate(request.headers);
     if (typeof principal === 'string') {
       // The challenge a 401 must carry (RFC 9110 §11.6.1), naming the scheme that is expected.
@@ -100,6 +111,13 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
       return;
     }
     (request as WithPrincipal)[PRINCIPAL] = principal;
+    // Before the body is read, so no handler runs: why JSON is required is at STATE_CHANGING. An
+    // unknown route stays a 404.
+    const contentType = request.headers['content-type'];
+    if (STATE_CHANGING.has(request.method) && request.routeOptions.url !== undefined && !isJsonContentType(contentType)) {
+      sendError(reply, 'REEF_ERR_BODY', `${request.method} ${request.routeOptions.url} needs content-type: application/json, got ${contentType === undefined ? 'none' : JSON.stringify(contentType)} (send {} when there is nothing to say)`, { status: 415 });
+      return;
+    }
     done();
   });
 

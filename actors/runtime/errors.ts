@@ -53,6 +53,8 @@ export const ERRORS = {
   REEF_ERR_TRAINER: { message: 'trainer: {reason}', status: null, retryable: false, type: 'server_error' },
   REEF_ERR_TRAINER_RANK: { message: 'trainer rank {rank} failed: {reason}', status: null, retryable: true, type: 'server_error' },
   REEF_ERR_WEIGHT_SYNC: { message: 'weight sync into {engine} failed: {reason}', status: null, retryable: true, type: 'server_error' },
+  REEF_ERR_HOST_NOT_ALLOWED: { message: 'Host {host} is not a name this listener answers to without an API key (localhost, 127.0.0.0/8, [::1] and the bind address are): add it to {setting} to allow it', status: 421, retryable: false, type: 'invalid_request_error' },
+  REEF_ERR_ORIGIN_NOT_ALLOWED: { message: '{why}: without an API key, this listener answers browsers only from its own origin; add the origin to {setting} to allow it', status: 403, retryable: false, type: 'permission_error' },
 } as const satisfies Record<string, ErrorSpec>;
 
 export type ErrorCode = keyof typeof ERRORS;

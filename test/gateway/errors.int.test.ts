@@ -120,10 +120,11 @@ describe.each([['inline', undefined], ['worker', 0]] as const)('gateway request 
     const res = await fetch(`${s.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/xml' }, body: '<x/>' });
     expect(res.status).toBe(415);
     expect(openAIError(await res.json()).type).toBe('invalid_request_error');
-    // text/plain is parsed as a string, which is not a request object.
+    // text/plain is what a page on another origin may send without asking first: refused before
+    // it is read, like no content type at all.
     const plain = await fetch(`${s.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'text/plain' }, body: JSON.stringify(CHAT) });
-    expect(plain.status).toBe(400);
-    expect(openAIError(await plain.json()).message).toMatch(/JSON object/);
+    expect(plain.status).toBe(415);
+    expect(openAIError(await plain.json()).message).toMatch(/needs content-type: application\/json, got "text\/plain"/);
   });
 
   it('an unknown route is 404 with the OpenAI error body', async () => {
