@@ -1,5 +1,5 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -178,6 +178,12 @@ describe('a stack that is still starting', () => {
     expect(text.stdout).toContain(`reef is starting (pid ${first.pid}`);
     const json = await runReef(['status', '--json', '-c', cfg.path]);
     expect(JSON.parse(json.stdout)).toMatchObject({ supervisor: { pid: first.pid, state: 'starting', control: null } });
+  });
+
+  it("keeps its data dir the owner's alone from the start (stat)", () => {
+    const dataDir = join(cfg.dir, 'data');
+    const mode = (p: string) => statSync(p).mode & 0o777;
+    expect([mode(dataDir), mode(runDir), mode(join(runDir, 'supervisor.json'))]).toEqual([0o700, 0o700, 0o600]);
   });
 
   it('is stopped by reef down, shim included', async () => {

@@ -5,6 +5,7 @@ import type { EngineInfo, EngineSpec, GroupStatus, RayStatus } from '../bridge/m
 import { ReefError } from '../actors/runtime/errors.js';
 import { type LogFn, stderrLog } from '../actors/runtime/log.js';
 import { layoutFromConfig } from './config/index.js';
+import { ownDataDir } from './data-dir.js';
 import type { ReefConfig } from './config/index.js';
 import { freePort, gatewayUrl, portTaken } from './net.js';
 import type { StackEngines } from './stack-env.js';
@@ -111,7 +112,10 @@ export class Stack {
         },
       },
     });
-    const shim = opts.shimCommand?.(shimEndpoint) ?? { command: pythonBin(), args: ['-m', 'reef_shim.server', '--endpoint', shimEndpoint, '--log-level', 'info'], env: pythonEnv() };
+    // Engine output (which may log requests) goes under the data dir, the owner's alone, not a
+    // predictable /tmp path another user could create first or fill with symlinks.
+    const engineLogs = { REEF_ENGINE_LOG_DIR: process.env.REEF_ENGINE_LOG_DIR ?? join(opts.config.reef.data_dir, 'logs') };
+    const shim = opts.shimCommand?.(shimEndpoint) ?? { command: pythonBin(), args: ['-m', 'reef_shim.server', '--endpoint', shimEndpoint, '--log-level', 'info'], env: pythonEnv(engineLogs) };
     this.shim = this.supervisor.manage({
       id: 'shim',
       ...shim,
@@ -128,6 +132,7 @@ export class Stack {
   /** Brings the whole stack up, logging each step; on failure tears down what it started. */
   static async up(opts: StackOptions): Promise<Stack> {
     const cfg = opts.config;
+    ownDataDir(cfg.reef.data_dir, opts.log ?? stderrLog);
     const runDir = join(cfg.reef.data_dir, 'run');
     mkdirSync(runDir, { recursive: true });
     // `reef.port: 0` picks a free port, here: the endpoints printed, the run file and a restarted

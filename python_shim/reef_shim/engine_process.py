@@ -12,6 +12,7 @@ import math
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -94,6 +95,31 @@ def _die_with_parent() -> None:
         _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
+def open_engine_log(path: str) -> int:
+    """Opens an engine's log for appending, in a directory that is this user's alone.
+
+    The default directory was a fixed name under /tmp: another local user could create it first,
+    or put a symlink where a log goes, and the engine's output (requests among it) went to them or
+    was appended to one of our files. A directory of another owner, or a symlink, is refused; one
+    of ours that others may enter is closed; the log itself is never followed through a symlink.
+    """
+    d = os.path.dirname(path) or "."
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    st = os.lstat(d)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise ShimError("REEF_ERR_ENGINE_START", f"engine log directory {d} is a symlink or not a directory: "
+                        "refusing to write engine output through it", retryable=False)
+    if st.st_uid != os.getuid():
+        raise ShimError("REEF_ERR_ENGINE_START", f"engine log directory {d} belongs to uid {st.st_uid}, not to this "
+                        f"user (uid {os.getuid()}): set REEF_ENGINE_LOG_DIR to a directory of your own", retryable=False)
+    if st.st_mode & 0o077:
+        os.chmod(d, 0o700)
+    try:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        raise ShimError("REEF_ERR_ENGINE_START", f"cannot open the engine log {path}: {e}", retryable=False) from e
+
+
 class EngineProcess:
     """One engine server subprocess in its own process group, logging to `log_path`."""
 
@@ -111,8 +137,7 @@ class EngineProcess:
         return self.proc.pid if self.proc else None
 
     def start(self) -> int:
-        os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
-        with open(self.log_path, "ab") as out:
+        with os.fdopen(open_engine_log(self.log_path), "ab") as out:
             self.proc = subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=self.env,
                 start_new_session=True, preexec_fn=_die_with_parent,

@@ -163,3 +163,39 @@ def test_stop_ends_the_workers_of_an_engine_whose_main_process_exited(tmp_path: 
     finally:
         if worker is not None and proc_stat(worker) is not None:
             os.kill(worker, signal.SIGKILL)
+
+
+def test_the_engine_log_is_owner_only_and_never_written_through_a_symlink(tmp_path: Path) -> None:
+    from reef_shim.engine_process import open_engine_log
+
+    logs = tmp_path / "logs"
+    os.close(open_engine_log(str(logs / "rollout-1.log")))
+    assert (logs.stat().st_mode & 0o777, (logs / "rollout-1.log").stat().st_mode & 0o777) == (0o700, 0o600)
+    # Another user's symlink where the log goes: the engine's output must not land in its target.
+    victim = tmp_path / "victim"
+    victim.write_text("mine\n")
+    (logs / "rollout-2.log").symlink_to(victim)
+    with pytest.raises(ShimError, match="cannot open the engine log"):
+        open_engine_log(str(logs / "rollout-2.log"))
+    assert victim.read_text() == "mine\n"
+    # A directory of ours that others may enter is closed; a symlinked directory is refused.
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o755)
+    os.chmod(open_dir, 0o755)
+    os.close(open_engine_log(str(open_dir / "e.log")))
+    assert open_dir.stat().st_mode & 0o777 == 0o700
+    (tmp_path / "linked").symlink_to(open_dir)
+    with pytest.raises(ShimError, match="is a symlink"):
+        open_engine_log(str(tmp_path / "linked" / "e.log"))
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give a directory to another user")
+def test_an_engine_log_directory_of_another_user_is_refused(tmp_path: Path) -> None:
+    from reef_shim.engine_process import open_engine_log
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 12345, 12345)
+    with pytest.raises(ShimError, match="belongs to uid 12345") as e:
+        open_engine_log(str(theirs / "e.log"))
+    assert e.value.retryable is False
