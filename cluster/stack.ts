@@ -102,6 +102,8 @@ export class Stack {
       overrides: actorOverrides,
       ...(opts.actorCommand === undefined ? {} : { command: opts.actorCommand }),
       env: { REEF_ENGINES: JSON.stringify(urls) },
+      // `reef scale` changes the PRM actors; the gateway, judge and controller run one each.
+      scalable: ['prm'],
       log: this.log,
       control: {
         status: async () => ({ ...(await this.status()) }),

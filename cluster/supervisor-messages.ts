@@ -13,10 +13,13 @@ export const statusRequest = z.object({ type: z.literal('status'), requestId: z.
  */
 export const MAX_SCALE = 64;
 
+/** An actor kind's name (`prm`, `trainer-controller`): it names `dist/actors/<kind>/main.js`, so never a path. */
+export const ACTOR_NAME = /^[a-z][a-z0-9-]{0,63}$/;
+
 export const scaleRequest = z.object({
   type: z.literal('scale'),
   requestId: z.string(),
-  actor: z.string().min(1),
+  actor: z.string().regex(ACTOR_NAME, 'an actor kind: lowercase letters, digits and dashes'),
   count: z.number().int().min(0).max(MAX_SCALE),
 });
 /** Replied `{}` first, then the whole stack drains. */

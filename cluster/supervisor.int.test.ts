@@ -6,7 +6,7 @@ import { RpcClient } from '../actors/runtime/rpc.js';
 import { pidAlive, waitFor } from '../test/helpers/wait.js';
 import { repoRoot } from './paths.js';
 import { scaleReply, statusReply, lookupReply } from './supervisor-messages.js';
-import { Supervisor, readyOnJsonLine } from './supervisor.js';
+import { nodeActorCommand, Supervisor, readyOnJsonLine } from './supervisor.js';
 
 const root = repoRoot();
 const fixture = join(root, 'test', 'fixtures', 'echo-actor.mjs');
@@ -123,6 +123,17 @@ describe('Supervisor with real actor processes', () => {
     for (const id of ['echo-1', 'echo-2', 'echo-3']) expect(lines).toContain(`supervisor: [${id}] actor ${id}: stopped`);
     expect(lines.some((l) => l.includes('sending SIGTERM'))).toBe(false);
     await expect(control.call({ type: 'scale', actor: 'echo', count: -1 })).rejects.toMatchObject({ code: 'REEF_ERR_BAD_MESSAGE' });
+  });
+
+  // The name became a path (dist/actors/<name>/main.js): a traversal ran any main.js as this user,
+  // with every secret of the environment.
+  it('refuses to scale a name that is a path, or an actor kind it does not run, and starts nothing', async () => {
+    const control = client(sup.endpoint);
+    const before = sup.status().map((a) => a.id);
+    await expect(control.call({ type: 'scale', actor: '../../../tmp/x', count: 1 })).rejects.toMatchObject({ code: 'REEF_ERR_BAD_MESSAGE' });
+    await expect(control.call({ type: 'scale', actor: 'gateway', count: 1 })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT', message: expect.stringContaining('"gateway" is not an actor this stack scales (it scales echo)') });
+    expect(sup.status().map((a) => a.id)).toEqual(before);
+    expect(() => nodeActorCommand('../x')).toThrow(/is not an actor kind/);
   });
 
   // A restarted instance kept its dead mailbox until it registered again: `lookup` handed it out,

@@ -7,7 +7,7 @@ import { type HandlerContext, type Handlers, Mailbox, type ReplyFields } from '.
 import type { ActorEnv, HeartbeatReport, RegisterRequest } from '../actors/runtime/messages.js';
 import { RpcClient } from '../actors/runtime/rpc.js';
 import { distEntry } from './paths.js';
-import { type ActorInstanceStatus, type ControlMessage, type SupervisorMessage, supervisorMessages } from './supervisor-messages.js';
+import { ACTOR_NAME, type ActorInstanceStatus, type ControlMessage, type SupervisorMessage, supervisorMessages } from './supervisor-messages.js';
 import { type BackoffOptions, ManagedProcess, type ManagedProcessOptions } from './supervisor-process.js';
 
 export { Backoff, ManagedProcess, readyOnJsonLine } from './supervisor-process.js';
@@ -36,7 +36,11 @@ export type ActorCommand = (name: string, id: string, env: NodeJS.ProcessEnv) =>
 export const ACTOR_NODE_FLAGS: Readonly<Record<string, readonly string[]>> = { gateway: ['--initial-old-space-size=128', '--interrupt-budget=4224'] };
 
 /** The production command: `node <ACTOR_NODE_FLAGS> dist/actors/<name>/main.js`. */
-export const nodeActorCommand: ActorCommand = (name) => ({ command: process.execPath, args: [...(ACTOR_NODE_FLAGS[name] ?? []), distEntry(`actors/${name}/main`)] });
+export const nodeActorCommand: ActorCommand = (name) => {
+  // The name becomes a path: `../../tmp/x` would run /tmp/x/main.js with every secret in the env.
+  if (!ACTOR_NAME.test(name)) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `actor name ${JSON.stringify(name)} is not an actor kind (${ACTOR_NAME.source})` });
+  return { command: process.execPath, args: [...(ACTOR_NODE_FLAGS[name] ?? []), distEntry(`actors/${name}/main`)] };
+};
 
 /** Handlers for the CLI's control requests; each default uses the supervisor's own data. */
 export type ControlHandlers = {
@@ -61,6 +65,11 @@ export interface SupervisorOptions {
   /** How long a drained actor may take to exit before SIGTERM. @default 10000 */
   drainTimeoutMs?: number;
   backoff?: BackoffOptions;
+  /**
+   * The actor kinds a `scale` on the control socket may start or stop; any other is refused.
+   * @default the kinds in `actors`
+   */
+  scalable?: readonly string[];
   /** Replace any of the default `status`, `scale`, `down` handlers. */
   control?: Partial<ControlHandlers>;
   /** Extra environment for every actor. */
@@ -109,6 +118,11 @@ export class Supervisor extends EventEmitter {
     super();
     this.log = prefixed(options.log ?? stderrLog, 'supervisor');
     this.heartbeatMs = options.heartbeatMs ?? 500;
+  }
+
+  /** The actor kinds the control socket's `scale` accepts. */
+  get scalable(): readonly string[] {
+    return this.options.scalable ?? Object.keys(this.options.actors ?? {});
   }
 
   /** The control endpoint (bound by `start()`). */
@@ -336,7 +350,13 @@ function stateOf(inst: Instance): LifecycleState {
 
 const defaultStatus: ControlHandlers['status'] = (_msg, _ctx, sup) => ({ actors: sup.status(), groups: [], engines: [], ray: null });
 
-const defaultScale: ControlHandlers['scale'] = (msg, _ctx, sup) => sup.scale(msg.actor, msg.count);
+const defaultScale: ControlHandlers['scale'] = (msg, _ctx, sup) => {
+  // Whoever reaches the control socket names the actor: only the kinds this stack runs are spawned.
+  if (!sup.scalable.includes(msg.actor)) {
+    return Promise.reject(new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `scale: ${JSON.stringify(msg.actor)} is not an actor this stack scales (it scales ${sup.scalable.join(', ') || 'none'})` }));
+  }
+  return sup.scale(msg.actor, msg.count);
+};
 
 const defaultDown: ControlHandlers['down'] = (_msg, _ctx, sup) => {
   // Reply first: the drain closes the control socket this reply goes out on.
