@@ -127,6 +127,21 @@ describe('JudgeCore', () => {
     expect(judge.stats()).toMatchObject({ judged: 1, late_completions: 1 });
   });
 
+  it('refuses a completion under a lease the turn was never given, or given to another actor, and judges it later from its holder', async () => {
+    await write(conversation(1, 2));
+    const judge = await core();
+    await judge.pump();
+    const a = await judge.lease('prm-0', 0);
+    const id = a.turn!.turnRecordId;
+    // Whoever reaches the judge's mailbox could otherwise turn forged votes into rewards and hints.
+    expect(await judge.complete(done('evil', 'f00dfeedf00dfeed', id))).toEqual({ accepted: false, offset: null });
+    expect(await judge.complete(done('evil', a.leaseId!, id))).toEqual({ accepted: false, offset: null });
+    expect(await judge.complete(done('prm-1', a.leaseId!, id))).toEqual({ accepted: false, offset: null });
+    expect(judge.stats()).toMatchObject({ judged: 0, refused_completions: 3, pending: 1, leased: 1 });
+    expect((await judge.complete(done('prm-0', a.leaseId!, id))).accepted).toBe(true);
+    expect(judge.stats()).toMatchObject({ judged: 1, refused_completions: 3, pending: 0 });
+  });
+
   it('a lease renewed late, before any other actor took its turn, is still its holder\'s', async () => {
     await write(conversation(1, 2));
     const judge = await core();

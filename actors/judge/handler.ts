@@ -42,6 +42,8 @@ interface Pending {
   leaseId: string | null;
   actorId: string | null;
   expiresAt: number;
+  /** Leases this turn ran out of before it was dispatched again, with the actor each went to. */
+  earlier?: Map<string, string>;
 }
 
 type SavedPending = [ev: TurnFinished, leaseId: string | null, actorId: string | null];
@@ -63,10 +65,12 @@ interface JudgeCounters {
   /** Leases given back unjudged: by a draining actor, or one whose PRM answered none of the turn's calls. */
   released: number;
   late_completions: number;
+  /** Completions under a lease this turn was never given, or given to another actor: not counted. */
+  refused_completions: number;
   duplicate_completions: number;
 }
 
-const zeroCounters = (): JudgeCounters => ({ votes_ok: 0, votes_failed: 0, votes_invalid: 0, judged: 0, dropped: 0, redispatched: 0, released: 0, late_completions: 0, duplicate_completions: 0 });
+const zeroCounters = (): JudgeCounters => ({ votes_ok: 0, votes_failed: 0, votes_invalid: 0, judged: 0, dropped: 0, redispatched: 0, released: 0, late_completions: 0, refused_completions: 0, duplicate_completions: 0 });
 
 export class JudgeCore {
   readonly leaseMs: number;
@@ -241,6 +245,18 @@ export class JudgeCore {
    * from an actor whose lease ran out (its work is as good); any later one is ignored.
    */
   complete(msg: Omit<CompleteTurn, 'type' | 'requestId'>): Promise<{ accepted: boolean; offset: number | null }> {
+    // Votes become rewards and hints become teacher prompts: only the actor a turn was handed to,
+    // under a lease it was given (the current one, or one that ran out meanwhile), may judge it.
+    // Checked before anything else, so a forged completion cannot hold the turn while it runs.
+    const p = this.pending.get(msg.turnRecordId);
+    if (p !== undefined) {
+      const holder = p.leaseId === msg.leaseId ? p.actorId : p.earlier?.get(msg.leaseId);
+      if (holder == null || holder !== msg.actorId) {
+        this.counters.refused_completions++;
+        this.opts.log(`completion from ${msg.actorId} for turn ${msg.turnRecordId} refused: lease ${JSON.stringify(msg.leaseId)} is not one the turn was given to that actor under`);
+        return Promise.resolve({ accepted: false, offset: null });
+      }
+    }
     const running = this.completing.get(msg.turnRecordId);
     if (running !== undefined) {
       this.counters.duplicate_completions++;
@@ -333,6 +349,8 @@ export class JudgeCore {
       if (p.leaseId !== null) {
         this.counters.redispatched++;
         this.opts.log(`lease ${p.leaseId} of ${p.actorId} on turn ${p.ev.turnRecordId} ran out; dispatching it again`);
+        // Its holder's votes, if they come, are as good as the next one's (`complete` takes the first).
+        if (p.actorId !== null) (p.earlier ??= new Map()).set(p.leaseId, p.actorId);
       }
       p.leaseId = randomBytes(8).toString('hex');
       p.actorId = actorId;
