@@ -5,7 +5,7 @@ import OpenAI from 'openai';
 import { Client } from 'undici';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { ensureDist } from './gateway-fixture.js';
-import { parseSessionRule, startHeaderShim, type HeaderShim, type HeaderShimOptions } from '../../recipes/openclawrl/harness/header-shim.js';
+import { forwards, parseSessionRule, startHeaderShim, type HeaderShim, type HeaderShimOptions } from '../../recipes/openclawrl/harness/header-shim.js';
 
 /**
  * The header shim between the `openai` client and a recorder standing in for the gateway: the
@@ -184,6 +184,77 @@ describe('header shim', () => {
     const res = await fetch(`${s.url}/v1/models`);
     expect(res.status).toBe(503);
     expect(await res.json()).toMatchObject({ error: { code: 'REEF_ERR_ENGINE_DOWN', type: 'service_unavailable' } });
+  });
+
+  // Security review H4: the shim adds the gateway key to whatever reaches it, which opened a keyed
+  // gateway's Reef API (records, rollback) to any local process or web page on the shim's port.
+  it('forwards only /v1/*, with its key: the Reef API and anything else is a 404 that reaches nothing', async () => {
+    const s = await shim({ apiKey: 'reef-key', session: { mode: 'path' } });
+    const c = new Client(s.url);
+    try {
+      for (const [method, path] of [
+        ['GET', '/reef/scenarios/default/records'], ['POST', '/reef/scenarios/default/releases/rollback'], ['POST', '/reef/report'], ['GET', '/metrics'], ['GET', '/'],
+        ['GET', '/v1/../reef/scenarios'], ['GET', '/v1/%2e%2e/reef/scenarios'], ['GET', '//v1/models'], ['GET', '/v1x/models'], ['GET', '/t/s1/reef/scenarios'], ['GET', '/t/s1/v1/../reef/status'],
+      ] as const) {
+        const r = await c.request({ method, path, headers: { 'content-type': 'application/json' }, ...(method === 'POST' ? { body: '{}' } : {}) });
+        expect(r.statusCode, `${method} ${path}`).toBe(404);
+        expect(await r.body.json(), path).toMatchObject({ error: { code: 'REEF_ERR_NOT_FOUND', type: 'not_found_error' } });
+      }
+      expect(seen).toEqual([]);
+      await (await c.request({ method: 'GET', path: '/t/s1/v1/models?x=1' })).body.text();
+      await (await c.request({ method: 'GET', path: '/v1/models' })).body.text();
+    } finally {
+      await c.close();
+    }
+    expect(seen.map((x) => [x.url, x.headers.authorization])).toEqual([['/v1/models?x=1', 'Bearer reef-key'], ['/v1/models', 'Bearer reef-key']]);
+  });
+
+  it('refuses a browser as a keyless gateway does: another Host (DNS rebinding), another Origin, Origin null, cross-site', async () => {
+    const s = await shim({ apiKey: 'reef-key', session: { mode: 'fixed', value: 'hw-s1' } });
+    const port = new URL(s.url).port;
+    const c = new Client(s.url);
+    const ask = async (headers: Record<string, string>, method: 'GET' | 'PUT' = 'GET', path = '/v1/models') => {
+      const r = await c.request({ method, path, headers, ...(method === 'PUT' ? { body: 'hw-evil' } : {}) });
+      const body = (await r.body.json()) as { error?: { code: string; message: string } };
+      return [r.statusCode, body.error?.code ?? 'ok'];
+    };
+    try {
+      expect(await ask({ host: `evil.example:${port}` })).toEqual([421, 'REEF_ERR_HOST_NOT_ALLOWED']);
+      expect(await ask({ host: `evil.example:${port}` }, 'PUT', '/_reef_shim/session')).toEqual([421, 'REEF_ERR_HOST_NOT_ALLOWED']);
+      expect(await ask({ origin: 'https://evil.example' })).toEqual([403, 'REEF_ERR_ORIGIN_NOT_ALLOWED']);
+      expect(await ask({ origin: 'null' }, 'PUT', '/_reef_shim/session')).toEqual([403, 'REEF_ERR_ORIGIN_NOT_ALLOWED']);
+      expect(await ask({ 'sec-fetch-site': 'cross-site' })).toEqual([403, 'REEF_ERR_ORIGIN_NOT_ALLOWED']);
+      expect(seen).toEqual([]);
+      // Its own origin, and a client that sends no Origin, are served.
+      expect(await ask({ host: `localhost:${port}`, origin: `http://localhost:${port}`, 'sec-fetch-site': 'same-origin' })).toEqual([200, 'ok']);
+      expect(await ask({})).toEqual([200, 'ok']);
+    } finally {
+      await c.close();
+    }
+    expect(seen).toHaveLength(2);
+  });
+
+  it('takes the names and origins it is told to, and says how in a refusal', async () => {
+    const s = await shim({ allowedHosts: ['agent-box'], allowedOrigins: ['http://localhost:3000'] });
+    const c = new Client(s.url);
+    try {
+      const ok = await c.request({ method: 'GET', path: '/v1/models', headers: { host: 'agent-box:8700', origin: 'http://localhost:3000', 'sec-fetch-site': 'cross-site' } });
+      expect(ok.statusCode).toBe(200);
+      await ok.body.text();
+      const host = await c.request({ method: 'GET', path: '/v1/models', headers: { host: 'other-box' } });
+      expect(((await host.body.json()) as { error: { message: string } }).error.message).toMatch(/--allow-host/);
+      const origin = await c.request({ method: 'GET', path: '/v1/models', headers: { origin: 'http://localhost:3001' } });
+      expect(((await origin.body.json()) as { error: { message: string } }).error.message).toMatch(/--allow-origin/);
+    } finally {
+      await c.close();
+    }
+  });
+
+  it.each([
+    ['/v1/chat/completions', true], ['/v1/models?limit=1', true], ['/v1', true],
+    ['/reef/report', false], ['/v1/../reef/report', false], ['/v1/./models', false], ['/v1/%2E%2E/reef', false], ['/v10', false], ['v1/models', false],
+  ])('forwards(%j) is %s', (path, want) => {
+    expect(forwards(path)).toBe(want);
   });
 
   it.each([

@@ -10,6 +10,7 @@ import { parseSessionRule, startHeaderShim } from './header-shim.js';
 
 const USAGE = `usage: header-shim-main --upstream URL [--host H] [--port P] [--scenario NAME]
        [--session none|path|per-connection[:PREFIX]|fixed:VALUE] [--api-key-env NAME] [--replace-authorization]
+       [--allow-host NAME ...] [--allow-origin ORIGIN ...]
 
   --upstream               the Reef gateway, e.g. http://127.0.0.1:8600
   --port                   where the shim listens (default 8700; 0 picks a free port)
@@ -19,7 +20,11 @@ const USAGE = `usage: header-shim-main --upstream URL [--host H] [--port P] [--s
                              per-connection   PREFIX-cN for each TCP connection
                              path             base URL http://shim/t/<tag>/v1 carries the tag
   --api-key-env            environment variable with the gateway key, sent as Authorization: Bearer
-  --replace-authorization  also replace an Authorization header the agent sends itself`;
+  --replace-authorization  also replace an Authorization header the agent sends itself
+  --allow-host             a name clients may send in Host besides localhost, loopback and --host (repeatable)
+  --allow-origin           a browser origin allowed besides the shim's own, e.g. http://localhost:3000 (repeatable)
+
+Only /v1/* is forwarded. Browsers on another origin, and Host names other than the above, are refused.`;
 
 async function main(argv: string[]): Promise<number> {
   const { values } = parseArgs({
@@ -32,6 +37,8 @@ async function main(argv: string[]): Promise<number> {
       session: { type: 'string', default: 'none' },
       'api-key-env': { type: 'string' },
       'replace-authorization': { type: 'boolean', default: false },
+      'allow-host': { type: 'string', multiple: true, default: [] },
+      'allow-origin': { type: 'string', multiple: true, default: [] },
       help: { type: 'boolean', default: false },
     },
   });
@@ -52,6 +59,8 @@ async function main(argv: string[]): Promise<number> {
     session: parseSessionRule(values.session),
     apiKey: apiKey ?? null,
     replaceAuthorization: values['replace-authorization'],
+    allowedHosts: values['allow-host'],
+    allowedOrigins: values['allow-origin'],
   });
   process.stdout.write(`${JSON.stringify({ event: 'ready', url: shim.url, upstream: values.upstream, pid: process.pid })}\n`);
   await new Promise<void>((resolve) => {

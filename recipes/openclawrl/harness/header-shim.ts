@@ -2,6 +2,7 @@ import { createServer, type IncomingHttpHeaders, type IncomingMessage, type Serv
 import type { AddressInfo, Socket } from 'node:net';
 import { pipeline } from 'node:stream/promises';
 import { Agent } from 'undici';
+import { BrowserGuard } from '../../../actors/gateway/browser-guard.js';
 import { ERRORS, ReefError } from '../../../actors/runtime/errors.js';
 
 /**
@@ -20,6 +21,11 @@ import { ERRORS, ReefError } from '../../../actors/runtime/errors.js';
  * - `path`: the agent's base URL carries the tag, `http://shim/t/<tag>/v1`; the `/t/<tag>` prefix is
  *   removed before forwarding. Works for any agent whose base URL is configurable.
  * A request that already carries `x-reef-tag-session` or `x-reef-scenario` keeps its own value.
+ *
+ * Whoever reaches the shim gets the key it adds, so it serves only what an agent needs: `/v1/*`
+ * (and its own session route); the Reef API (records, reports, rollback) is the gateway's, with
+ * the gateway's key. It also refuses browsers as a keyless gateway does (actors/gateway/
+ * browser-guard.ts): a DNS-rebinding page or a page on another origin would otherwise use the key.
  */
 
 export type SessionRule = { mode: 'none' } | { mode: 'fixed'; value: string } | { mode: 'per-connection'; prefix: string } | { mode: 'path' };
@@ -39,6 +45,10 @@ export interface HeaderShimOptions {
   apiKey?: string | null;
   /** Replace the client's own Authorization with `apiKey` too. @default false */
   replaceAuthorization?: boolean;
+  /** Names a client may send in Host besides localhost, loopback literals and `host`. @default [] */
+  allowedHosts?: readonly string[];
+  /** Origins a browser may call the shim from besides its own. @default [] */
+  allowedOrigins?: readonly string[];
 }
 
 export interface HeaderShim {
@@ -75,6 +85,18 @@ function pathTag(segment: string): string | null {
   return headerValue(tag) ? tag : null;
 }
 
+/** Whether the shim forwards `path`: under /v1, and written as it resolves (no `..`, `%2e`, `//`). */
+export function forwards(path: string): boolean {
+  const raw = path.split('?', 1)[0]!;
+  let resolved: string;
+  try {
+    resolved = new URL(raw, 'http://shim').pathname;
+  } catch {
+    return false;
+  }
+  return resolved === raw && /^\/v1(\/|$)/.test(raw);
+}
+
 function forwardHeaders(h: IncomingHttpHeaders): Record<string, string | string[]> {
   const out: Record<string, string | string[]> = {};
   for (const [k, v] of Object.entries(h)) if (v !== undefined && !HOP.has(k)) out[k] = v;
@@ -93,6 +115,12 @@ export async function startHeaderShim(opts: HeaderShimOptions): Promise<HeaderSh
   let connections = 0;
   // No timeouts of its own: a thinking model may take many minutes; the client decides when to give up.
   const dispatcher = new Agent({ headersTimeout: 0, bodyTimeout: 0 });
+  const browsers = new BrowserGuard({
+    bindHost: opts.host ?? '127.0.0.1',
+    allowedHosts: opts.allowedHosts ?? [],
+    allowedOrigins: opts.allowedOrigins ?? [],
+    settings: { hosts: '--allow-host', origins: '--allow-origin' },
+  });
 
   const sessionTag = (req: IncomingMessage, tagFromPath: string | null): string | null => {
     switch (rule.mode) {
@@ -118,6 +146,8 @@ export async function startHeaderShim(opts: HeaderShimOptions): Promise<HeaderSh
 
   const handle = async (req: IncomingMessage, res: ServerResponse) => {
     let path = req.url ?? '/';
+    const refused = browsers.check(req.headers, req.socket.localPort ?? null);
+    if (refused !== null) return fail(res, refused);
     if (path === CONTROL && req.method === 'PUT' && rule.mode === 'fixed') {
       let body = '';
       for await (const c of req) body += String(c);
@@ -135,6 +165,9 @@ export async function startHeaderShim(opts: HeaderShimOptions): Promise<HeaderSh
       // The agent's own base URL is wrong: a 400 it reports, not a down gateway (503) it retries.
       if (tagFromPath === null) return fail(res, new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `session tag ${JSON.stringify(m[1])} in /t/<tag>/: expected printable ASCII, percent-encoded where needed` }));
       path = m[2] ?? '/';
+    }
+    if (!forwards(path)) {
+      return fail(res, new ReefError('REEF_ERR_NOT_FOUND', {}, { message: `the header shim forwards only /v1/* (with its key), not ${JSON.stringify(path.split('?', 1)[0])}: call the gateway itself for the Reef API` }));
     }
     const headers = forwardHeaders(req.headers);
     const tag = sessionTag(req, tagFromPath);
