@@ -1,6 +1,7 @@
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { GenerationGate } from './generation-gate.js';
 import { pauseGeneration } from './messages.js';
+import { maxPauseMs } from '../trainer-controller/index.js';
 
 afterEach(() => {
   vi.useRealTimers();
@@ -83,10 +84,13 @@ describe('GenerationGate', () => {
     expect(vi.getTimerCount()).toBe(0);
   });
 
-  it('a pause-generation whose bounds no timer can hold is refused (regression: a maxPauseMs past 2^31-1 ms fired at once and resumed mid-swap)', () => {
+  it('a pause-generation longer than a swap can need is refused (one message stopped generation for up to 24.8 days; past 2^31-1 ms the timer fired at once and resumed mid-swap)', () => {
     const msg = { type: 'pause-generation', requestId: 'p', drainTimeoutMs: 30_000 };
-    expect(pauseGeneration.safeParse({ ...msg, maxPauseMs: 2 ** 31 - 1 }).success).toBe(true);
-    expect(pauseGeneration.safeParse({ ...msg, maxPauseMs: 2 ** 31 }).success).toBe(false);
+    expect(pauseGeneration.safeParse({ ...msg, maxPauseMs: maxPauseMs(true) }).success).toBe(true);
+    expect(pauseGeneration.safeParse({ ...msg, maxPauseMs: 15 * 60_000 }).success).toBe(true);
+    expect(pauseGeneration.safeParse({ ...msg, maxPauseMs: 15 * 60_000 + 1 }).success).toBe(false);
+    expect(pauseGeneration.safeParse({ ...msg, maxPauseMs: 2 ** 31 - 1 }).success).toBe(false);
+    expect(pauseGeneration.safeParse({ ...msg, drainTimeoutMs: 5 * 60_000 + 1 }).success).toBe(false);
     expect(pauseGeneration.safeParse({ ...msg, drainTimeoutMs: 2 ** 31 }).success).toBe(false);
   });
 });

@@ -5,19 +5,26 @@ import { z } from 'zod';
  * (stop admitting, drain in-flight requests, bounded) and `resume-generation` (admit again, with
  * the new weight version that every later record carries).
  */
-/** Node's longest timer: a longer one fires at once (with a warning), which would end a pause as it began. */
-const MAX_TIMER_MS = 2 ** 31 - 1;
+/**
+ * The longest pause a message may ask for: the trainer-controller's swap asks at most 13.5 min
+ * (its drain, a weight push and an engine call, `maxPauseMs` in trainer-controller/index.ts).
+ * Anything that reaches the mailbox could otherwise stop every agent's generation for 24.8 days
+ * (Node's longest timer) with one message.
+ */
+export const MAX_PAUSE_MS = 15 * 60_000;
+/** The longest wait for in-flight generations a pause may ask for (the controller asks 30 s). */
+export const MAX_DRAIN_MS = 5 * 60_000;
 
 export const pauseGeneration = z.object({
   type: z.literal('pause-generation'),
   requestId: z.string(),
   /** How long to wait for in-flight generations before answering anyway. */
-  drainTimeoutMs: z.number().int().positive().max(MAX_TIMER_MS),
+  drainTimeoutMs: z.number().int().positive().max(MAX_DRAIN_MS),
   /**
    * How long the pause may last before the gateway resumes by itself (weight version unchanged);
    * absent: generation-gate.ts DEFAULT_MAX_PAUSE_MS.
    */
-  maxPauseMs: z.number().int().positive().max(MAX_TIMER_MS).optional(),
+  maxPauseMs: z.number().int().positive().max(MAX_PAUSE_MS).optional(),
 });
 
 export const resumeGeneration = z.object({
