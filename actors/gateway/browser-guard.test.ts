@@ -65,6 +65,11 @@ describe('BrowserGuard', () => {
     expect(code({ host: 'localhost:8600', origin: 'http://localhost:8600', 'sec-fetch-site': 'cross-site' })).toBe('REEF_ERR_ORIGIN_NOT_ALLOWED');
   });
 
+  it('refuses Origin null even when it is listed (every sandboxed page and file sends it)', () => {
+    const lax = new BrowserGuard({ bindHost: '127.0.0.1', allowedOrigins: ['null'] });
+    expect(lax.check({ origin: 'null' }, 8600)?.code).toBe('REEF_ERR_ORIGIN_NOT_ALLOWED');
+  });
+
   it('names the settings it was given (the header shim has flags instead)', () => {
     const shim = new BrowserGuard({ bindHost: '127.0.0.1', settings: { hosts: '--allow-host', origins: '--allow-origin' } });
     expect(shim.check({ host: 'evil.example' }, 8700)?.message).toContain('add it to --allow-host');

@@ -73,7 +73,7 @@ export class BrowserGuard {
       return new ReefError('REEF_ERR_HOST_NOT_ALLOWED', { host: JSON.stringify(hostValue), setting: this.settings.hosts });
     }
     const origin = first(headers.origin);
-    const listed = origin !== undefined && this.origins.has(origin);
+    const listed = origin !== undefined && origin !== 'null' && this.origins.has(origin);
     if (origin !== undefined && !listed) {
       const why = origin === 'null'
         ? 'Origin null (a sandboxed page, a file, or a redirect across origins) is never allowed'
