@@ -23,10 +23,10 @@ describe('gateway drain', () => {
     const ended = new Promise<void>((resolve) => sock.on('close', () => resolve()));
     const chat = JSON.stringify(CHAT);
     // A chat in flight keeps the connection busy, so closing the server does not reap it.
-    sock.write(`POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(chat)}\r\n\r\n${chat}`);
+    sock.write(`POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(chat)}\r\n\r\n${chat}`);
     await waitFor(() => s.engine.requests.length === 1, { what: 'the chat to reach the engine' });
     const closed = s.gw.close();
-    sock.write('GET /reef/status HTTP/1.1\r\nhost: x\r\n\r\n');
+    sock.write('GET /reef/status HTTP/1.1\r\nhost: localhost\r\n\r\n');
     await ended;
     await closed;
     const text = Buffer.concat(received).toString('utf8');
