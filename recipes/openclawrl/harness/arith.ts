@@ -10,9 +10,14 @@ const OP = String.raw`[-+−–×xX*·/÷]`;
 /**
  * One worked equation: a number, then one or more (operator, number) pairs, `=`, and a result.
  * Parentheses may wrap parts. The left edge must not be glued to a word or a longer number.
+ * Each run of spaces has exactly one way to match (spaces go before a parenthesis, or after the
+ * last): written as `\s*\)*\s*`, the two `\s*` could share every space, so a chain without `=`
+ * was retried 2^k ways for k operators. A trained SmolLM2 wrote `7 * 5 * 5 * … * 100.` (14
+ * operators), and scoring that one reply blocked the experiment's process for 345 s: its
+ * supervisor missed every heartbeat and the arm's stack drained mid-evaluation.
  */
 const EQUATION = new RegExp(
-  String.raw`(?<![\w.,$])\(*\s*${NUM}(?:\s*\)*\s*${OP}\s*\(*\s*${NUM})+\s*\)*\s*=\s*(-?${NUM})`,
+  String.raw`(?<![\w.,$])(?:\(\s*)*${NUM}(?:(?:\s*\))*\s*${OP}\s*(?:\(\s*)*${NUM})+(?:\s*\))*\s*=\s*(-?${NUM})`,
   'g',
 );
 

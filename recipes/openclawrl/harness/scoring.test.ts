@@ -86,6 +86,16 @@ describe('calculation steps', () => {
     expect(checkReply(text).steps).toBe(n);
   });
 
+  // A trained SmolLM2 wrote this (14 operators, no `=`): each space could go to either of two
+  // `\s*`, so the old pattern tried 2^k splits per start and scoring the reply took 345 s. At 40
+  // operators that pattern would not finish at all; one way per space finishes at once.
+  it('reads a long chain of operators without an equals sign, and one with it, in one way per space', () => {
+    const chain = (k: number) => `so you multiply 7 * ${Array.from({ length: k }, () => '5').join(' * ')} * 100.`;
+    expect(findEquations(`To solve it, ${chain(40)}\n\nNow, y`)).toEqual([]);
+    expect(checkReply(chain(40)).steps).toBe(0);
+    expect(findEquations(`${chain(40).slice(0, -1)} = 3 and ( ( 2 + 3 ) ) * 4 = 20`).map((e) => e.result)).toEqual([3, 20]);
+  });
+
   it('reads the stated result', () => {
     expect(findEquations('so $1,200 - $200 = $1,000.').map((e) => e.result)).toEqual([1000]);
     expect(findEquations('5 - 8 = -3').map((e) => e.result)).toEqual([-3]);
