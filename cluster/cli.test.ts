@@ -39,7 +39,8 @@ describe('reef CLI flags per command', () => {
       writeFileSync(file, '');
       const r = await reef('up', '-c', cfg.path, `--reef.data_dir=${file}`);
       expect(r.code).toBe(1);
-      expect(r.err).toBe(`reef: ENOTDIR: not a directory, mkdir '${join(file, 'run')}'`);
+      // The data dir itself is made (0700) before its run/ dir: mkdir meets the file first.
+      expect(r.err).toBe(`reef: EEXIST: file already exists, mkdir '${file}'`);
     } finally {
       rmSync(cfg.dir, { recursive: true, force: true });
     }
