@@ -92,6 +92,21 @@ describe('the table', () => {
     expect(readFileSync(join(out, 'habit-curves.svg'), 'utf8').match(/<polyline/g)).toHaveLength(2);
   });
 
+  it('with --kept, tables the finished arms with the seeds each has and runs nothing', async () => {
+    const out = join(dir, 'kept-only');
+    const argv = ['--sessions', '24'];
+    for (const [arm, seed] of [['control', 1], ['both', 1], ['both', 2]] as const) {
+      const d = join(out, `${arm}-seed${seed}`);
+      mkdirSync(d, { recursive: true });
+      writeFileSync(join(d, 'summary.json'), JSON.stringify(summaryFor(arm, seed, [0.2, arm === 'both' ? 0.05 : 0.2], [0.8, 0.8], 10, argv)));
+    }
+    const lines: string[] = [];
+    const { rows } = await runAblation(ablationOptions(['--kept', '--seeds', '1,2', '--arms', 'control,both', '--out', out, ...argv], (l) => lines.push(l)));
+    expect(lines).toContain('[3/4] control, seed 2: not run (--kept), left out of the table');
+    expect(rows.map((r) => [r.arm, r.seeds])).toEqual([['control', [1]], ['both', [1, 2]]]);
+    expect(() => ablationOptions(['--kept', '--fresh'], () => {})).toThrow(/give one of them/);
+  });
+
   it("counts the judge's hints of a kept arm from its store when its summary predates them", async () => {
     const out = join(dir, 'kept-hints');
     const argv = ['--sessions', '24'];

@@ -28,6 +28,11 @@ export interface AblationOptions {
   shared: string[];
   /** Run every arm again, even one whose summary is there. @default false */
   fresh: boolean;
+  /**
+   * Run nothing: the table of the arms already finished, each with the seeds it has (`--kept`),
+   * for a table cut short or still running elsewhere. @default false
+   */
+  keptOnly?: boolean;
   log: (line: string) => void;
   signal?: AbortSignal;
 }
@@ -39,6 +44,10 @@ export function ablationOptions(argv: readonly string[], log: (line: string) => 
     const flag = eq < 0 ? argv[i]! : argv[i]!.slice(0, eq);
     if (flag === '--fresh' && eq < 0) {
       o.fresh = true;
+      continue;
+    }
+    if (flag === '--kept' && eq < 0) {
+      o.keptOnly = true;
       continue;
     }
     const mine = flag === '--seeds' || flag === '--arms' || flag === '--out';
@@ -64,6 +73,7 @@ export function ablationOptions(argv: readonly string[], log: (line: string) => 
   }
   // Validated now, once per arm, so a typo fails before the first hour of runs.
   for (const arm of o.arms) armOptions([...o.shared, ...ARM_FLAGS[arm], '--seed', String(o.seeds[0])], () => {});
+  if (o.fresh && o.keptOnly) throw new Error('--fresh runs every arm again and --kept runs none: give one of them');
   return o;
 }
 
@@ -247,7 +257,10 @@ export async function runAblation(o: AblationOptions): Promise<{ rows: ArmRow[];
       }
       if (summary && !summary.training.hints) summary = await withHints(summary, dir, file, o.log);
       if (summary) o.log(`[${k}/${total}] ${arm}, seed ${seed}: kept from ${file}`);
-      else {
+      else if (o.keptOnly) {
+        o.log(`[${k}/${total}] ${arm}, seed ${seed}: not run (--kept), left out of the table`);
+        continue;
+      } else {
         o.log(`[${k}/${total}] ${arm}, seed ${seed} (${Math.round((performance.now() - t0) / 60_000)} min into the table)`);
         summary = await runArm({ ...opts, ...(o.signal ? { signal: o.signal } : {}) });
       }
