@@ -77,7 +77,7 @@ describe('gateway metrics', () => {
 });
 
 describe('environment variables', () => {
-  const docs = [readme, ...readdirSync(join(root, 'docs')).map((f) => read(`docs/${f}`)), read('recipes/openclawrl/examples/openclawrl/README.md')].join('\n');
+  const docs = [readme, ...readdirSync(join(root, 'docs')).filter((f) => f.endsWith('.md')).map((f) => read(`docs/${f}`)), read('recipes/openclawrl/examples/openclawrl/README.md')].join('\n');
   // Reef's own variables all start REEF_ (REEF_ERR_ is an error code, a name ending in _ a prefix).
   const read_ = [...new Set(['actors', 'bench', 'bin', 'bridge', 'cluster', 'python_shim', 'recipes', 'scripts']
     .flatMap((d) => sources(d, /\.(ts|mjs|js|py|sh)$/))
