@@ -79,9 +79,13 @@ def test_nccl_is_refused_with_a_reason_and_nothing_changes(engine: Engine) -> No
         "group_name": "g", "backend": "nccl"})
     assert status == 400 and r["success"] is False
     assert "gloo" in r["message"] and "nccl" in r["message"]
-    status, r = engine.call("/update_weights_from_distributed", {
-        "names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[64]], "group_name": "g"})
+    update = {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[64]], "group_name": "g"}
+    status, r = engine.call("/update_weights_from_distributed", update)
+    assert status == 400 and r["success"] is False and "between begin_weight_update()" in r["message"]
+    assert engine.call("/begin_weight_update", {})[0] == 200
+    status, r = engine.call("/update_weights_from_distributed", update)
     assert status == 400 and r["success"] is False and "no weight group" in r["message"]
+    assert engine.call("/end_weight_update", {})[0] == 200
     assert engine.call("/init_weights_update_group", {"master_address": "127.0.0.1"})[0] == 400
     assert outputs(engine.generate(**SAMPLED)) == outputs(before)
 

@@ -5,7 +5,8 @@ engine over gloo with `WeightPusher`, or breaks the push in a chosen way.
 
 MODE: `ok` (the whole push), `unknown-name` (one extra tensor the model lacks), `unknown-group`
 (the update names a group the engine never joined, so it refuses without receiving), `die-midway`
-(broadcast half the tensors, then the process dies). TIMEOUT_S is the pusher's timeout. Prints one
+(open the engine's update session, broadcast half the tensors, then the process dies, leaving the
+session open). TIMEOUT_S is the pusher's timeout. Prints one
 JSON line with the outcome.
 """
 
@@ -20,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from reef_shim.engine_process import pick_free_port
-from reef_shim.trainer.weight_push import WeightPusher, WeightPushError, _Call
+from reef_shim.trainer.weight_push import WeightPusher, WeightPushError, _Call, post
 from reef_shim.weight_group import broadcast, dtype_name
 
 
@@ -38,6 +39,7 @@ def main() -> int:
         body = {"names": [n for n, _ in items], "dtypes": [dtype_name(t.dtype) for _, t in items],
                 "shapes": [list(t.shape) for _, t in items], "group_name": pusher.group_name, "flush_cache": True,
                 "weight_version": version}
+        post(f"{pusher.url}/begin_weight_update", {}, float(timeout_s))
         _Call(f"{pusher.url}/update_weights_from_distributed", body, float(timeout_s)).start()
         for _, t in items[: len(items) // 2]:
             broadcast(t.contiguous(), pusher.group).wait()

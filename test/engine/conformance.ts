@@ -395,6 +395,34 @@ function weightSyncCases(target: EngineTarget, ws: WeightSyncOptions, initialVer
 
   const update = (group: string, t: AnnouncedTensors, version: string) =>
     call(target, 'POST', '/update_weights_from_distributed', { names: t.names, dtypes: t.dtypes, shapes: t.shapes, group_name: group, flush_cache: true, weight_version: version });
+  /** Opens (`begin`) or closes (`end`) the engine's update session and expects it to succeed. */
+  const session = async (which: 'begin' | 'end') => {
+    const r = await call(target, 'POST', `/${which}_weight_update`, {});
+    expect(r.status, JSON.stringify(r.json)).toBe(200);
+    expect(r.json).toMatchObject({ success: true });
+  };
+
+  // SGLang 0.5.23, srt/managers/scheduler_components/weight_updater.py:187-198 and 309-335.
+  it('refuses an update outside a session, a second begin and an end with no session, before any broadcast', async () => {
+    const { s, t } = await rank0();
+    const version = (await call(target, 'GET', '/model_info')).json!.weight_version as string;
+    const group = await joinGroup(s);
+    const outside = await update(group, t, 'conformance-outside');
+    expect(outside.status).toBe(400);
+    expect(outside.json).toMatchObject({ success: false });
+    expect(outside.json!.message).toContain('begin_weight_update');
+    await session('begin');
+    const twice = await call(target, 'POST', '/begin_weight_update', {});
+    expect(twice.status).toBe(400);
+    expect(twice.json!.message).toContain('already open');
+    await session('end');
+    const none = await call(target, 'POST', '/end_weight_update', {});
+    expect(none.status).toBe(400);
+    expect(none.json!.message).toContain('no weight-update session');
+    expect((await call(target, 'GET', '/model_info')).json!.weight_version).toBe(version);
+    await call(target, 'POST', '/destroy_weights_update_group', { group_name: group });
+    await s.leave();
+  });
 
   it('refuses to destroy a weight group it never joined, with success false and a message', async () => {
     const r = await call(target, 'POST', '/destroy_weights_update_group', { group_name: `never-joined-${randomUUID().slice(0, 8)}` });
@@ -408,6 +436,7 @@ function weightSyncCases(target: EngineTarget, ws: WeightSyncOptions, initialVer
     const before = await generate(target, WEIGHT_PROBE);
     const group = await joinGroup(s);
 
+    await session('begin');
     const sent = s.send();
     sent.catch(() => {}); // awaited below, once the engine's answer says whether it can come
     const r = await update(group, t, 'conformance-pushed');
@@ -415,6 +444,7 @@ function weightSyncCases(target: EngineTarget, ws: WeightSyncOptions, initialVer
     expect(r.json).toMatchObject({ success: true });
     expect(typeof r.json!.message).toBe('string');
     expect(await sent).toBe(t.names.length);
+    await session('end');
     expect((await call(target, 'GET', '/model_info')).json!.weight_version).toBe('conformance-pushed');
     const pushed = await generate(target, WEIGHT_PROBE);
     expect(pushed.meta_info.weight_version).toBe('conformance-pushed');
@@ -445,6 +475,7 @@ function weightSyncCases(target: EngineTarget, ws: WeightSyncOptions, initialVer
       const before = await generate(target, WEIGHT_PROBE);
       const group = await joinGroup(s);
 
+      await session('begin');
       const answer = update(group, t, 'conformance-broken');
       // Half the tensors arrive; then the sender is gone without a word, as a crashed trainer is.
       await s.send(Math.floor(t.names.length / 2));
@@ -453,6 +484,7 @@ function weightSyncCases(target: EngineTarget, ws: WeightSyncOptions, initialVer
       expect(r.status, JSON.stringify(r.json)).toBe(400);
       expect(r.json).toMatchObject({ success: false });
       expect(typeof r.json!.message).toBe('string');
+      await session('end'); // the session outlives the failed call; the next trainer's begin needs it closed
 
       expect((await call(target, 'GET', '/model_info')).json!.weight_version).toBe(version);
       const after = await generate(target, WEIGHT_PROBE);

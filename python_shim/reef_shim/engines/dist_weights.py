@@ -3,6 +3,12 @@
     /init_weights_update_group        {master_address, master_port, rank_offset, world_size, group_name, backend}
     /update_weights_from_distributed  {names, dtypes, shapes, group_name, flush_cache, weight_version}
     /destroy_weights_update_group     {group_name}
+    /begin_weight_update, /end_weight_update   {}
+
+Updates happen inside a session, as in SGLang 0.5.23, which refuses `update_weights_from_distributed`
+outside one, a second `begin` while one is open, and an `end` with none open
+(`srt/managers/scheduler_components/weight_updater.py:187-198, 309-335`); the messages are SGLang's,
+so a sender is tested here against the answers it gets there.
 
 The engine is one worker: it joins as rank `rank_offset` (SGLang's TP worker i joins as
 `rank_offset + i`). Tensors are received into fresh buffers while requests keep generating; only a
@@ -35,6 +41,22 @@ class WeightGroups:
         self._groups: dict[str, Any] = {}
         # One transfer per group at a time: two interleaved calls would pair the wrong broadcasts.
         self._transfer: dict[str, threading.Lock] = {}
+        self._session = False
+        self._session_lock = threading.Lock()  # each request runs on a thread of its own
+
+    def begin(self) -> str:
+        with self._session_lock:
+            if self._session:
+                raise WeightError("a weight-update session is already open; call end_weight_update() first")
+            self._session = True
+        return "Success"
+
+    def end(self) -> str:
+        with self._session_lock:
+            if not self._session:
+                raise WeightError("no weight-update session is open; call begin_weight_update() first")
+            self._session = False
+        return "Success"
 
     def init(self, master_address: str, master_port: int, rank_offset: int, world_size: int, group_name: str,
              backend: str) -> str:
@@ -68,6 +90,9 @@ class WeightGroups:
     def receive(self, names: list[str], dtypes: list[str], shapes: list[list[int]], group_name: str,
                 model: torch.nn.Module, tied: bool) -> dict[str, torch.Tensor]:
         """Receive one call's tensors from rank 0, then check them against `model`; raises WeightError."""
+        if not self._session:
+            raise WeightError("update_weights_from_distributed must run between begin_weight_update() and "
+                              "end_weight_update()")
         if not (len(names) == len(dtypes) == len(shapes)):
             raise WeightError(f"names, dtypes and shapes differ in length ({len(names)}, {len(dtypes)}, {len(shapes)})")
         group = self._groups.get(group_name)

@@ -119,6 +119,10 @@ DISTRIBUTED_ROUTES: dict[str, dict[str, tuple[Any, Any]]] = {
         "group_name": (str, "weight_update_group"), "flush_cache": (bool, True), "weight_version": ((str, type(None)), None),
     },
     "/destroy_weights_update_group": {"group_name": (str, "weight_update_group")},
+    # SGLang 0.5.17+'s update session; `selector` picks target or draft model runners there, and
+    # this engine has only the one model.
+    "/begin_weight_update": {"selector": (str, "all")},
+    "/end_weight_update": {},
 }
 
 
@@ -353,6 +357,10 @@ class EngineHandler(BaseHTTPRequestHandler):
                 del args["flush_cache"]  # nothing is cached between requests here
                 engine.update_weights_from_distributed(**args)
                 message = f"received {len(args['names'])} tensor(s) over {args['group_name']!r}"
+            elif path == "/begin_weight_update":
+                message = engine.weight_groups.begin()
+            elif path == "/end_weight_update":
+                message = engine.weight_groups.end()
             else:
                 message = engine.destroy_weights_update_group(**args)
         except WeightError as e:

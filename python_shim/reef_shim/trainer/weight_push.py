@@ -2,7 +2,11 @@
 
     /init_weights_update_group        rank 0 (here) hosts the rendezvous; the engine's workers join
                                       as ranks 1..tp (`rank_offset: 1`)
+    /begin_weight_update              opens the engine's update session (SGLang 0.5.17+, which
+                                      refuses an update outside one; 404 on older releases)
     /update_weights_from_distributed  per bucket: names, dtypes, shapes; then one broadcast per tensor
+    /end_weight_update                closes the session, after a failure too: a session left open
+                                      makes the engine refuse every later `begin`
     /destroy_weights_update_group     when the push is over
 
 The backend follows both ends (`push_backend`): `nccl` when the trainer and the engine both hold
@@ -14,9 +18,12 @@ Both ends form the group through `weight_group.join_group`, which builds it the 
 engine does.
 
 The engine answers each HTTP call only after its side of the collective, so each call runs in a
-thread next to the broadcasts. An engine that refuses a call without taking part (an unknown
-group, a dtype it cannot allocate) would leave rank 0 waiting in its broadcast until the group's
-timeout; the push therefore watches the call while it waits and gives up as soon as it failed.
+thread next to the broadcasts, and the broadcasts run in a thread of their own: under NCCL the
+group's first collective creates its communicator and blocks until every rank has joined, so an
+engine that refuses without taking part (no session, an unknown group, a dtype it cannot allocate)
+would hold a caller that broadcast itself where no timeout reaches it. The caller watches the call,
+the broadcasts and one deadline for the whole push (`timeout_s`), and on giving up aborts the group,
+so no NCCL work is left for torch's watchdog to time out (which tears down the process).
 """
 
 from __future__ import annotations
@@ -34,24 +41,34 @@ import torch
 from ..weight_group import broadcast, dtype_name, join_group, leave_group
 
 BUCKET_BYTES = 512 * 1024 * 1024
+# Each of the two calls that close a session (end the update, destroy the group) waits this long at most.
+CLOSE_TIMEOUT_S = 15.0
 
 
 class WeightPushError(Exception):
     pass
 
 
-def post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """POST JSON; an HTTP error status still returns the body (SGLang answers refusals with 400)."""
+def request(url: str, body: dict[str, Any], timeout: float) -> tuple[int, dict[str, Any]]:
+    """POST JSON: the status and the body; an HTTP error status still returns the body (SGLang
+    answers refusals with 400)."""
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read() or b"{}")
+            return r.status, json.loads(r.read() or b"{}")
     except urllib.error.HTTPError as e:
         raw = e.read()
         try:
-            return json.loads(raw)
+            answer = json.loads(raw)
         except ValueError:
-            return {"success": False, "message": f"HTTP {e.code}: {raw[:300]!r}"}
+            answer = None
+        if not isinstance(answer, dict):
+            answer = {"success": False, "message": f"HTTP {e.code}: {raw[:300]!r}"}
+        return e.code, answer
+
+
+def post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+    return request(url, body, timeout)[1]
 
 
 def engine_server_info(url: str, timeout: float = 10.0) -> dict[str, Any]:
@@ -114,8 +131,28 @@ class _Call(threading.Thread):
         return self.result
 
 
+class _Broadcasts(threading.Thread):
+    """Rank 0's side of one bucket, off the caller's thread (see the module's docstring)."""
+
+    def __init__(self, tensors: list[torch.Tensor], group: Any) -> None:
+        super().__init__(daemon=True, name="weight-push-broadcast")
+        self.tensors, self.group = tensors, group
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for work in [broadcast(t, self.group) for t in self.tensors]:
+                work.wait()  # raises what the backend saw (a peer that left mid-way, the group's timeout)
+        except BaseException as e:  # read on the caller's thread
+            self.error = e
+
+
 class WeightPusher:
-    """One push session: connect, push (once or more), close. Call on trainer rank 0."""
+    """One push session: connect, push (once or more), close. Call on trainer rank 0.
+
+    `timeout_s` bounds the whole of connect and the pushes after it; closing a session adds at most
+    `CLOSE_TIMEOUT_S` for each of its two calls, so a rank always answers within
+    `timeout_s + 2 * CLOSE_TIMEOUT_S`, whatever the engine does."""
 
     def __init__(self, engine_url: str, backend: str, master: tuple[str, int], engine_ranks: int = 1,
                  timeout_s: float = 300.0, bucket_bytes: int = BUCKET_BYTES) -> None:
@@ -129,14 +166,23 @@ class WeightPusher:
         self.timeout_s = timeout_s
         self.bucket_bytes = bucket_bytes
         self.group: Any = None
-        # Set when a push gave up with broadcasts still pending: destroying such a group waits for
-        # them (until the timeout), so it is dropped instead and its thread times out on its own.
+        self._deadline = time.monotonic() + timeout_s
+        # Set when a push gave up with broadcasts still pending: the group is aborted, not destroyed
+        # (destroying waits for them), and never used again.
         self._abandoned = False
 
+    def _left(self, what: str) -> float:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise WeightPushError(f"{what}: the push's {self.timeout_s:.0f} s were spent")
+        return left
+
     def connect(self) -> None:
+        self._deadline = time.monotonic() + self.timeout_s
         call = _Call(f"{self.url}/init_weights_update_group", {
             "master_address": self.master[0], "master_port": self.master[1], "rank_offset": 1,
-            "world_size": self.world, "group_name": self.group_name, "backend": self.backend}, self.timeout_s)
+            "world_size": self.world, "group_name": self.group_name, "backend": self.backend},
+            self._left("init_weights_update_group"))
         call.start()
         # Rank 0 hosts the rendezvous and waits there for the engine's ranks; an engine that is gone
         # or refuses never comes, so the join runs aside and the call's answer is watched instead.
@@ -151,10 +197,9 @@ class WeightPusher:
 
         joiner = threading.Thread(target=join, daemon=True, name="weight-group-join")
         joiner.start()
-        deadline = time.monotonic() + self.timeout_s
         while joiner.is_alive():
             why = call.failure()
-            if why is None and time.monotonic() > deadline:
+            if why is None and time.monotonic() > self._deadline:
                 why = f"no group within {self.timeout_s:.0f} s"
             if why is not None:
                 # The joiner times out on its own; the group it might still form is never used.
@@ -164,55 +209,99 @@ class WeightPusher:
             why = call.failure()
             raise WeightPushError(f"init_weights_update_group: {why or joined['error']}") from joined["error"]
         self.group = joined["group"]
-        call.finish("init_weights_update_group", self.timeout_s)
+        call.finish("init_weights_update_group", self._left("init_weights_update_group"))
 
     def push(self, tensors: Iterable[tuple[str, torch.Tensor]], weight_version: str) -> int:
-        """Send every (name, tensor) in buckets; the last carries the weight version. Returns bytes sent."""
+        """Send every (name, tensor) in buckets, inside one update session; the last carries the
+        weight version. Returns bytes sent."""
         if self.group is None:
             raise WeightPushError("push before connect")
+        if self._abandoned:
+            raise WeightPushError("push after a failed push: connect a new session")
         items = list(tensors)
         if not items:
             raise WeightPushError("nothing to push")
-        sent, bucket, size = 0, [], 0
-        for i, (name, t) in enumerate(items):
-            bucket.append((name, t.detach().to(self.device).contiguous()))
-            size += t.numel() * t.element_size()
-            last = i == len(items) - 1
-            if size >= self.bucket_bytes or last:
-                sent += self._bucket(bucket, weight_version if last else None, last)
-                bucket, size = [], 0
+        session = self._begin()
+        try:
+            sent, bucket, size = 0, [], 0
+            for i, (name, t) in enumerate(items):
+                bucket.append((name, t.detach().to(self.device).contiguous()))
+                size += t.numel() * t.element_size()
+                last = i == len(items) - 1
+                if size >= self.bucket_bytes or last:
+                    sent += self._bucket(bucket, weight_version if last else None, last)
+                    bucket, size = [], 0
+        finally:
+            if session:
+                self._end()
         return sent
 
+    def _begin(self) -> bool:
+        """Open the engine's update session; False for an engine that has none (SGLang ≤ 0.5.16 answers
+        404). The engine takes its writer lock for it, so this is also where it waits for the
+        generations in flight: over HTTP, within the deadline, before any collective is pending."""
+        status, answer = request(f"{self.url}/begin_weight_update", {}, self._left("begin_weight_update"))
+        if status == 404:
+            return False
+        if answer.get("success") is not True and "already open" in str(answer.get("message")):
+            # Only Reef's trainer updates this engine, so the open session is one a push of ours left
+            # (its rank died mid-push): close it, then open ours.
+            self._end()
+            status, answer = request(f"{self.url}/begin_weight_update", {}, self._left("begin_weight_update"))
+        if answer.get("success") is not True:
+            raise WeightPushError(f"begin_weight_update: engine refused: {answer.get('message')}")
+        return True
+
+    def _end(self) -> None:
+        try:
+            status, answer = request(f"{self.url}/end_weight_update", {}, CLOSE_TIMEOUT_S)
+        except OSError as e:
+            raise WeightPushError(f"end_weight_update: {type(e).__name__}: {e}") from e
+        if answer.get("success") is not True:
+            raise WeightPushError(f"end_weight_update: engine refused: {answer.get('message')}")
+
     def _bucket(self, bucket: list[tuple[str, torch.Tensor]], weight_version: str | None, last: bool) -> int:
+        what = "update_weights_from_distributed"
         body = {"names": [n for n, _ in bucket], "dtypes": [dtype_name(t.dtype) for _, t in bucket],
                 "shapes": [list(t.shape) for _, t in bucket], "group_name": self.group_name, "flush_cache": last,
                 "weight_version": weight_version}
-        call = _Call(f"{self.url}/update_weights_from_distributed", body, self.timeout_s)
+        call = _Call(f"{self.url}/{what}", body, self._left(what))
         call.start()
-        works = [broadcast(t, self.group) for _, t in bucket]
-        deadline = time.monotonic() + self.timeout_s
-        for work in works:
-            while not work.is_completed():
-                why = call.failure()
-                if why is None and time.monotonic() > deadline:
-                    why = f"broadcast not done in {self.timeout_s:.0f} s"
-                if why is not None:
-                    self._abandoned = True
-                    raise WeightPushError(f"update_weights_from_distributed: {why}")
-                time.sleep(0.002)
-            try:
-                work.wait()  # raises what the backend saw (a peer that left mid-way)
-            except Exception:
-                self._abandoned = True
-                raise
-        call.finish("update_weights_from_distributed", self.timeout_s)
+        sender = _Broadcasts([t for _, t in bucket], self.group)
+        sender.start()
+        while sender.is_alive():
+            why = call.failure()
+            if why is None and time.monotonic() > self._deadline:
+                why = f"broadcast not done in {self.timeout_s:.0f} s"
+            if why is not None:
+                self._abort()
+                raise WeightPushError(f"{what}: {why}")
+            sender.join(0.002)
+        if sender.error is not None:
+            self._abort()
+            # The engine's answer says more than the backend's error (it saw why the peer left).
+            call.join(min(5.0, max(0.0, self._deadline - time.monotonic())))
+            raise WeightPushError(f"{what}: {call.failure() or sender.error}") from sender.error
+        call.finish(what, max(0.0, self._deadline - time.monotonic()))
         return sum(t.numel() * t.element_size() for _, t in bucket)
+
+    def _abort(self) -> None:
+        """Give up on the group with broadcasts pending. NCCL work is cancelled, so torch's watchdog
+        does not time it out later and tear the rank's process down; gloo cannot cancel, and its
+        pending work ends at the group's timeout in the broadcasting thread."""
+        self._abandoned = True
+        try:
+            from torch.distributed.distributed_c10d import _abort_process_group
+
+            _abort_process_group(self.group)
+        except Exception:
+            pass  # already gone, or a backend that cannot abort: the group is never used again either way
 
     def close(self) -> None:
         if self.group is None:
             return
         try:
-            post(f"{self.url}/destroy_weights_update_group", {"group_name": self.group_name}, 30)
+            post(f"{self.url}/destroy_weights_update_group", {"group_name": self.group_name}, CLOSE_TIMEOUT_S)
         except Exception:
             # An engine that stops drops its groups; nothing here depends on the answer. close()
             # runs in the rank's `finally`: anything it raised (a body that is not JSON, a broken
