@@ -277,6 +277,26 @@ def test_the_push_backend_follows_both_ends(trainer: str, engine: str | None, ba
     assert push_backend(trainer, engine) == backend
 
 
+@pytest.mark.parametrize(("engine", "config", "sent"), [
+    ("bfloat16", {"dtype": "float32"}, torch.bfloat16),  # an explicit --dtype wins
+    ("half", {}, torch.float16),
+    ("float32", {"dtype": "bfloat16"}, torch.float32),
+    ("auto", {"dtype": "bfloat16"}, torch.bfloat16),  # SGLang's auto: the checkpoint's dtype...
+    ("auto", {"torch_dtype": "float32", "model_type": "qwen3"}, torch.float16),  # ...but fp32 as fp16
+    ("auto", {"dtype": "float32", "model_type": "gemma2"}, torch.bfloat16),  # ...and Gemma's as bf16
+    ("auto", {}, torch.float16),  # a config without a dtype is fp32 to SGLang
+    (None, {"dtype": "bfloat16"}, None),  # an engine that does not say: sent as held
+    ("fp8_e4m3", {}, None),
+])
+def test_the_push_sends_the_dtype_the_engine_serves(engine: str | None, config: dict[str, str],
+                                                    sent: torch.dtype | None) -> None:
+    from types import SimpleNamespace
+
+    from reef_shim.trainer.weight_push import push_dtype
+
+    assert push_dtype(engine, SimpleNamespace(**config)) == sent
+
+
 def test_closing_a_push_raises_nothing_whatever_the_engine_answers() -> None:
     # close() runs in the rank's `finally`; what it raises fails the rank and the driver kills every rank.
     import threading

@@ -112,10 +112,13 @@ def test_a_broken_or_refused_push_leaves_the_old_weights_serving(engine: Engine,
 
 
 def test_a_gloo_push_into_a_bf16_engine_is_cast_as_a_disk_load_is(models: tuple[Path, Path], tmp_path: Path) -> None:
-    # The trainer pushes fp32 tensors; a bf16 engine casts them as it casts a checkpoint it loads.
+    # The trainer holds fp32 tensors and sends them in the dtype the engine says it serves: half the
+    # bytes, and the same rounding as the engine's own cast of a checkpoint it loads.
     with launch(models[0], tmp_path / "bf16.log", "--dtype", "bf16", "--weight-sync-timeout-s", "30") as bf16:
+        assert bf16.call("/server_info")[1]["dtype"] == "bfloat16"
         outcome = send(bf16, models[1], "v1")
         assert outcome["ok"] is True, outcome
+        assert outcome["bytes"] * 2 == (models[1] / "model.safetensors").stat().st_size - _header(models[1])
         pushed = bf16.generate(**SAMPLED)
         status, r = bf16.call("/update_weights_from_disk", {"model_path": str(models[1]), "weight_version": "v1-disk"})
         assert status == 200 and r["success"], r

@@ -21,14 +21,17 @@ import torch
 from safetensors.torch import load_file
 
 from reef_shim.engine_process import pick_free_port
-from reef_shim.trainer.weight_push import WeightPusher, WeightPushError, _Call, post
+from reef_shim.trainer.weight_push import WeightPusher, WeightPushError, _Call, engine_server_info, post, push_dtype
 from reef_shim.weight_group import broadcast, dtype_name
 
 
 def main() -> int:
     url, model_dir, version, mode, timeout_s = sys.argv[1:6]
     state = load_file(str(Path(model_dir) / "model.safetensors"))
-    pusher = WeightPusher(url, "gloo", ("127.0.0.1", pick_free_port("127.0.0.1")), timeout_s=float(timeout_s))
+    # In the dtype the engine serves, as trainer rank 0 sends it (`rank.push_weights`).
+    dtype = push_dtype(engine_server_info(url).get("dtype"), None)
+    pusher = WeightPusher(url, "gloo", ("127.0.0.1", pick_free_port("127.0.0.1")), timeout_s=float(timeout_s),
+                          dtype=dtype)
     pusher.connect()
     items = sorted(state.items())
     if mode == "unknown-name":

@@ -352,9 +352,9 @@ function expectOtherOutputs(actual: Json, expected: Json, exact: boolean): void 
   expect(a.ids.join(',') !== b.ids.join(',') || maxLogprobGap(a, b) > 0.05).toBe(true);
 }
 
-/** The engine's workers that join a weight group: SGLang's TP size, 1 for an engine without /get_server_info. */
+/** The engine's workers that join a weight group: SGLang's TP size, 1 for an engine without /server_info. */
 async function engineRanks(target: EngineTarget): Promise<number> {
-  const res = await request(`${target.baseUrl}/get_server_info`);
+  const res = await request(`${target.baseUrl}/server_info`);
   const text = await res.body.text();
   if (res.statusCode !== 200) return 1;
   const tp = (JSON.parse(text) as Json).tp_size;

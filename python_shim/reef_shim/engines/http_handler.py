@@ -11,7 +11,8 @@ import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from .hf_engine import GenState, HFEngine
+from ..weight_group import dtype_name
+from .hf_engine import DTYPES, GenState, HFEngine
 from .request import GenRequest, RequestError, parse_generate
 from .scheduler import NotStarted, Ticket
 from .weights import WeightError
@@ -286,10 +287,12 @@ class EngineHandler(BaseHTTPRequestHandler):
             engine = self._engine()
             if engine is not None:
                 self._send_json(200, engine.info())
-        elif path == "/get_server_info":
-            # The two fields of SGLang's answer a weight push reads: one receiving rank, on the CPU.
-            if self._engine() is not None:
-                self._send_json(200, {"tp_size": 1, "device": "cpu"})
+        elif path in ("/server_info", "/get_server_info"):
+            # The fields of SGLang's answer a weight push reads: one receiving rank, on the CPU, and
+            # the dtype it serves (what the push sends).
+            engine = self._engine()
+            if engine is not None:
+                self._send_json(200, {"tp_size": 1, "device": "cpu", "dtype": dtype_name(DTYPES[engine.dtype])})
         else:
             self._error(404, "REEF_ERR_NOT_FOUND", f"{path} not found")
 

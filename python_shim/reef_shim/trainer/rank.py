@@ -294,7 +294,7 @@ class TrainerRank:
         state = self._full_state()
         if self.rank != 0:
             return {"error": None}
-        from .weight_push import WeightPusher, engine_server_info, push_backend
+        from .weight_push import WeightPusher, engine_server_info, push_backend, push_dtype
 
         # The rendezvous port is picked only now, just before rank 0 binds it: a port picked free
         # before the gather stayed unbound for all of it, and any process's next connection could
@@ -302,7 +302,8 @@ class TrainerRank:
         master = self.rendezvous()
         info = engine_server_info(engine_url)
         backend = push_backend(self.device.type, info.get("device"))
-        pusher = WeightPusher(engine_url, backend, master, int(info.get("tp_size") or 1), timeout_s=timeout_s)
+        pusher = WeightPusher(engine_url, backend, master, int(info.get("tp_size") or 1), timeout_s=timeout_s,
+                              dtype=push_dtype(info.get("dtype"), self._checkpoint_config()))
         try:
             pusher.connect()
             sent = pusher.push(state.items(), weight_version)
@@ -311,6 +312,13 @@ class TrainerRank:
         finally:
             pusher.close()
         return {"error": None, "backend": backend, "bytes": sent, "seconds": time.monotonic() - started}
+
+    def _checkpoint_config(self) -> Any:
+        """The served checkpoint's own config: loading a model sets its config's dtype to the one it
+        was loaded in, and SGLang's `--dtype auto` reads the file's."""
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(self.model_path)
 
     def load(self, path: str) -> str | None:
         """Policy weights from a checkpoint directory; the optimizer starts afresh (docs/training.md).

@@ -72,14 +72,47 @@ def post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 
 def engine_server_info(url: str, timeout: float = 10.0) -> dict[str, Any]:
-    """The engine's `/get_server_info` (SGLang: its server args; the hf engine: tp_size and device);
-    empty for an engine without that route."""
-    try:
-        with urllib.request.urlopen(f"{url}/get_server_info", timeout=timeout) as r:
-            info = json.loads(r.read())
-            return info if isinstance(info, dict) else {}
-    except (urllib.error.URLError, ValueError, OSError):
-        return {}
+    """The engine's server info (SGLang: its resolved server args; the hf engine: tp_size, device and
+    dtype); empty for an engine without that route. `/server_info` first: SGLang 0.5.23 still serves
+    `/get_server_info` but logs a deprecation warning per call (`srt/entrypoints/http_server.py:853-860`)."""
+    for route in ("/server_info", "/get_server_info"):
+        try:
+            with urllib.request.urlopen(f"{url}{route}", timeout=timeout) as r:
+                info = json.loads(r.read())
+                return info if isinstance(info, dict) else {}
+        except urllib.error.HTTPError as e:
+            if e.code != 404:
+                return {}
+        except (urllib.error.URLError, ValueError, OSError):
+            return {}
+    return {}
+
+
+# SGLang's `--dtype` names (`srt/configs/model_config.py` `_STR_DTYPE_TO_TORCH_DTYPE`).
+_ENGINE_DTYPES = {"half": torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                  "float": torch.float32, "float32": torch.float32}
+
+
+def push_dtype(engine_dtype: Any, config: Any) -> torch.dtype | None:
+    """The dtype the engine serves, which is what the push sends: the engine casts what it receives
+    into it, so fp32 master weights doubled the bytes and the engine's receive buffers for nothing
+    (cast here or there, it is the same rounding). `auto` (SGLang's default) resolves as SGLang
+    resolves it (0.5.23 `srt/configs/model_config.py:2284-2325`): the checkpoint's dtype, except
+    float32, which it serves as float16 (bfloat16 for Gemma). None: send as held (an engine that does
+    not say)."""
+    if not isinstance(engine_dtype, str):
+        return None
+    name = engine_dtype.lower()
+    if name in _ENGINE_DTYPES:
+        return _ENGINE_DTYPES[name]
+    if name != "auto":
+        return None
+    held = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(held, str):
+        held = _ENGINE_DTYPES.get(held)
+    if held is None or held == torch.float32:
+        return torch.bfloat16 if str(getattr(config, "model_type", "")).startswith("gemma") else torch.float16
+    return held
 
 
 def engine_workers(url: str, timeout: float = 10.0) -> int:
@@ -155,8 +188,9 @@ class WeightPusher:
     `timeout_s + 2 * CLOSE_TIMEOUT_S`, whatever the engine does."""
 
     def __init__(self, engine_url: str, backend: str, master: tuple[str, int], engine_ranks: int = 1,
-                 timeout_s: float = 300.0, bucket_bytes: int = BUCKET_BYTES) -> None:
+                 timeout_s: float = 300.0, bucket_bytes: int = BUCKET_BYTES, dtype: torch.dtype | None = None) -> None:
         self.url = engine_url.rstrip("/")
+        self.dtype = dtype  # floating-point tensors are sent in it (`push_dtype`); None: as held
         self.backend = backend
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self.world = 1 + engine_ranks
@@ -225,8 +259,10 @@ class WeightPusher:
         try:
             sent, bucket, size = 0, [], 0
             for i, (name, t) in enumerate(items):
-                bucket.append((name, t.detach().to(self.device).contiguous()))
-                size += t.numel() * t.element_size()
+                dtype = self.dtype if self.dtype is not None and t.is_floating_point() else t.dtype
+                sent_t = t.detach().to(self.device, dtype).contiguous()
+                bucket.append((name, sent_t))
+                size += sent_t.numel() * sent_t.element_size()
                 last = i == len(items) - 1
                 if size >= self.bucket_bytes or last:
                     sent += self._bucket(bucket, weight_version if last else None, last)
