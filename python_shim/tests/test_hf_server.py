@@ -119,7 +119,8 @@ def test_health_and_model_info(engine: Engine, models: tuple[Path, Path]) -> Non
     assert info == {"model_path": str(models[0].resolve()), "tokenizer_path": str(models[0].resolve()),
                     "is_generation": True, "weight_version": "v0", "max_context_length": 4096, "vocab_size": 2048}
     # What a trainer's weight push reads to choose gloo for an engine on the CPU.
-    assert engine.call("/get_server_info") == (200, {"tp_size": 1, "device": "cpu"})
+    for route in ("/server_info", "/get_server_info"):
+        assert engine.call(route) == (200, {"tp_size": 1, "device": "cpu", "dtype": "float32"})
 
 
 def test_greedy_is_deterministic_and_text_equals_input_ids(engine: Engine, models: tuple[Path, Path]) -> None:
