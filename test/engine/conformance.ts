@@ -209,22 +209,25 @@ export function engineConformance(target: EngineTarget, options: ConformanceOpti
     expect(r.output_ids).toEqual([stopId]);
   });
 
-  it('checks max_new_tokens before stop tokens: a stop token that is the last token allowed ends with length', async () => {
+  // SGLang 0.5.23 `update_finish_state` (srt/managers/schedule_batch.py:2007-2044): the stop string,
+  // then the stop token, then the length; up to 0.5.16 the length came first.
+  it('checks stop tokens before max_new_tokens: a stop token that is the last token allowed ends with stop', async () => {
     const first = await generate(target, greedy(4));
     const stopId = first.output_ids[0] as number;
     const last = await generate(target, greedy(1, { stop_token_ids: [stopId], ignore_eos: false }));
     expect(last.output_ids).toEqual([stopId]);
-    expect(last.meta_info.finish_reason.type).toBe('length');
+    expect(last.meta_info.finish_reason).toMatchObject({ type: 'stop', matched: stopId });
   });
 
-  it('checks max_new_tokens before stop strings too: one completed by the last token allowed is not matched, nor cut', async () => {
+  it('checks stop strings before max_new_tokens too: one completed by the last token allowed is matched and cut', async () => {
     const two = await generate(target, greedy(2));
     const three = await generate(target, greedy(3));
     const stop = three.text as string;
     expect(stop.length).toBeGreaterThan((two.text as string).length); // the third token completes it
     const atBudget = await generate(target, greedy(3, { stop: [stop] }));
-    expect(atBudget.meta_info.finish_reason.type).toBe('length');
-    expect(atBudget.text).toBe(stop);
+    expect(atBudget.meta_info.finish_reason).toMatchObject({ type: 'stop', matched: stop });
+    expect(atBudget.output_ids).toEqual(three.output_ids);
+    expect(atBudget.text).toBe('');
     const within = await generate(target, greedy(4, { stop: [stop] }));
     expect(within.meta_info.finish_reason).toMatchObject({ type: 'stop', matched: stop });
     expect(within.output_ids).toEqual(three.output_ids);

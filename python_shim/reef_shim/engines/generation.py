@@ -89,26 +89,31 @@ class Run:
         return self.state.output_ids[-1]
 
     def accept(self, pick: Pick) -> None:
-        """Append one token and apply the finishing rules, in SGLang's order: the length first, then
-        stop tokens, then stop strings, so a stop token or string completed by the last token the
-        budget allows ends with `length` and stays in the text."""
+        """Append one token and apply the finishing rules in SGLang 0.5.23's order
+        (`srt/managers/schedule_batch.py:2007-2044` `update_finish_state`): a stop string, then a stop
+        token, then the length, so a stop completed by the last token the budget allows ends with
+        `stop` (a stop string cut from the text), not `length`. Releases up to 0.5.16 checked the
+        length first; the gateway answers alike either way (`settleStop`)."""
         state, sp = self.state, self.req.sampling
         token = pick.token
         state.output_ids.append(token)
         if pick.logprob is not None:
             state.token_logprobs.append([pick.logprob, token, None])
             state.top_logprobs.append(pick.top)
-        is_stop_token = False
-        if len(state.output_ids) >= self.budget:
-            state.finish = {"type": "length", "matched": None}
-        elif token in self.stop_ids:
-            is_stop_token = True
+        is_stop_token = token in self.stop_ids
+        # Decoding is O(length) per token: do it only when someone looks at the text.
+        if sp.stop or self.req.stream:
+            self._update_text(sp.stop, is_stop_token)
+            if state.finish is not None:
+                return
+        if is_stop_token:
             state.finish = {"type": "stop", "matched": token}
+        elif len(state.output_ids) >= self.budget:
+            state.finish = {"type": "length", "matched": None}
         elif (why := self.should_stop()) is not None:
             state.finish = {"type": "abort", "matched": None, "message": why}
-        # Decoding is O(length) per token: do it only when someone looks at the text.
-        if sp.stop or self.req.stream or state.finish is not None:
-            self._update_text(sp.stop if state.finish is None else [], is_stop_token)
+        if state.finish is not None:
+            self._update_text([], is_stop_token)  # the final text: no stop string is left to hold back
 
     def _update_text(self, stops: list[str], stop_token: bool) -> None:
         state = self.state

@@ -33,9 +33,9 @@ Behaviour a client can rely on:
 - Finishing: a stop token (`stop_token_ids` and the model's eos ids; `ignore_eos` turns both off,
   as SGLang) ends with `{type: 'stop', matched: <id>}`; the token is in `output_ids` and its
   logprobs, not in `text`. A stop string ends with `matched: <string>` and `text` cut before it.
-  `max_new_tokens` (clipped to the context) ends with `length`, checked first as SGLang does: a
-  stop token or string completed by the last token allowed ends with `length` (and stays in
-  `text`); a client that disconnects or a server that stops ends it with `abort` and a `message`
+  `max_new_tokens` (clipped to the context) ends with `length`, checked last as SGLang 0.5.23 does
+  (stop string, stop token, length): a stop token or string completed by the last token allowed
+  ends with `stop`; a client that disconnects or a server that stops ends it with `abort` and a `message`
   saying which, as SGLang's abort carries one (on SIGTERM the
   server waits up to 8 s for those answers before it exits; a request still queued gets 503).
   `text` is decoded without special tokens.
