@@ -393,6 +393,30 @@ def test_pause_holds_new_requests_until_continue(engine: Engine) -> None:
         assert r.read().startswith(b"Cache flushed")
 
 
+def test_pause_aborts_the_requests_in_flight_unless_asked_to_hold_them(engine: Engine) -> None:
+    # SGLang 0.5.23: `/pause_generation {}` is mode `abort`, which aborts what is running; `in_place`
+    # and `retract` keep it (here: it finishes, as this engine cannot hold a request mid-way).
+    long = {"text": PROMPT, "sampling_params": {"max_new_tokens": 3000, "temperature": 0, "ignore_eos": True}}
+    events = engine.stream(**long)
+    next(events)  # it is running
+    assert engine.call("/pause_generation", {})[0] == 200
+    last = [e for e in events if e != "[DONE]"][-1]
+    assert last["meta_info"]["finish_reason"] == {"type": "abort", "matched": None,
+                                                  "message": "aborted by /pause_generation"}
+    assert engine.call("/continue_generation", {})[0] == 200
+
+    short = {"text": PROMPT, "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}
+    events = engine.stream(**short)
+    next(events)
+    assert engine.call("/pause_generation", {"mode": "in_place"})[0] == 200
+    last = [e for e in events if e != "[DONE]"][-1]
+    assert last["meta_info"]["finish_reason"]["type"] == "length" and len(last["output_ids"]) == 24
+    assert engine.call("/continue_generation", {})[0] == 200
+    status, r = engine.call("/pause_generation", {"mode": "later"})
+    assert status == 400 and "in_place" in r["error"]["message"]
+    assert len(engine.generate(**short)["output_ids"]) == 24  # served after an abort-mode pause, too
+
+
 def test_a_burst_of_clients_connecting_while_the_engine_cannot_accept_all_get_in(engine: Engine) -> None:
     import select
     import socket

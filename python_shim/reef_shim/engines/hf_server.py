@@ -47,7 +47,11 @@ Behaviour a client can rely on:
 - A client that closes its connection (streaming or not) is noticed between tokens: its request
   ends there (or does not start, if it was queued) and the engine moves on.
 - Pause: `/pause_generation` makes new `/generate` calls wait (they are not failed) until
-  `/continue_generation`; requests already admitted finish. `/health` stays 200 while paused.
+  `/continue_generation`. As in SGLang 0.5.23, its default `mode: "abort"` ends the requests in
+  flight (`finish_reason {type: abort, message: "aborted by /pause_generation"}`; one still queued
+  gets 503); `in_place` and `retract` keep them in SGLang, and here let them finish, as this engine
+  cannot hold a request mid-way. `/health` stays 200 while paused (SGLang's does too, launched with
+  `SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0`, as Reef launches it).
 - Weights: every request's tokens come from one weight version, the `weight_version` of its reply.
   `/update_weights_from_disk {model_path, weight_version}` loads and checks the safetensors of a
   same-shaped checkpoint, then waits until no request is generating (the running batch drains;

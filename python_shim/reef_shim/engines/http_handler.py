@@ -20,6 +20,7 @@ from .weights import WeightError
 log = logging.getLogger("reef_shim.hf_server")
 # A 128k-token prompt is ~1 MiB of JSON; a body far past that is a mistake, not a prompt to buffer.
 MAX_BODY_BYTES = 64 << 20
+PAUSE_MODES = ("abort", "retract", "in_place")
 
 
 class ServerState:
@@ -34,10 +35,15 @@ class ServerState:
         self._paused = False
         self._admitted = 0
         self._rids: set[str] = set()
+        # Bumped by a pause in `abort` mode: a request admitted under an older value ends at its
+        # next token (`EngineHandler._should_stop`).
+        self.abort_epoch = 0
 
-    def set_paused(self, paused: bool) -> None:
+    def set_paused(self, paused: bool, abort: bool = False) -> None:
         with self._cond:
             self._paused = paused
+            if abort:
+                self.abort_epoch += 1
             self._cond.notify_all()
 
     def release_waiters(self) -> None:
@@ -268,6 +274,8 @@ class EngineHandler(BaseHTTPRequestHandler):
     def _should_stop(self) -> str | None:
         if self.st.stopping.is_set():
             return "the engine is stopping"
+        if self.st.abort_epoch != self._epoch:
+            return "aborted by /pause_generation"
         return "the client left" if self._client_gone() else None
 
     def _chunk(self, data: bytes) -> None:
@@ -311,8 +319,15 @@ class EngineHandler(BaseHTTPRequestHandler):
             elif path in DISTRIBUTED_ROUTES:
                 self._distributed(engine, path, body)
             elif path == "/pause_generation":
-                self.st.set_paused(True)
-                self._send_json(200, {"success": True, "message": "paused"})
+                # SGLang 0.5.23's modes (srt/managers/io_struct.py:1927-1946): `abort`, the default,
+                # aborts the requests in flight (tokenizer_manager.py:2267-2280); `in_place` and
+                # `retract` hold them there, to go on after continue. This engine cannot hold a
+                # request mid-generation, so in those two modes the ones in flight finish.
+                mode = body.get("mode", "abort") if isinstance(body, dict) else "abort"
+                if mode not in PAUSE_MODES:
+                    raise RequestError(f"/pause_generation: mode must be one of {', '.join(PAUSE_MODES)}, not {mode!r}")
+                self.st.set_paused(True, abort=mode == "abort")
+                self._send_json(200, {"success": True, "message": f"paused ({mode})"})
             elif path == "/continue_generation":
                 self.st.set_paused(False)
                 self._send_json(200, {"success": True, "message": "continued"})
@@ -379,12 +394,16 @@ class EngineHandler(BaseHTTPRequestHandler):
         if engine is None:
             return
         self.st.admit(req.rid)
+        self._epoch = self.st.abort_epoch
         try:
             try:
                 ticket = engine.submit(req, self._should_stop)  # a RequestError about the prompt surfaces here
                 states = ticket.states()
                 first = next(states)
             except NotStarted:
+                if self.st.abort_epoch != self._epoch:
+                    raise RequestError("aborted by /pause_generation before it started", "REEF_ERR_ENGINE_DOWN",
+                                       503) from None
                 if self.st.stopping.is_set():
                     # Queued behind others when the server began to stop: not even the prompt runs.
                     raise RequestError("the engine is stopping", "REEF_ERR_ENGINE_DOWN", 503) from None
