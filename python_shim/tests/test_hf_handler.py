@@ -29,6 +29,9 @@ class FailingTicket:
 class FailingEngine:
     weight_version = "w"
 
+    def serving_refusal(self) -> None:
+        return None
+
     def submit(self, req: Any, should_stop: Any) -> FailingTicket:
         return FailingTicket()
 

@@ -51,6 +51,9 @@ class WeightGroups:
             self._session = True
         return "Success"
 
+    def in_session(self) -> bool:
+        return self._session
+
     def end(self) -> str:
         with self._session_lock:
             if not self._session:
@@ -115,10 +118,11 @@ class WeightGroups:
                 except Exception:
                     pass  # a broken group may refuse a clean exit; it is dropped either way
                 raise WeightError(f"transfer over {group_name!r} broke off: {e}") from e
-        return _checked(dict(zip(names, buffers)), model, tied)
+        return checked(dict(zip(names, buffers)), model, tied)
 
 
-def _checked(received: dict[str, torch.Tensor], model: torch.nn.Module, tied: bool) -> dict[str, torch.Tensor]:
+def checked(received: dict[str, torch.Tensor], model: torch.nn.Module, tied: bool) -> dict[str, torch.Tensor]:
+    """The tensors of one update call, checked against the served model; raises WeightError."""
     expected = dict(model.state_dict())
     if tied:
         received.pop("lm_head.weight", None)  # updated through the embedding it shares storage with

@@ -57,6 +57,10 @@ class HFEngine:
         self.tied = bool(getattr(self.config, "tie_word_embeddings", False))
         self.weight_groups = WeightGroups(weight_sync_timeout_s)
         self.scheduler: Scheduler | None = None
+        # Colocated with a trainer (`release_memory_occupation`): the shapes of the weights given
+        # back, while they are; then the names still to be sent before it may generate again.
+        self.released: dict[str, torch.Size] | None = None
+        self.unset: set[str] = set()
 
     def start(self, max_batch: int) -> None:
         """Start the model thread that serves `submit`, at most `max_batch` requests per step."""
@@ -144,6 +148,85 @@ class HFEngine:
     def destroy_weights_update_group(self, group_name: str) -> str:
         return self.weight_groups.destroy(group_name)
 
+    def update_weights_from_tensor(self, payloads: list[str], load_format: str | None,
+                                   weight_version: str | None) -> int:
+        """SGLang's `/update_weights_from_tensor`: the weights of one call, handed over in shared
+        memory (CUDA IPC on a GPU, `tensor_ipc`), inside an update session; raises WeightError.
+        Returns how many tensors it took."""
+        from ..tensor_ipc import PayloadError, deserialize
+        from .dist_weights import checked
+
+        if not self.weight_groups.in_session():
+            raise WeightError("update_weights_from_tensor must run between begin_weight_update() and "
+                              "end_weight_update()")
+        if load_format is not None:
+            raise WeightError(f"load_format {load_format!r}: the hf engine takes the default (named tensors) only")
+        if len(payloads) != 1:
+            raise WeightError(f"{len(payloads)} payloads: the hf engine is one rank and takes exactly one")
+        if self.released is not None:
+            raise WeightError("the weights' memory is released: resume_memory_occupation first")
+        try:
+            named = deserialize(payloads[0])
+        except PayloadError as e:
+            raise WeightError(f"serialized_named_tensors: {e}") from e
+        state = checked(dict(named), self.model, self.tied)
+        # Copied in (and cast) under the generation lock, so nothing here holds on to the sender's memory.
+        self._swap(state, weight_version)
+        self.unset -= set(state)
+        return len(state)
+
+    def _weights(self) -> dict[str, torch.nn.Parameter]:
+        """Each parameter once (a tied lm_head is the embedding), by its state-dict name."""
+        seen: set[int] = set()
+        out = {}
+        for name, p in self.model.named_parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out[name] = p
+        return out
+
+    def release_memory_occupation(self, tags: list[str] | None) -> str:
+        """Give back the weights' memory (tag `weights`) while a colocated trainer steps; `kv_cache`
+        holds nothing here between requests. The HTTP handler refuses it while a request is
+        admitted, as SGLang refuses it unless idle. The weights are not kept: after resume they must
+        all be sent again."""
+        tags = _memory_tags(tags)
+        if "weights" not in tags:
+            return "nothing to release (the hf engine keeps no KV cache between requests)"
+        if self.released is not None:
+            raise WeightError("the weights' memory is already released")
+        hold = self.scheduler.exclusive() if self.scheduler is not None else self.lock
+        with hold:
+            weights = self._weights()
+            self.released = {name: p.shape for name, p in weights.items()}
+            for p in weights.values():
+                p.data = torch.empty(0, dtype=p.dtype)
+        return f"released {len(self.released)} weight tensors"
+
+    def resume_memory_occupation(self, tags: list[str] | None) -> str:
+        """Take the weights' memory back, uninitialised (as SGLang does without its CPU backup): the
+        engine refuses to generate until every weight has been sent again."""
+        tags = _memory_tags(tags)
+        if "weights" not in tags:
+            return "nothing to resume (the hf engine keeps no KV cache between requests)"
+        if self.released is None:
+            raise WeightError("the weights' memory is not released")
+        with self.lock:
+            weights = self._weights()
+            for name, p in weights.items():
+                p.data = torch.empty(self.released[name], dtype=p.dtype)
+            self.unset = set(weights)
+            self.released = None
+        return f"resumed {len(weights)} weight tensors; send them all before generating"
+
+    def serving_refusal(self) -> str | None:
+        """Why the engine cannot generate now (its weights given back, or not all sent again), or None."""
+        if self.released is not None:
+            return "the engine's weight memory is released (a colocated trainer is stepping)"
+        if self.unset:
+            return f"{len(self.unset)} weight tensors were not sent again since the memory was resumed"
+        return None
+
     def _swap(self, state: dict[str, torch.Tensor], weight_version: str | None) -> None:
         # Everything that can fail was checked before this point: the copy itself does not. The copy
         # casts into the served dtype (an fp32 trainer's weights into a bf16 engine).
@@ -158,6 +241,19 @@ class HFEngine:
                 target.copy_(tensor.to(target.dtype))
             if weight_version is not None:
                 self.weight_version = weight_version
+
+
+MEMORY_TAGS = ("weights", "kv_cache")
+
+
+def _memory_tags(tags: list[str] | None) -> set[str]:
+    """SGLang's tags (`srt/managers/io_struct.py:2177-2190`); none means all of them."""
+    if tags is None:
+        return set(MEMORY_TAGS)
+    unknown = sorted(set(tags) - set(MEMORY_TAGS))
+    if unknown:
+        raise WeightError(f"unknown memory tag(s) {unknown}: expected {', '.join(MEMORY_TAGS)}")
+    return set(tags)
 
 
 __all__ = ["DTYPES", "GenState", "HFEngine", "WeightError", "request_generator"]

@@ -69,6 +69,10 @@ class ServerState:
             if rid is not None:
                 self._rids.add(rid)
 
+    def admitted(self) -> int:
+        with self._cond:
+            return self._admitted
+
     def release_rid(self, rid: str | None) -> None:
         """Let another request take `rid`: called before the last of a reply goes out, since the
         client may reuse the rid as soon as it has that (the admission itself lasts until `leave`)."""
@@ -130,10 +134,20 @@ DISTRIBUTED_ROUTES: dict[str, dict[str, tuple[Any, Any]]] = {
     # this engine has only the one model.
     "/begin_weight_update": {"selector": (str, "all")},
     "/end_weight_update": {},
+    # The colocated layout's routes: weights in shared memory, and the engine's memory given back
+    # while the trainer steps (SGLang 0.5.23 `srt/entrypoints/http_server.py:1436-1455, 1575-1597`).
+    "/update_weights_from_tensor": {
+        "serialized_named_tensors": ("list[str]", REQUIRED), "load_format": ((str, type(None)), None),
+        "flush_cache": (bool, True), "weight_version": ((str, type(None)), None),
+    },
+    "/release_memory_occupation": {"tags": (("list[str]", type(None)), None)},
+    "/resume_memory_occupation": {"tags": (("list[str]", type(None)), None)},
 }
 
 
 def _fits(value: Any, kind: Any) -> bool:
+    if isinstance(kind, tuple) and "list[str]" in kind:
+        return value is None if type(None) in kind and value is None else _fits(value, "list[str]")
     if kind == "list[str]":
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
     if kind == _INT_LIST:
@@ -375,6 +389,17 @@ class EngineHandler(BaseHTTPRequestHandler):
                 del args["flush_cache"]  # nothing is cached between requests here
                 engine.update_weights_from_distributed(**args)
                 message = f"received {len(args['names'])} tensor(s) over {args['group_name']!r}"
+            elif path == "/update_weights_from_tensor":
+                n = engine.update_weights_from_tensor(args["serialized_named_tensors"], args["load_format"],
+                                                      args["weight_version"])
+                message = f"took {n} tensor(s) from shared memory"
+            elif path == "/release_memory_occupation":
+                if self.st.admitted():
+                    raise WeightError(f"{self.st.admitted()} request(s) in flight: pause generation and let "
+                                      "them finish first")
+                message = engine.release_memory_occupation(args["tags"])
+            elif path == "/resume_memory_occupation":
+                message = engine.resume_memory_occupation(args["tags"])
             elif path == "/begin_weight_update":
                 message = engine.weight_groups.begin()
             elif path == "/end_weight_update":
@@ -396,6 +421,10 @@ class EngineHandler(BaseHTTPRequestHandler):
         self.st.admit(req.rid)
         self._epoch = self.st.abort_epoch
         try:
+            # Checked once admitted: a request that waited out a pause may find the memory released.
+            refusal = engine.serving_refusal()
+            if refusal is not None:
+                raise RequestError(refusal, "REEF_ERR_ENGINE_DOWN", 503)
             try:
                 ticket = engine.submit(req, self._should_stop)  # a RequestError about the prompt surfaces here
                 states = ticket.states()

@@ -128,6 +128,32 @@ def push_backend(trainer_device: str, engine_device: str | None) -> str:
     return "nccl" if trainer_device.split(":")[0] == "cuda" and engine == "cuda" else "gloo"
 
 
+def begin_session(url: str, timeout_s: float) -> bool:
+    """Open the engine's update session; False for an engine that has none (SGLang ≤ 0.5.16 answers
+    404). The engine takes its writer lock for it, so this is also where it waits for the
+    generations in flight: over HTTP, within the push's deadline, before any collective is pending."""
+    status, answer = request(f"{url}/begin_weight_update", {}, timeout_s)
+    if status == 404:
+        return False
+    if answer.get("success") is not True and "already open" in str(answer.get("message")):
+        # Only Reef's trainer updates this engine, so the open session is one a push of ours left
+        # (its rank died mid-push): close it, then open ours.
+        end_session(url)
+        status, answer = request(f"{url}/begin_weight_update", {}, timeout_s)
+    if answer.get("success") is not True:
+        raise WeightPushError(f"begin_weight_update: engine refused: {answer.get('message')}")
+    return True
+
+
+def end_session(url: str) -> None:
+    try:
+        status, answer = request(f"{url}/end_weight_update", {}, CLOSE_TIMEOUT_S)
+    except OSError as e:
+        raise WeightPushError(f"end_weight_update: {type(e).__name__}: {e}") from e
+    if answer.get("success") is not True:
+        raise WeightPushError(f"end_weight_update: engine refused: {answer.get('message')}")
+
+
 class _Call(threading.Thread):
     """An HTTP call that must run while this thread takes part in a collective."""
 
@@ -269,32 +295,11 @@ class WeightPusher:
                     bucket, size = [], 0
         finally:
             if session:
-                self._end()
+                end_session(self.url)
         return sent
 
     def _begin(self) -> bool:
-        """Open the engine's update session; False for an engine that has none (SGLang ≤ 0.5.16 answers
-        404). The engine takes its writer lock for it, so this is also where it waits for the
-        generations in flight: over HTTP, within the deadline, before any collective is pending."""
-        status, answer = request(f"{self.url}/begin_weight_update", {}, self._left("begin_weight_update"))
-        if status == 404:
-            return False
-        if answer.get("success") is not True and "already open" in str(answer.get("message")):
-            # Only Reef's trainer updates this engine, so the open session is one a push of ours left
-            # (its rank died mid-push): close it, then open ours.
-            self._end()
-            status, answer = request(f"{self.url}/begin_weight_update", {}, self._left("begin_weight_update"))
-        if answer.get("success") is not True:
-            raise WeightPushError(f"begin_weight_update: engine refused: {answer.get('message')}")
-        return True
-
-    def _end(self) -> None:
-        try:
-            status, answer = request(f"{self.url}/end_weight_update", {}, CLOSE_TIMEOUT_S)
-        except OSError as e:
-            raise WeightPushError(f"end_weight_update: {type(e).__name__}: {e}") from e
-        if answer.get("success") is not True:
-            raise WeightPushError(f"end_weight_update: engine refused: {answer.get('message')}")
+        return begin_session(self.url, self._left("begin_weight_update"))
 
     def _bucket(self, bucket: list[tuple[str, torch.Tensor]], weight_version: str | None, last: bool) -> int:
         what = "update_weights_from_distributed"
@@ -349,3 +354,54 @@ class WeightPusher:
             except Exception:
                 pass  # a group whose peer vanished may refuse a clean exit; it is unusable either way
         self.group = None
+
+
+class TensorPusher:
+    """The colocated push: trainer rank 0 and the engine share a device, where NCCL refuses a
+    group, so each bucket goes by `/update_weights_from_tensor` as tensors in shared memory (CUDA
+    IPC handles on a GPU, shared-memory segments on the CPU: `tensor_ipc`), inside an update
+    session. The engine copies them into its weights before it answers, so a bucket is held only
+    until then. `timeout_s` bounds the whole push."""
+
+    def __init__(self, engine_url: str, device: torch.device, timeout_s: float = 300.0,
+                 bucket_bytes: int = BUCKET_BYTES, dtype: torch.dtype | None = None) -> None:
+        self.url = engine_url.rstrip("/")
+        self.device = device
+        self.timeout_s = timeout_s
+        self.bucket_bytes = bucket_bytes
+        self.dtype = dtype
+
+    def push(self, tensors: Iterable[tuple[str, torch.Tensor]], weight_version: str) -> int:
+        from ..tensor_ipc import serialize
+
+        items = list(tensors)
+        if not items:
+            raise WeightPushError("nothing to push")
+        deadline = time.monotonic() + self.timeout_s
+
+        def left(what: str) -> float:
+            if time.monotonic() >= deadline:
+                raise WeightPushError(f"{what}: the push's {self.timeout_s:.0f} s were spent")
+            return deadline - time.monotonic()
+
+        what = "update_weights_from_tensor"
+        session = begin_session(self.url, left("begin_weight_update"))
+        try:
+            sent, bucket, size = 0, [], 0
+            for i, (name, t) in enumerate(items):
+                dtype = self.dtype if self.dtype is not None and t.is_floating_point() else t.dtype
+                bucket.append((name, t.detach().to(self.device, dtype).contiguous()))
+                size += bucket[-1][1].numel() * bucket[-1][1].element_size()
+                last = i == len(items) - 1
+                if size >= self.bucket_bytes or last:
+                    status, answer = request(f"{self.url}/{what}", {
+                        "serialized_named_tensors": [serialize(bucket)], "flush_cache": last,
+                        "weight_version": weight_version if last else None}, left(what))
+                    if answer.get("success") is not True:
+                        raise WeightPushError(f"{what}: engine refused: {answer.get('message')}")
+                    sent += size
+                    bucket, size = [], 0
+        finally:
+            if session:
+                end_session(self.url)
+        return sent
