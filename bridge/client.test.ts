@@ -25,10 +25,17 @@ describe('bridge client timeouts', () => {
   it('outlast the shim engine start, also when REEF_ENGINE_START_TIMEOUT_S changes it', () => {
     const src = readFileSync(join(repoRoot(), 'python_shim', 'reef_shim', 'engine_process.py'), 'utf8');
     const shimDefault = Number(/^DEFAULT_ENGINE_START_TIMEOUT_S = ([0-9.]+)/m.exec(src)![1]);
+    const shimSglang = Number(/^SGLANG_ENGINE_START_TIMEOUT_S = ([0-9.]+)/m.exec(src)![1]);
     expect(engineStartTimeoutS({})).toBe(shimDefault);
+    expect(engineStartTimeoutS({}, 'hf')).toBe(shimDefault);
+    // A first SGLang start also captures CUDA graphs and JIT-compiles kernels.
+    expect(engineStartTimeoutS({}, 'sglang')).toBe(shimSglang);
+    expect(shimSglang).toBeGreaterThan(shimDefault);
     // Launch and health share the budget, then up to 30 s for the weight version.
     expect(defaultTimeoutMs('start-engine', { spec: {} as never })).toBeGreaterThanOrEqual((engineStartTimeoutS() + 30) * 1000);
+    expect(defaultTimeoutMs('start-engine', { spec: { kind: 'sglang' } as never })).toBeGreaterThanOrEqual((shimSglang + 30) * 1000);
     expect(engineStartTimeoutS({ REEF_ENGINE_START_TIMEOUT_S: '900' })).toBe(900);
+    expect(engineStartTimeoutS({ REEF_ENGINE_START_TIMEOUT_S: '60' }, 'sglang')).toBe(60);
     expect(() => engineStartTimeoutS({ REEF_ENGINE_START_TIMEOUT_S: '5m' })).toThrow(/REEF_ENGINE_START_TIMEOUT_S must be a positive number of seconds, got "5m"/);
   });
 

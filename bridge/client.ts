@@ -51,11 +51,18 @@ export interface ShimProcessHandle {
   readonly child?: { readonly signalCode: NodeJS.Signals | null };
 }
 
-/** The shim's budget for starting one engine: REEF_ENGINE_START_TIMEOUT_S, which it reads too. */
-export function engineStartTimeoutS(env: NodeJS.ProcessEnv = process.env): number {
+/**
+ * The shim's default budget for starting one engine of each kind (engine_process.py
+ * DEFAULT_ENGINE_START_TIMEOUT_S, SGLANG_ENGINE_START_TIMEOUT_S): a first SGLang start loads the
+ * weights, captures CUDA graphs and JIT-compiles kernels.
+ */
+export const DEFAULT_ENGINE_START_TIMEOUT_S: Readonly<Record<EngineSpec['kind'], number>> = { hf: 290, sglang: 900 };
+
+/** The shim's budget for starting one engine: REEF_ENGINE_START_TIMEOUT_S, which it reads too, for every kind. */
+export function engineStartTimeoutS(env: NodeJS.ProcessEnv = process.env, kind: EngineSpec['kind'] = 'hf'): number {
   const raw = env.REEF_ENGINE_START_TIMEOUT_S;
   // Decimal text only, as the shim reads it (Python's float): Number() would also take 0x10 as 16.
-  const s = raw === undefined || raw.trim() === '' ? 290 : decimalNumber(raw);
+  const s = raw === undefined || raw.trim() === '' ? DEFAULT_ENGINE_START_TIMEOUT_S[kind] : decimalNumber(raw);
   if (!Number.isFinite(s) || s <= 0) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `REEF_ENGINE_START_TIMEOUT_S must be a positive number of seconds, got ${JSON.stringify(raw)}` });
   return s;
 }
@@ -75,7 +82,7 @@ export function defaultTimeoutMs<T extends BridgeRequestType>(type: T, fields: R
     case 'start-engine':
       // The shim gives an engine engine_start_timeout_s() (engine_process.py) for launch and health
       // together, then up to 30 s to read its weight version, and stops a failed one.
-      return (engineStartTimeoutS() + 60) * 1000;
+      return (engineStartTimeoutS(process.env, (fields as unknown as RequestFields<'start-engine'>).spec?.kind ?? 'hf') + 60) * 1000;
     case 'plan-placement':
       return 10_000;
     case 'trainer-start':

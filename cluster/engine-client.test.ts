@@ -463,3 +463,58 @@ describe('EngineClient.generate', () => {
     }
   });
 });
+
+describe('EngineClient and SGLang 0.5.23 weight_versions', () => {
+  /** A fake engine whose replies' last event carries `spans` (undefined: no field, as older engines). */
+  async function withSpans(spans: unknown, run: (client: EngineClient) => Promise<void>): Promise<void> {
+    const meta = (finished: boolean) => ({ id: 'r', finish_reason: finished ? { type: 'length', length: 4 } : null, prompt_tokens: 1, completion_tokens: finished ? 4 : 2, weight_version: 'v4', ...(finished && spans !== undefined ? { weight_versions: spans } : {}) });
+    const server = createServer((req, res) => {
+      let body = '';
+      req.on('data', (c: Buffer) => (body += c.toString()));
+      req.on('end', () => {
+        if ((JSON.parse(body) as { stream: boolean }).stream) {
+          res.writeHead(200, { 'content-type': 'text/event-stream' });
+          res.write(`data: ${JSON.stringify({ text: 'ab', output_ids: [1, 2], meta_info: meta(false) })}\n\n`);
+          res.end(`data: ${JSON.stringify({ text: 'abcd', output_ids: [1, 2, 3, 4], meta_info: meta(true) })}\n\ndata: [DONE]\n\n`);
+        } else {
+          res.writeHead(200, { 'content-type': 'application/json' });
+          res.end(JSON.stringify({ text: 'abcd', output_ids: [1, 2, 3, 4], meta_info: meta(true) }));
+        }
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const client = new EngineClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+    try {
+      await run(client);
+    } finally {
+      await client.close();
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    }
+  }
+  const req = { input_ids: [1], sampling_params: {} };
+  const streamed = async (client: EngineClient) => {
+    let last: unknown = null;
+    for await (const r of client.generateStream(req)) last = r;
+    return last as { meta_info: { weight_version: string | null } };
+  };
+
+  it('a reply whose tokens came from two weight versions fails, streamed or not, naming the spans (it would be recorded as v4\'s alone)', async () => {
+    // As SGLang writes it when a weight update lands mid-generation (srt/utils/weight_versions.py).
+    const spans = [{ version: 'v3', start: 0, end: 2 }, { version: 'v4', start: 2, end: 4 }];
+    await withSpans(spans, async (client) => {
+      const failure = { code: 'REEF_ERR_ENGINE_FAILED', message: expect.stringContaining('more than one weight version (v3 for tokens [0, 2), v4 for tokens [2, 4))') };
+      await expect(client.generate(req)).rejects.toMatchObject(failure);
+      await expect(streamed(client)).rejects.toMatchObject(failure);
+    });
+  });
+
+  it('one span, or none (older engines), is read as today', async () => {
+    for (const spans of [[{ version: 'v4', start: 0, end: 4 }], [], undefined]) {
+      await withSpans(spans, async (client) => {
+        expect((await client.generate(req)).meta_info.weight_version).toBe('v4');
+        expect((await streamed(client)).meta_info.weight_version).toBe('v4');
+      });
+    }
+  });
+});

@@ -32,6 +32,13 @@ export interface GenerateRequest {
 
 export type LogprobEntry = [number, number, string | null];
 
+/** Output tokens `[start, end)` that weights `version` produced (SGLang 0.5.23, srt/utils/weight_versions.py:17-20). */
+export interface WeightVersionSpan {
+  version: string;
+  start: number;
+  end: number;
+}
+
 export interface GenerateResponse {
   text: string;
   output_ids: number[];
@@ -43,6 +50,8 @@ export interface GenerateResponse {
     output_token_logprobs?: LogprobEntry[];
     output_top_logprobs?: LogprobEntry[][];
     weight_version: string | null;
+    /** On the last event only, from SGLang 0.5.23; absent from older ones and the hf engine. */
+    weight_versions?: WeightVersionSpan[];
   };
 }
 
@@ -333,6 +342,23 @@ function isReply(parsed: unknown): parsed is GenerateResponse {
   return typeof parsed === 'object' && parsed !== null && !('error' in parsed) && typeof (parsed as { meta_info?: unknown }).meta_info === 'object' && (parsed as { meta_info?: unknown }).meta_info !== null;
 }
 
+/**
+ * A reply whose tokens came from more than one version of the weights fails, as one a weight swap
+ * aborted does. SGLang 0.5.23 says so on a reply's last event: `meta_info.weight_versions`, spans
+ * merged where the version repeats, so two spans are two versions, and `weight_version` then the
+ * last span's (srt/utils/weight_versions.py:66-87, :90-107). Recorded under that one, the earlier
+ * tokens would train as its samples, and no other version is right for the whole record either.
+ * Failing leaves nothing trainable without a new record field: the gateway records a stream that
+ * fails as `failed`, which the judge skips, and a reply that fails before any answer not at all.
+ * Engines without the field (older SGLang, the hf engine) are read as before.
+ */
+function oneWeightVersion(engine: string, res: GenerateResponse): GenerateResponse {
+  const spans = res.meta_info.weight_versions;
+  if (!Array.isArray(spans) || new Set(spans.map((s) => s?.version)).size <= 1) return res;
+  const read = spans.map((s) => `${s?.version} for tokens [${s?.start}, ${s?.end})`).join(', ');
+  throw new ReefError('REEF_ERR_ENGINE_FAILED', { engine, reason: `the reply's tokens came from more than one weight version (${read}): no one version sampled it` });
+}
+
 /** An engine's answer that is not JSON (a proxy's error page, a broken engine) is the engine failing, with its words. */
 function parseJson(engine: string, path: string, text: string): unknown {
   try {
@@ -420,7 +446,7 @@ export class EngineClient {
     // A 200 that carries an error, or no reply at all, has no output to read: its callers would
     // fail on the missing meta_info with a TypeError.
     if (!isReply(res)) throw engineFailure(this.name, JSON.stringify(res));
-    return res;
+    return oneWeightVersion(this.name, res);
   }
 
   /**
@@ -458,7 +484,7 @@ export class EngineClient {
   private parseEvent(data: string): GenerateResponse {
     const parsed = parseJson(this.name, '/generate', data);
     if (!isReply(parsed)) throw engineFailure(this.name, data);
-    return parsed;
+    return oneWeightVersion(this.name, parsed);
   }
 
   updateWeightsFromDisk(modelPath: string, weightVersion: string | null): Promise<{ success: boolean; message: string; weight_version?: string | null }> {

@@ -5,6 +5,7 @@ import type { EngineInfo, EngineSpec, GroupStatus, RayStatus } from '../bridge/m
 import { ReefError } from '../actors/runtime/errors.js';
 import { type LogFn, stderrLog } from '../actors/runtime/log.js';
 import { layoutFromConfig } from './config/index.js';
+import { engineArgs } from './config/engine-args.js';
 import { ownDataDir } from './data-dir.js';
 import type { ReefConfig } from './config/index.js';
 import { freePort, gatewayUrl, portTaken } from './net.js';
@@ -53,18 +54,20 @@ const ACTOR_START_MS = 20_000;
 
 /**
  * The longest a start-up can take with each step running to its own limit: the shim, Ray, the
- * placement groups (`cluster.placement_timeout_s`), each engine (REEF_ENGINE_START_TIMEOUT_S), each
- * actor kind. `up --detach` waits that long: a fixed 600 s stopped a stack that a foreground
- * `reef up` would have brought up (three engines, a 32B one among them, took longer).
+ * placement groups (`cluster.placement_timeout_s`), each engine (its kind's start budget, or
+ * REEF_ENGINE_START_TIMEOUT_S), each actor kind. `up --detach` waits that long: a fixed 600 s
+ * stopped a stack that a foreground `reef up` would have brought up (three engines, a 32B one
+ * among them, took longer).
  */
 export function startUpLimitMs(cfg: ReefConfig): number {
-  const engines = 1 + cfg.cluster.prm.replicas + (cfg.cluster.student ? 1 : 0);
+  const c = cfg.cluster;
+  const kinds = [c.rollout.engine, ...Array<EngineSpec['kind']>(c.prm.replicas).fill(c.prm.engine), ...(c.student ? [c.student.engine] : [])];
   return (
     SHIM_READY_MS +
     BRIDGE_CONNECT_MS +
     defaultTimeoutMs('init-ray', {} as never) +
     defaultTimeoutMs('create-placement', { timeoutS: cfg.cluster.placement_timeout_s } as never) +
-    engines * defaultTimeoutMs('start-engine', {} as never) +
+    kinds.reduce((sum, kind) => sum + defaultTimeoutMs('start-engine', { spec: { kind } } as never), 0) +
     (ACTORS.length + 1) * ACTOR_START_MS
   );
 }
@@ -176,10 +179,10 @@ export class Stack {
     // Engines get their ports now so that actor configs and a replayed layout agree on URLs.
     const engines: EngineSlot[] = [];
     const overrides: Record<string, unknown> = {};
-    const addEngine = async (role: EngineSpec['role'], name: string, group: string, e: { engine: 'hf' | 'sglang'; model_path: string | null; port: number; extra_args: readonly string[] }) => {
+    const addEngine = async (role: EngineSpec['role'], name: string, group: string, e: { engine: 'hf' | 'sglang'; gpus: number; model_path: string | null; port: number; extra_args: readonly string[] }) => {
       if (!e.model_path) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `cluster.${role}.model_path: required to start the ${role} engine` });
       const port = e.port > 0 ? e.port : await freePort();
-      engines.push({ spec: { name, role, kind: e.engine, modelPath: e.model_path, group, bundleIndex: 0, host: '127.0.0.1', port, extraArgs: [...e.extra_args] }, info: null });
+      engines.push({ spec: { name, role, kind: e.engine, modelPath: e.model_path, group, bundleIndex: 0, host: '127.0.0.1', port, extraArgs: engineArgs(e) }, info: null });
     };
     await addEngine('rollout', 'rollout', 'reef-rollout', cfg.cluster.rollout);
     for (let i = 0; i < cfg.cluster.prm.replicas; i++) {

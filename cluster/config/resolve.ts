@@ -8,6 +8,7 @@ import { homedir } from 'node:os';
 import { dirname, isAbsolute, join, resolve } from 'node:path';
 import YAML from 'yaml';
 import type { z } from 'zod';
+import { engineArgIssues } from './engine-args.js';
 import { ConfigError, type ConfigIssue } from './errors.js';
 import { convertIssues, type KeyHomes, show } from './issues.js';
 import { foldKeys, isPlainObject, type PathSegment, renderPath, valueAt } from './keys.js';
@@ -69,6 +70,7 @@ export async function resolveConfig(raw: unknown, opts: ResolveOptions): Promise
     const clash = gatewayPortClash(reef, cluster);
     if (clash !== null) issues.push({ path: 'reef.port', message: clash });
   }
+  if (cluster !== null) issues.push(...engineArgIssues(cluster));
 
   let recipeConfig: Record<string, unknown> | null = null;
   const stages: Partial<Record<StageName, Record<string, unknown>>> = {};

@@ -27,9 +27,18 @@ log = logging.getLogger("reef_shim.engine")
 
 DEFAULT_MODULES = {"hf": "reef_shim.engines.hf_server", "sglang": "sglang.launch_server"}
 DEFAULT_ENGINE_START_TIMEOUT_S = 290.0
-# SGLang's /health runs a one-token generation and looks for its answer after a 1 s sleep, so it
-# never answers within 1 s; a busy engine takes a few seconds more.
+# A first SGLang start does far more than load the weights (65 GB for the reference Qwen3-32B):
+# it captures CUDA graphs for every batch size and JIT-compiles flashinfer/deep_gemm kernels on a
+# fresh machine, which together can run past 10 min. 900 s is what the SGLang conformance test
+# allows (test/engine/sglang.conformance.gpu.test.ts); an engine that dies fails at once anyway.
+SGLANG_ENGINE_START_TIMEOUT_S = 900.0
+# SGLang's /health by default runs a one-token generation and looks for its answer after a 1 s
+# sleep, so it never answers within 1 s; a busy engine takes a few seconds more. Reef launches it
+# with that generation off (engine_env), but an environment that turns it back on still works.
 HEALTH_TIMEOUT_S = 5.0
+# The values SGLang 0.5.23 reads as true: EnvBool (srt/environ.py:143-151) and get_bool_env_var
+# (srt/utils/common.py:1424-1441) both lower-case the value, unstripped.
+_SGLANG_TRUE = ("true", "1", "yes", "y")
 
 
 def engine_module(kind: str) -> str:
@@ -43,16 +52,17 @@ def engine_module(kind: str) -> str:
     return os.environ.get(f"REEF_ENGINE_MODULE_{kind.upper()}") or DEFAULT_MODULES[kind]
 
 
-def engine_start_timeout_s(env: Mapping[str, str] = os.environ) -> float:
+def engine_start_timeout_s(env: Mapping[str, str] = os.environ, kind: str = "hf") -> float:
     """The budget for starting one engine, launch and health together: REEF_ENGINE_START_TIMEOUT_S.
 
     Read as `engineStartTimeoutS` (bridge/client.ts) reads it, because the client's start-engine
-    timeout is this plus a margin: blank means the default; anything but a finite positive number
-    is refused by both, at the call, rather than crashing the shim at import or waiting forever.
+    timeout is this plus a margin: blank means the kind's default (SGLANG_ENGINE_START_TIMEOUT_S
+    for sglang); anything but a finite positive number is refused by both, at the call, rather
+    than crashing the shim at import or waiting forever.
     """
     raw = env.get("REEF_ENGINE_START_TIMEOUT_S")
     if raw is None or raw.strip() == "":
-        return DEFAULT_ENGINE_START_TIMEOUT_S
+        return SGLANG_ENGINE_START_TIMEOUT_S if kind == "sglang" else DEFAULT_ENGINE_START_TIMEOUT_S
     try:
         seconds = float(raw)
     except ValueError:
@@ -65,6 +75,31 @@ def engine_start_timeout_s(env: Mapping[str, str] = os.environ) -> float:
 
 def engine_command(module: str, model_path: str, host: str, port: int, extra_args: list[str]) -> list[str]:
     return [sys.executable, "-m", module, "--model-path", model_path, "--host", host, "--port", str(port), *extra_args]
+
+
+def engine_env(kind: str, base: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment an engine of `kind` is launched with: `base`, and for SGLang two settings.
+
+    - SGLANG_RETURN_ORIGINAL_LOGPROB set true is refused: SGLang then reports the log-softmax of
+      the raw logits (srt/layers/sampler.py:82,192,322; srt/layers/logprob_processor.py:417), not
+      the tempered convention the trainer scores ℓold in, and every record would train wrong.
+    - SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0 unless `base` sets it: `/health` then answers 200
+      as soon as the server is up (srt/entrypoints/http_server.py:735-748), instead of generating
+      a token, which takes a second at least, waits out a paused engine and answers 503 after 20 s
+      (:218, :775-799). It still answers 503 until SGLang's own warm-up generation passed (:735-736,
+      :2491-2502), so a start is seen healthy only once the engine can generate (unless it runs
+      with --skip-server-warmup, :2589-2593).
+    """
+    env = dict(base)
+    if kind != "sglang":
+        return env
+    if env.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "").lower() in _SGLANG_TRUE:
+        raise ShimError("REEF_ERR_CONFIG_INVALID", "invalid config: SGLANG_RETURN_ORIGINAL_LOGPROB="
+                        f"{json.dumps(env['SGLANG_RETURN_ORIGINAL_LOGPROB'])} in the engine's environment makes "
+                        "SGLang report raw logprobs (the log-softmax of the logits before temperature), not the "
+                        "tempered ones the trainer scores the records in: unset it before starting Reef")
+    env.setdefault("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "0")
+    return env
 
 
 def pick_free_port(host: str) -> int:
@@ -169,11 +204,12 @@ class EngineProcess:
 
     def weight_version(self) -> str | None:
         """The version of the weights the engine serves now (None if it does not say)."""
-        # SGLang serves /get_model_info in every release (/model_info only in recent ones); the
-        # hf engine answers both.
-        got = self._get("/get_model_info", timeout=2.0)
+        # /model_info first: SGLang 0.5.23 still serves /get_model_info, but logs a deprecation
+        # warning on every call (srt/entrypoints/http_server.py:802-809), and status probes often;
+        # older releases serve /get_model_info only. The hf engine answers both.
+        got = self._get("/model_info", timeout=2.0)
         if got is not None and got[0] == 404:
-            got = self._get("/model_info", timeout=2.0)
+            got = self._get("/get_model_info", timeout=2.0)
         if got is None or got[0] != 200:
             return None
         try:

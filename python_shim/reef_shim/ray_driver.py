@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .engine_process import (EngineProcess, engine_command, engine_module, engine_start_timeout_s, pick_free_port,
-                             wait_healthy)
+from .engine_process import (EngineProcess, engine_command, engine_env, engine_module, engine_start_timeout_s,
+                             pick_free_port, wait_healthy)
 from .errors import ShimError
 from .placement import TRAINER_GROUP, bundle_label, fmt_number, plan_placement
 from .proc_tree import descendants, reap
@@ -59,16 +59,19 @@ class EngineActor:
         self.name = name
         self.engine: EngineProcess | None = None
 
-    def launch(self, module: str, model_path: str, host: str, port: int, extra_args: list[str],
+    def launch(self, kind: str, module: str, model_path: str, host: str, port: int, extra_args: list[str],
                log_dir: str) -> dict[str, Any]:
         import ray
 
+        # Read here, in the worker the engine inherits from, not in the driver: on a cluster the
+        # shim joined, the two environments differ.
+        env = engine_env(kind)
         port = port or pick_free_port(host)
         probe_host = "127.0.0.1" if host in ("", "0.0.0.0") else host
         public_host = ray.util.get_node_ip_address() if host in ("", "0.0.0.0") else host
         log_path = os.path.join(log_dir, f"{self.name}-{port}.log")
         argv = engine_command(module, model_path, host, port, extra_args)
-        self.engine = EngineProcess(self.name, argv, probe_host, port, log_path)
+        self.engine = EngineProcess(self.name, argv, probe_host, port, log_path, env)
         pid = self.engine.start()
         return {"pid": pid, "url": f"http://{public_host}:{port}", "log": log_path}
 
@@ -289,7 +292,7 @@ class RayDriver:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         name = spec["name"]
-        budget_s = engine_start_timeout_s()
+        budget_s = engine_start_timeout_s(kind=spec["kind"])
         with self._lock:
             if name in self._engines:
                 raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"engine {name} is already running; stop-engine it first")
@@ -315,8 +318,8 @@ class RayDriver:
         # (bridge/client.ts) is REEF_ENGINE_START_TIMEOUT_S plus a margin, and must not run out first.
         started = time.monotonic()
         try:
-            launched = self._wait_launch(name, actor.launch.remote(module, spec["modelPath"], spec["host"], spec["port"],
-                                                                   spec["extraArgs"], _engine_log_dir()),
+            launched = self._wait_launch(name, actor.launch.remote(spec["kind"], module, spec["modelPath"], spec["host"],
+                                                                   spec["port"], spec["extraArgs"], _engine_log_dir()),
                                          min(120.0, budget_s))
         except Exception as e:
             ray.kill(actor)

@@ -6,10 +6,11 @@ takes the body's `weight_version`) like the real engines. Test knobs, all extra 
 `--startup-delay S` (not healthy for S seconds), `--exit-code N` (die at once with N after
 printing to stderr), `--weight-version V`, `--health-delay S` (each /health answers after S
 seconds: SGLang's runs a one-token generation and answers no sooner than 1 s), `--api sglang`
-(SGLang's routes: no `/model_info`, and a weight update answers without `weight_version`),
-`--stop-delay S` (takes S seconds to exit after SIGTERM, as a GPU engine freeing its memory does),
-`--stop-log FILE` (appends `term <port>` when SIGTERM arrives and `exit <port>` as it exits: the
-order of the lines shows whether stops overlapped).
+(an SGLang older than `/model_info`: only `/get_model_info`, and a weight update answers without
+`weight_version`), `--stop-delay S` (takes S seconds to exit after SIGTERM, as a GPU engine
+freeing its memory does), `--stop-log FILE` (appends `term <port>` when SIGTERM arrives and
+`exit <port>` as it exits: the order of the lines shows whether stops overlapped), `--request-log
+FILE` (appends `GET <path>` for each GET: which routes a client asked, in order).
 `POST /fake/health {"code": N}` makes /health answer N from then on.
 Selected with `REEF_ENGINE_MODULE_HF=fake_engine_server` and `python_shim/tests` on PYTHONPATH.
 """
@@ -37,11 +38,12 @@ def main() -> int:
     p.add_argument("--api", choices=["hf", "sglang"], default="hf")
     p.add_argument("--stop-delay", type=float, default=0.0)
     p.add_argument("--stop-log", default=None)
+    p.add_argument("--request-log", default=None)
     args = p.parse_args()
 
-    def note(what: str) -> None:
-        if args.stop_log is not None:
-            fd = os.open(args.stop_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    def note(what: str, log: str | None = args.stop_log) -> None:
+        if log is not None:
+            fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 os.write(fd, f"{what} {args.port}\n".encode())
             finally:
@@ -72,6 +74,7 @@ def main() -> int:
             self.wfile.write(data)
 
         def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+            note(f"GET {self.path}", args.request_log)
             if time.monotonic() < ready_at:
                 self._json(503, {"error": "starting"})
             elif self.path == "/health":

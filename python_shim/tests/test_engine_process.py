@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -11,8 +12,9 @@ from typing import Iterator
 
 import pytest
 
-from reef_shim.engine_process import (DEFAULT_ENGINE_START_TIMEOUT_S, EngineProcess, engine_command, engine_module,
-                                      engine_start_timeout_s, pick_free_port, wait_healthy)
+from reef_shim.engine_process import (DEFAULT_ENGINE_START_TIMEOUT_S, SGLANG_ENGINE_START_TIMEOUT_S, EngineProcess,
+                                      engine_command, engine_env, engine_module, engine_start_timeout_s, pick_free_port,
+                                      wait_healthy)
 from reef_shim.errors import ShimError
 from reef_shim.proc_tree import proc_stat
 
@@ -70,6 +72,56 @@ def test_engine_start_timeout_is_read_as_the_bridge_client_reads_it() -> None:
             engine_start_timeout_s({"REEF_ENGINE_START_TIMEOUT_S": raw})
         assert err.value.code == "REEF_ERR_CONFIG_INVALID"
         assert f'REEF_ENGINE_START_TIMEOUT_S must be a positive number of seconds, got "{raw}"' in err.value.message
+
+
+def test_an_sglang_engine_gets_a_longer_start_budget_and_the_override_still_applies() -> None:
+    # A first SGLang start loads the weights, captures CUDA graphs and JIT-compiles kernels.
+    assert SGLANG_ENGINE_START_TIMEOUT_S == 900 > DEFAULT_ENGINE_START_TIMEOUT_S == 290
+    assert engine_start_timeout_s({}, kind="sglang") == SGLANG_ENGINE_START_TIMEOUT_S
+    assert engine_start_timeout_s({"REEF_ENGINE_START_TIMEOUT_S": " "}, kind="sglang") == SGLANG_ENGINE_START_TIMEOUT_S
+    assert engine_start_timeout_s({}, kind="hf") == DEFAULT_ENGINE_START_TIMEOUT_S
+    assert engine_start_timeout_s({"REEF_ENGINE_START_TIMEOUT_S": "60"}, kind="sglang") == 60
+    with pytest.raises(ShimError, match="REEF_ENGINE_START_TIMEOUT_S must be a positive number"):
+        engine_start_timeout_s({"REEF_ENGINE_START_TIMEOUT_S": "5m"}, kind="sglang")
+
+
+def test_sglang_is_launched_with_health_generation_off_unless_the_environment_sets_it() -> None:
+    base = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert engine_env("sglang", base) == {**base, "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "0"}
+    assert engine_env("sglang", {**base, "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "1"})[
+        "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] == "1"
+    assert engine_env("hf", base) == base
+    assert base == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1"}
+
+
+def test_sglang_with_original_logprobs_on_is_refused_and_the_hf_engine_is_not() -> None:
+    # True as SGLang 0.5.23 reads it (srt/environ.py EnvBool, srt/utils/common.py get_bool_env_var).
+    for value in ("1", "true", "True", "YES", "y"):
+        with pytest.raises(ShimError) as err:
+            engine_env("sglang", {"SGLANG_RETURN_ORIGINAL_LOGPROB": value})
+        assert err.value.code == "REEF_ERR_CONFIG_INVALID"
+        assert f"SGLANG_RETURN_ORIGINAL_LOGPROB={json.dumps(value)}" in err.value.message
+        assert "tempered" in err.value.message
+        assert engine_env("hf", {"SGLANG_RETURN_ORIGINAL_LOGPROB": value}) == {"SGLANG_RETURN_ORIGINAL_LOGPROB": value}
+    # What SGLang reads as false (or as not a boolean, which it treats as false).
+    for value in ("0", "false", "no", "", " 1", "on"):
+        assert engine_env("sglang", {"SGLANG_RETURN_ORIGINAL_LOGPROB": value})["SGLANG_RETURN_ORIGINAL_LOGPROB"] == value
+
+
+def test_the_weight_version_is_read_from_model_info_and_from_get_model_info_where_that_is_404(
+        make, tmp_path: Path) -> None:
+    # SGLang 0.5.23 logs a deprecation warning for every /get_model_info (srt/entrypoints/http_server.py:802-809).
+    def asked(name: str, *extra: str) -> tuple[str | None, list[str]]:
+        log = tmp_path / f"{name}.log"
+        engine = make(*extra, "--request-log", str(log))
+        engine.start()
+        wait_healthy("e0", engine.probe, timeout_s=20, interval_s=0.1)
+        version = engine.weight_version()
+        return version, [line.split()[1] for line in log.read_text().splitlines() if "model_info" in line]
+
+    # Both routes (SGLang 0.5.23, the hf engine), then an SGLang older than /model_info.
+    assert asked("current", "--weight-version", "w-1") == ("w-1", ["/model_info"])
+    assert asked("old", "--api", "sglang", "--weight-version", "w-2") == ("w-2", ["/model_info", "/get_model_info"])
 
 
 def test_starts_reports_health_and_weight_version(make) -> None:

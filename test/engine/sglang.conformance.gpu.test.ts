@@ -46,7 +46,9 @@ describe.skipIf(reason !== null)(`sglang engine conformance${reason ? ` (skipped
     engine = await startWithHealth(python, [
       '-m', 'sglang.launch_server', '--model-path', model, '--host', '127.0.0.1', '--port', String(port),
       '--mem-fraction-static', '0.5', '--log-level', 'warning',
-    ], pythonEnv(), baseUrl, 900_000);
+      // As the shim launches it (engine_process.engine_env): /health without a generation, so it
+      // stays 200 while paused.
+    ], pythonEnv({ SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION: process.env.SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION ?? '0' }), baseUrl, 900_000);
     target.baseUrl = baseUrl;
   }, 960_000);
 
