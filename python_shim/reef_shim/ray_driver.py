@@ -410,6 +410,12 @@ class RayDriver:
                 "pid": record.pid, "healthy": record.healthy, "weightVersion": record.weight_version,
                 "modelPath": spec["modelPath"], "group": spec["group"], "bundleIndex": spec["bundleIndex"]}
 
+    def started_engine(self, url: str) -> bool:
+        """Whether `url` is an engine this shim started: a push sends the whole model to whoever
+        answers at the URL it is given, so only those are pushed into."""
+        with self._lock:
+            return any(rec.url.rstrip("/") == url.rstrip("/") for rec in self._engines.values())
+
     # --- status and shutdown ------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:

@@ -70,9 +70,17 @@ class ShimServer:
             "trainer-start": lambda m: self.trainer.start(m["spec"]),
             "trainer-step": lambda m: self.trainer.step(m["batchId"], m["tasks"]),
             "trainer-load": lambda m: self.trainer.load(m["checkpointPath"]),
-            "trainer-push-weights": lambda m: self.trainer.push_weights(m["engineUrl"], m["weightVersion"]),
+            "trainer-push-weights": self._push_weights,
             "trainer-stop": lambda m: self.trainer.stop(),
         }
+
+    def _push_weights(self, m: dict[str, Any]) -> dict[str, Any]:
+        # Rank 0 hosts a rendezvous and broadcasts every weight to whoever joins at the URL's
+        # engine: only an engine of this stack may be that (a forged request would exfiltrate the model).
+        if not self.driver.started_engine(m["engineUrl"]):
+            raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"trainer-push-weights: {m['engineUrl']} is not an engine "
+                            "this shim started; weights are pushed only into those")
+        return self.trainer.push_weights(m["engineUrl"], m["weightVersion"])
 
     def wake(self) -> None:
         try:

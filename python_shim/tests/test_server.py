@@ -121,6 +121,14 @@ def test_slow_requests_go_through_the_worker(shim: Shim) -> None:
     assert "init-ray" in err["message"]
 
 
+def test_weights_are_pushed_only_into_an_engine_the_shim_started(shim: Shim) -> None:
+    # Rank 0 would broadcast the whole model to whatever joins at that URL.
+    err = shim.call({"type": "trainer-push-weights", "requestId": "p1", "engineUrl": "http://203.0.113.9:30000",
+                     "weightVersion": "v1"})
+    assert (err["code"], err["retryable"]) == ("REEF_ERR_INVALID_ARGUMENT", False)
+    assert "not an engine this shim started" in err["message"]
+
+
 def test_init_ray_at_an_address_where_nothing_listens_fails_at_once(shim: Shim) -> None:
     # ray.init kept retrying for many minutes while the worker, and every request behind it, waited.
     with socket.socket() as s:
