@@ -18,7 +18,7 @@ import { startFakeEngine } from '../helpers/fake-engine.js';
  */
 
 const quiet = (): void => {};
-const LAYOUT: Layout = { trainer: { gpus: 2 }, rollout: { gpus: 1 }, prm: { gpus: 1, replicas: 0 }, student: null, cpusPerBundle: 1 };
+const LAYOUT: Layout = { trainer: { gpus: 2 }, rollout: { gpus: 1 }, prm: { gpus: 1, replicas: 0 }, student: null, cpusPerBundle: 1, colocate: false };
 const QUESTION = 'What is 12 + 7?';
 const HINTS = ['Add the ones first.', 'The answer is a number below 20.'];
 
@@ -133,13 +133,15 @@ describe('trainer over the bridge', () => {
 
     expect(await client.trainerLoad(step.checkpointPath)).toBe('v1');
 
-    // A push into an engine that does not speak SGLang's weight-update API fails as the retryable
-    // REEF_ERR_WEIGHT_SYNC (the controller then loads the checkpoint from disk), and the ranks live
-    // on: the next push, into the real engine, serves exactly what the disk load of v1 served.
+    // A push into an engine the shim did not start is refused before any weight leaves (rank 0
+    // would broadcast the whole model to whoever joins there), and the ranks live on: the next
+    // push, into the real engine, serves exactly what the disk load of v1 served. (A push the
+    // engine refuses is the retryable REEF_ERR_WEIGHT_SYNC: python_shim/tests/test_trainer.py.)
     const foreign = await startFakeEngine();
     try {
       const refused = await client.trainerPushWeights(foreign.url, 'v1').then(() => null, (e: unknown) => e);
-      expect(refused).toMatchObject({ code: 'REEF_ERR_WEIGHT_SYNC', retryable: true });
+      expect(refused).toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT', retryable: false });
+      expect((refused as Error).message).toContain('not an engine this shim started');
     } finally {
       await foreign.close();
     }
