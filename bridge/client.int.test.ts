@@ -8,7 +8,7 @@ import type { Layout } from './messages.js';
 import { type ShimProcess, spawnShim } from './shim-process.js';
 
 const quiet = (): void => {};
-const LAYOUT: Layout = { trainer: { gpus: 4 }, rollout: { gpus: 1 }, prm: { gpus: 1, replicas: 1 }, student: { gpus: 1 }, cpusPerBundle: 1 };
+const LAYOUT: Layout = { trainer: { gpus: 4 }, rollout: { gpus: 1 }, prm: { gpus: 1, replicas: 1 }, student: { gpus: 1 }, cpusPerBundle: 1, colocate: false };
 
 /**
  * A ROUTER standing in for a shim: `answer(type, reply)` is called for each request (`reply` sends

@@ -25,6 +25,8 @@ export const Layout = z.strictObject({
   prm: z.strictObject({ gpus: int(), replicas: int() }),
   student: z.strictObject({ gpus: int() }).nullable(),
   cpusPerBundle: z.number(),
+  /** The rollout engine shares the trainer's one GPU: its bundle, half its GPU and CPUs each. */
+  colocate: z.boolean(),
 });
 
 export const Bundle = z.strictObject({ GPU: z.number(), CPU: z.number() });
@@ -229,7 +231,8 @@ export const TrainerStepReply = ok({
   trained: z.boolean(),
 });
 export const TrainerLoadReply = ok({ weightVersion: z.string() });
-export const TrainerPushWeightsReply = ok({ weightVersion: z.string(), backend: z.enum(['gloo', 'nccl']), bytes: int(), seconds: z.number() });
+/** `backend`: the group's (`gloo`, `nccl`), or `ipc` for the colocated push by `update_weights_from_tensor`. */
+export const TrainerPushWeightsReply = ok({ weightVersion: z.string(), backend: z.enum(['gloo', 'nccl', 'ipc']), bytes: int(), seconds: z.number() });
 export const TrainerStopReply = ok({});
 
 /** The ok reply schema of each request type. */

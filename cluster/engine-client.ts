@@ -491,6 +491,19 @@ export class EngineClient {
     return this.json('POST', '/update_weights_from_disk', { model_path: modelPath, weight_version: weightVersion });
   }
 
+  /**
+   * SGLang's `/release_memory_occupation` and `/resume_memory_occupation` (every tag: the weights
+   * and the KV cache): colocated, the engine gives the GPU to the trainer for its step. The weights
+   * do not survive: after resume they must all be sent again.
+   */
+  async releaseMemory(): Promise<void> {
+    await this.json('POST', '/release_memory_occupation', {});
+  }
+
+  async resumeMemory(): Promise<void> {
+    await this.json('POST', '/resume_memory_occupation', {});
+  }
+
   async close(): Promise<void> {
     await this.agent.close();
   }

@@ -184,7 +184,8 @@ export class Stack {
       const port = e.port > 0 ? e.port : await freePort();
       engines.push({ spec: { name, role, kind: e.engine, modelPath: e.model_path, group, bundleIndex: 0, host: '127.0.0.1', port, extraArgs: engineArgs(e) }, info: null });
     };
-    await addEngine('rollout', 'rollout', 'reef-rollout', cfg.cluster.rollout);
+    // Colocated, the rollout engine shares the trainer group's one bundle (and its GPU).
+    await addEngine('rollout', 'rollout', cfg.cluster.colocate ? 'reef-trainer' : 'reef-rollout', cfg.cluster.rollout);
     for (let i = 0; i < cfg.cluster.prm.replicas; i++) {
       // A configured port is replica 0's; the others listen on the ports that follow it.
       const port = cfg.cluster.prm.port > 0 ? cfg.cluster.prm.port + i : 0;

@@ -27,7 +27,7 @@ function python(mode: 'echo' | 'samples', input?: Buffer): unknown {
   return decode(run.stdout);
 }
 
-const layout = { trainer: { gpus: 4 }, rollout: { gpus: 1 }, prm: { gpus: 1, replicas: 1 }, student: { gpus: 1 }, cpusPerBundle: 1 };
+const layout = { trainer: { gpus: 4 }, rollout: { gpus: 1 }, prm: { gpus: 1, replicas: 1 }, student: { gpus: 1 }, cpusPerBundle: 1, colocate: false };
 const bundles = (n: number, node: string | null) => Array.from({ length: n }, (_, index) => ({ index, resources: { GPU: 1, CPU: 0.5 }, nodeId: node }));
 const group = (name: string, role: string, strategy: string, n: number, state: string, node: string | null) => ({
   name,
@@ -75,7 +75,7 @@ const TS_SAMPLES: Sample[] = [
   req('ping'),
   req('init-ray', { address: null, numCpus: 8, numGpus: 7, objectStoreBytes: 128 * 1024 * 1024 }),
   req('init-ray', { address: 'ray-head.internal:6379', numCpus: null, numGpus: null, objectStoreBytes: Number.MAX_SAFE_INTEGER }),
-  req('plan-placement', { layout: { ...layout, student: null, prm: { gpus: 2, replicas: 0 }, cpusPerBundle: 0.25 } }),
+  req('plan-placement', { layout: { ...layout, student: null, prm: { gpus: 2, replicas: 0 }, cpusPerBundle: 0.25, colocate: false } }),
   req('create-placement', { layout, timeoutS: 60 }),
   req('create-placement', { layout, timeoutS: 0.5 }),
   req('remove-placement', { names: null }),
@@ -130,7 +130,7 @@ const BROKEN: Array<[Sample, string]> = [
   [req('trainer-start', { spec: { ...trainerSpec, options: { ...trainOptions, beta1: 0.9 } } }), 'trainer-start.spec.options: unknown key(s) beta1'],
   [ok('trainer-step', { batchId: 'b', weightVersion: 'v1', checkpointPath: '/c', metrics: { loss: 'nan' }, stepMs: 1, trained: true }), 'trainer-step reply.metrics.loss: expected a finite number'],
   [req('trainer-push-weights', { engineUrl: 'http://e', weightVersion: null }), 'trainer-push-weights.weightVersion: expected a string'],
-  [ok('trainer-push-weights', { weightVersion: 'v1', backend: 'mpi', bytes: 1, seconds: 1 }), "trainer-push-weights reply.backend: expected 'gloo' | 'nccl', got 'mpi'"],
+  [ok('trainer-push-weights', { weightVersion: 'v1', backend: 'mpi', bytes: 1, seconds: 1 }), "trainer-push-weights reply.backend: expected 'gloo' | 'nccl' | 'ipc', got 'mpi'"],
 ];
 
 function zodCheck(sample: Sample): { success: boolean; error?: unknown } {

@@ -16,7 +16,7 @@ import { pidAlive, waitFor } from './helpers/wait.js';
  * production path. Ray starts once for the whole file.
  */
 
-const REFERENCE: Layout = { trainer: { gpus: 4 }, rollout: { gpus: 1 }, prm: { gpus: 1, replicas: 1 }, student: { gpus: 1 }, cpusPerBundle: 1 };
+const REFERENCE: Layout = { trainer: { gpus: 4 }, rollout: { gpus: 1 }, prm: { gpus: 1, replicas: 1 }, student: { gpus: 1 }, cpusPerBundle: 1, colocate: false };
 const shimDir = join(repoRoot(), 'python_shim');
 
 function engineSpec(over: Partial<EngineSpec>): EngineSpec {

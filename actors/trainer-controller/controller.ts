@@ -49,7 +49,8 @@ export interface Release {
   sync: WeightSync;
 }
 
-export type WeightSync = 'disk' | 'distributed';
+/** `tensor`: the colocated push (`update_weights_from_tensor`). */
+export type WeightSync = 'disk' | 'distributed' | 'tensor';
 
 /** What `publish` did: the path that put the weights in, and why the distributed one was left, if it was. */
 export interface Published {
@@ -214,7 +215,7 @@ export class TrainerController {
   }
 
   /** What the trainer group restarts from: the last release's checkpoint, or null for the base model. */
-  private get lastCheckpoint(): string | null {
+  get lastCheckpoint(): string | null {
     return this.state.releases.at(-1)?.checkpointPath ?? null;
   }
 

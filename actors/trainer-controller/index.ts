@@ -24,6 +24,10 @@ const DRAIN_TIMEOUT_MS = 30_000;
 const ENGINE_REQUEST_TIMEOUT_MS = 300_000;
 /** On top of the swap's own limits: connecting the bridge, the gateway calls, a loaded machine. */
 const PAUSE_MARGIN_MS = 60_000;
+/** Colocated, the gateway stays paused through a step: its drain, the step (bridge/client.ts trainer-step), a margin. */
+export const COLOCATED_STEP_PAUSE_MS = DRAIN_TIMEOUT_MS + defaultTimeoutMs('trainer-step', { batchId: '', tasks: [] }) + PAUSE_MARGIN_MS;
+/** The label an engine serving the base weights is reloaded under when no release exists yet. */
+const BASE_LABEL = 'base';
 
 /**
  * The `maxPauseMs` a swap asks the gateway for: after it the gateway resumes by itself, so that a
@@ -150,20 +154,69 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
   };
 
   const push = async (version: string): Promise<Published> => {
+    const sync = cfg.training.weight_sync === 'tensor' ? 'tensor' : 'distributed';
     try {
       const r = await (await getBridge()).trainerPushWeights(w.rolloutUrl, version);
       w.log(`pushed ${version} into the rollout engine: ${(r.bytes / 1e6).toFixed(1)} MB over ${r.backend} in ${r.seconds.toFixed(2)} s`);
-      return { sync: 'distributed', fallback: null };
+      return { sync, fallback: null };
     } catch (err) {
       const why = (err as Error).message;
-      w.log(`distributed weight sync of ${version} failed (${why}); loading its checkpoint from disk instead`);
+      w.log(`${sync} weight sync of ${version} failed (${why}); loading its checkpoint from disk instead`);
       return { sync: 'disk', fallback: why };
     }
   };
 
+  // Colocated (cluster.colocate), the engine gives its memory to the trainer for each step: the
+  // gateway is paused from before the step until the release is in the engine, and the weights,
+  // which do not survive the release, come back by the push (or from the checkpoint) before it
+  // resumes. `released` is whether the engine's memory is out now.
+  const colocated = cfg.cluster.colocate;
+  let released = false;
+  const withGateway = async (fn: (gw: RpcClient) => Promise<unknown>) => {
+    const gw = await gatewayRpc();
+    try {
+      if (gw) await fn(gw);
+    } finally {
+      await gw?.close();
+    }
+  };
+  const releaseEngine = async () => {
+    await withGateway((gw) => gw.call({ type: 'pause-generation', drainTimeoutMs: DRAIN_TIMEOUT_MS, maxPauseMs: COLOCATED_STEP_PAUSE_MS }));
+    try {
+      await engine.releaseMemory();
+      released = true;
+    } catch (err) {
+      const why = (err as Error).message;
+      // A retried step finds it released by the attempt before.
+      if (/already released/.test(why)) released = true;
+      else w.log(`the rollout engine did not give its memory back for the step (${why}); the trainer steps beside it`);
+    }
+  };
+  /** After a failed step: the engine's memory back, the weights it served loaded again, the gateway resumed. */
+  const restoreEngine = async () => {
+    try {
+      if (released) {
+        await engine.resumeMemory();
+        released = false;
+        const path = controller.lastCheckpoint ?? cfg.cluster.rollout.model_path;
+        const r = await engine.updateWeightsFromDisk(path, controller.currentVersion ?? BASE_LABEL);
+        if (!r.success) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: 'rollout', reason: `weight reload after a failed step refused: ${r.message}` });
+      }
+    } finally {
+      await withGateway((gw) => gw.call({ type: 'resume-generation', weightVersion: null })).catch((err: unknown) =>
+        w.log(`the gateway did not take the resume after a failed step (${(err as Error).message}); it admits requests again after its pause bound`),
+      );
+    }
+  };
+
   const [offset, state] = await Promise.all([w.store.getOffset(CONSUMER), w.store.getState(STATE_KEY)]);
+  // Colocated, an engine released by a controller that died mid-step serves nothing until its
+  // memory and weights are back (the publish restore below cannot see it: its label is unchanged).
+  let recoverReleased = colocated;
   if (state === null) setAsideEarlierLedger(checkpointDir, w.log);
-  const controller = new TrainerController(
+  // eslint-disable-next-line prefer-const -- read by the ports above, which run only after this is set
+  let controller: TrainerController;
+  controller = new TrainerController(
     {
       readJudged: async (from, limit): Promise<JudgedTurnRow[]> => {
         const rows: JudgedTurnRow[] = [];
@@ -190,7 +243,16 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
           await startTrainer(checkpointPath);
         },
         // The controller starts the group (from its last release) before its first step.
-        step: async (batchId, tasks) => (await getBridge()).trainerStep(batchId, tasks.map(toWire)),
+        step: async (batchId, tasks) => {
+          if (!colocated) return (await getBridge()).trainerStep(batchId, tasks.map(toWire));
+          await releaseEngine();
+          try {
+            return await (await getBridge()).trainerStep(batchId, tasks.map(toWire));
+          } catch (err) {
+            await restoreEngine();
+            throw err;
+          }
+        },
         load: async (path) => {
           if (!started) await startTrainer(null);
           await (await getBridge()).trainerLoad(path);
@@ -199,9 +261,14 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
       publish: async (path, version, kind): Promise<Published> => {
         // Bracket the swap with the gateway's pause/resume: requests in flight finish, new ones wait.
         const gw = await gatewayRpc();
-        const pushes = kind === 'release' && cfg.training.weight_sync === 'distributed';
+        const pushes = kind === 'release' && cfg.training.weight_sync !== 'disk';
         try {
+          // Colocated, the step's pause is still on: this one renews its bound.
           if (gw) await gw.call({ type: 'pause-generation', drainTimeoutMs: DRAIN_TIMEOUT_MS, maxPauseMs: maxPauseMs(pushes) });
+          if (released) {
+            await engine.resumeMemory();
+            released = false;
+          }
           let published: Published = { sync: 'disk', fallback: null };
           if (pushes) published = await push(version);
           if (published.sync === 'disk') {
@@ -241,6 +308,18 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
     offset,
     (state as ControllerState | null) ?? null,
   );
+  if (recoverReleased) {
+    try {
+      await engine.resumeMemory();
+      // It was released: the weights it held are gone.
+      const path = controller.lastCheckpoint ?? cfg.cluster.rollout.model_path;
+      const r = await engine.updateWeightsFromDisk(path, controller.currentVersion ?? BASE_LABEL);
+      w.log(`the rollout engine's memory was still given back to the trainer (a controller stopped mid-step): taken back, ${path} loaded${r.success ? '' : ` — refused: ${r.message}`}`);
+    } catch {
+      // Not released (the usual case): nothing to take back.
+    }
+    recoverReleased = false;
+  }
   await resumeLeftoverPause(gatewayRpc, w.log);
   return {
     controller,

@@ -83,7 +83,7 @@ export const suite: BenchSuite = {
         });
       }
       await bridge.initRay({ numGpus: 3, numCpus: 6 });
-      await bridge.createPlacement({ trainer: { gpus: 2 }, rollout: { gpus: 1 }, prm: { gpus: 1, replicas: 0 }, student: null, cpusPerBundle: 1 }, 120);
+      await bridge.createPlacement({ trainer: { gpus: 2 }, rollout: { gpus: 1 }, prm: { gpus: 1, replicas: 0 }, student: null, cpusPerBundle: 1, colocate: false }, 120);
       const spec = { modelPath: tinyModelDir(), ranks: 2, backend: 'fsdp2' as const, options: cfg.training.resolved as unknown as TrainingOptions, engineLogprobs: cfg.training.engine_logprobs, checkpointDir: mkdtempSync(join(tmpdir(), 'reef-bench-train-')), seed: 0, group: 'reef-trainer' as const };
       ctx.log('  starting the trainer group (2 ranks)…');
       await bridge.trainerStart(spec);

@@ -76,7 +76,7 @@ describe('reef config check', () => {
     const cfg = await loadConfig(EXAMPLE);
     expect(cfg.cluster.rollout.model_path).toBe(join(repoRoot(), '.cache/tiny-model'));
     expect(cfg.cluster).toMatchObject({ num_gpus: 4, prm_actors: 2, student: null, prm: { engine: 'hf', replicas: 1 }, rollout: { engine: 'hf' } });
-    expect(layoutFromConfig(cfg)).toEqual({ trainer: { gpus: 2 }, rollout: { gpus: 1 }, prm: { gpus: 1, replicas: 1 }, student: null, cpusPerBundle: 1 });
+    expect(layoutFromConfig(cfg)).toEqual({ trainer: { gpus: 2 }, rollout: { gpus: 1 }, prm: { gpus: 1, replicas: 1 }, student: null, cpusPerBundle: 1, colocate: false });
   });
 
   it('layout carries a student when configured', async () => {

@@ -367,7 +367,27 @@ describe('training.weight_sync', () => {
   });
 
   it('rejects another value, naming the path', async () => {
-    expect(await errorsOf({ ...minimal(), training: { weight_sync: 'nccl' } })).toEqual(['training.weight_sync: expected one of auto, disk, distributed, got "nccl"']);
+    expect(await errorsOf({ ...minimal(), training: { weight_sync: 'nccl' } })).toEqual(['training.weight_sync: expected one of auto, disk, distributed, tensor, got "nccl"']);
+  });
+
+  it('colocated, auto is tensor, distributed is refused (NCCL refuses two ranks on one GPU), and tensor needs colocate', async () => {
+    const one = ['--cluster.colocate=true', '--cluster.trainer.gpus=1'];
+    const cfg = await ok(minimal(), one);
+    expect([cfg.training.weight_sync, cfg.cluster.colocate]).toEqual(['tensor', true]);
+    expect((await ok(minimal(), [...one, '--training.weight_sync=disk'])).training.weight_sync).toBe('disk');
+    expect((await errorsOf(minimal(), [...one, '--training.weight_sync=distributed']))[0]).toMatch(/^training\.weight_sync: distributed cannot run with cluster\.colocate: NCCL refuses two ranks on one GPU/);
+    expect((await errorsOf(minimal(), ['--training.weight_sync=tensor']))[0]).toMatch(/^training\.weight_sync: tensor .* set cluster\.colocate/);
+  });
+});
+
+describe('cluster.colocate', () => {
+  it('puts the rollout engine on the trainer GPU: the layout counts it once, and both must have one GPU', async () => {
+    expect((await ok(minimal(), ['--cluster.colocate=true', '--cluster.trainer.gpus=1'])).cluster.num_gpus).toBe(
+      (await ok(minimal(), ['--cluster.trainer.gpus=1'])).cluster.num_gpus! - 1);
+    expect(await errorsOf(minimal(), ['--cluster.colocate=true', '--cluster.trainer.gpus=2', '--cluster.rollout.gpus=2'])).toEqual([
+      'cluster.trainer.gpus: must be 1 with cluster.colocate (the trainer and the rollout engine share one GPU), got 2',
+      'cluster.rollout.gpus: must be 1 with cluster.colocate (the trainer and the rollout engine share one GPU), got 2',
+    ]);
   });
 });
 

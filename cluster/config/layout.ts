@@ -7,6 +7,7 @@ export interface Layout {
   prm: { gpus: number; replicas: number };
   student: { gpus: number } | null;
   cpusPerBundle: number;
+  colocate: boolean;
 }
 
 export function layoutFromConfig(cfg: ReefConfig): Layout {
@@ -17,5 +18,6 @@ export function layoutFromConfig(cfg: ReefConfig): Layout {
     prm: { gpus: c.prm.gpus, replicas: c.prm.replicas },
     student: c.student === null ? null : { gpus: c.student.gpus },
     cpusPerBundle: c.cpus_per_bundle,
+    colocate: c.colocate,
   };
 }

@@ -9,6 +9,7 @@ import { dirname, isAbsolute, join, resolve } from 'node:path';
 import YAML from 'yaml';
 import type { z } from 'zod';
 import { engineArgIssues } from './engine-args.js';
+import type { WeightSync } from './types.js';
 import { ConfigError, type ConfigIssue } from './errors.js';
 import { convertIssues, type KeyHomes, show } from './issues.js';
 import { foldKeys, isPlainObject, type PathSegment, renderPath, valueAt } from './keys.js';
@@ -71,6 +72,10 @@ export async function resolveConfig(raw: unknown, opts: ResolveOptions): Promise
     if (clash !== null) issues.push({ path: 'reef.port', message: clash });
   }
   if (cluster !== null) issues.push(...engineArgIssues(cluster));
+  if (cluster !== null && training !== null) {
+    const sync = weightSyncIssue(training.weight_sync, cluster.colocate);
+    if (sync !== null) issues.push({ path: 'training.weight_sync', message: sync });
+  }
 
   let recipeConfig: Record<string, unknown> | null = null;
   const stages: Partial<Record<StageName, Record<string, unknown>>> = {};
@@ -113,7 +118,7 @@ export async function resolveConfig(raw: unknown, opts: ResolveOptions): Promise
     pipeline,
     training: {
       ...training,
-      weight_sync: weightSyncOf(training.weight_sync, cluster.rollout.engine),
+      weight_sync: weightSyncOf(training.weight_sync, cluster.rollout.engine, cluster.colocate),
       engine_logprobs: engineLogprobsOf(training.engine_logprobs),
       resolved: resolvedTraining as Record<string, unknown>,
     },
@@ -125,13 +130,22 @@ export async function resolveConfig(raw: unknown, opts: ResolveOptions): Promise
 }
 
 /**
- * `auto`: SGLang is built for the distributed update (a disk reload would write and read the whole
+ * `auto`: colocated, `tensor` (the engine shares the trainer's GPU, where NCCL refuses a group);
+ * else SGLang is built for the distributed update (a disk reload would write and read the whole
  * model per release); the hf engine reads the checkpoint every step writes anyway, in milliseconds
  * on the models it can serve, while a push costs the ranks a second gather of the full weights.
  */
-export function weightSyncOf(value: 'auto' | 'disk' | 'distributed', engine: 'hf' | 'sglang'): 'disk' | 'distributed' {
+export function weightSyncOf(value: 'auto' | WeightSync, engine: 'hf' | 'sglang', colocate = false): WeightSync {
   if (value !== 'auto') return value;
+  if (colocate) return 'tensor';
   return engine === 'sglang' ? 'distributed' : 'disk';
+}
+
+/** Why a `training.weight_sync` cannot serve the layout, or null. */
+export function weightSyncIssue(value: 'auto' | WeightSync, colocate: boolean): string | null {
+  if (colocate && value === 'distributed') return 'distributed cannot run with cluster.colocate: NCCL refuses two ranks on one GPU; use tensor (the default there) or disk';
+  if (!colocate && value === 'tensor') return 'tensor hands the weights over in the GPU\'s own memory, so it needs the engine on the trainer\'s GPU: set cluster.colocate, or use distributed or disk';
+  return null;
 }
 
 /** Why `training.engine_logprobs: sampled` is refused, and what to write instead. */

@@ -138,7 +138,8 @@ export function layoutGpus(c: Record<string, unknown>): number | null {
   const replicas = n(part(c.prm, 'replicas'));
   const student = c.student == null ? 0 : n(part(c.student, 'gpus'));
   if (trainer === null || rollout === null || prmGpus === null || replicas === null || student === null) return null;
-  return trainer + rollout + prmGpus * replicas + student;
+  // Colocated, the rollout engine runs on the trainer's GPU.
+  return trainer + (c.colocate === true ? 0 : rollout) + prmGpus * replicas + student;
 }
 
 export const clusterSchema = section({
@@ -152,7 +153,16 @@ export const clusterSchema = section({
   prm_actors: nonNegativeInt().default(2),
   cpus_per_bundle: positiveNumber().default(1),
   placement_timeout_s: positiveNumber().default(120),
+  colocate: boolean().default(false),
 }).check(
+  check((o, ctx) => {
+    if (o.colocate !== true) return;
+    // One GPU for both: NCCL refuses two ranks on one device, and a bigger trainer group would
+    // need the engine's weights pushed into each of its GPUs' engines.
+    for (const [path, v] of [[['trainer', 'gpus'], (o.trainer as { gpus?: unknown } | undefined)?.gpus], [['rollout', 'gpus'], (o.rollout as { gpus?: unknown } | undefined)?.gpus]] as const) {
+      if (v !== undefined && v !== 1) ctx.addIssue({ code: 'custom', path: [...path], message: `must be 1 with cluster.colocate (the trainer and the rollout engine share one GPU), got ${String(v)}` });
+    }
+  }),
   check((o, ctx) => {
     if (o.ray_address != null) {
       // The shim declares neither when it joins a cluster: it would only log that it ignored them.
@@ -229,7 +239,7 @@ export const trainingSchema = section({
   /** Release checkpoints kept on disk; older ones are deleted (their releases stay listed). */
   keep_checkpoints: positiveInt().default(5),
   /** How a release reaches the rollout engine; `auto` is resolved against `cluster.rollout.engine`. */
-  weight_sync: oneOf(['auto', 'disk', 'distributed']).default('auto'),
+  weight_sync: oneOf(['auto', 'disk', 'distributed', 'tensor']).default('auto'),
   /**
    * How the rollout engine reports logprobs, the one distribution the trainer scores ℓθ, ℓold and
    * the teacher in; `auto` is `tempered` for both engines. `sampled` was removed and is refused

@@ -63,6 +63,8 @@ export interface PrmEngineConfig extends Omit<EngineConfig, 'model_path'> {
   readonly model_path: string | null;
 }
 
+export type WeightSync = 'disk' | 'distributed' | 'tensor';
+
 export interface ClusterSection {
   /** null = start a local Ray head. @default null */
   readonly ray_address: string | null;
@@ -82,6 +84,11 @@ export interface ClusterSection {
   readonly cpus_per_bundle: number;
   /** @default 120 */
   readonly placement_timeout_s: number;
+  /**
+   * The trainer and the rollout engine share one GPU: the engine gives its memory back while the
+   * trainer steps, and each release comes by `update_weights_from_tensor`. @default false
+   */
+  readonly colocate: boolean;
 }
 
 export type StageConfig = Readonly<Record<string, unknown>>;
@@ -111,10 +118,12 @@ export interface ReefConfig {
     readonly keep_checkpoints: number;
     /**
      * How a release reaches the rollout engine: `distributed` (trainer rank 0 broadcasts into the
-     * engine, the checkpoint from disk as fallback) or `disk` (`update_weights_from_disk`). Written
-     * as `auto` (the default) it resolves to `distributed` for an sglang engine, `disk` for hf.
+     * engine, the checkpoint from disk as fallback), `tensor` (colocated: rank 0 hands the weights
+     * over in shared memory, `update_weights_from_tensor`) or `disk` (`update_weights_from_disk`).
+     * Written as `auto` (the default) it resolves to `tensor` when colocated, else `distributed`
+     * for an sglang engine, `disk` for hf.
      */
-    readonly weight_sync: 'disk' | 'distributed';
+    readonly weight_sync: WeightSync;
     /**
      * How the rollout engine reports a sampled token's logprob, the one distribution the trainer
      * scores ℓθ, ℓold and the teacher in: `tempered` (log-softmax of logits / temperature, before

@@ -214,6 +214,7 @@ LAYOUT = Obj({
     "prm": Obj({"gpus": Int(), "replicas": Int()}),
     "student": Nullable(Obj({"gpus": Int()})),
     "cpusPerBundle": Num(),
+    "colocate": Bool(),
 })
 BUNDLE = Obj({"GPU": Num(), "CPU": Num()})
 PLANNED_GROUP = Obj({
@@ -328,7 +329,7 @@ REPLY_FIELDS: dict[str, dict[str, Schema]] = {
     "trainer-step": {"batchId": Str(), "weightVersion": Str(), "checkpointPath": Str(), "metrics": MapOf(Num()),
                      "stepMs": Num(), "trained": Bool()},
     "trainer-load": {"weightVersion": Str()},
-    "trainer-push-weights": {"weightVersion": Str(), "backend": Lit("gloo", "nccl"), "bytes": Int(), "seconds": Num()},
+    "trainer-push-weights": {"weightVersion": Str(), "backend": Lit("gloo", "nccl", "ipc"), "bytes": Int(), "seconds": Num()},
     "trainer-stop": {},
 }
 

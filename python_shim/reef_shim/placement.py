@@ -16,6 +16,9 @@ ROLLOUT_GROUP = "reef-rollout"
 STUDENT_GROUP = "reef-student"
 PRM_GROUP_PREFIX = "reef-prm-"
 GROUP_PREFIX = "reef-"
+# Colocated, the trainer's rank and the rollout engine each take this share of the trainer bundle's
+# GPU and CPUs (Ray hands both the same GPU: the bundle holds one).
+COLOCATED_SHARE = 0.5
 
 
 def prm_group(index: int) -> str:
@@ -52,22 +55,31 @@ def _check_values(layout: dict[str, Any]) -> None:
         raise _invalid("student.gpus", "at least 1 (or student: null for no student engine)", student["gpus"])
     if layout["cpusPerBundle"] <= 0:
         raise _invalid("cpusPerBundle", "greater than 0", fmt_number(layout["cpusPerBundle"]))
+    if layout["colocate"]:
+        for role in ("trainer", "rollout"):
+            if layout[role]["gpus"] != 1:
+                raise _invalid(f"{role}.gpus", "1 with colocate (the trainer and the rollout engine share one GPU)",
+                               layout[role]["gpus"])
 
 
 def _groups(layout: dict[str, Any]) -> list[dict[str, Any]]:
     cpu = layout["cpusPerBundle"]
-    # The trainer's ranks talk over NCCL every step: STRICT_PACK keeps them on one node.
+    # The trainer's ranks talk over NCCL every step: STRICT_PACK keeps them on one node. Colocated,
+    # its one bundle also holds the rollout engine (`COLOCATED_SHARE` of it each), so it has the
+    # CPUs of two.
+    per_bundle = {"GPU": 1, "CPU": _add(cpu, cpu) if layout["colocate"] else cpu}
     groups = [{
         "name": TRAINER_GROUP,
         "role": "trainer",
         "strategy": "STRICT_PACK",
-        "bundles": [{"GPU": 1, "CPU": cpu} for _ in range(layout["trainer"]["gpus"])],
+        "bundles": [dict(per_bundle) for _ in range(layout["trainer"]["gpus"])],
     }]
 
     def single(name: str, role: str, gpus: int) -> dict[str, Any]:
         return {"name": name, "role": role, "strategy": "PACK", "bundles": [{"GPU": gpus, "CPU": cpu}]}
 
-    groups.append(single(ROLLOUT_GROUP, "rollout", layout["rollout"]["gpus"]))
+    if not layout["colocate"]:
+        groups.append(single(ROLLOUT_GROUP, "rollout", layout["rollout"]["gpus"]))
     for i in range(layout["prm"]["replicas"]):
         groups.append(single(prm_group(i), "prm", layout["prm"]["gpus"]))
     if layout["student"] is not None:

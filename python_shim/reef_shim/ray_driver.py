@@ -19,7 +19,7 @@ from typing import Any
 from .engine_process import (EngineProcess, engine_command, engine_env, engine_module, engine_start_timeout_s,
                              pick_free_port, wait_healthy)
 from .errors import ShimError
-from .placement import TRAINER_GROUP, bundle_label, fmt_number, plan_placement
+from .placement import COLOCATED_SHARE, TRAINER_GROUP, bundle_label, fmt_number, plan_placement
 from .proc_tree import descendants, reap
 
 log = logging.getLogger("reef_shim.ray")
@@ -109,6 +109,9 @@ class RayDriver:
         self._lock = threading.Lock()
         self._groups: dict[str, _Group] = {}
         self._engines: dict[str, _Engine] = {}
+        # The last placed layout's `colocate`: the rollout engine and the trainer's rank share the
+        # trainer group's one bundle (`share`), and releases go by `update_weights_from_tensor`.
+        self.colocated = False
         self._connected = False
         self._address: str | None = None
         self._started_head = False
@@ -171,6 +174,7 @@ class RayDriver:
         # Checked against the cluster's totals first, so an impossible layout fails at once and
         # names its bundle, instead of sitting PENDING until the timeout.
         plan = plan_placement(layout, total.get("GPU", 0.0), total.get("CPU", 0.0))
+        self.colocated = bool(layout["colocate"])
         created: list[str] = []
         for planned in plan["groups"]:
             name = planned["name"]
@@ -260,6 +264,11 @@ class RayDriver:
             log.info("placement group %s removed", name)
         return removed
 
+    def share(self, group: str) -> float:
+        """The share of a bundle of `group` that one of its actors takes: all of it, except in the
+        colocated trainer bundle, which the rank and the rollout engine split."""
+        return COLOCATED_SHARE if self.colocated and group == TRAINER_GROUP else 1.0
+
     def placement_group(self, name: str) -> tuple[Any, dict[str, Any]]:
         """The Ray placement group `name` and its PlannedGroup (the trainer places its ranks in it)."""
         self._require_ray()
@@ -307,8 +316,10 @@ class RayDriver:
         module = engine_module(spec["kind"])
         if self._actor_cls is None:
             self._actor_cls = ray.remote(EngineActor)
+        share = self.share(spec["group"])
         actor = self._actor_cls.options(
-            name=f"reef-engine-{name}", num_gpus=bundle["GPU"], num_cpus=min(ENGINE_ACTOR_CPUS, bundle["CPU"]),
+            name=f"reef-engine-{name}", num_gpus=bundle["GPU"] * share,
+            num_cpus=min(ENGINE_ACTOR_CPUS, bundle["CPU"] * share),
             max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=group.pg, placement_group_bundle_index=spec["bundleIndex"]),

@@ -48,7 +48,7 @@ def echo(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _layout() -> dict[str, Any]:
     return {"trainer": {"gpus": 4}, "rollout": {"gpus": 1}, "prm": {"gpus": 1, "replicas": 1},
-            "student": {"gpus": 1}, "cpusPerBundle": 1}
+            "student": {"gpus": 1}, "cpusPerBundle": 1, "colocate": False}
 
 
 def _group(name: str, role: str, strategy: str, n: int, state: str, node: str | None) -> dict[str, Any]:
@@ -100,7 +100,7 @@ def samples() -> list[dict[str, Any]]:
         req("ping"),
         req("init-ray", address=None, numCpus=8, numGpus=7, objectStoreBytes=2**40),
         req("init-ray", address="10.0.0.5:6379", numCpus=None, numGpus=None, objectStoreBytes=None),
-        req("plan-placement", layout={**_layout(), "student": None, "cpusPerBundle": 0.25}),
+        req("plan-placement", layout={**_layout(), "student": None, "cpusPerBundle": 0.25, "colocate": False}),
         req("create-placement", layout=_layout(), timeoutS=60.5),
         req("remove-placement", names=None),
         req("remove-placement", names=["reef-prm-0", "reef-prm-1"]),

@@ -62,7 +62,7 @@ def test_unknown_type() -> None:
      "create-placement.layout: expected a map, got null"),
     ({"type": "create-placement", "requestId": "r", "timeoutS": float("nan"),
       "layout": {"trainer": {"gpus": 1}, "rollout": {"gpus": 1}, "prm": {"gpus": 1, "replicas": 0},
-                 "student": None, "cpusPerBundle": 1}}, "create-placement.timeoutS: expected a finite number"),
+                 "student": None, "cpusPerBundle": 1, "colocate": False}}, "create-placement.timeoutS: expected a finite number"),
     ({"type": "remove-placement", "requestId": "r", "names": ["a", 3]},
      "remove-placement.names[1]: expected a string, got int"),
 ])

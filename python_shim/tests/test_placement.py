@@ -11,9 +11,9 @@ from reef_shim.placement import bundle_label, plan_placement
 
 
 def layout(trainer: int = 4, rollout: int = 1, prm: int = 1, replicas: int = 1, student: int | None = 1,
-           cpus: float = 1) -> dict[str, Any]:
+           cpus: float = 1, colocate: bool = False) -> dict[str, Any]:
     return {"trainer": {"gpus": trainer}, "rollout": {"gpus": rollout}, "prm": {"gpus": prm, "replicas": replicas},
-            "student": None if student is None else {"gpus": student}, "cpusPerBundle": cpus}
+            "student": None if student is None else {"gpus": student}, "cpusPerBundle": cpus, "colocate": colocate}
 
 
 def shape(plan: dict[str, Any]) -> list[tuple[str, str, str, list[tuple[float, float]]]]:
@@ -56,6 +56,10 @@ PLANS = [
         ("reef-prm-0", "prm", "PACK", [(1, 0.7)]),
         ("reef-student", "student", "PACK", [(1, 0.7)]),
     ], 10, 7, id="fractional-cpus-exact-fit"),
+    # The rollout engine lives in the trainer's bundle: one GPU, the CPUs of two.
+    pytest.param(layout(1, 1, 1, 0, None, cpus=0.7, colocate=True), 1, 1.4, [
+        ("reef-trainer", "trainer", "STRICT_PACK", [(1, 1.4)]),
+    ], 1, 1.4, id="colocated-one-gpu"),
 ]
 
 
@@ -101,6 +105,9 @@ INVALID = [
     pytest.param(layout(student=0), "layout.student.gpus must be at least 1", id="student-0"),
     pytest.param(layout(cpus=0), "layout.cpusPerBundle must be greater than 0, got 0", id="cpus-0"),
     pytest.param(layout(cpus=-0.5), "layout.cpusPerBundle must be greater than 0, got -0.5", id="cpus-negative"),
+    pytest.param(layout(trainer=2, colocate=True), "layout.trainer.gpus must be 1 with colocate", id="colocate-2-ranks"),
+    pytest.param(layout(trainer=1, rollout=2, colocate=True), "layout.rollout.gpus must be 1 with colocate",
+                 id="colocate-rollout-2"),
 ]
 
 

@@ -23,7 +23,7 @@ from trainer_fixtures import placed_driver
 
 TESTS_DIR = Path(__file__).resolve().parent
 LAYOUT = {"trainer": {"gpus": 1}, "rollout": {"gpus": 1}, "prm": {"gpus": 1, "replicas": 0}, "student": {"gpus": 1},
-          "cpusPerBundle": 0.5}
+          "cpusPerBundle": 0.5, "colocate": False}
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from reef_shim.messages import pack, unpack
 
 SHIM_DIR = str(Path(__file__).resolve().parents[1])
 LAYOUT = {"trainer": {"gpus": 4}, "rollout": {"gpus": 1}, "prm": {"gpus": 1, "replicas": 1},
-          "student": {"gpus": 1}, "cpusPerBundle": 1}
+          "student": {"gpus": 1}, "cpusPerBundle": 1, "colocate": False}
 
 
 def shim_env() -> dict[str, str]:

@@ -27,7 +27,7 @@ from trainer_fixtures import (check_bf16_step, check_push_serves_its_checkpoint,
                               placed_driver, probe, reference_step, spec, three_tasks)
 
 LAYOUT = {"trainer": {"gpus": 2}, "rollout": {"gpus": 1}, "prm": {"gpus": 1, "replicas": 0}, "student": None,
-          "cpusPerBundle": 1}
+          "cpusPerBundle": 1, "colocate": False}
 LR = 1e-3  # large enough that one step visibly changes the engine's outputs
 
 

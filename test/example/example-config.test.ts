@@ -13,7 +13,7 @@ const SERVE = join(EXAMPLE, 'serve.yaml');
 describe('the example serve.yaml', () => {
   it('validates and describes the reference 7-GPU layout', async () => {
     const cfg = await loadConfig(SERVE);
-    expect(layoutFromConfig(cfg)).toEqual({ trainer: { gpus: 4 }, rollout: { gpus: 1 }, prm: { gpus: 1, replicas: 1 }, student: { gpus: 1 }, cpusPerBundle: 4 });
+    expect(layoutFromConfig(cfg)).toEqual({ trainer: { gpus: 4 }, rollout: { gpus: 1 }, prm: { gpus: 1, replicas: 1 }, student: { gpus: 1 }, cpusPerBundle: 4, colocate: false });
     expect(cfg.cluster.num_gpus).toBe(7);
     expect([cfg.cluster.rollout.engine, cfg.cluster.prm.engine, cfg.cluster.student?.engine]).toEqual(['sglang', 'sglang', 'sglang']);
     expect(cfg.cluster.rollout.model_path).toBe(join(homedir(), 'models/Qwen3-4B-Thinking-2507'));

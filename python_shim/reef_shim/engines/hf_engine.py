@@ -130,6 +130,7 @@ class HFEngine:
 
     def update_weights_from_disk(self, model_path: str, weight_version: str | None) -> None:
         """Load safetensors from `model_path` into the running model; raises WeightError."""
+        self._require_memory()
         state = load_checked_state_dict(Path(model_path), self.config, self.model)
         self._swap(state, weight_version)
         self.model_path = str(Path(model_path).resolve())
@@ -163,8 +164,7 @@ class HFEngine:
             raise WeightError(f"load_format {load_format!r}: the hf engine takes the default (named tensors) only")
         if len(payloads) != 1:
             raise WeightError(f"{len(payloads)} payloads: the hf engine is one rank and takes exactly one")
-        if self.released is not None:
-            raise WeightError("the weights' memory is released: resume_memory_occupation first")
+        self._require_memory()
         try:
             named = deserialize(payloads[0])
         except PayloadError as e:
@@ -172,7 +172,6 @@ class HFEngine:
         state = checked(dict(named), self.model, self.tied)
         # Copied in (and cast) under the generation lock, so nothing here holds on to the sender's memory.
         self._swap(state, weight_version)
-        self.unset -= set(state)
         return len(state)
 
     def _weights(self) -> dict[str, torch.nn.Parameter]:
@@ -219,6 +218,10 @@ class HFEngine:
             self.released = None
         return f"resumed {len(weights)} weight tensors; send them all before generating"
 
+    def _require_memory(self) -> None:
+        if self.released is not None:
+            raise WeightError("the weights' memory is released: resume_memory_occupation first")
+
     def serving_refusal(self) -> str | None:
         """Why the engine cannot generate now (its weights given back, or not all sent again), or None."""
         if self.released is not None:
@@ -230,6 +233,7 @@ class HFEngine:
     def _swap(self, state: dict[str, torch.Tensor], weight_version: str | None) -> None:
         # Everything that can fail was checked before this point: the copy itself does not. The copy
         # casts into the served dtype (an fp32 trainer's weights into a bf16 engine).
+        self._require_memory()
         hold = self.scheduler.exclusive() if self.scheduler is not None else self.lock
         with hold, torch.inference_mode():
             params = dict(self.model.named_parameters(remove_duplicate=False))
@@ -241,6 +245,7 @@ class HFEngine:
                 target.copy_(tensor.to(target.dtype))
             if weight_version is not None:
                 self.weight_version = weight_version
+            self.unset -= set(state)
 
 
 MEMORY_TAGS = ("weights", "kv_cache")

@@ -102,11 +102,12 @@ class TrainerGroup:
         actor = ray.remote(TrainerRank)
         hook = os.environ.get(CRASH_HOOK_ENV) or None
         started = time.monotonic()
+        share = self.driver.share(spec["group"])
         self._ranks = [
             actor.options(
-                num_gpus=bundles[r]["GPU"], num_cpus=bundles[r]["CPU"], max_restarts=0,
+                num_gpus=bundles[r]["GPU"] * share, num_cpus=bundles[r]["CPU"] * share, max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=r),
-            ).remote(r, world, spec["seed"], int(bundles[r]["CPU"]), hook)
+            ).remote(r, world, spec["seed"], max(1, int(bundles[r]["CPU"] * share)), hook)
             for r in range(world)
         ]
         # One deadline for the whole start, not one per phase: the bridge client's timeout for
@@ -265,7 +266,8 @@ class TrainerGroup:
             # The label must be what the ranks hold: after a restart they may hold an older release.
             raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"trainer-push-weights: the trainer holds {self._version}, "
                             f"not {weight_version}")
-        refs = [r.push_weights.remote(engine_url, weight_version, PUSH_TIMEOUT_S) for r in self._ranks]
+        colocated = self.driver.colocated
+        refs = [r.push_weights.remote(engine_url, weight_version, PUSH_TIMEOUT_S, colocated) for r in self._ranks]
         first = self._gather(refs, f"trainer-push-weights {weight_version}", _Deadline(PUSH_TIMEOUT_S + 60))[0]
         if first["error"]:
             raise ShimError("REEF_ERR_WEIGHT_SYNC", f"weight sync into {engine_url} failed: {first['error']}")

@@ -287,23 +287,35 @@ class TrainerRank:
             torch.cuda.synchronize(self.device)
         return out
 
-    def push_weights(self, engine_url: str, weight_version: str, timeout_s: float) -> dict[str, Any]:
+    def push_weights(self, engine_url: str, weight_version: str, timeout_s: float,
+                     colocated: bool = False) -> dict[str, Any]:
         """Every rank helps gather the full weights; rank 0 pushes them into the engine
-        (`weight_push.py`). A failed push is reported, not raised: it breaks no rank."""
+        (`weight_push.py`): over a weight group, or, colocated on one device (where NCCL refuses a
+        group), in shared memory by `update_weights_from_tensor`. A failed push is reported, not
+        raised: it breaks no rank."""
         started = time.monotonic()
         state = self._full_state()
         if self.rank != 0:
             return {"error": None}
-        from .weight_push import WeightPusher, engine_server_info, push_backend, push_dtype
+        from .weight_push import TensorPusher, WeightPusher, engine_server_info, push_backend, push_dtype
 
+        info = engine_server_info(engine_url)
+        dtype = push_dtype(info.get("dtype"), self._checkpoint_config())
+        if colocated:
+            backend = "ipc"
+            try:
+                sent = TensorPusher(engine_url, self.device, timeout_s=timeout_s, dtype=dtype).push(state.items(),
+                                                                                                   weight_version)
+            except Exception as e:  # WeightPushError, or what torch/HTTP raised on the way
+                return {"error": f"{type(e).__name__}: {e}", "backend": backend}
+            return {"error": None, "backend": backend, "bytes": sent, "seconds": time.monotonic() - started}
         # The rendezvous port is picked only now, just before rank 0 binds it: a port picked free
         # before the gather stayed unbound for all of it, and any process's next connection could
         # be given it in the meantime.
         master = self.rendezvous()
-        info = engine_server_info(engine_url)
         backend = push_backend(self.device.type, info.get("device"))
         pusher = WeightPusher(engine_url, backend, master, int(info.get("tp_size") or 1), timeout_s=timeout_s,
-                              dtype=push_dtype(info.get("dtype"), self._checkpoint_config()))
+                              dtype=dtype)
         try:
             pusher.connect()
             sent = pusher.push(state.items(), weight_version)
