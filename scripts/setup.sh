@@ -2,14 +2,54 @@
 # Idempotent set-up: npm packages, the Python venv (cached by lock hash), the TypeScript build and
 # the models (the tiny test model, SmolLM2-135M-Instruct, the demo model). Safe to run again; each
 # step is skipped when already done.
+#
+#   scripts/setup.sh          the venv from python_shim/requirements.lock (CPU; no SGLang)
+#   scripts/setup.sh --gpu    the venv from python_shim/requirements-gpu.lock: the same inputs plus
+#                             SGLang, on SGLang's torch and transformers (Linux x86_64 only);
+#                             `npm run setup -- --gpu` passes the flag through npm
+# Each lock gets its own venv, keyed by its hash: switching locks relinks .venv, never mixes them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
+gpu=0
+for arg in "$@"; do
+  case "$arg" in
+    --gpu) gpu=1 ;;
+    *) echo "setup.sh: unknown argument '$arg' (usage: scripts/setup.sh [--gpu])" >&2; exit 2 ;;
+  esac
+done
 # Bold on a terminal only: escape codes in a CI log or a file are noise.
 if [ -t 1 ] && [ -z "${NO_COLOR:-}" ]; then
   step() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 else
   step() { printf '[setup] %s\n' "$*"; }
+fi
+
+# --- which lock: checked before anything is installed --------------------------------------------
+lock=python_shim/requirements.lock
+python=python3
+pip_flags=()
+venv_prefix=venv
+if [ "$gpu" = 1 ]; then
+  lock=python_shim/requirements-gpu.lock
+  # The GPU lock holds wheels only, for CPython 3.11/3.12 on Linux x86_64; SGLang's need glibc 2.34.
+  py_minor() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true; }
+  python=""
+  for candidate in python3 python3.12 python3.11; do
+    case "$(py_minor "$candidate")" in 3.11|3.12) python=$candidate; break ;; esac
+  done
+  glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}' || true)
+  why=""
+  if [ "$(uname -s)" != Linux ] || [ "$(uname -m)" != x86_64 ]; then why="this machine is $(uname -s) $(uname -m)"
+  elif [ -z "$glibc" ] || [ "$(printf '%s\n' 2.34 "$glibc" | sort -V | head -1)" != 2.34 ]; then why="glibc here is ${glibc:-not found}"
+  elif [ -z "$python" ]; then why="no python3, python3.12 or python3.11 here is CPython 3.11 or 3.12 (python3 is $(py_minor python3))"
+  fi
+  if [ -n "$why" ]; then
+    echo "setup.sh --gpu: $lock installs only on Linux x86_64 with glibc >= 2.34 and CPython 3.11 or 3.12 (SGLang's wheels); $why. Without --gpu, set-up uses the CPU lock." >&2
+    exit 1
+  fi
+  pip_flags=(--require-hashes --only-binary :all:)
+  venv_prefix=venv-gpu
 fi
 
 # --- npm ---------------------------------------------------------------------------------------
@@ -25,14 +65,18 @@ fi
 
 # --- Python venv, cached in the user cache dir keyed by the lock hash --------------------------
 cache_dir="${XDG_CACHE_HOME:-$HOME/.cache}/reef"
-py_hash=$( (cat python_shim/requirements.lock; python3 --version) | sha256sum | cut -c1-16)
-venv="$cache_dir/venv-$py_hash"
+py_hash=$( (cat "$lock"; "$python" --version) | sha256sum | cut -c1-16)
+venv="$cache_dir/$venv_prefix-$py_hash"
 if [ ! -f "$venv/.complete" ]; then
-  step "creating Python venv $venv (torch, ray, transformers: a few minutes the first time)"
+  if [ "$gpu" = 1 ]; then
+    step "creating Python venv $venv from $lock (torch, SGLang, CUDA libraries: about 4.4 GB of wheels, 11 GB installed)"
+  else
+    step "creating Python venv $venv (torch, ray, transformers: a few minutes the first time)"
+  fi
   rm -rf "$venv"
   mkdir -p "$cache_dir"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --progress-bar on -r python_shim/requirements.lock
+  "$python" -m venv "$venv"
+  "$venv/bin/pip" install --progress-bar on ${pip_flags[@]+"${pip_flags[@]}"} -r "$lock"
   touch "$venv/.complete"
 else
   step "Python venv cached at $venv"

@@ -23,8 +23,9 @@ esac
 cd "$ROOT"
 
 # npm packages, the Python venv and the build, each skipped when done: on a fresh clone a bare
-# `npm run build` failed for want of node_modules, and `reef up` for want of .venv.
-bash scripts/setup.sh
+# `npm run build` failed for want of node_modules, and `reef up` for want of .venv. --gpu: every
+# engine here is SGLang, which only the GPU lock's venv has (the CPU venv fails "No module named sglang").
+bash scripts/setup.sh --gpu
 mkdir -p "$HERE/results"
 # Batch lines of an earlier run would mix into this run's reward plot.
 if [ -f "$HERE/results/prm_records.jsonl" ]; then mv "$HERE/results/prm_records.jsonl" "$HERE/results/prm_records.$(date +%s).jsonl"; fi
