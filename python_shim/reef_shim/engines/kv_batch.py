@@ -16,6 +16,7 @@ tokens on SmolLM2-135M).
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -69,9 +70,17 @@ def check_full_attention(config: Any) -> None:
         raise ValueError(f"the hf engine batches full-attention models only; this one has {sorted(kinds)} layers")
 
 
+def cache_argument(model: torch.nn.Module) -> str:
+    """The name the model's forward takes its KV cache by: `cache` from transformers 5.23 on,
+    `past_key_values` before (SGLang 0.5.23 pins transformers 5.19, so the GPU venv has the old one).
+    The output carries it under the same name."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class KVBatch:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
+        self._cache_arg = cache_argument(model)
         self._reset()
 
     def _reset(self) -> None:
@@ -97,7 +106,7 @@ class KVBatch:
     def prefill(self, prompt: list[int]) -> tuple[torch.Tensor, DynamicCache]:
         """The prompt alone through the model: the logits `[V]` of its last position, and its cache."""
         out = self.model(input_ids=torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1], out.cache
+        return out.logits[0, -1], getattr(out, self._cache_arg)
 
     def merge(self, caches: list[DynamicCache]) -> None:
         """Append prefilled rows (`prefill`'s caches) after the running ones, left-padding to the
@@ -132,7 +141,8 @@ class KVBatch:
         """Feed each row its next token (in row order); the logits `[B, V]` of the position after it."""
         mask = torch.cat([self.mask, torch.ones((self.size, 1), dtype=torch.long)], dim=1)
         out = self.model(input_ids=torch.tensor(tokens).unsqueeze(1), attention_mask=mask,
-                         position_ids=self.next_pos.unsqueeze(1), cache=self.cache, use_cache=True)
+                         position_ids=self.next_pos.unsqueeze(1), use_cache=True,
+                         **{self._cache_arg: self.cache})
         self.mask = mask
         self.next_pos = self.next_pos + 1
         return out.logits[:, -1]

@@ -374,7 +374,11 @@ def checkpoint_layers(model: Any) -> None:
     stay outside the recomputation."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    # transformers 5.23 renamed the switch; SGLang 0.5.23's pin (5.19, the GPU venv) has the old name.
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     for module in model.modules():
         if isinstance(module, GradientCheckpointingLayer):
             module.training = True
