@@ -1,4 +1,4 @@
-import { createServer, type ServerResponse } from 'node:http';
+import { createServer, type RequestListener, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { describe, expect, it } from 'vitest';
 import { waitFor } from '../test/helpers/wait.js';
@@ -6,6 +6,20 @@ import { EngineClient, generateBody } from './engine-client.js';
 import { releaseBody } from './generate-body.js';
 
 const parse = (body: Uint8Array) => JSON.parse(Buffer.from(body).toString('utf8')) as unknown;
+
+/** `run` against a client of a loopback server answering with `handler`; both closed after. */
+async function withServer(handler: RequestListener, run: (client: EngineClient) => Promise<void>): Promise<void> {
+  const server = createServer(handler);
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const client = new EngineClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+  try {
+    await run(client);
+  } finally {
+    await client.close();
+    server.closeAllConnections();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  }
+}
 
 describe('generateBody', () => {
   let seed = 7;
@@ -390,22 +404,13 @@ describe('EngineClient.generateStream', () => {
 
 describe('EngineClient.generate', () => {
   async function answering(status: number, body: string, run: (client: EngineClient) => Promise<void>): Promise<void> {
-    const server = createServer((req, res) => {
+    await withServer((req, res) => {
       req.resume();
       req.on('end', () => {
         res.writeHead(status, { 'content-type': 'application/json' });
         res.end(body);
       });
-    });
-    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-    const client = new EngineClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
-    try {
-      await run(client);
-    } finally {
-      await client.close();
-      server.closeAllConnections();
-      await new Promise<void>((resolve) => server.close(() => resolve()));
-    }
+    }, run);
   }
   const req = { input_ids: [1], sampling_params: {} };
 
@@ -468,7 +473,7 @@ describe('EngineClient and SGLang 0.5.23 weight_versions', () => {
   /** A fake engine whose replies' last event carries `spans` (undefined: no field, as older engines). */
   async function withSpans(spans: unknown, run: (client: EngineClient) => Promise<void>): Promise<void> {
     const meta = (finished: boolean) => ({ id: 'r', finish_reason: finished ? { type: 'length', length: 4 } : null, prompt_tokens: 1, completion_tokens: finished ? 4 : 2, weight_version: 'v4', ...(finished && spans !== undefined ? { weight_versions: spans } : {}) });
-    const server = createServer((req, res) => {
+    await withServer((req, res) => {
       let body = '';
       req.on('data', (c: Buffer) => (body += c.toString()));
       req.on('end', () => {
@@ -481,16 +486,7 @@ describe('EngineClient and SGLang 0.5.23 weight_versions', () => {
           res.end(JSON.stringify({ text: 'abcd', output_ids: [1, 2, 3, 4], meta_info: meta(true) }));
         }
       });
-    });
-    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-    const client = new EngineClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
-    try {
-      await run(client);
-    } finally {
-      await client.close();
-      server.closeAllConnections();
-      await new Promise<void>((resolve) => server.close(() => resolve()));
-    }
+    }, run);
   }
   const req = { input_ids: [1], sampling_params: {} };
   const streamed = async (client: EngineClient) => {
