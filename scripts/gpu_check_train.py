@@ -71,9 +71,11 @@ def bf16_decode_tasks(model: Path, like: list[Any], device: str) -> list[Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from reef_shim.engines.kv_batch import cache_argument
     from reef_shim.engines.sampling import sampling_logprobs, tempered_logprobs
 
     net = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.bfloat16).to(device).eval()
+    cache = cache_argument(net)  # the GPU machine's transformers may predate the `cache` name
     g = torch.Generator(device=device).manual_seed(5)
     out = []
     with torch.no_grad():
@@ -88,7 +90,7 @@ def bf16_decode_tasks(model: Path, like: list[Any], device: str) -> list[Any]:
                 ids.append(tok)
                 lps.append(float(lp[tok]))
                 top.append(list(zip(best.indices.tolist(), best.values.tolist())))
-                o = net(input_ids=torch.tensor([[tok]], device=device), past_key_values=o.past_key_values, use_cache=True)
+                o = net(input_ids=torch.tensor([[tok]], device=device), use_cache=True, **{cache: getattr(o, cache)})
             out.append(train_task(i, task.prompt_ids.tolist(), task.teacher_prompt_ids[0].tolist(), ids, lps, top))
     del net
     return out
