@@ -9,7 +9,7 @@ describe('API keys from the environment', () => {
 
   it('are trimmed as a client key is, so a value written with a newline still matches', async () => {
     const specs = resolveApiKeys(await config(), { REEF_TEST_KEY: 'sk-123\n' });
-    expect(specs).toEqual([{ key: 'sk-123', scenarios: ['alpha'], maxConcurrency: 64 }]);
+    expect(specs).toEqual([{ key: 'sk-123', scenarios: ['alpha'], maxConcurrency: 64, requestsPerMinute: null, tokensPerMinute: null }]);
     const auth = new Authenticator(specs);
     expect((auth.authenticate({ authorization: 'Bearer sk-123' }) as Principal).scenarios).toEqual(new Set(['alpha']));
   });

@@ -8,6 +8,20 @@ export interface ApiKeySpec {
   scenarios: readonly string[] | null;
   /** Concurrent requests allowed for this key before 429. */
   maxConcurrency: number;
+  /** Requests per minute, every route but /healthz; null = unlimited. @default null */
+  requestsPerMinute?: number | null;
+  /** Prompt plus completion budget tokens per minute of chat completions; null = unlimited. @default null */
+  tokensPerMinute?: number | null;
+}
+
+/** What every key shares, and what the keyless principal gets. */
+export interface PrincipalLimits {
+  /** /reef/* requests in flight per key (they do not take a chat completion's slot). @default 8 */
+  reefConcurrency?: number;
+  /** The keyless principal's chat completions in flight. @default 256 */
+  openConcurrency?: number;
+  openRequestsPerMinute?: number | null;
+  openTokensPerMinute?: number | null;
 }
 
 export interface Principal {
@@ -15,6 +29,48 @@ export interface Principal {
   id: string;
   scenarios: ReadonlySet<string> | null;
   limiter: ConcurrencyLimiter;
+  /** The /reef/* routes' own slots, so that reports and listings neither wait for nor crowd out generations. */
+  reefLimiter: ConcurrencyLimiter;
+  requests: TokenBucket | null;
+  tokens: TokenBucket | null;
+  /** Where this principal's limits are configured: its keys are this prefix plus the limit's name. */
+  setting: string;
+}
+
+/**
+ * A token bucket refilled continuously at `perMinute / 60` a second up to `perMinute`: a client
+ * may spend a whole minute's worth at once and then as fast as it refills, as OpenAI's limits
+ * behave. Time comes from a monotonic clock so that a wall-clock step neither frees nor freezes it.
+ */
+export class TokenBucket {
+  private level: number;
+  private at: number;
+  constructor(
+    readonly perMinute: number,
+    private readonly now: () => number = () => performance.now(),
+  ) {
+    this.level = perMinute;
+    this.at = now();
+  }
+  private refill(): void {
+    const t = this.now();
+    this.level = Math.min(this.perMinute, this.level + ((t - this.at) * this.perMinute) / 60_000);
+    this.at = t;
+  }
+  /** Takes `n` and returns 0, or takes nothing and returns the whole seconds until `n` are there. */
+  take(n: number): number {
+    this.refill();
+    if (this.level >= n) {
+      this.level -= n;
+      return 0;
+    }
+    return Math.max(1, Math.ceil(((n - this.level) * 60) / this.perMinute));
+  }
+  /** Seconds until anything at all can be taken (0 now): checked before a body is read. */
+  emptyFor(): number {
+    this.refill();
+    return this.level >= 1 ? 0 : Math.max(1, Math.ceil(((1 - this.level) * 60) / this.perMinute));
+  }
 }
 
 export class ConcurrencyLimiter {
@@ -50,7 +106,9 @@ export class Authenticator {
   private readonly keys: Array<{ digest: Buffer; principal: Principal }>;
   private readonly open: Principal | null;
 
-  constructor(specs: readonly ApiKeySpec[], openConcurrency = 256) {
+  constructor(specs: readonly ApiKeySpec[], limits: PrincipalLimits = {}) {
+    const reefConcurrency = limits.reefConcurrency ?? 8;
+    const bucket = (n: number | null | undefined) => (n === null || n === undefined ? null : new TokenBucket(n));
     // The first entry with a key would win and the others' scenarios and limit be ignored: a key
     // limited to scenarios in one entry would still be served as another entry says.
     const first = new Map<string, number>();
@@ -59,11 +117,30 @@ export class Authenticator {
       if (j !== undefined) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}] has the same key as reef.api_keys[${j}]: give each key one entry` });
       first.set(s.key, i);
     });
-    this.keys = specs.map((s) => ({
+    this.keys = specs.map((s, i) => ({
       digest: digest(s.key),
-      principal: { id: digest(s.key).toString('hex').slice(0, 8), scenarios: s.scenarios ? new Set(s.scenarios) : null, limiter: new ConcurrencyLimiter(s.maxConcurrency) },
+      principal: {
+        id: digest(s.key).toString('hex').slice(0, 8),
+        scenarios: s.scenarios ? new Set(s.scenarios) : null,
+        limiter: new ConcurrencyLimiter(s.maxConcurrency),
+        reefLimiter: new ConcurrencyLimiter(reefConcurrency),
+        requests: bucket(s.requestsPerMinute),
+        tokens: bucket(s.tokensPerMinute),
+        setting: `reef.api_keys[${i}].`,
+      },
     }));
-    this.open = specs.length === 0 ? { id: 'open', scenarios: null, limiter: new ConcurrencyLimiter(openConcurrency) } : null;
+    this.open =
+      specs.length === 0
+        ? {
+            id: 'open',
+            scenarios: null,
+            limiter: new ConcurrencyLimiter(limits.openConcurrency ?? 256),
+            reefLimiter: new ConcurrencyLimiter(reefConcurrency),
+            requests: bucket(limits.openRequestsPerMinute),
+            tokens: bucket(limits.openTokensPerMinute),
+            setting: 'reef.limits.keyless_',
+          }
+        : null;
   }
 
   get required(): boolean {

@@ -16,6 +16,7 @@ import { parserFor } from './parsers/index.js';
 import type { PromptTokenizer } from './ports.js';
 import { registerReefRoutes } from './routes/reef.js';
 import { buildGatewayServer } from './server.js';
+import { DiskGuard, limitsFromConfig, ScenarioCap } from './limits.js';
 import { SqliteStore } from './store/sqlite-store.js';
 import { newId } from './store/ids.js';
 import { ChatTokenizer, defaultTokenizerThreads, prepareChat, TokenizerPool } from './tokenize/index.js';
@@ -67,7 +68,7 @@ export function resolveApiKeys(cfg: ReefConfig, env: NodeJS.ProcessEnv = process
     const key = k.key ?? (k.key_env ? env[k.key_env]?.trim() : undefined);
     if (!key) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}].key_env: environment variable ${k.key_env} is not set or is blank` });
     if (!PRINTABLE_ASCII.test(key)) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}].key_env: environment variable ${k.key_env} holds characters other than printable ASCII, which no client can send in a header` });
-    return { key, scenarios: k.scenarios, maxConcurrency: k.max_concurrency };
+    return { key, scenarios: k.scenarios, maxConcurrency: k.max_concurrency, requestsPerMinute: k.requests_per_minute, tokensPerMinute: k.tokens_per_minute };
   });
 }
 
@@ -110,7 +111,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   mkdirSync(cfg.reef.data_dir, { recursive: true });
   const metrics = new GatewayMetrics();
   // Records come only from chat completions: with no other request in flight, none can join a commit.
-  const store = SqliteStore.open(join(cfg.reef.data_dir, 'records.sqlite'), { company: () => metrics.inflightCount > 1 });
+  const store = SqliteStore.open(join(cfg.reef.data_dir, 'records.sqlite'), { company: () => metrics.inflightCount > 1, pageBytes: cfg.reef.limits.page_bytes });
   const engine = new EngineClient(opts.engineUrl, { name: 'rollout' });
   let pool: TokenizerPool | null = null;
   let stopPipeline = () => {};
@@ -139,8 +140,14 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     await pipeline.start();
     metrics.addSection(() => pipeline.render());
     stopPipeline = () => pipeline.stop();
-    const auth = new Authenticator(resolveApiKeys(cfg));
+    const limits = limitsFromConfig(cfg);
+    const auth = new Authenticator(resolveApiKeys(cfg), limits.principals);
+    const disk = new DiskGuard(cfg.reef.data_dir, limits.minFreeDiskBytes);
+    const scenarios = new ScenarioCap((await store.listScenarios()).map((s) => s.name), cfg.reef.limits.max_scenarios);
     const app = buildGatewayServer({
+      limits,
+      disk,
+      scenarios,
       chat,
       auth,
       defaultScenario: cfg.reef.default_scenario,
@@ -149,6 +156,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         registerReefRoutes(a, {
           store,
           defaultScenario: cfg.reef.default_scenario,
+          scenarios,
+          disk,
           status: async () => ({ gateway: { weightVersion: gate.weightVersion, paused: gate.isPaused, inflight: gate.inflight }, ...(await pipeline.refresh()), ...(await opts.status?.()) }),
           releases: async (scenario) => releasesOf(await store.getState(TRAINER_STATE_KEY), scenario),
           ...(opts.rollback

@@ -9,9 +9,10 @@ import { errorBody, sendError, sendReefError } from './http-errors.js';
 import { parsedBodyProblem } from './body-checks.js';
 import { registerOpenAIRoutes } from './routes/openai.js';
 import { NotUtf8Error } from './tokenize/utf8.js';
+import { DEFAULT_LIMITS, rateLimitMessage, type DiskGuard, type GatewayLimits, type ScenarioCap } from './limits.js';
 
 /** 64 MiB: OpenClaw resends whole transcripts with large tool outputs every turn. */
-export const BODY_LIMIT = 64 * 1024 * 1024;
+export const BODY_LIMIT = DEFAULT_LIMITS.bodyBytes;
 
 export interface GatewayServerOptions {
   chat: ChatDeps;
@@ -22,17 +23,50 @@ export interface GatewayServerOptions {
   /** Registers the /reef/* API (records, reports, scenarios, status, releases). */
   registerReefRoutes?: (app: FastifyInstance, principalOf: (req: FastifyRequest) => Principal) => void;
   logger?: boolean;
+  /** Timeouts, connection cap and body limits (`reef.limits`). @default DEFAULT_LIMITS */
+  limits?: GatewayLimits;
+  /** Refuses generation when the data dir's disk is nearly full; null = never refused. @default null */
+  disk?: DiskGuard | null;
+  /** Bounds how many scenarios there are; null = unbounded. @default null */
+  scenarios?: ScenarioCap | null;
+}
+
+/**
+ * How often Node looks for requests past their headers or request timeout. Its default, 30 s, would
+ * let a 1 s timeout run 31 s; a quarter of the shorter timeout keeps the overrun to a quarter.
+ */
+export function checkingIntervalMs(limits: GatewayLimits): number {
+  return Math.min(30_000, Math.max(100, Math.min(limits.headersTimeoutMs, limits.requestTimeoutMs) / 4));
+}
+
+/** Sets the socket's inactivity timeout (0: none); requests injected without a socket (tests) have none to set. */
+function socketTimeout(request: FastifyRequest, ms: number): void {
+  const socket = request.raw.socket as { setTimeout?: unknown } | undefined;
+  if (typeof socket?.setTimeout === 'function') request.raw.socket.setTimeout(ms);
+}
+
+/** Whether the request has body bytes that have not been read yet. */
+function bodyUnread(request: FastifyRequest): boolean {
+  return !request.raw.complete && (request.headers['transfer-encoding'] !== undefined || Number(request.headers['content-length'] ?? 0) > 0);
 }
 
 const PRINCIPAL = Symbol('reef.principal');
 type WithPrincipal = FastifyRequest & { [PRINCIPAL]?: Principal };
 
 export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance {
+  const limits = opts.limits ?? DEFAULT_LIMITS;
   const app = Fastify({
     logger: opts.logger ?? false,
-    bodyLimit: BODY_LIMIT,
+    bodyLimit: limits.bodyBytes,
     // Keep-alive clients (the SDKs) reuse sockets across turns.
-    keepAliveTimeout: 75_000,
+    keepAliveTimeout: limits.keepAliveTimeoutMs,
+    // Node's requestTimeout runs from a request's first byte until it has been received whole; the
+    // response is not timed, so a generation streamed for ten minutes is not cut. No socket
+    // inactivity timeout (fastify's connectionTimeout): a non-streamed completion sends nothing
+    // until it is done, which for a long generation is minutes. Bodies get their own idle bound
+    // (preParsing below).
+    requestTimeout: limits.requestTimeoutMs,
+    http: { headersTimeout: limits.headersTimeoutMs, connectionsCheckingInterval: checkingIntervalMs(limits) },
     // Fastify's own 503 while closing has its own body and no Retry-After; onRequest answers instead.
     return503OnClosing: false,
     // Errors fastify raises before routing (a URL that is not valid percent-encoding) get the
@@ -57,6 +91,9 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
       socket.destroy(err);
     },
   });
+  // Past the cap Node closes a new connection as it is accepted, so file descriptors stay bounded
+  // and the engine's connection pool and the store still get theirs.
+  app.server.maxConnections = limits.maxConnections;
   const { metrics } = opts.chat;
   // Only without keys: a page in a browser holds no key, so a keyed gateway already refuses it, and
   // a keyed gateway is the one put behind proxies that send whatever Host their clients used.
@@ -111,6 +148,13 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
       return;
     }
     (request as WithPrincipal)[PRINCIPAL] = principal;
+    // Every route a key reaches counts, the Reef API included: a loop of listings or reports costs
+    // the store and the event loop as much as completions do.
+    const wait = principal.requests?.take(1) ?? 0;
+    if (wait > 0) {
+      sendError(reply, 'REEF_ERR_RATE_LIMIT', rateLimitMessage(principal.requests!.perMinute, 'requests', `${principal.setting}requests_per_minute`, '', wait), { retryAfterS: wait });
+      return;
+    }
     // Before the body is read, so no handler runs: why JSON is required is at STATE_CHANGING. An
     // unknown route stays a 404.
     const contentType = request.headers['content-type'];
@@ -118,7 +162,45 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
       sendError(reply, 'REEF_ERR_BODY', `${request.method} ${request.routeOptions.url} needs content-type: application/json, got ${contentType === undefined ? 'none' : JSON.stringify(contentType)} (send {} when there is nothing to say)`, { status: 415 });
       return;
     }
+    // The Reef API has its own slots per key: taking a chat completion's would let a busy agent's
+    // generations block its own reports, and taking none let listings pile up without bound.
+    if (request.routeOptions.url?.startsWith('/reef/')) {
+      if (!principal.reefLimiter.tryAcquire()) {
+        sendError(reply, 'REEF_ERR_RATE_LIMITED', `too many concurrent /reef requests for this API key (limit ${principal.reefLimiter.limit}, reef.limits.reef_concurrency)`, { retryAfterS: 1 });
+        return;
+      }
+      reply.raw.once('close', () => principal.reefLimiter.release());
+    }
     done();
+  });
+
+  // A body no one reads holds its socket for as long as the client cares to send it: a pause of
+  // body_idle_timeout_s between two pieces ends the connection (Node measures the socket's reads).
+  // Cleared once the body is in, so a generation's silence is not taken for a stalled upload.
+  app.addHook('preParsing', (request, _reply, payload, done) => {
+    if (!request.raw.complete) socketTimeout(request, limits.bodyIdleTimeoutMs);
+    done(null, payload);
+  });
+  app.addHook('preValidation', (request, _reply, done) => {
+    socketTimeout(request, 0);
+    done();
+  });
+
+  // An answer sent before the body was read (401, 429, 415, 413, 503) closes the connection. Node
+  // would otherwise keep reading the unread body to reach the next request, for as long as the
+  // client sends it, on a socket that no limit counts any more.
+  app.addHook('onSend', (request, reply, payload, done) => {
+    if (bodyUnread(request)) {
+      reply.header('connection', 'close');
+      socketTimeout(request, 0);
+    }
+    done(null, payload);
+  });
+
+  // Reports, scenarios and rollbacks are small: 64 MiB of JSON parsed and walked on the event loop
+  // would stall every generation for seconds.
+  app.addHook('onRoute', (route) => {
+    if (route.url.startsWith('/reef/') && route.bodyLimit === undefined) route.bodyLimit = limits.reefBodyBytes;
   });
 
   // Chat completions arrive as raw bytes; their preparation runs the same check on the parsed body.
@@ -134,9 +216,12 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
 
   // Framework-level failures (bad JSON, wrong content type, too large) still answer with the
   // OpenAI error body and a 4xx, never a 5xx.
-  app.setErrorHandler((err: Error & { statusCode?: number; code?: string }, _request, reply) => {
+  app.setErrorHandler((err: Error & { statusCode?: number; code?: string }, request, reply) => {
     const status = err.statusCode ?? 500;
-    if (status === 413) return sendError(reply, 'REEF_ERR_TOO_LARGE', `request body is larger than ${BODY_LIMIT} bytes`);
+    if (status === 413) {
+      const limit = request.routeOptions.bodyLimit ?? limits.bodyBytes;
+      return sendError(reply, 'REEF_ERR_TOO_LARGE', `request body is larger than ${limit} bytes (${request.routeOptions.url?.startsWith('/reef/') ? 'reef.limits.reef_body_bytes' : 'reef.limits.body_bytes'})`);
+    }
     if (status >= 400 && status < 500) {
       const message = err.code === 'FST_ERR_CTP_INVALID_JSON_BODY' || err instanceof SyntaxError ? `request body is not valid JSON: ${err.message}` : err.message;
       return sendError(reply, 'REEF_ERR_BODY', message, { status: status === 415 ? 415 : 400 });
@@ -160,7 +245,7 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
     // other than ASCII, and text/plain without one is Latin-1 to clients that follow HTTP/1.1's default.
     return reply.type('text/plain; version=0.0.4; charset=utf-8').send(metrics.render(p.scenarios === null ? null : (s) => canSee(p, s)));
   });
-  registerOpenAIRoutes(app, opts.chat, { defaultScenario: opts.defaultScenario, principalOf });
+  registerOpenAIRoutes(app, opts.chat, { defaultScenario: opts.defaultScenario, principalOf, disk: opts.disk ?? null, scenarios: opts.scenarios ?? null });
   opts.registerReefRoutes?.(app, principalOf);
   return app;
 }

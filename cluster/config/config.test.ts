@@ -45,6 +45,9 @@ describe('errors name the full path', () => {
     { name: 'key scenario the store refuses', raw: { ...minimal(), reef: { api_keys: [{ key: 'k', scenarios: ['alpha', '_x'] }] } }, line: 'reef.api_keys[0].scenarios[1]: expected a scenario name (lower-case letters, digits, ".", "_" and "-", starting with a letter or digit, at most 64), got "_x"' },
     { name: 'key with whitespace around it', raw: { ...minimal(), reef: { api_keys: [{ key: 'k\n' }] } }, line: 'reef.api_keys[0].key: must not begin or end with whitespace' },
     { name: 'key a client cannot send in a header', raw: { ...minimal(), reef: { api_keys: [{ key: 'clé-secrète' }] } }, line: 'reef.api_keys[0].key: must be printable ASCII (characters a client can send in a header)' },
+    { name: 'rate limit of zero', raw: { ...minimal(), reef: { api_keys: [{ key: 'k', requests_per_minute: 0 }] } }, line: 'reef.api_keys[0].requests_per_minute: expected a positive integer, got 0' },
+    { name: 'headers timeout past the request timeout', raw: { ...minimal(), reef: { limits: { request_timeout_s: 10, headers_timeout_s: 20 } } }, line: 'reef.limits.headers_timeout_s: must not be more than reef.limits.request_timeout_s (10), which covers the headers too' },
+    { name: 'unknown limit', raw: { ...minimal(), reef: { limits: { max_connection: 5 } } }, line: 'reef.limits.max_connection: unknown key; did you mean max_connections?' },
     { name: 'num_gpus too small', raw: { ...minimal(), cluster: { ...minimal().cluster, num_gpus: 3 } }, line: 'cluster.num_gpus: the layout needs 6 GPUs, got 3' },
     { name: 'unknown recipe module', raw: { ...minimal(), recipe: { implementation: 'recipes.nope.recipe:X' } }, line: 'recipe.implementation: no module recipes.nope.recipe' },
     { name: 'unknown recipe export', raw: { ...minimal(), recipe: { implementation: 'recipes.openclawrl.recipe:Nope' } }, line: 'recipe.implementation: module recipes.openclawrl.recipe has no export Nope' },
@@ -90,7 +93,7 @@ describe('non-loopback host needs an api key', () => {
   });
   it('a key_env key is enough', async () => {
     const cfg = await ok({ ...minimal(), reef: { host: '0.0.0.0', api_keys: [{ key_env: 'REEF_KEY' }] } });
-    expect(cfg.reef.api_keys).toEqual([{ key: null, key_env: 'REEF_KEY', scenarios: null, max_concurrency: 64 }]);
+    expect(cfg.reef.api_keys).toEqual([{ key: null, key_env: 'REEF_KEY', scenarios: null, max_concurrency: 64, requests_per_minute: null, tokens_per_minute: null }]);
   });
 });
 
@@ -157,7 +160,13 @@ describe('overrides', () => {
 describe('resolved config', () => {
   it('applies defaults', async () => {
     const cfg = await ok(minimal());
-    expect(cfg.reef).toEqual({ host: '127.0.0.1', port: 8600, api_keys: [], allowed_hosts: [], allowed_origins: [], data_dir: '/srv/reef/.reef', default_scenario: 'default', default_max_tokens: 1024, log_level: 'info' });
+    expect(cfg.reef).toEqual({ host: '127.0.0.1', port: 8600, api_keys: [], allowed_hosts: [], allowed_origins: [], data_dir: '/srv/reef/.reef', default_scenario: 'default', default_max_tokens: 1024, log_level: 'info',
+      limits: {
+        request_timeout_s: 120, headers_timeout_s: 30, body_idle_timeout_s: 30, keep_alive_timeout_s: 75, max_connections: 1024,
+        body_bytes: 64 * 1024 * 1024, reef_body_bytes: 4 * 1024 * 1024, reef_concurrency: 8, page_bytes: 8 * 1024 * 1024, max_scenarios: 1000,
+        min_free_disk_mb: 256, keyless_max_concurrency: 256, keyless_requests_per_minute: null, keyless_tokens_per_minute: null,
+      },
+    });
     expect(cfg.cluster).toMatchObject({ ray_address: null, num_gpus: 6, num_cpus: null, trainer: { gpus: 4 }, prm_actors: 2, cpus_per_bundle: 1, placement_timeout_s: 120, student: null });
     expect(cfg.cluster.rollout).toEqual({ gpus: 1, engine: 'sglang', model_path: '/models/policy', port: 0, extra_args: [] });
     expect(cfg.cluster.prm).toEqual({ gpus: 1, engine: 'sglang', model_path: '/models/prm', port: 0, extra_args: [], replicas: 1 });

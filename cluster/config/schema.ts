@@ -6,7 +6,7 @@ import { isIPv4, isIPv6 } from 'node:net';
 import { z } from 'zod';
 import { SCENARIO_RE, SCENARIO_RULE } from '../../actors/runtime/scenario-name.js';
 import { isPlainObject } from './keys.js';
-import { boolean, envName, nonEmptyString, nonNegativeInt, oneOf, port, positiveInt, positiveNumber, section, stringList } from './kit.js';
+import { boolean, envName, nonEmptyString, nonNegativeInt, nonNegativeNumber, oneOf, port, positiveInt, positiveNumber, section, stringList } from './kit.js';
 
 /** Runs an object-level check even when some of its fields failed, so all errors are collected. */
 const always = { when: () => true };
@@ -57,6 +57,10 @@ const apiKey = z
       key_env: envName().nullable().default(null),
       scenarios: z.array(scenarioName(), { error: 'expected a list of scenario names' }).nullable().default(null),
       max_concurrency: positiveInt().default(64),
+      // Off unless set: a limit that nobody configured must not start refusing an agent that ran
+      // fine before (OpenAI's own limits are per account tier, so no default fits every deployment).
+      requests_per_minute: positiveInt().nullable().default(null),
+      tokens_per_minute: positiveInt().nullable().default(null),
     },
     { error: 'expected a mapping' },
   )
@@ -88,6 +92,31 @@ const webOrigin = () => {
   }, e);
 };
 
+/** How the HTTP listener bounds slow clients, connections, bodies and disk (security review H6, M2, M4). */
+const limits = section({
+  request_timeout_s: positiveNumber().default(120),
+  headers_timeout_s: positiveNumber().default(30),
+  body_idle_timeout_s: positiveNumber().default(30),
+  keep_alive_timeout_s: positiveNumber().default(75),
+  max_connections: positiveInt().default(1024),
+  body_bytes: positiveInt().default(64 * 1024 * 1024),
+  reef_body_bytes: positiveInt().default(4 * 1024 * 1024),
+  reef_concurrency: positiveInt().default(8),
+  page_bytes: positiveInt().default(8 * 1024 * 1024),
+  max_scenarios: positiveInt().default(1000),
+  min_free_disk_mb: nonNegativeNumber().default(256),
+  keyless_max_concurrency: positiveInt().default(256),
+  keyless_requests_per_minute: positiveInt().nullable().default(null),
+  keyless_tokens_per_minute: positiveInt().nullable().default(null),
+}).check(
+  check((o, ctx) => {
+    const headers = typeof o.headers_timeout_s === 'number' ? o.headers_timeout_s : 30;
+    const request = typeof o.request_timeout_s === 'number' ? o.request_timeout_s : 120;
+    // Node refuses a headers timeout longer than the request's, which includes the headers.
+    if (headers > request) ctx.addIssue({ code: 'custom', path: ['headers_timeout_s'], message: `must not be more than reef.limits.request_timeout_s (${request}), which covers the headers too` });
+  }),
+);
+
 export const reefSchema = section({
   host: nonEmptyString().default('127.0.0.1'),
   port: port().default(8600),
@@ -98,6 +127,7 @@ export const reefSchema = section({
   default_scenario: scenarioName().default('default'),
   default_max_tokens: positiveInt().nullable().default(1024),
   log_level: oneOf(['debug', 'info', 'warn', 'error']).default('info'),
+  limits,
 }).check(
   check((o, ctx) => {
     const host = typeof o.host === 'string' ? o.host : '127.0.0.1';

@@ -20,6 +20,42 @@ export interface ApiKeyConfig {
   readonly scenarios: readonly string[] | null;
   /** @default 64 */
   readonly max_concurrency: number;
+  /** Requests per minute, every route but /healthz; null = unlimited. @default null */
+  readonly requests_per_minute: number | null;
+  /** Prompt tokens plus completion budget per minute of chat completions; null = unlimited. @default null */
+  readonly tokens_per_minute: number | null;
+}
+
+/** How the HTTP listener bounds slow clients, connections, bodies and disk (docs/config.md). */
+export interface LimitsSection {
+  /** Time to receive a whole request, headers and body; its response is not timed. @default 120 */
+  readonly request_timeout_s: number;
+  /** @default 30 */
+  readonly headers_timeout_s: number;
+  /** Longest pause between two pieces of a body. @default 30 */
+  readonly body_idle_timeout_s: number;
+  /** @default 75 */
+  readonly keep_alive_timeout_s: number;
+  /** @default 1024 */
+  readonly max_connections: number;
+  /** @default 67108864 (64 MiB) */
+  readonly body_bytes: number;
+  /** @default 4194304 (4 MiB) */
+  readonly reef_body_bytes: number;
+  /** /reef/* requests in flight per key. @default 8 */
+  readonly reef_concurrency: number;
+  /** @default 8388608 (8 MiB) */
+  readonly page_bytes: number;
+  /** @default 1000 */
+  readonly max_scenarios: number;
+  /** 0 = never checked. @default 256 */
+  readonly min_free_disk_mb: number;
+  /** @default 256 */
+  readonly keyless_max_concurrency: number;
+  /** @default null */
+  readonly keyless_requests_per_minute: number | null;
+  /** @default null */
+  readonly keyless_tokens_per_minute: number | null;
 }
 
 export interface ReefSection {
@@ -41,6 +77,7 @@ export interface ReefSection {
   readonly default_max_tokens: number | null;
   /** @default 'info' */
   readonly log_level: LogLevel;
+  readonly limits: LimitsSection;
 }
 
 export interface EngineConfig {

@@ -48,17 +48,19 @@ export interface ApiKeyRaw {
   key_env?: string;
   scenarios?: string[] | null;
   max_concurrency?: number;
+  requests_per_minute?: number | null;
+  tokens_per_minute?: number | null;
 }
 
-/** The CPU example's raw YAML tree with the data dir and keys replaced. */
-export function rawConfig(dataDir: string, apiKeys: ApiKeyRaw[] = []): Record<string, unknown> {
+/** The CPU example's raw YAML tree with the data dir, keys and `reef.limits` replaced. */
+export function rawConfig(dataDir: string, apiKeys: ApiKeyRaw[] = [], limits: Record<string, unknown> = {}): Record<string, unknown> {
   const raw = YAML.parse(readFileSync(CPU_EXAMPLE, 'utf8')) as Record<string, Record<string, unknown>>;
-  raw.reef = { ...raw.reef, data_dir: dataDir, api_keys: apiKeys };
+  raw.reef = { ...raw.reef, data_dir: dataDir, api_keys: apiKeys, limits };
   return raw;
 }
 
-export async function testConfig(dataDir: string, apiKeys: ApiKeyRaw[] = []): Promise<ReefConfig> {
-  return resolveConfig(rawConfig(dataDir, apiKeys), { baseDir: dirname(CPU_EXAMPLE) });
+export async function testConfig(dataDir: string, apiKeys: ApiKeyRaw[] = [], limits: Record<string, unknown> = {}): Promise<ReefConfig> {
+  return resolveConfig(rawConfig(dataDir, apiKeys, limits), { baseDir: dirname(CPU_EXAMPLE) });
 }
 
 export interface Stack {
@@ -69,11 +71,11 @@ export interface Stack {
   close(): Promise<void>;
 }
 
-export async function startStack(opts: { engine?: FakeEngineOptions; apiKeys?: ApiKeyRaw[]; tokenizerThreads?: number; inlinePrepareBytes?: number; log?: (line: string) => void } = {}): Promise<Stack> {
+export async function startStack(opts: { engine?: FakeEngineOptions; apiKeys?: ApiKeyRaw[]; limits?: Record<string, unknown>; tokenizerThreads?: number; inlinePrepareBytes?: number; log?: (line: string) => void } = {}): Promise<Stack> {
   ensureBuilt();
   const dataDir = mkdtempSync(join(tmpdir(), 'reef-gw-'));
   const engine = await startFakeEngine(opts.engine ?? {});
-  const config = await testConfig(dataDir, opts.apiKeys);
+  const config = await testConfig(dataDir, opts.apiKeys, opts.limits);
   let gw: Gateway;
   try {
     gw = await startGateway({ config, engineUrl: engine.url, listen: { host: '127.0.0.1', port: 0 }, tokenizerThreads: opts.tokenizerThreads ?? 1, ...(opts.inlinePrepareBytes !== undefined ? { inlinePrepareBytes: opts.inlinePrepareBytes } : {}), ...(opts.log ? { log: opts.log } : {}) });

@@ -7,6 +7,7 @@ import { streamCompletion, type SseSink } from '../chat-stream.js';
 import { sendError, sendReefError } from '../http-errors.js';
 import { canSee, type Principal } from '../auth.js';
 import { SCENARIO_RE } from '../store/rows.js';
+import { rateLimitMessage, type DiskGuard, type ScenarioCap } from '../limits.js';
 
 const TAG_PREFIX = 'x-reef-tag-';
 
@@ -27,7 +28,84 @@ export function scenarioOf(req: FastifyRequest, fallback: string): string {
 }
 
 
-export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts: { defaultScenario: string; principalOf: (req: FastifyRequest) => Principal }): void {
+export interface OpenAIRouteOptions {
+  defaultScenario: string;
+  principalOf: (req: FastifyRequest) => Principal;
+  disk?: DiskGuard | null;
+  scenarios?: ScenarioCap | null;
+}
+
+/** What the chat route's preParsing admitted, for its handler; null when it refused. */
+interface Admitted {
+  principal: Principal;
+  scenario: string;
+  /** Gives the key's slot back, once; called by the handler, or by the response's close if none ran. */
+  release(): void;
+  handled: boolean;
+}
+const ADMITTED = Symbol('reef.admitted');
+type WithAdmitted = FastifyRequest & { [ADMITTED]?: Admitted };
+
+/**
+ * Everything a chat completion can be refused for without its body, checked before the body is
+ * read: a refused request never costs the gateway its upload, and `max_concurrency` bounds bodies
+ * being received as well as generations. Answers and returns null, or returns what was admitted.
+ */
+function admit(request: FastifyRequest, reply: FastifyReply, deps: ChatDeps, opts: OpenAIRouteOptions): Admitted | null {
+  const principal = opts.principalOf(request);
+  const scenario = scenarioOf(request, opts.defaultScenario);
+  if (!SCENARIO_RE.test(scenario)) {
+    sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `x-reef-scenario ${JSON.stringify(scenario)} is not a valid scenario name ([a-z0-9][a-z0-9._-]{0,63})`, { param: 'x-reef-scenario' });
+    return null;
+  }
+  if (!canSee(principal, scenario)) {
+    sendReefError(reply, new ReefError('REEF_ERR_FORBIDDEN', { scenario }));
+    return null;
+  }
+  // Before the engine generates: at a full disk the record's commit would fail after it.
+  const full = opts.disk?.check() ?? null;
+  if (full !== null) {
+    sendError(reply, full.code, full.message, { retryAfterS: 30 });
+    return null;
+  }
+  // A spent token budget is known before the body: the request's own cost is charged once it is
+  // tokenized (the handler).
+  const spent = principal.tokens?.emptyFor() ?? 0;
+  if (spent > 0) {
+    sendError(reply, 'REEF_ERR_RATE_LIMIT', rateLimitMessage(principal.tokens!.perMinute, 'tokens', `${principal.setting}tokens_per_minute`, '', spent), { retryAfterS: spent });
+    return null;
+  }
+  if (!principal.limiter.tryAcquire()) {
+    sendError(reply, 'REEF_ERR_RATE_LIMITED', new ReefError('REEF_ERR_RATE_LIMITED', { limit: principal.limiter.limit }).message, { retryAfterS: 1 });
+    return null;
+  }
+  // Last, after every refusal that does not count a scenario: a refused request must not use up
+  // a place under the cap.
+  const capped = opts.scenarios?.admit(scenario) ?? null;
+  if (capped !== null) {
+    principal.limiter.release();
+    sendReefError(reply, capped, 'x-reef-scenario');
+    return null;
+  }
+  let released = false;
+  const admitted: Admitted = {
+    principal,
+    scenario,
+    handled: false,
+    release: () => {
+      if (released) return;
+      released = true;
+      principal.limiter.release();
+    },
+  };
+  // A body that never arrives whole (timeout, reset, too large) runs no handler to give the slot back.
+  reply.raw.once('close', () => {
+    if (!admitted.handled) admitted.release();
+  });
+  return admitted;
+}
+
+export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts: OpenAIRouteOptions): void {
   const model = () => ({ id: deps.modelName, object: 'model', created: 0, owned_by: 'reef', max_model_len: deps.tokenizer.contextLength });
   app.get('/v1/models', async () => ({ object: 'list', data: [model()] }));
   // The SDKs' models.retrieve(id); some clients check the model they were configured with this way.
@@ -43,24 +121,36 @@ export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts:
   void app.register(async (scope) => {
     scope.removeContentTypeParser('application/json');
     scope.addContentTypeParser('application/json', (request, payload, done) => readSharedBody(request, payload, done));
+    scope.addHook('preParsing', (request, reply, payload, done) => {
+      const admitted = admit(request, reply, deps, opts);
+      if (admitted === null) return;
+      (request as WithAdmitted)[ADMITTED] = admitted;
+      done(null, payload);
+    });
     scope.post('/v1/chat/completions', async (request, reply) => {
-      const principal = opts.principalOf(request);
-      // text/plain arrives as a string (fastify's text parser): not a request object.
-      if (!(request.body instanceof Uint8Array)) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'body: request body must be a JSON object');
-      const scenario = scenarioOf(request, opts.defaultScenario);
-      if (!SCENARIO_RE.test(scenario)) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `x-reef-scenario ${JSON.stringify(scenario)} is not a valid scenario name ([a-z0-9][a-z0-9._-]{0,63})`, { param: 'x-reef-scenario' });
-      if (!canSee(principal, scenario)) return sendReefError(reply, new ReefError('REEF_ERR_FORBIDDEN', { scenario }));
-      if (!principal.limiter.tryAcquire()) {
-        return sendError(reply, 'REEF_ERR_RATE_LIMITED', new ReefError('REEF_ERR_RATE_LIMITED', { limit: principal.limiter.limit }).message, { retryAfterS: 1 });
-      }
+      const admitted = (request as WithAdmitted)[ADMITTED]!;
+      admitted.handled = true;
+      const { principal, scenario } = admitted;
       deps.metrics.inflightCount++;
       let lease: Int32Array | null = null;
       try {
+        // text/plain arrives as a string (fastify's text parser): not a request object.
+        if (!(request.body instanceof Uint8Array)) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'body: request body must be a JSON object');
         const tags = tagsOf(request.headers);
         const ctx = { scenario, tags, sessionKey: tags['session'] ? `${scenario}\u0000${tags['session']}` : null, startedAt: Date.now() };
         const p = await prepare(deps, request.body, ctx);
         if (!('id' in p)) return sendError(reply, p.code, p.message, { param: p.param });
         lease = p.bodyLease;
+        // Charged whole before generating, as OpenAI counts max_tokens: a key cannot pass its
+        // budget by keeping long generations in flight, and what it is charged is known up front.
+        if (principal.tokens !== null) {
+          const cost = p.promptIds.length + p.maxNewTokens;
+          if (cost > principal.tokens.perMinute) {
+            return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `this request needs ${cost} tokens (${p.promptIds.length} in the prompt, ${p.maxNewTokens} of completion budget), more than ${principal.setting}tokens_per_minute (${principal.tokens.perMinute}) allows in a minute: lower max_tokens or shorten the messages`, { param: 'max_tokens' });
+          }
+          const wait = principal.tokens.take(cost);
+          if (wait > 0) return sendError(reply, 'REEF_ERR_RATE_LIMIT', rateLimitMessage(principal.tokens.perMinute, 'tokens', `${principal.setting}tokens_per_minute`, `, and this request needs ${cost}`, wait), { retryAfterS: wait });
+        }
         if (p.stream) return await stream(deps, p, request, reply);
         return await once(deps, p, reply);
       } catch (err) {
@@ -69,26 +159,33 @@ export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts:
         // The engine request has ended either way: the session's next body may reuse this one's memory.
         releaseBody(lease);
         deps.metrics.inflightCount--;
-        principal.limiter.release();
+        admitted.release();
       }
     });
   });
 }
 
+/** What a body's reading starts with: an OpenClaw turn (~40 KB) fits, so most bodies are never copied. */
+export const FIRST_BODY_BUFFER = 64 * 1024;
+
 /**
  * Reads a request body into shared memory. The body goes to a tokenizer worker and is kept by the
  * record; in a SharedArrayBuffer it crosses to the worker without a copy on either side (a 38 KB
  * OpenClaw body: ~50 µs less per round trip). Nothing writes to it after this.
+ * Memory follows the bytes received, not the content-length declared: a client that declares
+ * 64 MiB and sends nothing holds at most the first buffer. The buffer doubles as bytes arrive, up
+ * to the declared length, so a body costs at most twice its size while it is read, and one copy
+ * per doubling (log2 of its size in 64 KiB steps).
  * Limits and errors as fastify's own reader: 413 past the body limit, 400 for a body shorter than
  * its content-length or a broken upload.
  */
 export function readSharedBody(request: FastifyRequest, payload: NodeJS.ReadableStream, done: (err: Error | null, body?: unknown) => void): void {
   const limit = request.routeOptions.bodyLimit ?? Number.POSITIVE_INFINITY;
-  const declared = Number(request.headers['content-length']);
-  if (declared > limit) return done(new errorCodes.FST_ERR_CTP_BODY_TOO_LARGE());
-  // With a content-length the bytes go straight to their place; chunked uploads are gathered first.
-  let body = Number.isSafeInteger(declared) && declared >= 0 ? Buffer.from(new SharedArrayBuffer(declared)) : null;
-  const chunks: Buffer[] = [];
+  const raw = Number(request.headers['content-length']);
+  const declared = Number.isSafeInteger(raw) && raw >= 0 ? raw : null;
+  if (declared !== null && declared > limit) return done(new errorCodes.FST_ERR_CTP_BODY_TOO_LARGE());
+  // Without a content-length the final size is known at the end only: one last copy then.
+  let body = Buffer.from(new SharedArrayBuffer(Math.min(declared ?? FIRST_BODY_BUFFER, FIRST_BODY_BUFFER)));
   let received = 0;
   const finish = (err: Error | null, value?: unknown) => {
     payload.removeListener('data', onData);
@@ -98,21 +195,26 @@ export function readSharedBody(request: FastifyRequest, payload: NodeJS.Readable
   };
   const onData = (chunk: Buffer | string) => {
     const bytes = typeof chunk === 'string' ? Buffer.from(chunk) : chunk;
-    if (received + bytes.length > limit) return finish(new errorCodes.FST_ERR_CTP_BODY_TOO_LARGE());
-    if (body === null) chunks.push(bytes);
-    else if (received + bytes.length > body.length) return finish(new errorCodes.FST_ERR_CTP_INVALID_CONTENT_LENGTH());
-    else body.set(bytes, received);
-    received += bytes.length;
+    const need = received + bytes.length;
+    if (need > limit) return finish(new errorCodes.FST_ERR_CTP_BODY_TOO_LARGE());
+    if (declared !== null && need > declared) return finish(new errorCodes.FST_ERR_CTP_INVALID_CONTENT_LENGTH());
+    if (need > body.length) {
+      let size = body.length * 2;
+      while (size < need) size *= 2;
+      const grown = Buffer.from(new SharedArrayBuffer(declared === null ? size : Math.min(size, declared)));
+      grown.set(body.subarray(0, received));
+      body = grown;
+    }
+    body.set(bytes, received);
+    received = need;
   };
   const onEnd = () => {
-    if (body === null) {
-      body = Buffer.from(new SharedArrayBuffer(received));
-      let at = 0;
-      for (const c of chunks) {
-        body.set(c, at);
-        at += c.length;
-      }
-    } else if (received !== body.length) return finish(new errorCodes.FST_ERR_CTP_INVALID_CONTENT_LENGTH());
+    if (declared !== null && received !== declared) return finish(new errorCodes.FST_ERR_CTP_INVALID_CONTENT_LENGTH());
+    if (received !== body.length) {
+      const exact = Buffer.from(new SharedArrayBuffer(received));
+      exact.set(body.subarray(0, received));
+      body = exact;
+    }
     finish(null, body);
   };
   const onError = (err: Error & { statusCode?: number }) => {

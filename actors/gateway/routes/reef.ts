@@ -6,6 +6,7 @@ import { sendError, sendReefError } from '../http-errors.js';
 import { logprobToJson } from '../store/json-numbers.js';
 import type { AgentRecord, RecordStore } from '../store/types.js';
 import { scenarioOf } from './openai.js';
+import type { DiskGuard, ScenarioCap } from '../limits.js';
 
 /** The Reef HTTP API (records, reports, scenarios, status, releases). */
 
@@ -18,6 +19,10 @@ export interface ReefRouteDeps {
   releases?: (scenario: string) => Promise<unknown[]>;
   /** Puts an earlier release back into the engine. */
   rollback?: (scenario: string, body: unknown) => Promise<unknown>;
+  /** Bounds how many scenarios there are (`reef.limits.max_scenarios`). @default null (unbounded) */
+  scenarios?: ScenarioCap | null;
+  /** Refuses writes when the data dir's disk is nearly full. @default null */
+  disk?: DiskGuard | null;
 }
 
 function isPlainObject(v: unknown): v is Record<string, unknown> {
@@ -91,6 +96,8 @@ export function registerReefRoutes(app: FastifyInstance, deps: ReefRouteDeps, pr
     const b = request.body as Record<string, unknown>;
     const scenario = typeof b.scenario === 'string' ? b.scenario : scenarioOf(request, deps.defaultScenario);
     if (!canSee(principalOf(request), scenario)) return sendReefError(reply, new ReefError('REEF_ERR_FORBIDDEN', { scenario }));
+    const full = deps.disk?.check() ?? null;
+    if (full !== null) return sendError(reply, full.code, full.message, { retryAfterS: 30 });
     try {
       const { report, created } = await deps.store.putReport({
         scenario,
@@ -120,6 +127,8 @@ export function registerReefRoutes(app: FastifyInstance, deps: ReefRouteDeps, pr
       return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `description must be a string, got ${JSON.stringify(b.description)}`, { param: 'description' });
     }
     if (!canSee(principalOf(request), b.name)) return sendReefError(reply, new ReefError('REEF_ERR_FORBIDDEN', { scenario: b.name }));
+    const capped = deps.scenarios?.admit(b.name) ?? null;
+    if (capped !== null) return sendReefError(reply, capped, 'name');
     try {
       return reply.code(201).send(await deps.store.createScenario(b.name, typeof b.description === 'string' ? b.description : null));
     } catch (err) {

@@ -58,6 +58,8 @@ export interface PreparedChat {
    * holds back whatever could be the start of one (chat-stream.ts `settled`). Null: none.
    */
   stop: readonly string[] | null;
+  /** The completion budget sent to the engine (what a tokens-per-minute limit charges beside the prompt). */
+  maxNewTokens: number;
 }
 
 /** A request the gateway refuses: the OpenAI error to answer with (status from the code). */
@@ -262,12 +264,13 @@ export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: 
     return refuse((err as ReefError).code, (err as ReefError).message, param);
   }
   const room = ctxLen - ids.length;
+  const maxNewTokens = Math.min(asked ?? params.defaultMaxTokens, room);
   const stop = stopStrings(req.stop);
   const sampling = engineSampling(req);
   const engineReq: GenerateRequest = {
     input_ids: ids,
     sampling_params: {
-      max_new_tokens: Math.min(asked ?? params.defaultMaxTokens, room),
+      max_new_tokens: maxNewTokens,
       temperature: sampling.temperature,
       top_p: sampling.top_p,
       // Only when it truncates: a body without top_k stays the bytes it was before top_k was sent.
@@ -291,5 +294,6 @@ export function prepareChat(tokenizer: ChatTokenizer, body: Uint8Array, params: 
     stream: req.stream === true,
     includeUsage: req.stream_options?.include_usage === true,
     stop,
+    maxNewTokens,
   };
 }
