@@ -22,6 +22,8 @@ export interface BenchRow {
   p99Us: number | null;
   /** Payload megabytes (10^6) per second; null for small payloads. */
   mbPerSec: number | null;
+  /** The worst one, in microseconds, where a suite reports it (a column only when some row has it). */
+  maxUs?: number | null;
 }
 
 export interface BenchContext {
@@ -132,8 +134,9 @@ export async function measureWindow(
 
 /** Print one suite's rows as an aligned table. */
 export function printTable(title: string, rows: readonly BenchRow[], out: (line: string) => void = console.log): void {
-  const header = ['case', 'impl', 'ops/s', 'p50 µs', 'p99 µs', 'MB/s', 'ops'];
-  const cells = rows.map((r) => [r.case, r.impl, String(r.opsPerSec), fmt(r.p50Us), fmt(r.p99Us), fmt(r.mbPerSec), String(r.ops)]);
+  const withMax = rows.some((r) => r.maxUs !== undefined);
+  const header = ['case', 'impl', 'ops/s', 'p50 µs', 'p99 µs', ...(withMax ? ['max µs'] : []), 'MB/s', 'ops'];
+  const cells = rows.map((r) => [r.case, r.impl, String(r.opsPerSec), fmt(r.p50Us), fmt(r.p99Us), ...(withMax ? [fmt(r.maxUs ?? null)] : []), fmt(r.mbPerSec), String(r.ops)]);
   const widths = header.map((h, i) => Math.max(h.length, ...cells.map((c) => c[i]!.length)));
   const line = (c: string[]): string => c.map((v, i) => (i < 2 ? v.padEnd(widths[i]!) : v.padStart(widths[i]!))).join('  ');
   out(`\n${title}`);
