@@ -1,5 +1,5 @@
 import { type ChildProcess, spawn } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { createInterface, type Interface } from 'node:readline';
@@ -67,6 +67,16 @@ function child(args: string[]): { child: ChildProcess; lines: Interface; exited:
   return { child: c, lines: createInterface({ input: c.stdout! }), exited: new Promise((r) => c.once('exit', () => r())) };
 }
 
+/** CPU seconds (user + system) a process has used, from /proc (Linux; null elsewhere). */
+function cpuSeconds(pid: number): number | null {
+  try {
+    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').replace(/^.*\) /s, '').split(' ');
+    return (Number(fields[11]) + Number(fields[12])) / 100;
+  } catch {
+    return null;
+  }
+}
+
 const nextLine = (lines: Interface) => new Promise<string>((resolve) => lines.once('line', resolve));
 
 /** Reads a whole streamed completion, as a client that keeps up with it. */
@@ -110,6 +120,7 @@ export const suite: BenchSuite = {
       ];
       for (const [name, background] of cases) {
         await ask('reset');
+        const cpu0 = [cpuSeconds(gw.child.pid!), cpuSeconds(engine.child.pid!)];
         let stop = false;
         let pathological = 0;
         const loop = background
@@ -124,9 +135,12 @@ export const suite: BenchSuite = {
         stop = true;
         await loop;
         const lag = await ask('stats');
+        const cpu1 = [cpuSeconds(gw.child.pid!), cpuSeconds(engine.child.pid!)];
+        // Where the CPU went: the gateway's loop and workers, or the engine double serialising events.
+        const share = (i: number) => (cpu0[i] === null || cpu1[i] === null ? '?' : ((cpu1[i]! - cpu0[i]!) / m.seconds).toFixed(2));
         rows.push({ case: name, impl: 'gateway loop delay', ops: lag.count, seconds: m.seconds, opsPerSec: 0, p50Us: Math.round(lag.p50), p99Us: Math.round(lag.p99), mbPerSec: null, maxUs: Math.round(lag.max) });
         rows.push({ ...toRow(name, 'benign request', m), maxUs: Math.round(Math.max(...m.latenciesUs)) });
-        ctx.log(`${name}: loop delay p50 ${Math.round(lag.p50)} µs, p99 ${Math.round(lag.p99)} µs, max ${Math.round(lag.max)} µs; ${m.ops} benign requests, ${pathological} pathological streams`);
+        ctx.log(`${name}: loop delay p50 ${Math.round(lag.p50)} µs, p99 ${Math.round(lag.p99)} µs, max ${Math.round(lag.max)} µs; ${m.ops} benign requests, ${pathological} pathological streams; CPU per second: gateway ${share(0)}, engine double ${share(1)}`);
       }
     } finally {
       await pool.close();
