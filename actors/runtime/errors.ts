@@ -55,7 +55,7 @@ export const ERRORS = {
   REEF_ERR_WEIGHT_SYNC: { message: 'weight sync into {engine} failed: {reason}', status: null, retryable: true, type: 'server_error' },
   REEF_ERR_HOST_NOT_ALLOWED: { message: 'Host {host} is not a name this listener answers to without an API key (localhost, 127.0.0.0/8, [::1] and the bind address are): add it to {setting} to allow it', status: 421, retryable: false, type: 'invalid_request_error' },
   REEF_ERR_ORIGIN_NOT_ALLOWED: { message: '{why}: without an API key, this listener answers browsers only from its own origin; add the origin to {setting} to allow it', status: 403, retryable: false, type: 'permission_error' },
-  REEF_ERR_RATE_LIMIT: { message: 'rate limit reached for this API key: {limit} {unit} per minute ({setting}){detail}; retry in {retryAfterS} s', status: 429, retryable: true, type: 'rate_limit_error' },
+  REEF_ERR_RATE_LIMIT: { message: 'rate limit of {limit} {unit} per minute reached ({setting}){detail}; retry in {retryAfterS} s', status: 429, retryable: true, type: 'rate_limit_error' },
   REEF_ERR_DISK_FULL: { message: 'the filesystem of {path} has {freeMb} MiB free, below {setting} ({minMb} MiB): a reply generated now could not be stored', status: 503, retryable: true, type: 'service_unavailable' },
   REEF_ERR_SCENARIO_LIMIT: { message: 'scenario {scenario} would be a new one, and this gateway already has {count} scenarios, the most {setting} allows ({limit})', status: 403, retryable: false, type: 'permission_error' },
 } as const satisfies Record<string, ErrorSpec>;
