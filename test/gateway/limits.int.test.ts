@@ -231,6 +231,12 @@ describe('/reef limits and the scenario cap', () => {
     expect(created.status).toBe(403);
     expect(openAIError(await created.json()).code).toBe('REEF_ERR_SCENARIO_LIMIT');
     if (names.length > 0) expect((await chat(names[0]!)).status).toBe(200);
+    // Refused scenarios add no metric series: /metrics names no more scenarios than the cap.
+    const labelled = async () => new Set([...(await (await fetch(`${s!.url}/metrics`)).text()).matchAll(/scenario="([^"]*)"/g)].map((m) => m[1]));
+    const before = await labelled();
+    for (let i = 0; i < 20; i++) expect((await chat(`flood-${i}`)).status).toBe(403);
+    expect(await labelled()).toEqual(before);
+    expect(before.size).toBeLessThanOrEqual(3);
     expect(((await (await fetch(`${s.url}/reef/scenarios`)).json()) as { data: unknown[] }).data.length).toBeLessThanOrEqual(3);
   });
 

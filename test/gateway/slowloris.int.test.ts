@@ -154,4 +154,32 @@ describe('slow and flooding clients, gateway process bounds', () => {
     await waitFor(() => fds(pid) <= base.fds + 4, { what: `descriptors back to ${base.fds} (now ${fds(pid)})`, timeoutMs: 20_000 });
     expect((await postChat(h.url, CHAT)).status).toBe(200);
   });
+
+  it('listing flood: 100 concurrent 1000-record pages of a store of large records stay within the page and /reef slot bounds', { timeout: 180_000 }, async () => {
+    const pageBytes = 1024 * 1024;
+    const reefSlots = 8;
+    const h = await startHost({ page_bytes: pageBytes, reef_concurrency: reefSlots });
+    const pid = h.child.pid!;
+    // 40 records of ~500 KB each (unknown request fields are kept with the record): 20 MB of requests.
+    const blob = 'z'.repeat(500_000);
+    for (let i = 0; i < 40; i++) expect((await postChat(h.url, { ...CHAT, max_tokens: 4, reef_bench_blob: blob })).status).toBe(200);
+    const base = { fds: fds(pid), rss: rssBytes(pid) };
+    const s = sampler(pid);
+    const pages = await Promise.all(
+      Array.from({ length: 100 }, async () => {
+        const res = await fetch(`${h.url}/reef/scenarios/default/records?limit=1000`);
+        return { status: res.status, bytes: (await res.arrayBuffer()).byteLength };
+      }),
+    );
+    s.stop();
+    const served = pages.filter((p) => p.status === 200);
+    expect(served.length).toBeGreaterThan(0);
+    // Those past the key's /reef slots, if the pages overlapped enough, are 429; nothing else.
+    expect(served.length + pages.filter((p) => p.status === 429).length).toBe(100);
+    // A page ends once it passes page_bytes, so it holds at most one record beyond it.
+    for (const p of served) expect(p.bytes).toBeLessThan(pageBytes + 2 * blob.length);
+    // At most 8 pages in flight, each built and serialised whole: a few times 1.5 MB each. The whole
+    // store listed by 100 requests at once would be 2 GB.
+    expect(s.peak.rss - base.rss).toBeLessThan(reefSlots * 8 * (pageBytes + blob.length) + 64 * 1024 * 1024);
+  });
 });
