@@ -91,6 +91,19 @@ describe('connections and timeouts', () => {
     expect(res.headers.get('x-reef-agent-record-id')).toBeTruthy();
   });
 
+  it('a body trickled a byte at a time, never idle long enough for body_idle_timeout_s, is cut by request_timeout_s with a 408', async () => {
+    s = await startStack({ limits: { request_timeout_s: 1, headers_timeout_s: 1, body_idle_timeout_s: 5 } });
+    const c = await rawRequest(s.url, chatHead(1_000_000), '{');
+    const drip = setInterval(() => c.socket.write(' '), 100);
+    try {
+      await c.closed;
+    } finally {
+      clearInterval(drip);
+    }
+    expect(statusOf(c.received())).toBe(408);
+    expect(s.engine.requests).toHaveLength(0);
+  });
+
   it('headers that never end are cut by headers_timeout_s with a 408', async () => {
     s = await startStack({ limits: { request_timeout_s: 1, headers_timeout_s: 0.5 } });
     const c = await rawRequest(s.url, 'POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nx-slow: ');
