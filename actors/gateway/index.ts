@@ -110,7 +110,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   mkdirSync(cfg.reef.data_dir, { recursive: true });
   const metrics = new GatewayMetrics();
   // Records come only from chat completions: with no other request in flight, none can join a commit.
-  const store = SqliteStore.open(join(cfg.reef.data_dir, 'records.sqlite'), { company: () => metrics.inflightCount > 1 });
+  const store = SqliteStore.open(join(cfg.reef.data_dir, 'records.sqlite'), { durability: cfg.reef.durability, company: () => metrics.inflightCount > 1 });
   const engine = new EngineClient(opts.engineUrl, { name: 'rollout' });
   let pool: TokenizerPool | null = null;
   let stopPipeline = () => {};

@@ -35,6 +35,12 @@ export interface ReefSection {
   readonly allowed_origins: readonly string[];
   /** Absolute; written relative to the config file. @default '.reef' */
   readonly data_dir: string;
+  /**
+   * What an acknowledged record survives: `power` (synchronous=FULL, an fsync per commit) or
+   * `process` (synchronous=NORMAL: kill -9 of any process, not an OS crash or power loss).
+   * @default 'power'
+   */
+  readonly durability: 'power' | 'process';
   /** @default 'default' */
   readonly default_scenario: string;
   /** New tokens for a request that sets neither max_tokens nor max_completion_tokens; null = the rest of the context. @default 1024 */

@@ -17,16 +17,16 @@ import type {
 
 export interface SqliteStoreOptions extends Partial<GroupCommitOptions> {
   /**
-   * What a receipt survives.
+   * What a receipt survives (`reef.durability`; every process that opens the store passes it).
+   * - `'power'`: WAL + `synchronous=FULL`. The WAL is fsynced at every commit, so a receipt
+   *   survives power loss and an OS crash too. Group commit pays one fsync per batch, not per record.
    * - `'process'`: WAL + `synchronous=NORMAL`. A commit is in the WAL file (the OS page cache) when
-   *   it returns, so it survives kill -9 of any process, but not an OS crash or power loss.
-   * - `'power'`: WAL + `synchronous=FULL`. The WAL is fsynced at every commit, so a receipt also
-   *   survives power loss.
-   * The default is `'process'`: Reef's contract is that a receipt survives a crash of any Reef
-   * process (kill -9 included), which NORMAL gives at a fraction of FULL's cost (an fsync per
-   * commit: about 3× fewer appends/s for a single writer in bench.ts). A deployment that must also
-   * survive power loss sets `'power'`; group commit then pays one fsync per batch, not per record.
-   * @default 'process'
+   *   it returns, so it survives kill -9 of any process, but an OS crash or power loss can take back
+   *   the commits since the WAL was last synced (the background checkpoint syncs it every
+   *   `checkpointIntervalMs`), receipts already sent among them.
+   * The default is `'power'`: a receipt is a promise that the record is kept, and NORMAL breaks it
+   * on the one failure the agent's own machine cannot rule out.
+   * @default 'power'
    */
   durability?: 'process' | 'power';
   /**
@@ -159,7 +159,7 @@ export class SqliteStore implements RecordStore {
     } catch (err) {
       throw openFailure(path, err, false, busyMs);
     }
-    const synchronous = options.durability === 'power' ? 'FULL' : 'NORMAL';
+    const synchronous = options.durability === 'process' ? 'NORMAL' : 'FULL';
     const background = options.checkpoint !== 'inline' && path !== ':memory:' && path !== '';
     try {
       db.pragma('journal_mode = WAL');
