@@ -333,8 +333,9 @@ export class SqliteStore implements RecordStore {
   private expandRow<T extends SummaryRowShape & Partial<Pick<FullRowShape, 'prompt_ids' | 'prompt_chunks'>>>(row: T): T {
     const lookup = (hash: Buffer) => this.sql.chunk.get(hash)?.data;
     try {
-      if (row.request_chunks !== null) row.request = unchunk(row.request_chunks, Buffer.from(row.request), lookup, `record ${row.id} request`).toString('utf8');
-      if (row.prompt_chunks != null && row.prompt_ids !== undefined) row.prompt_ids = unchunk(row.prompt_chunks, row.prompt_ids, lookup, `record ${row.id} prompt ids`);
+      const width = row.chunk_ref_bytes;
+      if (row.request_chunks !== null) row.request = unchunk(row.request_chunks, Buffer.from(row.request), lookup, `record ${row.id} request`, width).toString('utf8');
+      if (row.prompt_chunks != null && row.prompt_ids !== undefined) row.prompt_ids = unchunk(row.prompt_chunks, row.prompt_ids, lookup, `record ${row.id} prompt ids`, width);
     } catch (err) {
       throw new ReefError('REEF_ERR_STORE', { reason: (err as Error).message }, { cause: err });
     }
