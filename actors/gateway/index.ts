@@ -16,6 +16,7 @@ import { parserFor } from './parsers/index.js';
 import type { PromptTokenizer } from './ports.js';
 import { registerReefRoutes } from './routes/reef.js';
 import { buildGatewayServer } from './server.js';
+import { scheduleRetention } from './store/retention.js';
 import { SqliteStore } from './store/sqlite-store.js';
 import { newId } from './store/ids.js';
 import { ChatTokenizer, defaultTokenizerThreads, prepareChat, TokenizerPool } from './tokenize/index.js';
@@ -138,7 +139,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const pipeline = new PipelineStatus(store);
     await pipeline.start();
     metrics.addSection(() => pipeline.render());
-    stopPipeline = () => pipeline.stop();
+    const maxAgeDays = cfg.reef.retention.max_age_days;
+    const stopRetention = maxAgeDays === null ? () => {} : scheduleRetention(store, { maxAgeMs: maxAgeDays * 86_400_000 }, cfg.reef.retention.interval_s * 1000, (l) => opts.log?.(l));
+    stopPipeline = () => {
+      pipeline.stop();
+      stopRetention();
+    };
     const auth = new Authenticator(resolveApiKeys(cfg));
     const app = buildGatewayServer({
       chat,

@@ -22,6 +22,13 @@ export interface ApiKeyConfig {
   readonly max_concurrency: number;
 }
 
+export interface RetentionConfig {
+  /** Records and reports finished longer ago are deleted; null keeps everything. @default null */
+  readonly max_age_days: number | null;
+  /** Seconds between runs (the first a minute after start, at most). @default 3600 */
+  readonly interval_s: number;
+}
+
 export interface ReefSection {
   /** @default '127.0.0.1' */
   readonly host: string;
@@ -41,6 +48,8 @@ export interface ReefSection {
    * @default 'power'
    */
   readonly durability: 'power' | 'process';
+  /** Deletion of old records, judgments and reports, and of chunks no record references. */
+  readonly retention: RetentionConfig;
   /** @default 'default' */
   readonly default_scenario: string;
   /** New tokens for a request that sets neither max_tokens nor max_completion_tokens; null = the rest of the context. @default 1024 */

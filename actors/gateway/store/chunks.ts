@@ -28,6 +28,11 @@ export interface Chunk {
   /** Known to be in the store already (ChunkMemo), so the writer need not insert it. */
   stored: boolean;
   /**
+   * With `stored`: the chunk-GC generation (schema step 6) at which it was known to be stored. A
+   * collection since may have deleted it, so a writer that reads another generation inserts it.
+   */
+  gen?: number;
+  /**
    * The payload's last, partial piece (`chunk` with `whole`). The next turn's payload runs on past
    * it, so its bytes almost never come again: neither looked up in nor kept by the memo.
    */
@@ -66,21 +71,21 @@ export class ChunkMemo {
     return `${n}:${data.toString('latin1', 0, 24)}${data.toString('latin1', mid, mid + 24)}${data.toString('latin1', n - 24, n)}`;
   }
 
-  /** The digest of a stored chunk with exactly these bytes, or null. */
-  find(data: Buffer): Buffer | null {
+  /** The digest of a stored chunk with exactly these bytes, and the GC generation it was stored at, or null. */
+  find(data: Buffer): { hash: Buffer; gen: number } | null {
     const key = ChunkMemo.key(data);
     const known = this.byKey.get(key);
     if (known === undefined || !known.data.equals(data)) return null;
     this.byKey.delete(key);
     this.byKey.set(key, known);
-    return known.hash;
+    return { hash: known.hash, gen: known.gen ?? 0 };
   }
 
-  /** Call once the transaction that inserted `chunks` has committed. */
-  remember(chunks: readonly Chunk[]): void {
+  /** Call once the transaction that inserted (or found) `chunks` at GC generation `gen` has committed. */
+  remember(chunks: readonly Chunk[], gen = 0): void {
     for (const c of chunks) {
-      if (c.stored || c.last) continue;
-      this.byKey.set(ChunkMemo.key(c.data), { hash: c.hash, data: Buffer.from(c.data), stored: true });
+      if ((c.stored && c.gen === gen) || c.last) continue;
+      this.byKey.set(ChunkMemo.key(c.data), { hash: c.hash, data: Buffer.from(c.data), stored: true, gen });
       if (this.byKey.size > this.maxEntries) this.byKey.delete(this.byKey.keys().next().value as string);
     }
   }
@@ -117,7 +122,7 @@ export function chunk(bytes: Buffer, opts: { utf8: boolean; memo?: ChunkMemo | n
     }
     const data = bytes.subarray(start, end);
     const known = opts.memo?.find(data) ?? null;
-    chunks.push({ hash: known ?? digest(data), data, stored: known !== null });
+    chunks.push(known === null ? { hash: digest(data), data, stored: false } : { hash: known.hash, data, stored: true, gen: known.gen });
     start = end;
   }
   if (opts.whole === true && bytes.length - start >= TAIL_CHUNK_MIN_BYTES) {

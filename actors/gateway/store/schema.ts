@@ -113,6 +113,16 @@ const MIGRATIONS: readonly string[] = [
   `
   ALTER TABLE records ADD COLUMN chunk_ref_bytes INTEGER NOT NULL DEFAULT 16 CHECK (chunk_ref_bytes IN (16, 32));
   `,
+  // 6: garbage collection of chunks (retention.ts). The generation goes up in every transaction
+  // that deletes chunks; a writer that knows a chunk as stored only as of an older generation
+  // inserts it again instead of trusting its memo.
+  `
+  CREATE TABLE chunk_gc (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    generation INTEGER NOT NULL
+  ) STRICT;
+  INSERT INTO chunk_gc (id, generation) VALUES (1, 0);
+  `,
 ];
 
 export const SCHEMA_VERSION = MIGRATIONS.length;
