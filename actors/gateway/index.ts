@@ -17,6 +17,7 @@ import type { PromptTokenizer } from './ports.js';
 import { registerReefRoutes } from './routes/reef.js';
 import { buildGatewayServer } from './server.js';
 import { DiskGuard, limitsFromConfig, ScenarioCap } from './limits.js';
+import { scheduleRetention } from './store/retention.js';
 import { SqliteStore } from './store/sqlite-store.js';
 import { newId } from './store/ids.js';
 import { ChatTokenizer, defaultTokenizerThreads, prepareChat, TokenizerPool } from './tokenize/index.js';
@@ -111,7 +112,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   mkdirSync(cfg.reef.data_dir, { recursive: true });
   const metrics = new GatewayMetrics();
   // Records come only from chat completions: with no other request in flight, none can join a commit.
-  const store = SqliteStore.open(join(cfg.reef.data_dir, 'records.sqlite'), { company: () => metrics.inflightCount > 1, pageBytes: cfg.reef.limits.page_bytes });
+  const store = SqliteStore.open(join(cfg.reef.data_dir, 'records.sqlite'), { durability: cfg.reef.durability, company: () => metrics.inflightCount > 1, pageBytes: cfg.reef.limits.page_bytes });
   const engine = new EngineClient(opts.engineUrl, { name: 'rollout' });
   let pool: TokenizerPool | null = null;
   let stopPipeline = () => {};
@@ -139,7 +140,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const pipeline = new PipelineStatus(store);
     await pipeline.start();
     metrics.addSection(() => pipeline.render());
-    stopPipeline = () => pipeline.stop();
+    const maxAgeDays = cfg.reef.retention.max_age_days;
+    const stopRetention = maxAgeDays === null ? () => {} : scheduleRetention(store, { maxAgeMs: maxAgeDays * 86_400_000 }, cfg.reef.retention.interval_s * 1000, (l) => opts.log?.(l));
+    stopPipeline = () => {
+      pipeline.stop();
+      stopRetention();
+    };
     const limits = limitsFromConfig(cfg);
     const auth = new Authenticator(resolveApiKeys(cfg), limits.principals);
     const disk = new DiskGuard(cfg.reef.data_dir, limits.minFreeDiskBytes);

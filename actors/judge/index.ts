@@ -49,7 +49,7 @@ export async function startJudge(opts: StartJudgeOptions): Promise<Judge> {
   const { config, log } = opts;
   const prm = prmSettings(config, stackEngines());
   mkdirSync(config.reef.data_dir, { recursive: true });
-  const store = SqliteStore.open(join(config.reef.data_dir, 'records.sqlite'));
+  const store = SqliteStore.open(join(config.reef.data_dir, 'records.sqlite'), { durability: config.reef.durability });
   const envLease = leaseFromEnv(process.env.REEF_JUDGE_LEASE_MS);
   const core = new JudgeCore({
     store,

@@ -532,6 +532,23 @@ describe('TrainerController', () => {
     await c.tick();
     expect(c.releases.map((r) => existsSync(r.checkpointPath))).toEqual([false, false, true, true]);
   });
+
+  it('deletes a checkpoint only once the commit that stops keeping it has returned (an earlier delete could leave the durable release without its checkpoint)', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    for (let i = 0; i < 8; i++) w.add(`r${i}`, 1);
+    const missing: string[] = [];
+    const commit = w.ports.commit;
+    w.ports.commit = async (offset, state) => {
+      // While this commit is under way, what the last committed state keeps must still be on disk.
+      for (const r of w.durable.state?.releases.slice(-2) ?? []) if (!existsSync(r.checkpointPath)) missing.push(r.checkpointPath);
+      await commit(offset, state);
+    };
+    const c = new TrainerController(w.ports, { ...opts(dir), maxStaleness: 4 }, 0, null);
+    await c.tick();
+    expect(c.releases).toHaveLength(4);
+    expect(missing).toEqual([]);
+  });
   it('dead-letters a batch the trainer rejects as invalid, persists it, and trains the batches after it', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'tc-'));
     const w = world(dir);

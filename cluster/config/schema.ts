@@ -124,6 +124,11 @@ export const reefSchema = section({
   allowed_hosts: z.array(hostName(), { error: 'expected a list of host names' }).default([]),
   allowed_origins: z.array(webOrigin(), { error: 'expected a list of origins' }).default([]),
   data_dir: nonEmptyString().default('.reef'),
+  durability: oneOf(['power', 'process']).default('power'),
+  retention: section({
+    max_age_days: positiveNumber().nullable().default(null),
+    interval_s: positiveInt().default(3600),
+  }),
   default_scenario: scenarioName().default('default'),
   default_max_tokens: positiveInt().nullable().default(1024),
   log_level: oneOf(['debug', 'info', 'warn', 'error']).default('info'),

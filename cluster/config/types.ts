@@ -58,6 +58,13 @@ export interface LimitsSection {
   readonly keyless_tokens_per_minute: number | null;
 }
 
+export interface RetentionConfig {
+  /** Records and reports finished longer ago are deleted; null keeps everything. @default null */
+  readonly max_age_days: number | null;
+  /** Seconds between runs (the first a minute after start, at most). @default 3600 */
+  readonly interval_s: number;
+}
+
 export interface ReefSection {
   /** @default '127.0.0.1' */
   readonly host: string;
@@ -71,6 +78,14 @@ export interface ReefSection {
   readonly allowed_origins: readonly string[];
   /** Absolute; written relative to the config file. @default '.reef' */
   readonly data_dir: string;
+  /**
+   * What an acknowledged record survives: `power` (synchronous=FULL, an fsync per commit) or
+   * `process` (synchronous=NORMAL: kill -9 of any process, not an OS crash or power loss).
+   * @default 'power'
+   */
+  readonly durability: 'power' | 'process';
+  /** Deletion of old records, judgments and reports, and of chunks no record references. */
+  readonly retention: RetentionConfig;
   /** @default 'default' */
   readonly default_scenario: string;
   /** New tokens for a request that sets neither max_tokens nor max_completion_tokens; null = the rest of the context. @default 1024 */

@@ -3,8 +3,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { CHUNK_BYTES, ChunkMemo, chunk, REF_BYTES, TAIL_CHUNK_MIN_BYTES, unchunk } from './chunks.js';
+import { CHUNK_BYTES, ChunkMemo, chunk, LEGACY_REF_BYTES, REF_BYTES, TAIL_CHUNK_MIN_BYTES, unchunk } from './chunks.js';
 import { recordDiff, sampleRecord } from './fixtures.js';
+import { newId } from './ids.js';
+import { INSERT_RECORD_SQL, toRow } from './rows.js';
+import { migrate } from './schema.js';
 import { SqliteStore } from './sqlite-store.js';
 import type { NewRecord, RecordRequest } from './types.js';
 
@@ -180,5 +183,78 @@ describe('SqliteStore with chunked payloads', () => {
     const r = await store.append(turn(3, [{ role: 'user', content: 'x' }], 5000));
     db().exec('DELETE FROM chunks WHERE hash = (SELECT hash FROM chunks LIMIT 1)');
     await expect(store.get(r.id)).rejects.toMatchObject({ code: 'REEF_ERR_STORE', message: expect.stringMatching(/not in the store/) });
+  });
+
+  it('a chunk whose bytes do not hash to its address fails the read with REEF_ERR_STORE naming it (a damaged page, or bytes planted under another\'s digest)', async () => {
+    const victim = turn(7, [{ role: 'user', content: 'mine' }], 5000);
+    const r = await store.append(victim);
+    const refs = db().prepare('SELECT request_chunks AS refs, chunk_ref_bytes AS width FROM records WHERE id = ?').get(r.id) as { refs: Buffer; width: number };
+    expect(refs.width).toBe(REF_BYTES);
+    expect(refs.refs.length % 32).toBe(0);
+    const target = refs.refs.subarray(0, REF_BYTES);
+    // Same length, other content: what a first writer of a colliding address would have stored.
+    db().prepare('UPDATE chunks SET data = ? WHERE hash = ?').run(Buffer.alloc(CHUNK_BYTES, 0x41), target);
+    for (const read of [() => store.get(r.id), () => store.list({ scenario: 'default' }), () => store.readFrom(0, 10)]) {
+      await expect(read()).rejects.toMatchObject({ code: 'REEF_ERR_STORE', message: expect.stringContaining(`chunk ${target.toString('hex')}, whose stored bytes do not hash to it`) });
+    }
+  });
+});
+
+describe('a store written before chunk addresses were whole digests (schema step 4)', () => {
+  let dir: string;
+  beforeEach(() => {
+    dir = mkdtempSync(join(tmpdir(), 'reef-chunks-old-'));
+  });
+  afterEach(() => rmSync(dir, { recursive: true, force: true }));
+
+  /** Writes `rec` as a build at schema 4 did: 16-byte chunk keys and references, no chunk_ref_bytes column. */
+  function writeOldStore(path: string, rec: NewRecord, id: string): void {
+    const db = new Database(path);
+    db.pragma('journal_mode = WAL');
+    migrate(db, 4);
+    const row = toRow(rec, id, null);
+    const short = (h: Buffer) => h.subarray(0, LEGACY_REF_BYTES);
+    const refs = (v: unknown) => (v === null ? null : Buffer.concat(Array.from({ length: (v as Buffer).length / REF_BYTES }, (_, i) => short((v as Buffer).subarray(i * REF_BYTES, (i + 1) * REF_BYTES)))));
+    // Columns 21 and 22 of the row are its request and prompt chunk lists.
+    const values = row.values.map((v, i) => (i === 21 || i === 22 ? refs(v) : v));
+    db.prepare('INSERT INTO scenarios (name, created_at, description) VALUES (?, 0, NULL)').run(rec.scenario);
+    for (const c of row.chunks) db.prepare('INSERT OR IGNORE INTO chunks (hash, data) VALUES (?, ?)').run(short(c.hash), c.data);
+    db.prepare(INSERT_RECORD_SQL.replace(', chunk_ref_bytes)', ')').replace(`, ${REF_BYTES})`, ')')).run(...values);
+    db.close();
+  }
+
+  const system = 'An old system prompt, stored before step 5. '.repeat(800);
+  const old = (seed: number): NewRecord => ({
+    ...sampleRecord(seed, { promptTokens: 6000 }),
+    request: { messages: [{ role: 'system', content: system }, { role: 'user', content: `q${seed}` }], tools: null, params: {} },
+  });
+
+  it('upgrades it in place and reads its records exactly, checking each chunk against the 16 bytes it is addressed by', async () => {
+    const path = join(dir, 'r.db');
+    const rec = old(1);
+    const oldId = newId();
+    writeOldStore(path, rec, oldId);
+    const store = SqliteStore.open(path);
+    try {
+      expect(recordDiff((await store.get(oldId))!, rec)).toEqual([]);
+      // A new record of the same prefix is written under whole digests beside the old chunks.
+      const fresh = old(2);
+      fresh.promptIds.set(rec.promptIds);
+      const { id } = await store.append(fresh);
+      expect(recordDiff((await store.get(id))!, fresh)).toEqual([]);
+      const db = (store as unknown as { db: Database.Database }).db;
+      expect(db.prepare('SELECT chunk_ref_bytes AS w FROM records ORDER BY seq').all()).toEqual([{ w: LEGACY_REF_BYTES }, { w: REF_BYTES }]);
+      expect(db.prepare('SELECT DISTINCT length(hash) AS n FROM chunks ORDER BY n').all()).toEqual([{ n: LEGACY_REF_BYTES }, { n: REF_BYTES }]);
+
+      // An old chunk with other bytes is refused too, by the prefix it is addressed by.
+      const oldRefs = (db.prepare('SELECT prompt_chunks AS refs FROM records WHERE id = ?').get(oldId) as { refs: Buffer }).refs;
+      const target = oldRefs.subarray(0, LEGACY_REF_BYTES);
+      db.prepare('UPDATE chunks SET data = ? WHERE hash = ?').run(Buffer.alloc(CHUNK_BYTES, 7), target);
+      await expect(store.get(oldId)).rejects.toMatchObject({ code: 'REEF_ERR_STORE', message: expect.stringContaining(`chunk ${target.toString('hex')}, whose stored bytes do not hash to it`) });
+      // The new record shares none of the old chunks, so it still reads.
+      expect(recordDiff((await store.get(id))!, fresh)).toEqual([]);
+    } finally {
+      await store.close();
+    }
   });
 });

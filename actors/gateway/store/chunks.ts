@@ -12,14 +12,26 @@ import { createHash } from 'node:crypto';
 
 /** 8 KiB: 2,048 prompt ids, or 8 KiB of request JSON. */
 export const CHUNK_BYTES = 8192;
-/** Digest bytes per chunk reference (SHA-256, truncated). */
-export const REF_BYTES = 16;
+/**
+ * Digest bytes per chunk reference: the whole SHA-256. Chunks are shared by every scenario and
+ * the first writer of an address wins (INSERT OR IGNORE), so an address must be one nobody can
+ * make collide: the 128-bit truncation records used before schema step 5 left a collision at
+ * 2^64 work, within reach of a tenant who wants its bytes read as another's (security review M8).
+ */
+export const REF_BYTES = 32;
+/** What records written before schema step 5 reference their chunks by (`records.chunk_ref_bytes`). */
+export const LEGACY_REF_BYTES = 16;
 
 export interface Chunk {
   hash: Buffer;
   data: Buffer;
   /** Known to be in the store already (ChunkMemo), so the writer need not insert it. */
   stored: boolean;
+  /**
+   * With `stored`: the chunk-GC generation (schema step 6) at which it was known to be stored. A
+   * collection since may have deleted it, so a writer that reads another generation inserts it.
+   */
+  gen?: number;
   /**
    * The payload's last, partial piece (`chunk` with `whole`). The next turn's payload runs on past
    * it, so its bytes almost never come again: neither looked up in nor kept by the memo.
@@ -36,7 +48,7 @@ export interface Chunked {
 }
 
 function digest(data: Buffer): Buffer {
-  return createHash('sha256').update(data).digest().subarray(0, REF_BYTES);
+  return createHash('sha256').update(data).digest();
 }
 
 /**
@@ -59,21 +71,21 @@ export class ChunkMemo {
     return `${n}:${data.toString('latin1', 0, 24)}${data.toString('latin1', mid, mid + 24)}${data.toString('latin1', n - 24, n)}`;
   }
 
-  /** The digest of a stored chunk with exactly these bytes, or null. */
-  find(data: Buffer): Buffer | null {
+  /** The digest of a stored chunk with exactly these bytes, and the GC generation it was stored at, or null. */
+  find(data: Buffer): { hash: Buffer; gen: number } | null {
     const key = ChunkMemo.key(data);
     const known = this.byKey.get(key);
     if (known === undefined || !known.data.equals(data)) return null;
     this.byKey.delete(key);
     this.byKey.set(key, known);
-    return known.hash;
+    return { hash: known.hash, gen: known.gen ?? 0 };
   }
 
-  /** Call once the transaction that inserted `chunks` has committed. */
-  remember(chunks: readonly Chunk[]): void {
+  /** Call once the transaction that inserted (or found) `chunks` at GC generation `gen` has committed. */
+  remember(chunks: readonly Chunk[], gen = 0): void {
     for (const c of chunks) {
-      if (c.stored || c.last) continue;
-      this.byKey.set(ChunkMemo.key(c.data), { hash: c.hash, data: Buffer.from(c.data), stored: true });
+      if ((c.stored && c.gen === gen) || c.last) continue;
+      this.byKey.set(ChunkMemo.key(c.data), { hash: c.hash, data: Buffer.from(c.data), stored: true, gen });
       if (this.byKey.size > this.maxEntries) this.byKey.delete(this.byKey.keys().next().value as string);
     }
   }
@@ -110,7 +122,7 @@ export function chunk(bytes: Buffer, opts: { utf8: boolean; memo?: ChunkMemo | n
     }
     const data = bytes.subarray(start, end);
     const known = opts.memo?.find(data) ?? null;
-    chunks.push({ hash: known ?? digest(data), data, stored: known !== null });
+    chunks.push(known === null ? { hash: digest(data), data, stored: false } : { hash: known.hash, data, stored: true, gen: known.gen });
     start = end;
   }
   if (opts.whole === true && bytes.length - start >= TAIL_CHUNK_MIN_BYTES) {
@@ -122,13 +134,21 @@ export function chunk(bytes: Buffer, opts: { utf8: boolean; memo?: ChunkMemo | n
   return { refs: Buffer.concat(chunks.map((c) => c.hash)), tail: bytes.subarray(start), chunks };
 }
 
-/** Puts a chunked payload back together; `lookup` answers a digest with its chunk's bytes. */
-export function unchunk(refs: Buffer, tail: Buffer, lookup: (hash: Buffer) => Buffer | undefined, what: string): Buffer {
+/**
+ * Puts a chunked payload back together; `lookup` answers a digest with its chunk's bytes. Every
+ * chunk is hashed again and must match its address (the first `refBytes` of its SHA-256): a
+ * damaged page, or a row that some other writer put under that address, fails here instead of
+ * being served as the record's content.
+ */
+export function unchunk(refs: Buffer, tail: Buffer, lookup: (hash: Buffer) => Buffer | undefined, what: string, refBytes: number = REF_BYTES): Buffer {
+  if (refBytes !== REF_BYTES && refBytes !== LEGACY_REF_BYTES) throw new Error(`${what} references chunks by ${refBytes}-byte digests, which this build does not know`);
+  if (refs.length % refBytes !== 0) throw new Error(`${what} has a chunk list of ${refs.length} bytes, not a whole number of ${refBytes}-byte digests`);
   const parts: Buffer[] = [];
-  for (let o = 0; o < refs.length; o += REF_BYTES) {
-    const hash = refs.subarray(o, o + REF_BYTES);
+  for (let o = 0; o < refs.length; o += refBytes) {
+    const hash = refs.subarray(o, o + refBytes);
     const data = lookup(hash);
     if (data === undefined) throw new Error(`${what} references chunk ${hash.toString('hex')}, which is not in the store`);
+    if (!digest(data).subarray(0, refBytes).equals(hash)) throw new Error(`${what} references chunk ${hash.toString('hex')}, whose stored bytes do not hash to it (damaged, or not the chunk it names)`);
     parts.push(data);
   }
   parts.push(tail);

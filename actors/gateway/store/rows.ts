@@ -2,7 +2,7 @@ import { endianness } from 'node:os';
 import { ReefError } from '../../runtime/errors.js';
 import { SCENARIO_RE } from '../../runtime/scenario-name.js';
 import { parseChatRequest } from '../openai-schema.js';
-import { chunk, type Chunk, type Chunked, type ChunkMemo } from './chunks.js';
+import { chunk, type Chunk, type Chunked, type ChunkMemo, REF_BYTES } from './chunks.js';
 import { isId } from './ids.js';
 import type { AgentRecord, ChatBody, NewRecord, RecordRequest, RecordSummary, StagedPayloads } from './types.js';
 
@@ -32,13 +32,13 @@ export interface RecordRow {
 
 export const INSERT_RECORD_SQL = `INSERT INTO records (id, scenario, status, started_at, finished_at, latency_ms, engine,
   weight_version, finish_reason, prompt_tokens, completion_tokens, top_k, error, tags, request, response,
-  prompt_ids, output_ids, logprobs, topk_ids, topk_logprobs, request_chunks, prompt_chunks, request_form)
-  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, CAST(? AS TEXT), ?, ?, ?, ?, ?, ?, ?, ?, ?)`;
+  prompt_ids, output_ids, logprobs, topk_ids, topk_logprobs, request_chunks, prompt_chunks, request_form, chunk_ref_bytes)
+  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, CAST(? AS TEXT), ?, ?, ?, ?, ?, ?, ?, ?, ?, ${REF_BYTES})`;
 
 export const INSERT_CHUNK_SQL = 'INSERT OR IGNORE INTO chunks (hash, data) VALUES (?, ?)';
 
 export const SUMMARY_COLUMNS = `seq, id, scenario, status, started_at, finished_at, latency_ms, engine, weight_version,
-  finish_reason, prompt_tokens, completion_tokens, top_k, error, tags, request, response, request_chunks, request_form`;
+  finish_reason, prompt_tokens, completion_tokens, top_k, error, tags, request, response, request_chunks, request_form, chunk_ref_bytes`;
 export const FULL_COLUMNS = `${SUMMARY_COLUMNS}, prompt_ids, output_ids, logprobs, topk_ids, topk_logprobs, prompt_chunks`;
 
 /** The array's bytes, not copied: `append` owns the arrays it is given (see NewRecord). */
@@ -259,6 +259,8 @@ export interface SummaryRowShape {
   response: string;
   request_chunks: Buffer | null;
   request_form: number;
+  /** Digest bytes per chunk reference: 16 in rows written before schema step 5, REF_BYTES after. */
+  chunk_ref_bytes: number;
 }
 
 export interface FullRowShape extends SummaryRowShape {

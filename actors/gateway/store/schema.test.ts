@@ -98,9 +98,9 @@ describe('schema and settings', () => {
     await again.close();
   });
 
-  it('maps durability to the synchronous level (FULL = 2 for power, NORMAL = 1 for process)', async () => {
-    for (const [durability, level] of [['power', 2], ['process', 1]] as const) {
-      const store = SqliteStore.open(join(dir, `${durability}.db`), { durability });
+  it('maps durability to the synchronous level (FULL = 2 for power and by default, NORMAL = 1 for process)', async () => {
+    for (const [durability, level] of [['power', 2], ['process', 1], [undefined, 2]] as const) {
+      const store = SqliteStore.open(join(dir, `${durability ?? 'default'}.db`), { durability });
       const db = (store as unknown as { db: Database.Database }).db;
       expect(db.pragma('synchronous', { simple: true })).toBe(level);
       await store.close();

@@ -107,6 +107,22 @@ const MIGRATIONS: readonly string[] = [
   `
   ALTER TABLE records ADD COLUMN request_form INTEGER NOT NULL DEFAULT 0 CHECK (request_form IN (0, 1));
   `,
+  // 5: chunk addresses are whole SHA-256 digests (chunks.ts REF_BYTES). Rows written before keep
+  // their 16-byte references, and the chunks those name keep their 16-byte keys, so no row or
+  // chunk is rewritten; a reader checks each chunk against as many digest bytes as its row says.
+  `
+  ALTER TABLE records ADD COLUMN chunk_ref_bytes INTEGER NOT NULL DEFAULT 16 CHECK (chunk_ref_bytes IN (16, 32));
+  `,
+  // 6: garbage collection of chunks (retention.ts). The generation goes up in every transaction
+  // that deletes chunks; a writer that knows a chunk as stored only as of an older generation
+  // inserts it again instead of trusting its memo.
+  `
+  CREATE TABLE chunk_gc (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    generation INTEGER NOT NULL
+  ) STRICT;
+  INSERT INTO chunk_gc (id, generation) VALUES (1, 0);
+  `,
 ];
 
 export const SCHEMA_VERSION = MIGRATIONS.length;
@@ -124,8 +140,11 @@ export function checkSchema(db: Database.Database): void {
   }
 }
 
-/** Brings the database to SCHEMA_VERSION; refuses a database written by a newer Reef. */
-export function migrate(db: Database.Database): void {
+/**
+ * Brings the database to SCHEMA_VERSION; refuses a database written by a newer Reef. `to` stops
+ * earlier, so tests can make a store as an older build wrote it.
+ */
+export function migrate(db: Database.Database, to: number = SCHEMA_VERSION): void {
   // IMMEDIATE: two processes opening a fresh file at once must not both run step 1.
   db.transaction(() => {
     const current = db.pragma('user_version', { simple: true }) as number;
@@ -134,7 +153,7 @@ export function migrate(db: Database.Database): void {
         reason: `${db.name} has schema version ${current}, newer than this build's ${SCHEMA_VERSION}`,
       });
     }
-    for (let v = current; v < SCHEMA_VERSION; v++) {
+    for (let v = current; v < to; v++) {
       db.exec(MIGRATIONS[v]!);
       db.pragma(`user_version = ${v + 1}`);
     }

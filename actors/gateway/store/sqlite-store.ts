@@ -6,6 +6,7 @@ import { GroupCommitter, type GroupCommitOptions } from './group-commit.js';
 import { newId } from './ids.js';
 import { JudgedTurnTable } from './judged-turns.js';
 import { ReportTable } from './reports.js';
+import { type RetentionOptions, type RetentionPolicy, type RetentionResult, runRetention } from './retention.js';
 import {
   FULL_COLUMNS, INSERT_CHUNK_SQL, INSERT_RECORD_SQL, SUMMARY_COLUMNS, checkScenarioName, chunkPayloads, invalid, jsonText, stagedChunks, toRecord, toRow, toSummary,
   type FullRowShape, type RecordRow, type SummaryRowShape,
@@ -17,16 +18,16 @@ import type {
 
 export interface SqliteStoreOptions extends Partial<GroupCommitOptions> {
   /**
-   * What a receipt survives.
+   * What a receipt survives (`reef.durability`; every process that opens the store passes it).
+   * - `'power'`: WAL + `synchronous=FULL`. The WAL is fsynced at every commit, so a receipt
+   *   survives power loss and an OS crash too. Group commit pays one fsync per batch, not per record.
    * - `'process'`: WAL + `synchronous=NORMAL`. A commit is in the WAL file (the OS page cache) when
-   *   it returns, so it survives kill -9 of any process, but not an OS crash or power loss.
-   * - `'power'`: WAL + `synchronous=FULL`. The WAL is fsynced at every commit, so a receipt also
-   *   survives power loss.
-   * The default is `'process'`: Reef's contract is that a receipt survives a crash of any Reef
-   * process (kill -9 included), which NORMAL gives at a fraction of FULL's cost (an fsync per
-   * commit: about 3× fewer appends/s for a single writer in bench.ts). A deployment that must also
-   * survive power loss sets `'power'`; group commit then pays one fsync per batch, not per record.
-   * @default 'process'
+   *   it returns, so it survives kill -9 of any process, but an OS crash or power loss can take back
+   *   the commits since the WAL was last synced (the background checkpoint syncs it every
+   *   `checkpointIntervalMs`), receipts already sent among them.
+   * The default is `'power'`: a receipt is a promise that the record is kept, and NORMAL breaks it
+   * on the one failure the agent's own machine cannot rule out.
+   * @default 'power'
    */
   durability?: 'process' | 'power';
   /**
@@ -125,6 +126,7 @@ const toScenario = (r: ScenarioRow): Scenario => ({ name: r.name, createdAt: r.c
 export class SqliteStore implements RecordStore {
   private closed = false;
   private closing: Promise<void> | null = null;
+  private retaining: Promise<RetentionResult> | null = null;
   private checkpointer: Checkpointer | null = null;
   private readonly committer: GroupCommitter<RecordRow>;
   private readonly chunkMemo = new ChunkMemo();
@@ -135,7 +137,8 @@ export class SqliteStore implements RecordStore {
   private readonly fieldStatements = new Map<number, Database.Statement>();
   private readonly commitConsumerTx: (consumer: string, offset: number, key: string, value: string) => void;
   private readonly putJudgmentTx: (recordId: string, judgment: string) => void;
-  private readonly insertChunksTx: (chunks: Chunk[]) => void;
+  /** Inserts chunks; answers the GC generation they are known stored at. */
+  private readonly insertChunksTx: (chunks: Chunk[]) => number;
 
   /** Opens (creating if needed) the store at `path` and brings its schema up to date. */
   static open(path: string, options: SqliteStoreOptions = {}): SqliteStore {
@@ -159,7 +162,7 @@ export class SqliteStore implements RecordStore {
     } catch (err) {
       throw openFailure(path, err, false, busyMs);
     }
-    const synchronous = options.durability === 'power' ? 'FULL' : 'NORMAL';
+    const synchronous = options.durability === 'process' ? 'NORMAL' : 'FULL';
     const background = options.checkpoint !== 'inline' && path !== ':memory:' && path !== '';
     try {
       db.pragma('journal_mode = WAL');
@@ -193,30 +196,36 @@ export class SqliteStore implements RecordStore {
     const ensureScenario = db.prepare('INSERT OR IGNORE INTO scenarios (name, created_at, description) VALUES (?, ?, ?)');
     // Scenarios are never deleted, so one this store has seen committed needs no statement again.
     const knownScenarios = new Set<string>();
+    const gcGeneration = db.prepare<[], number>('SELECT generation FROM chunk_gc WHERE id = 1').pluck();
     const writeBatch = db.transaction((rows: RecordRow[]) => {
       const now = Date.now();
-      return rows.map((row) => {
+      // Read inside the write lock: no collection can delete a chunk between this read and the commit.
+      const gen = gcGeneration.get() ?? 0;
+      const offsets = rows.map((row) => {
         const scenario = row.values[1] as string;
         if (!knownScenarios.has(scenario)) ensureScenario.run(scenario, now, null);
-        // OR IGNORE: a chunk already stored (another session's identical prefix) writes no page.
-        for (const c of row.chunks) if (!c.stored) insertChunk.run(c.hash, c.data);
+        // OR IGNORE: a chunk already stored (another session's identical prefix) writes no page. One
+        // known stored only before the last collection may be gone, so it is written again.
+        for (const c of row.chunks) if (!c.stored || c.gen !== gen) insertChunk.run(c.hash, c.data);
         return Number(insertRecord.run(...row.values).lastInsertRowid);
       });
+      return { offsets, gen };
     });
     // IMMEDIATE takes the write lock up front, so a batch never fails half-way on a lock upgrade.
     // Offsets are rowids handed out inside that lock, so offset order is commit order even with
     // several writing processes: a consumer that has read offset N never later meets a smaller one.
     this.committer = new GroupCommitter((rows) => {
-      const offsets = writeBatch.immediate(rows);
+      const { offsets, gen } = writeBatch.immediate(rows);
       // Only now are the chunks and scenarios certainly in the file; a rolled-back batch leaves the memos alone.
       for (const row of rows) {
-        this.chunkMemo.remember(row.chunks);
+        this.chunkMemo.remember(row.chunks, gen);
         knownScenarios.add(row.values[1] as string);
       }
       return offsets;
     }, commitOptions);
     const chunksTx = db.transaction((chunks: Chunk[]) => {
       for (const c of chunks) insertChunk.run(c.hash, c.data);
+      return gcGeneration.get() ?? 0;
     });
     this.insertChunksTx = (chunks) => chunksTx.immediate(chunks);
     this.reports = new ReportTable(db);
@@ -282,9 +291,12 @@ export class SqliteStore implements RecordStore {
       const staged = chunkPayloads(payloads.request, payloads.promptIds, this.chunkMemo, true);
       const fresh = stagedChunks(staged).filter((c) => !c.stored);
       if (fresh.length > 0) {
-        this.insertChunksTx(fresh);
-        this.chunkMemo.remember(fresh);
-        for (const c of fresh) c.stored = true;
+        const gen = this.insertChunksTx(fresh);
+        this.chunkMemo.remember(fresh, gen);
+        for (const c of fresh) {
+          c.stored = true;
+          c.gen = gen;
+        }
       }
       return staged;
     } catch {
@@ -333,8 +345,9 @@ export class SqliteStore implements RecordStore {
   private expandRow<T extends SummaryRowShape & Partial<Pick<FullRowShape, 'prompt_ids' | 'prompt_chunks'>>>(row: T): T {
     const lookup = (hash: Buffer) => this.sql.chunk.get(hash)?.data;
     try {
-      if (row.request_chunks !== null) row.request = unchunk(row.request_chunks, Buffer.from(row.request), lookup, `record ${row.id} request`).toString('utf8');
-      if (row.prompt_chunks != null && row.prompt_ids !== undefined) row.prompt_ids = unchunk(row.prompt_chunks, row.prompt_ids, lookup, `record ${row.id} prompt ids`);
+      const width = row.chunk_ref_bytes;
+      if (row.request_chunks !== null) row.request = unchunk(row.request_chunks, Buffer.from(row.request), lookup, `record ${row.id} request`, width).toString('utf8');
+      if (row.prompt_chunks != null && row.prompt_ids !== undefined) row.prompt_ids = unchunk(row.prompt_chunks, row.prompt_ids, lookup, `record ${row.id} prompt ids`, width);
     } catch (err) {
       throw new ReefError('REEF_ERR_STORE', { reason: (err as Error).message }, { cause: err });
     }
@@ -506,6 +519,19 @@ export class SqliteStore implements RecordStore {
     return this.reports.list(scenario, parseCursor(options.after), pageLimit(options.limit), pageOrder(options.order));
   }
 
+  /**
+   * Deletes what `policy` retires and the chunks left unreferenced (retention.ts), in short
+   * transactions with a yield between them. One run at a time: a second call gets the first's answer.
+   */
+  retain(policy: RetentionPolicy, options: RetentionOptions = {}): Promise<RetentionResult> {
+    this.live();
+    this.retaining ??= runRetention(this.db, policy, { ...options, yield: async () => {
+      await (options.yield ?? (() => new Promise<void>((r) => setImmediate(r))))();
+      this.live();
+    } }).finally(() => (this.retaining = null));
+    return this.retaining;
+  }
+
   stats(): StoreStats {
     const cp = this.checkpointer?.stats;
     return { ...this.committer.snapshot(), checkpoints: cp?.checkpoints ?? 0, checkpointErrors: cp?.errors ?? 0 };
@@ -520,6 +546,8 @@ export class SqliteStore implements RecordStore {
 
   private async shutdown(): Promise<void> {
     this.closed = true;
+    // A run in progress stops at its next yield (live() throws there); wait for it to let go of the connection.
+    await this.retaining?.catch(() => {});
     this.committer.flush();
     await this.checkpointer?.stop();
     this.db.close();

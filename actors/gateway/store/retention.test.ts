@@ -1,0 +1,105 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import Database from 'better-sqlite3';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { recordDiff, sampleRecord } from './fixtures.js';
+import { SqliteStore } from './sqlite-store.js';
+import type { NewRecord } from './types.js';
+
+const DAY = 86_400_000;
+const NOW = 1_800_000_000_000;
+
+let dir: string;
+let store: SqliteStore;
+beforeEach(() => {
+  dir = mkdtempSync(join(tmpdir(), 'reef-retention-'));
+  store = SqliteStore.open(join(dir, 'r.db'));
+});
+afterEach(async () => {
+  await store.close();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+const db = () => (store as unknown as { db: Database.Database }).db;
+const chunkCount = () => (db().prepare('SELECT COUNT(*) AS n FROM chunks').get() as { n: number }).n;
+
+/** A record with a ~20 KB system prompt (chunked) finished `ageDays` before NOW. */
+function rec(seed: number, system: string, ageDays: number): NewRecord {
+  const finishedAt = NOW - ageDays * DAY;
+  return {
+    ...sampleRecord(seed, { promptTokens: 5000 }),
+    startedAt: finishedAt - 250,
+    finishedAt,
+    request: { messages: [{ role: 'system', content: system }, { role: 'user', content: `q${seed}` }], tools: null, params: {} },
+  };
+}
+
+describe('retention', () => {
+  it('deletes old records with their judgments and judged turns, collects the chunks only they referenced, and keeps what a consumer may still read', async () => {
+    const alone = 'A system prompt no other record has. '.repeat(600);
+    const shared = 'A system prompt two records share. '.repeat(600);
+    const inputs = {
+      old: rec(1, alone, 40),
+      oldShared: rec(2, shared, 40),
+      fresh: rec(3, shared, 1),
+      inJudgeState: rec(4, 'Waiting for its next state. '.repeat(600), 40),
+      forTrainer: rec(5, 'Judged, not yet batched. '.repeat(600), 40),
+      unread: rec(6, 'Not read by the judge yet. '.repeat(600), 40),
+    };
+    const ids: Record<string, string> = {};
+    for (const [name, r] of Object.entries(inputs)) ids[name] = (await store.append(r)).id;
+
+    await store.putJudgment(ids.old!, { votes: [1] });
+    const judged = { nextStateRecordId: ids.fresh!, scenario: 'default', sessionKey: 'tag:a', decision: 'anchor' as const, reward: 1, teacherCandidates: [null], judgment: {} };
+    await store.appendJudgedTurn({ ...judged, turnRecordId: ids.old! }); // judged seq 1, consumed
+    await store.appendJudgedTurn({ ...judged, turnRecordId: ids.forTrainer! }); // judged seq 2, not yet
+    // The judge has read up to `unread` (exclusive), and still holds one turn in an open session.
+    await store.commitConsumer('judge', (await store.get(ids.unread!))!.offset, 'judge.state', { correlator: { sessions: [{ last: ids.inJudgeState }] }, pending: [] });
+    await store.commitConsumer('trainer-controller', 2, 'trainer.state', { pending: [] });
+    const before = chunkCount();
+
+    const result = await store.retain({ maxAgeMs: 30 * DAY }, { now: () => NOW, batch: 2 });
+    expect(result.records).toBe(2);
+    for (const gone of ['old', 'oldShared']) expect(await store.get(ids[gone]!)).toBeNull();
+    for (const kept of ['fresh', 'inJudgeState', 'forTrainer', 'unread']) {
+      expect(recordDiff((await store.get(ids[kept]!))!, inputs[kept as keyof typeof inputs]), kept).toEqual([]);
+    }
+    expect(await store.getJudgment(ids.old!)).toBeNull();
+    expect((await store.readJudgedTurns(0, 10)).map((t) => t.turnRecordId)).toEqual([ids.forTrainer]);
+
+    // `old`'s chunks went (its prompt ids and its own system prompt); the shared prompt's stayed for `fresh`.
+    expect(result.chunks).toBeGreaterThan(0);
+    expect(chunkCount()).toBe(before - result.chunks);
+    const referenced = db().prepare('SELECT COUNT(*) AS n FROM chunks WHERE instr((SELECT group_concat(hex(request_chunks) || hex(prompt_chunks)) FROM records), hex(hash)) = 0').get() as { n: number };
+    expect(referenced.n).toBe(0);
+    expect(db().pragma('foreign_key_check')).toEqual([]);
+
+    // A second run finds nothing more to do.
+    expect(await store.retain({ maxAgeMs: 30 * DAY }, { now: () => NOW })).toEqual({ records: 0, reports: 0, chunks: 0 });
+  });
+
+  it('collects unreferenced chunks, and a writer whose memo knew a collected chunk stores it again', async () => {
+    const prompt = 'The same long prompt every turn. '.repeat(600);
+    // Staged, never appended: its chunks are in the file and no record names them.
+    const orphan = rec(7, 'An engine that refused the request. '.repeat(600), 0);
+    expect(store.stage({ request: orphan.request, promptIds: orphan.promptIds })).not.toBeNull();
+    const first = await store.append(rec(8, prompt, 0));
+    const withFirst = chunkCount();
+    // No record is old: only the orphan's chunks go.
+    const result = await store.retain({ maxAgeMs: 30 * DAY }, { now: () => NOW });
+    expect(result.records).toBe(0);
+    expect(result.chunks).toBeGreaterThan(0);
+    expect(chunkCount()).toBe(withFirst - result.chunks);
+    expect((await store.get(first.id))!.request.messages).toHaveLength(2);
+
+    // The next turn shares its prompt with one whose record is now deleted: the chunks the memo
+    // remembers were collected, and must be written again, not referenced as they were.
+    const victim = await store.append(rec(9, 'Shared by a record about to go. '.repeat(600), 40));
+    await store.commitConsumer('judge', victim.offset + 1, 'judge.state', {});
+    expect((await store.retain({ maxAgeMs: 30 * DAY }, { now: () => NOW })).records).toBe(1);
+    const again = rec(10, 'Shared by a record about to go. '.repeat(600), 0);
+    const { id } = await store.append(again);
+    expect(recordDiff((await store.get(id))!, again)).toEqual([]);
+  });
+});

@@ -1,0 +1,220 @@
+import type Database from 'better-sqlite3';
+import { LEGACY_REF_BYTES, REF_BYTES } from './chunks.js';
+
+/**
+ * Retention (`reef.retention`): deletes records older than a maximum age with their judgments and
+ * judged turns, old reports, and then the chunks no record references any more.
+ *
+ * What must hold whatever point a kill stops it at:
+ * - No record the judge or the trainer-controller may still read is deleted. The judge reads
+ *   records from its offset (consumer `judge`, a records rowid) and, by id, the turns its saved
+ *   state holds (open sessions, pending judgments); the controller reads, by id, the turns of the
+ *   judged turns from its offset (consumer `trainer-controller`, a judged_turns rowid) and any id
+ *   its state holds. Each saves offset and state in one commit, and a record below the judge's
+ *   offset that neither state names never comes back into either: they read new records by offset
+ *   only. A missing offset keeps everything it would guard.
+ * - No record points at a missing chunk. A record and its judgments go in one transaction; a chunk
+ *   goes only in a transaction that first looks at every record committed since the scan that
+ *   found it unreferenced, and that raises the chunk-GC generation, so a writer whose memo knew the
+ *   chunk inserts it again (sqlite-store.ts writeBatch). A kill between the two phases leaves
+ *   unreferenced chunks, which the next run collects.
+ * Every write is a short IMMEDIATE transaction of at most `batch` rows, so the gateway's commits
+ * wait for one batch at most, never for the whole run.
+ */
+
+export interface RetentionPolicy {
+  /** Records (and reports) that finished longer ago than this are deleted. */
+  maxAgeMs: number;
+}
+
+export interface RetentionOptions {
+  /** Rows per write transaction. @default 64 */
+  batch?: number;
+  /** @default Date.now */
+  now?: () => number;
+  /** Awaited between transactions and scan pages, so the caller's event loop keeps running. */
+  yield?: () => Promise<void>;
+  /** Called after each committed write transaction (tests kill the process here). */
+  onCommit?: (what: 'records' | 'reports' | 'chunks', n: number) => void;
+}
+
+export interface RetentionResult {
+  records: number;
+  reports: number;
+  chunks: number;
+}
+
+const JUDGE = 'judge';
+const CONTROLLER = 'trainer-controller';
+/** A record id (ids.ts): 26 characters of Crockford base32. */
+const ID_RE = /[0-9A-HJKMNP-TV-Z]{26}/g;
+
+const setImmediateYield = () => new Promise<void>((r) => setImmediate(r));
+
+export async function runRetention(db: Database.Database, policy: RetentionPolicy, opts: RetentionOptions = {}): Promise<RetentionResult> {
+  const batch = opts.batch ?? 64;
+  const pause = opts.yield ?? setImmediateYield;
+  const cutoff = (opts.now ?? Date.now)() - policy.maxAgeMs;
+  const result: RetentionResult = { records: 0, reports: 0, chunks: 0 };
+
+  // Records.
+  const offsetOf = db.prepare<[string], number>('SELECT next_offset FROM consumer_offsets WHERE consumer = ?').pluck();
+  const kvValues = db.prepare<[], string>('SELECT value FROM kv').pluck();
+  const unconsumedTurns = db.prepare<[number], { turn: string; next: string }>(
+    'SELECT turn_record_id AS turn, next_state_record_id AS next FROM judged_turns WHERE seq >= ?');
+  const oldRecords = db.prepare<[number, number, number, number], { seq: number; id: string }>(
+    'SELECT seq, id FROM records WHERE seq > ? AND seq < ? AND finished_at < ? ORDER BY seq LIMIT ?');
+  const delJudgment = db.prepare<[string]>('DELETE FROM judgments WHERE record_id = ?');
+  const delJudged = db.prepare<[string]>('DELETE FROM judged_turns WHERE turn_record_id = ?');
+  const delRecord = db.prepare<[number]>('DELETE FROM records WHERE seq = ?');
+
+  const guard = db.transaction(() => {
+    const judgeOffset = offsetOf.get(JUDGE);
+    const controllerOffset = offsetOf.get(CONTROLLER) ?? 0;
+    const keep = new Set<string>();
+    for (const v of kvValues.all()) for (const m of v.matchAll(ID_RE)) keep.add(m[0]);
+    for (const t of unconsumedTurns.iterate(controllerOffset)) {
+      keep.add(t.turn);
+      keep.add(t.next);
+    }
+    return { below: judgeOffset ?? 0, keep };
+  });
+  const { below, keep } = guard();
+  const deleteRecords = db.transaction((rows: { seq: number; id: string }[]) => {
+    for (const r of rows) {
+      delJudgment.run(r.id);
+      delJudged.run(r.id);
+      delRecord.run(r.seq);
+    }
+  });
+  for (let after = 0; ; ) {
+    const page = oldRecords.all(after, below, cutoff, batch);
+    if (page.length === 0) break;
+    after = page[page.length - 1]!.seq;
+    const doomed = page.filter((r) => !keep.has(r.id));
+    if (doomed.length > 0) {
+      deleteRecords.immediate(doomed);
+      result.records += doomed.length;
+      opts.onCommit?.('records', doomed.length);
+    }
+    await pause();
+  }
+
+  // Reports: nothing reads them by offset.
+  const oldReports = db.prepare<[number, number], number>('SELECT seq FROM reports WHERE created_at < ? ORDER BY seq LIMIT ?').pluck();
+  const delReport = db.prepare<[number]>('DELETE FROM reports WHERE seq = ?');
+  const deleteReports = db.transaction((seqs: number[]) => {
+    for (const s of seqs) delReport.run(s);
+  });
+  for (;;) {
+    const seqs = oldReports.all(cutoff, batch);
+    if (seqs.length === 0) break;
+    deleteReports.immediate(seqs);
+    result.reports += seqs.length;
+    opts.onCommit?.('reports', seqs.length);
+    await pause();
+  }
+
+  result.chunks = await collectChunks(db, batch, pause, opts.onCommit);
+  return result;
+}
+
+/** Every digest a record's chunk lists name, as latin1 strings (compact set keys). */
+function addRefs(into: Set<string>, row: { request_chunks: Buffer | null; prompt_chunks: Buffer | null; chunk_ref_bytes: number }): void {
+  const width = row.chunk_ref_bytes === LEGACY_REF_BYTES ? LEGACY_REF_BYTES : REF_BYTES;
+  for (const refs of [row.request_chunks, row.prompt_chunks]) {
+    if (refs === null) continue;
+    for (let o = 0; o + width <= refs.length; o += width) into.add(refs.toString('latin1', o, o + width));
+  }
+}
+
+/**
+ * Mark and sweep. The chunks to consider are those present before the scan starts; the scan
+ * pages through the records up to the newest one then (no long read transaction, which would hold
+ * back WAL checkpoints); each sweep transaction first adds the references of records committed
+ * since, so a chunk a new record shares is never taken.
+ */
+export async function collectChunks(db: Database.Database, batch: number, pause: () => Promise<void>, onCommit?: RetentionOptions['onCommit']): Promise<number> {
+  const head = db.prepare<[], number | null>('SELECT MAX(seq) FROM records').pluck();
+  const chunkPage = db.prepare<[Buffer, number], Buffer>('SELECT hash FROM chunks WHERE hash > ? ORDER BY hash LIMIT ?').pluck();
+  const refPage = db.prepare<[number, number, number], { seq: number; request_chunks: Buffer | null; prompt_chunks: Buffer | null; chunk_ref_bytes: number }>(
+    'SELECT seq, request_chunks, prompt_chunks, chunk_ref_bytes FROM records WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?');
+  const delChunk = db.prepare<[Buffer]>('DELETE FROM chunks WHERE hash = ?');
+  const bump = db.prepare('UPDATE chunk_gc SET generation = generation + 1 WHERE id = 1');
+
+  let scanned = head.get() ?? 0;
+  const candidates: Buffer[] = [];
+  for (let after: Buffer = Buffer.alloc(0); ; ) {
+    const page = chunkPage.all(after, 1024);
+    if (page.length === 0) break;
+    candidates.push(...page);
+    after = page[page.length - 1]!;
+    await pause();
+  }
+  if (candidates.length === 0) return 0;
+  const referenced = new Set<string>();
+  for (let after = 0; after < scanned; ) {
+    const page = refPage.all(after, scanned, batch);
+    if (page.length === 0) break;
+    for (const row of page) addRefs(referenced, row);
+    after = page[page.length - 1]!.seq;
+    await pause();
+  }
+
+  const sweep = db.transaction((hashes: Buffer[]) => {
+    // Records committed since the scan: few, and read inside the lock that keeps more from coming.
+    const now = head.get() ?? 0;
+    for (let after = scanned; after < now; ) {
+      const page = refPage.all(after, now, 256);
+      if (page.length === 0) break;
+      for (const row of page) addRefs(referenced, row);
+      after = page[page.length - 1]!.seq;
+    }
+    scanned = Math.max(scanned, now);
+    let n = 0;
+    for (const h of hashes) if (!referenced.has(h.toString('latin1'))) n += delChunk.run(h).changes;
+    if (n > 0) bump.run();
+    return n;
+  });
+  let deleted = 0;
+  for (let i = 0; i < candidates.length; i += batch) {
+    const slice = candidates.slice(i, i + batch).filter((h) => !referenced.has(h.toString('latin1')));
+    if (slice.length === 0) continue;
+    const n = sweep.immediate(slice);
+    deleted += n;
+    if (n > 0) onCommit?.('chunks', n);
+    await pause();
+  }
+  return deleted;
+}
+
+/**
+ * Runs `store.retain(policy)` soon after start and then every `intervalMs`, logging what each run
+ * deleted; a failed run is logged and the next one tries again. Answers a stop function.
+ */
+export function scheduleRetention(
+  store: { retain(policy: RetentionPolicy): Promise<RetentionResult> },
+  policy: RetentionPolicy,
+  intervalMs: number,
+  log: (line: string) => void,
+): () => void {
+  let stopped = false;
+  const run = async () => {
+    try {
+      const r = await store.retain(policy);
+      if (r.records + r.reports + r.chunks > 0) log(`retention: deleted ${r.records} record(s), ${r.reports} report(s) and ${r.chunks} unreferenced chunk(s)`);
+    } catch (err) {
+      if (!stopped) log(`retention: ${(err as Error).message}; trying again in ${Math.round(intervalMs / 1000)} s`);
+    }
+  };
+  // Not at once: a gateway that starts is busy loading its tokenizer and warming up.
+  const first = setTimeout(() => void run(), Math.min(intervalMs, 60_000));
+  const every = setInterval(() => void run(), intervalMs);
+  first.unref();
+  every.unref();
+  return () => {
+    stopped = true;
+    clearTimeout(first);
+    clearInterval(every);
+  };
+}
