@@ -1,5 +1,5 @@
-import { existsSync, readFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { basename, join } from 'node:path';
 import { SqliteStore } from '../../actors/gateway/store/sqlite-store.js';
 import type { Release } from '../../actors/trainer-controller/controller.js';
 import { STATE_KEY as TRAINER_STATE } from '../../actors/trainer-controller/messages.js';
@@ -29,6 +29,8 @@ export interface SoakCounts {
   batches: number;
   releases: number;
   ledgerEntries: number;
+  /** `v<n>` directories on disk (the newest `keep_checkpoints` releases'). */
+  checkpoints: number;
   /** The controller's counters of turns it read and did not train, and of batches given up on. */
   stale: number;
   untrainable: number;
@@ -146,6 +148,14 @@ export async function checkSoak(files: SoakFiles): Promise<SoakCheck> {
       violations.push(`the current release ${current.id} (${current.weightVersion}) has no checkpoint at ${current.checkpointPath}`);
     }
 
+    // 6. No orphan `v<n>`: a step saved by a trainer killed before its ledger entry is removed by
+    // the next step, and after the drain every step has had its release.
+    const checkpointDir = join(files.dataDir, 'checkpoints');
+    // By name: every release's checkpoint is under this directory, and a copy of the files keeps the names.
+    const released = new Set(releases.map((r) => basename(r.checkpointPath)));
+    const versions = existsSync(checkpointDir) ? readdirSync(checkpointDir).filter((n) => /^v\d+$/.test(n)) : [];
+    report(violations, 'checkpoints no release names', versions.filter((n) => !released.has(n)));
+
     const counters = state?.counters ?? {};
     return {
       counts: {
@@ -157,6 +167,7 @@ export async function checkSoak(files: SoakFiles): Promise<SoakCheck> {
         batches: lineOf.size,
         releases: trainedReleases.length,
         ledgerEntries: Object.keys(ledger).length,
+        checkpoints: versions.length,
         stale: counters.stale ?? 0,
         untrainable: counters.untrainable ?? 0,
         deadLetters: state?.deadLetters?.length ?? 0,

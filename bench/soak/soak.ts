@@ -175,7 +175,7 @@ export function summaryLines(r: SoakResult): string[] {
   return [
     `receipts ${c.receipts} (${r.load.streamed} streamed, ${r.load.failures} failed requests retried), records ${c.records}`,
     `kills ${Object.entries(r.chaos.kills).map(([k, n]) => `${k} ${n}`).join(', ') || 'none'} (${r.chaos.skipped} skipped: nothing of the kind running)`,
-    `judged ${c.judged} (${c.judgedDropped} dropped), trained turns ${c.trainedTurns} in ${c.batches} batches, releases ${c.releases}, ledger entries ${c.ledgerEntries}, stale ${c.stale}, untrainable ${c.untrainable}, dead letters ${c.deadLetters}`,
+    `judged ${c.judged} (${c.judgedDropped} dropped), trained turns ${c.trainedTurns} in ${c.batches} batches, releases ${c.releases}, ledger entries ${c.ledgerEntries}, checkpoints on disk ${c.checkpoints}, stale ${c.stale}, untrainable ${c.untrainable}, dead letters ${c.deadLetters}`,
     `violations ${r.violations.length}`,
     ...r.violations.map((v) => `  ${v}`),
   ];

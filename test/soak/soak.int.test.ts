@@ -1,4 +1,4 @@
-import { appendFileSync, cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { appendFileSync, cpSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
@@ -73,6 +73,13 @@ describe('kill -9 soak (short)', () => {
       'record lines of batches never released: 1 (default:openclawrl:999)',
       `turns trained by more than one batch: 1 (${first.turns[0]} in ${first.batch_id} and default:openclawrl:999)`,
     ]);
+  });
+
+  it('the checker finds a checkpoint that no release names', async () => {
+    const c = copy();
+    mkdirSync(join(c.dataDir, 'checkpoints', 'v999'));
+    const r = await checkSoak(c);
+    expect(r.violations).toEqual(['checkpoints no release names: 1 (v999)']);
   });
 
   it('the checker finds a release without its ledger entry, and a current release without its checkpoint', async () => {
