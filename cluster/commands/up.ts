@@ -7,6 +7,7 @@ import { loadConfig, type ReefConfig } from '../config/index.js';
 import { repoRoot } from '../paths.js';
 import { ReefError } from '../../actors/runtime/errors.js';
 import { readRunFile } from '../run-file.js';
+import { redirectOutput } from '../rotating-log.js';
 import { Stack, startUpLimitMs, type StackOptions } from '../stack.js';
 
 /** The line printed once everything is up: where to point an agent. */
@@ -35,6 +36,11 @@ export async function upCommand(args: ParsedArgs, io: Io, seams: Pick<StackOptio
   }
   const cfg = await loadConfig(configPath, args.overrides);
   if (flagBool(args, 'detach')) return detach(cfg, configPath, args, io);
+  // The background process of `--detach`: its output goes to run/reef.log, rotated by size. Not
+  // passed on, so that no child takes the file over.
+  const rotated = process.env[ROTATED_LOG_ENV];
+  delete process.env[ROTATED_LOG_ENV];
+  if (rotated) redirectOutput(rotated);
 
   // Handled from the start: `reef down` signals a stack that is still starting, and dying on the
   // default action would leave the shim, Ray and the engines running.
@@ -103,6 +109,9 @@ class LogTail {
   }
 }
 
+/** Names the log file the background `reef up` writes its output to, rotated (cluster/rotating-log.ts). */
+const ROTATED_LOG_ENV = 'REEF_ROTATED_LOG';
+
 /** Starts `reef up` in the background and returns once it is up (or has failed). */
 async function detach(cfg: ReefConfig, configPath: string, args: ParsedArgs, io: Io): Promise<number> {
   const runDir = join(cfg.reef.data_dir, 'run');
@@ -117,7 +126,9 @@ async function detach(cfg: ReefConfig, configPath: string, args: ParsedArgs, io:
   const log = new LogTail(logPath, fstatSync(fd).size);
   const child = spawn(process.execPath, [join(repoRoot(), 'bin', 'reef.js'), 'up', '-c', resolve(configPath), ...args.overrides], {
     detached: true,
+    // The descriptors too, for what Node prints without the streams (a fatal error's report).
     stdio: ['ignore', fd, fd],
+    env: { ...process.env, [ROTATED_LOG_ENV]: logPath },
   });
   closeSync(fd);
   child.unref();

@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable, Mapping
 
+from . import log_rotate
 from .errors import ShimError
 from .proc_tree import group_alive
 
@@ -156,38 +157,46 @@ def open_engine_log(path: str) -> int:
 
 
 class EngineProcess:
-    """One engine server subprocess in its own process group, logging to `log_path`."""
+    """One engine server subprocess in its own process group, logging to `log_path`, rotated by size
+    (`log_rotate`: `log_max_bytes` per file, `log_backups` earlier files kept)."""
 
     def __init__(self, name: str, argv: list[str], probe_host: str, port: int, log_path: str,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, log_max_bytes: int = log_rotate.MAX_BYTES,
+                 log_backups: int = log_rotate.BACKUPS) -> None:
         self.name = name
         self.argv = argv
         self.base = f"http://{probe_host}:{port}"
         self.log_path = log_path
         self.env = env
+        self.log_max_bytes, self.log_backups = log_max_bytes, log_backups
         self.proc: subprocess.Popen[bytes] | None = None
+        self._pump: Any = None
 
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
     def start(self) -> int:
-        with os.fdopen(open_engine_log(self.log_path), "ab") as out:
+        out = log_rotate.RotatingLog(self.log_path, open_engine_log, self.log_max_bytes, self.log_backups)
+        # Through a pipe, so that the log can move to a new file: an engine writing to the file
+        # itself kept writing to the one it was given, however large it grew.
+        read_end, write_end = os.pipe()
+        try:
             self.proc = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                self.argv, stdin=subprocess.DEVNULL, stdout=write_end, stderr=subprocess.STDOUT, env=self.env,
                 start_new_session=True, preexec_fn=_die_with_parent,
             )
+        except BaseException:
+            os.close(read_end)
+            out.close()
+            raise
+        finally:
+            os.close(write_end)
+        self._pump = log_rotate.pump(read_end, out)
         return self.proc.pid
 
     def tail(self, max_chars: int = 2000) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - max_chars))
-                return f.read().decode("utf-8", errors="replace").strip()
-        except OSError:
-            return ""
+        return log_rotate.tail(self.log_path, self.log_backups, max_chars)
 
     def _get(self, path: str, timeout: float = 1.0) -> tuple[int, bytes] | None:
         try:
@@ -222,6 +231,10 @@ class EngineProcess:
         """`{alive, returncode, healthy, tail}`: one poll of the child and its /health."""
         code = self.proc.poll() if self.proc else None
         alive = self.proc is not None and code is None
+        if not alive and self._pump is not None:
+            # Its last words (a traceback) may still be in the pipe; a worker it forked may hold
+            # the pipe open, so not for long.
+            self._pump.join(timeout=2.0)
         return {
             "alive": alive,
             "returncode": code,

@@ -251,3 +251,39 @@ def test_an_engine_log_directory_of_another_user_is_refused(tmp_path: Path) -> N
     with pytest.raises(ShimError, match="belongs to uid 12345") as e:
         open_engine_log(str(theirs / "e.log"))
     assert e.value.retryable is False
+
+
+# Writes 20 numbered 1000-byte lines (20,000 bytes) and exits.
+CHATTY = "import sys\nfor i in range(20):\n    sys.stdout.write(f'{i:04d}' + 'x' * 995 + '\\n')\nsys.stdout.flush()\n"
+
+
+def test_the_engine_log_rotates_by_size_and_keeps_its_backups(tmp_path: Path) -> None:
+    # One file for the engine's whole life grew without bound under the data dir.
+    log_path = tmp_path / "logs" / "e0-1.log"
+    engine = EngineProcess("e0", [sys.executable, "-c", CHATTY], "127.0.0.1", 1, str(log_path),
+                           log_max_bytes=3000, log_backups=2)
+    engine.start()
+    assert engine.proc is not None and engine.proc.wait(timeout=30) == 0
+    assert engine.probe()["alive"] is False  # and the pipe drained into the files
+    kept = sorted(p.name for p in log_path.parent.iterdir())
+    assert kept == ["e0-1.log", "e0-1.log.1", "e0-1.log.2"]
+    for p in log_path.parent.iterdir():
+        assert p.stat().st_size <= 3000 and p.stat().st_mode & 0o777 == 0o600
+    # Oldest first, the files hold the last 20,000 mod 3,000 + 2 × 3,000 bytes of the output.
+    written = "".join(f"{i:04d}" + "x" * 995 + "\n" for i in range(20))
+    joined = "".join((tmp_path / "logs" / n).read_text() for n in ["e0-1.log.2", "e0-1.log.1", "e0-1.log"])
+    assert joined == written[-len(joined):] and len(joined) == 2 * 3000 + 20000 % 3000
+    assert joined.endswith("0019" + "x" * 995 + "\n")
+    # The tail reaches back into the rotated file when the current one is shorter than asked.
+    assert engine.tail(max_chars=2500) == written[-2500:].strip()
+
+
+def test_a_rotating_log_without_backups_starts_over(tmp_path: Path) -> None:
+    from reef_shim.engine_process import open_engine_log
+    from reef_shim.log_rotate import RotatingLog
+
+    out = RotatingLog(str(tmp_path / "e.log"), open_engine_log, max_bytes=10, backups=0)
+    out.write(b"0123456789abc")
+    out.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.log"]
+    assert (tmp_path / "e.log").read_bytes() == b"abc"

@@ -68,6 +68,7 @@ describe('record line', () => {
       batch_id: 's:openclawrl:1',
       scenario: 's',
       samples: 3,
+      turns: ['r1', 'r2', 'r3'],
       rewards: { '1': 1, '-1': 1, '0': 1 },
       judged: { 'next_state:user': 1, 'eval:1': 1 },
       correlation: { bound: 3, tagged: 3 },

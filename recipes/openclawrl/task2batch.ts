@@ -97,6 +97,9 @@ export function recordLine(batch: Batch, correlation: Record<string, number>): R
     batch_id: batch.batchId,
     scenario: batch.scenario,
     samples: batch.tasks.length,
+    // Which turns the batch trained, so that a reader can check no turn is trained twice (the
+    // kill -9 soak does); only turn ids, the store holds the rest.
+    turns: batch.tasks.map((t) => t.turnRecordId),
     rewards: rewardSplit(batch.tasks),
     judged: batch.judged,
     correlation,

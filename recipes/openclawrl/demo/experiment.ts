@@ -158,7 +158,7 @@ export function modelDirProblem(dir: string): string | null {
 }
 
 /** Starts the rule-following PRM double and waits until it answers /health. */
-async function startRulePrm(modelDir: string, log: (l: string) => void, signal?: AbortSignal): Promise<{ url: string; child: ChildProcess }> {
+export async function startRulePrm(modelDir: string, log: (l: string) => void, signal?: AbortSignal): Promise<{ url: string; child: ChildProcess }> {
   const port = await freePort();
   const args = ['-m', 'reef_shim.engines.rule_prm_server', '--host', '127.0.0.1', '--port', String(port), '--tokenizer-path', modelDir];
   const child = spawn(pythonBin(), args, { env: pythonEnv(), stdio: ['ignore', 'ignore', 'inherit'] });
