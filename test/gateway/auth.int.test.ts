@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { keyIdOf } from '../../actors/gateway/auth.js';
 import { waitFor } from '../helpers/wait.js';
 import { CHAT, openAIError, postChat, readSse, startStack, type Stack } from './harness.js';
 
@@ -88,6 +89,19 @@ describe('gateway auth', () => {
     const res = await fetch(`${s.url}/reef/scenarios`, { headers: { authorization: 'Bearer wrong', 'x-api-key': ADMIN } });
     expect(res.status).toBe(401);
     expect(openAIError(await res.json()).message).toMatch(/in Authorization: Bearer, which is used rather than the x-api-key/);
+  });
+
+  it('each record says which key made it (its id, never the key), in the record and in the listing', async () => {
+    const alpha = await postChat(s.url, CHAT, { authorization: `Bearer ${ALPHA}`, 'x-reef-scenario': 'alpha' });
+    expect(alpha.status).toBe(200);
+    const alphaRecord = alpha.headers.get('x-reef-agent-record-id')!;
+    const get = async (path: string) => (await fetch(`${s.url}${path}`, { headers: { authorization: `Bearer ${ADMIN}` } })).json() as Promise<Record<string, unknown>>;
+    expect(keyIdOf(ADMIN)).not.toBe(keyIdOf(ALPHA));
+    expect((await get(`/reef/scenarios/beta/records/${betaRecord}`)).keyId).toBe(keyIdOf(ADMIN));
+    expect((await get(`/reef/scenarios/alpha/records/${alphaRecord}`)).keyId).toBe(keyIdOf(ALPHA));
+    const listed = (await get('/reef/scenarios/alpha/records')).data as Array<{ id: string; keyId: string }>;
+    expect(listed.find((r) => r.id === alphaRecord)?.keyId).toBe(keyIdOf(ALPHA));
+    expect(JSON.stringify(await get(`/reef/scenarios/alpha/records/${alphaRecord}`))).not.toContain(ALPHA);
   });
 
   it('a key limited to scenario alpha gets 403 on beta and cannot see beta or its records', async () => {

@@ -90,7 +90,8 @@ describe('judged-turn log', () => {
     const a = await store.append(sampleRecord(1));
     await store.close();
     const db = new Database(join(dir, 'r.db'));
-    // Undo migrations 4, 3 and 2, newest first.
+    // Undo migrations 5, 4, 3 and 2, newest first.
+    db.exec('ALTER TABLE records DROP COLUMN key_id');
     db.exec('ALTER TABLE records DROP COLUMN request_form');
     db.exec('DROP TABLE chunks; ALTER TABLE records DROP COLUMN request_chunks; ALTER TABLE records DROP COLUMN prompt_chunks');
     db.exec('DROP TABLE judged_turns');
@@ -106,6 +107,7 @@ describe('judged-turn log', () => {
     const before = (await store.get(a.id))!.request;
     await store.close();
     const db = new Database(join(dir, 'r.db'));
+    db.exec('ALTER TABLE records DROP COLUMN key_id');
     db.exec('ALTER TABLE records DROP COLUMN request_form');
     db.pragma('user_version = 3');
     db.close();

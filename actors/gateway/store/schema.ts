@@ -107,6 +107,11 @@ const MIGRATIONS: readonly string[] = [
   `
   ALTER TABLE records ADD COLUMN request_form INTEGER NOT NULL DEFAULT 0 CHECK (request_form IN (0, 1));
   `,
+  // 5: which API key made the record (auth.ts Principal.id: a digest prefix, or 'open' on a keyless
+  // gateway). NULL for records written before this step: who made them was never known.
+  `
+  ALTER TABLE records ADD COLUMN key_id TEXT;
+  `,
 ];
 
 export const SCHEMA_VERSION = MIGRATIONS.length;

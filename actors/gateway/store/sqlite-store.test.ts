@@ -103,6 +103,9 @@ describe('SqliteStore records', () => {
     });
     await expect(store.append({ ...r, scenario: 'Bad Name' })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
     await expect(store.append({ ...r, id: 'not-an-id' })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
+    for (const keyId of ['', 'has space', undefined]) {
+      await expect(store.append({ ...r, keyId: keyId as unknown as string })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT', message: expect.stringContaining('keyId') });
+    }
     expect(await store.headOffset()).toBe(0);
   });
 

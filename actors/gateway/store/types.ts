@@ -26,6 +26,11 @@ export interface RecordSummary {
   /** Assigned by the store at commit; strictly increasing in commit order, starts at 1. */
   offset: number;
   scenario: string;
+  /**
+   * Which API key made it: the principal id (auth.ts; a digest prefix of the key, `open` on a
+   * keyless gateway), never the key. null for records stored before key ids were.
+   */
+  keyId: string | null;
   tags: Record<string, string>;
   status: RecordStatus;
   /** ms since the epoch. */
