@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { keyIdOf } from '../../actors/gateway/auth.js';
+import { Correlator } from '../../actors/judge/correlate/index.js';
 import { waitFor } from '../helpers/wait.js';
 import { CHAT, openAIError, postChat, readSse, startStack, type Stack } from './harness.js';
 
@@ -102,6 +103,24 @@ describe('gateway auth', () => {
     const listed = (await get('/reef/scenarios/alpha/records')).data as Array<{ id: string; keyId: string }>;
     expect(listed.find((r) => r.id === alphaRecord)?.keyId).toBe(keyIdOf(ALPHA));
     expect(JSON.stringify(await get(`/reef/scenarios/alpha/records/${alphaRecord}`))).not.toContain(ALPHA);
+  });
+
+  it('a session tag is bound to its key: another key sending the same tag, transcript and all, does not become the turn\'s next state', async () => {
+    const tag = { 'x-reef-tag-session': 'shared-tag', 'x-reef-scenario': 'tags' };
+    const first = [{ role: 'user', content: 'Draft my letter' }];
+    const a1 = await postChat(s.url, { ...CHAT, messages: first }, { authorization: `Bearer ${ADMIN}`, ...tag });
+    const a1Id = a1.headers.get('x-reef-agent-record-id')!;
+    const reply = (await s.gw.store.get(a1Id))!.response as { content: string };
+    const after = (text: string) => ({ ...CHAT, messages: [...first, { role: 'assistant', content: reply.content }, { role: 'user', content: text }] });
+    const b = await postChat(s.url, after('Perfect, well done'), { authorization: `Bearer ${ONE}`, ...tag });
+    const a2 = await postChat(s.url, after('Too formal, redo it'), { authorization: `Bearer ${ADMIN}`, ...tag });
+    expect([a1.status, b.status, a2.status]).toEqual([200, 200, 200]);
+    const a2Id = a2.headers.get('x-reef-agent-record-id')!;
+
+    // The judge's correlation over what the gateway stored.
+    const c = new Correlator();
+    const finished = (await s.gw.store.readFrom(0, 1000)).filter((r) => r.scenario === 'tags').flatMap((r) => c.observe(r)).filter((e) => e.kind === 'turn-finished');
+    expect(finished.map((e) => e.kind === 'turn-finished' && [e.turnRecordId, e.nextStateRecordId, e.nextState.content])).toEqual([[a1Id, a2Id, 'Too formal, redo it']]);
   });
 
   it('a key limited to scenario alpha gets 403 on beta and cannot see beta or its records', async () => {

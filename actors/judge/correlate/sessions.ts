@@ -7,11 +7,13 @@
  * repeat carries). A session holds hashes and ids, never transcripts.
  */
 export interface Session {
-  /** `scenario \0 key`: unique across scenarios. */
+  /** `scenario \0 key id \0 key` (sessionMapKey): unique across scenarios and API keys. */
   mapKey: string;
   /** `tag:<session tag>` or `chain:<id of the record that opened it>`. */
   key: string;
   scenario: string;
+  /** The API key id of the records it binds (records before key ids: null); another key's records never join it. */
+  keyId: string | null;
   tagged: boolean;
   /** The last main request: its record id (the pending turn), message count and hashes. */
   turnId: string;
@@ -46,6 +48,15 @@ export interface Session {
   lastAt: number;
   /** Global activity sequence: the larger, the more recently active (breaks ties within a ms). */
   seq: number;
+}
+
+/**
+ * A session's table key. The key id is part of it because a tag is only a client's word: another
+ * API key allowed in the same scenario that sends the same tag would otherwise become this
+ * session's next state, and set the reward and hint of a turn it never saw.
+ */
+export function sessionMapKey(scenario: string, keyId: string | null, key: string): string {
+  return `${scenario}\u0000${keyId ?? ''}\u0000${key}`;
 }
 
 type Bucket = Session | Session[];

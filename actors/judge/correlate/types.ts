@@ -2,7 +2,7 @@ import type { LogFn } from '../../runtime/log.js';
 import type { RecordSummary } from '../../gateway/store/types.js';
 
 /** What correlation reads of a record (an `AgentRecord` or `RecordSummary` fits). */
-export type CorrelationRecord = Pick<RecordSummary, 'id' | 'offset' | 'scenario' | 'tags' | 'status' | 'finishedAt' | 'response'> & {
+export type CorrelationRecord = Pick<RecordSummary, 'id' | 'offset' | 'scenario' | 'keyId' | 'tags' | 'status' | 'finishedAt' | 'response'> & {
   request: { messages: unknown[] };
 };
 
