@@ -93,6 +93,20 @@ describe('JudgeCore', () => {
     expect(judge.stats()).toMatchObject({ judged: 1, pending: 3, votes_ok: 4, votes_failed: 2, duplicate_completions: 1 });
   });
 
+  it('a scenario flooding more sessions than max_open_sessions evicts only its own: the other scenario\'s turn still binds and is judged', async () => {
+    const [a1, a2] = conversation(1, 2).map((r) => ({ ...r, scenario: 'alpha' }));
+    await write([a1!]);
+    await write(Array.from({ length: 300 }, (_, i) => conversation(100 + i, 1)[0]!).map((r) => ({ ...r, scenario: 'beta' })));
+    await write([a2!]);
+    const judge = await core({ correlator: { sessionTtlS: 3600, maxOpenSessions: 50 } });
+    while ((await judge.pump()) > 0);
+    expect(judge.stats()).toMatchObject({ evicted: 251, bound: 1, pending: 1, open_sessions: 50 });
+    const a = await judge.lease('prm-0', 0);
+    expect(a.turn).toMatchObject({ scenario: 'alpha', sessionKey: 'tag:conv-1', nextState: { content: reaction(1, 0) } });
+    expect(await judge.complete(done('prm-0', a.leaseId!, a.turn!.turnRecordId))).toEqual({ accepted: true, offset: 1 });
+    expect((await store.readJudgedTurns(1, 10)).map((t) => t.scenario)).toEqual(['alpha']);
+  });
+
   it('concurrent completions of one turn: exactly one is accepted', async () => {
     await write(conversation(1, 2));
     const judge = await core();

@@ -388,11 +388,11 @@ export class Correlator {
 
   private enforceCapacity(out: CorrelationEvent[]): void {
     while (this.table.size > this.config.maxOpenSessions) {
-      const s = this.table.oldest()!;
+      const s = this.table.evictionVictim()!;
       this.counts.evicted++;
       if (!this.warnedEvictions) {
         this.warnedEvictions = true;
-        this.warn('evictions', `more than ${this.config.maxOpenSessions} open sessions: evicting the least recently active (first: ${s.key} in ${s.scenario}) and dropping their pending turns — raise max_open_sessions or tag sessions so requests bind`, out);
+        this.warn('evictions', `more than ${this.config.maxOpenSessions} open sessions: evicting the least recently active of the scenario and API key holding the most (first: ${s.key} in ${s.scenario}, key ${s.keyId ?? 'none'}, ${this.table.sizeOf(s.scenario, s.keyId)} open) and dropping their pending turns — raise max_open_sessions or tag sessions so requests bind`, out);
       }
       this.close(s, 'evicted', out);
     }

@@ -89,8 +89,15 @@ function newest(b: Bucket | undefined): Session | null {
   return best;
 }
 
+/** Whose sessions they are: one scenario's, of one API key. The unit eviction is fair between. */
+function tenantOf(s: Session): string {
+  return `${s.scenario}\u0000${s.keyId ?? ''}`;
+}
+
 export class SessionTable {
   private readonly byKey = new Map<string, Session>();
+  /** Each tenant's sessions, least recently active first (as `byKey`). */
+  private readonly byTenant = new Map<string, Map<string, Session>>();
   private readonly byExt = new Map<number, Bucket>();
   private readonly byFull = new Map<number, Bucket>();
 
@@ -112,6 +119,36 @@ export class SessionTable {
     return this.byKey.values();
   }
 
+  /** How many tenants (scenario and API key) hold open sessions. */
+  get tenants(): number {
+    return this.byTenant.size;
+  }
+
+  /** Open sessions of one scenario's API key. */
+  sizeOf(scenario: string, keyId: string | null): number {
+    return this.byTenant.get(`${scenario}\u0000${keyId ?? ''}`)?.size ?? 0;
+  }
+
+  /**
+   * Whom eviction takes from: the least recently active session of the tenant that holds the most
+   * (of two as large, the one whose oldest session is older). A tenant that floods sessions then
+   * evicts its own, and one holding no more than its share of the cap is never evicted by another:
+   * one global LRU let a single key close every other tenant's sessions and drop their turns.
+   * Linear in the number of tenants, which the configured keys and scenarios bound.
+   */
+  evictionVictim(): Session | undefined {
+    let best: Map<string, Session> | undefined;
+    let bestOldest: Session | undefined;
+    for (const m of this.byTenant.values()) {
+      const oldest = m.values().next().value as Session;
+      if (best === undefined || m.size > best.size || (m.size === best.size && oldest.seq < bestOldest!.seq)) {
+        best = m;
+        bestOldest = oldest;
+      }
+    }
+    return bestOldest;
+  }
+
   /** Most recently active untagged session whose last request + reply hashes to `ext`. */
   findByExt(ext: number): Session | null {
     return newest(this.byExt.get(ext));
@@ -130,6 +167,10 @@ export class SessionTable {
 
   add(s: Session): void {
     this.byKey.set(s.mapKey, s);
+    const t = tenantOf(s);
+    let m = this.byTenant.get(t);
+    if (m === undefined) this.byTenant.set(t, (m = new Map()));
+    m.set(s.mapKey, s);
     this.index(s);
   }
 
@@ -139,6 +180,9 @@ export class SessionTable {
     s.seq = seq;
     this.byKey.delete(s.mapKey);
     this.byKey.set(s.mapKey, s);
+    const m = this.byTenant.get(tenantOf(s))!;
+    m.delete(s.mapKey);
+    m.set(s.mapKey, s);
   }
 
   /** Call before changing `s.full` / `s.ext`, then `index(s)` after. */
@@ -157,5 +201,9 @@ export class SessionTable {
   remove(s: Session): void {
     this.unindex(s);
     this.byKey.delete(s.mapKey);
+    const t = tenantOf(s);
+    const m = this.byTenant.get(t);
+    m?.delete(s.mapKey);
+    if (m?.size === 0) this.byTenant.delete(t);
   }
 }

@@ -9,7 +9,10 @@ export type CorrelationRecord = Pick<RecordSummary, 'id' | 'offset' | 'scenario'
 export interface CorrelatorConfig {
   /** A session with no request for this long is closed and its pending turn dropped. @default 900 */
   sessionTtlS: number;
-  /** Above this many open sessions the least recently active are evicted. @default 4096 */
+  /**
+   * Open sessions kept over every scenario and API key; above it, the least recently active of the
+   * scenario and key holding the most is evicted (sessions.ts evictionVictim). @default 4096
+   */
   maxOpenSessions: number;
   /**
    * Tag mode only: treat a request whose first message differs from its session's (its first
