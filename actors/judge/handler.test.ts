@@ -4,7 +4,8 @@ import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { conversation, interleave, reaction, replyText } from '../../test/judge/conversations.js';
 import { SqliteStore } from '../gateway/store/sqlite-store.js';
-import { JudgeCore, type JudgeOptions } from './handler.js';
+import { MAX_FIELD_CHARS, renderPrompt } from '../../recipes/openclawrl/judge/prompts.js';
+import { JudgeCore, STATE_KEY, type JudgeOptions } from './handler.js';
 
 let dir: string;
 let store: SqliteStore;
@@ -208,6 +209,41 @@ describe('JudgeCore', () => {
     const leased = [(await judge.lease('prm-0', 0)).turn!.turnRecordId, (await judge.lease('prm-0', 0)).turn!.turnRecordId, (await judge.lease('prm-0', 0)).turn!.turnRecordId];
     expect(leased).toEqual([expect.any(String), a.turn!.turnRecordId, b.turn!.turnRecordId]);
     expect(new Set([...leased])).toHaveProperty('size', 3);
+  });
+
+  it('keeps the saved state bounded with long next states (clipped to what the PRM prompt shows), and resumes the same turns', async () => {
+    // 64 turns whose next state is 300k characters: 19 MB of next state, unclipped, in every commit.
+    const N = 64;
+    const big = (c: number) => `${'long tool output line\n'.repeat(13_700)}end of output ${c}`;
+    for (let c = 0; c < N; c++) {
+      const [r1, r2] = conversation(c, 2);
+      const messages = (r2!.request as { messages: { role: string; content: string }[] }).messages;
+      messages[messages.length - 1] = { role: 'tool', content: big(c) };
+      await write([r1!, r2!]);
+    }
+    const first = await core({ batch: 1000 });
+    await first.pump();
+    expect(first.stats()).toMatchObject({ pending: N, bound: N });
+    const saved = JSON.stringify(await store.getState(STATE_KEY));
+    // Each pending turn holds at most MAX_FIELD_CHARS of next state, plus its ids and keys.
+    expect(saved.length).toBeLessThan(N * (MAX_FIELD_CHARS + 1024));
+    expect(saved.length).toBeGreaterThan(N * (MAX_FIELD_CHARS - 1024));
+
+    const a = await first.lease('prm-0', 0);
+    const content = a.turn!.nextState.content;
+    expect(content.length).toBeLessThanOrEqual(MAX_FIELD_CHARS);
+    expect(content).toMatch(/^long tool output line\n/);
+    expect(content).toMatch(/characters left out …\]\n[\s\S]*end of output \d+$/);
+    // The prompt's own clip leaves it as it is: one "left out" line, the PRM sees this very text.
+    const prompt = renderPrompt('score', a.turn!);
+    expect(prompt).toContain(content);
+    expect(prompt.match(/characters left out/g)).toHaveLength(1);
+
+    // A restart resumes the same turns with the same next states.
+    const second = await core({ batch: 1000 });
+    expect(second.stats()).toMatchObject({ pending: N, next_offset: 2 * N + 1 });
+    const again = await second.lease('prm-1', 0);
+    expect(again.turn).toEqual(a.turn);
   });
 
   it('resumes after a crash: same offset, unjudged turns pending again, judged ones not, old leases still valid', async () => {

@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { clip, MAX_FIELD_CHARS } from '../../recipes/openclawrl/judge/prompts.js';
 import { verdict } from '../../recipes/openclawrl/judge/votes.js';
 import type { JudgeDecision, RecordStore } from '../gateway/store/types.js';
 import { ReefError } from '../runtime/errors.js';
@@ -70,6 +71,22 @@ interface JudgeCounters {
   duplicate_completions: number;
 }
 
+/**
+ * Characters of a next state a pending turn keeps. The PRM prompt shows at most MAX_FIELD_CHARS of
+ * it (prompts.ts clip), so the rest only made the saved state grow: 2048 pending turns of
+ * long-context next states (hundreds of KB each) passed V8's longest string, and every commit
+ * then threw and retried for good. Clipped here with room for clip's "left out" line, so that the
+ * prompt's own clip leaves it as it is and a PRM sees the same text before and after a restart.
+ */
+export const NEXT_STATE_CHARS = MAX_FIELD_CHARS - 64;
+
+/** The turn as it is kept pending and saved: its next state clipped to what a PRM prompt shows. */
+export function boundTurn(ev: TurnFinished): TurnFinished {
+  const { content } = ev.nextState;
+  if (content.length <= MAX_FIELD_CHARS) return ev;
+  return { ...ev, nextState: { role: ev.nextState.role, content: clip(content, NEXT_STATE_CHARS) } };
+}
+
 const zeroCounters = (): JudgeCounters => ({ votes_ok: 0, votes_failed: 0, votes_invalid: 0, judged: 0, dropped: 0, redispatched: 0, released: 0, late_completions: 0, refused_completions: 0, duplicate_completions: 0 });
 
 export class JudgeCore {
@@ -127,7 +144,7 @@ export class JudgeCore {
       try {
         for (const record of records) {
           for (const ev of this.correlator.observe(record)) {
-            if (ev.kind === 'turn-finished' && this.opts.mode === 'judge') fresh.push({ ev, leaseId: null, actorId: null, expiresAt: 0 });
+            if (ev.kind === 'turn-finished' && this.opts.mode === 'judge') fresh.push({ ev: boundTurn(ev), leaseId: null, actorId: null, expiresAt: 0 });
           }
         }
         // Saved before they are handed out: a turn is never judged that a restart would not know.
