@@ -16,8 +16,8 @@ export interface ReefRouteDeps {
   status: () => Promise<Record<string, unknown>> | Record<string, unknown>;
   /** Releases of a scenario, newest first (from the trainer-controller's state). */
   releases?: (scenario: string) => Promise<unknown[]>;
-  /** Puts an earlier release back into the engine. */
-  rollback?: (scenario: string, body: unknown) => Promise<unknown>;
+  /** Puts an earlier release back into the engine; `keyId` is who asked (auth.ts Principal.id), for the log. */
+  rollback?: (scenario: string, body: unknown, keyId: string) => Promise<unknown>;
 }
 
 function isPlainObject(v: unknown): v is Record<string, unknown> {
@@ -181,7 +181,7 @@ export function registerReefRoutes(app: FastifyInstance, deps: ReefRouteDeps, pr
       }
     }
     try {
-      return await deps.rollback(s, request.body);
+      return await deps.rollback(s, request.body, principalOf(request).id);
     } catch (err) {
       return fail(reply, err);
     }
