@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { resolveConfig } from '../../cluster/config/index.js';
-import { Authenticator, INVALID_BEARER_BESIDE_X_API_KEY, MISSING_OR_INVALID_KEY, type Principal } from './auth.js';
+import { Authenticator, INVALID_BEARER_BESIDE_X_API_KEY, keyIdOf, MISSING_OR_INVALID_KEY, type Principal } from './auth.js';
 import { resolveApiKeys } from './index.js';
 
 describe('API keys from the environment', () => {
@@ -19,6 +19,23 @@ describe('API keys from the environment', () => {
     for (const env of [{}, { REEF_TEST_KEY: ' \n' }]) {
       expect(() => resolveApiKeys(cfg, env)).toThrow(/reef\.api_keys\[0\]\.key_env: environment variable REEF_TEST_KEY is not set or is blank/);
     }
+  });
+
+  it('refuse two keys of one id, which would share their records\' provenance and their sessions', () => {
+    // A birthday search over 32-bit ids: two such keys turn up within ~10^5 tries.
+    const seen = new Map<string, string>();
+    let pair: [string, string] | null = null;
+    for (let i = 0; pair === null; i++) {
+      const key = `sk-collide-${i}`;
+      const other = seen.get(keyIdOf(key));
+      if (other !== undefined) pair = [other, key];
+      else seen.set(keyIdOf(key), key);
+    }
+    const spec = (key: string) => ({ key, scenarios: null, maxConcurrency: 1 });
+    expect(() => new Authenticator([spec('sk-other'), spec(pair[0]), spec(pair[1])])).toThrow(/reef\.api_keys\[2\] and reef\.api_keys\[1\] have keys whose ids/);
+    const auth = new Authenticator([spec('sk-a'), spec('sk-b')]);
+    expect((auth.authenticate({ authorization: 'Bearer sk-a' }) as Principal).id).toBe(keyIdOf('sk-a'));
+    expect(new Authenticator([]).authenticate({}) as Principal).toMatchObject({ id: 'open' });
   });
 
   it('refuse a key given twice (regression: the first entry won, so the other\'s scenario limit was ignored)', async () => {

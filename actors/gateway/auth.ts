@@ -93,6 +93,18 @@ function digest(s: string): Buffer {
   return createHash('sha256').update(s).digest();
 }
 
+/** The id of the principal of a keyless gateway. */
+export const OPEN_KEY_ID = 'open';
+
+/**
+ * A key's id: the first 8 hex digits of its SHA-256. Stored on every record the key makes and
+ * shown to whoever reads those records: a digest cannot be turned back into a long random key,
+ * though, as any digest, it confirms a guess of a short one offline.
+ */
+export function keyIdOf(key: string): string {
+  return digest(key).toString('hex').slice(0, 8);
+}
+
 /** Why a request's credentials were refused, as its 401 says. */
 export const MISSING_OR_INVALID_KEY = 'missing or invalid API key: send Authorization: Bearer KEY or x-api-key: KEY';
 export const INVALID_BEARER_BESIDE_X_API_KEY = 'invalid API key in Authorization: Bearer, which is used rather than the x-api-key also sent';
@@ -120,7 +132,7 @@ export class Authenticator {
     this.keys = specs.map((s, i) => ({
       digest: digest(s.key),
       principal: {
-        id: digest(s.key).toString('hex').slice(0, 8),
+        id: keyIdOf(s.key),
         scenarios: s.scenarios ? new Set(s.scenarios) : null,
         limiter: new ConcurrencyLimiter(s.maxConcurrency),
         reefLimiter: new ConcurrencyLimiter(reefConcurrency),
@@ -132,7 +144,7 @@ export class Authenticator {
     this.open =
       specs.length === 0
         ? {
-            id: 'open',
+            id: OPEN_KEY_ID,
             scenarios: null,
             limiter: new ConcurrencyLimiter(limits.openConcurrency ?? 256),
             reefLimiter: new ConcurrencyLimiter(reefConcurrency),
@@ -141,6 +153,14 @@ export class Authenticator {
             setting: 'reef.limits.keyless_',
           }
         : null;
+    // The id is what records, and the judge's sessions, tell keys apart by: two keys of one id
+    // (a 1 in 2^32 chance per pair) would share each other's sessions.
+    const ids = new Map<string, number>();
+    this.keys.forEach((k, i) => {
+      const j = ids.get(k.principal.id);
+      if (j !== undefined) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}] and reef.api_keys[${j}] have keys whose ids (the first 8 hex digits of their SHA-256) are the same: change one of the keys` });
+      ids.set(k.principal.id, i);
+    });
   }
 
   get required(): boolean {

@@ -43,7 +43,7 @@ function harness(evs: GenerateResponse[], prepared: Partial<Prepared> = {}) {
     defaultMaxTokens: 16,
   };
   const p: Prepared = {
-    id: 'rec1', ctx: { scenario: 's', tags: {}, sessionKey: null, startedAt: 0 }, body: new Uint8Array(2),
+    id: 'rec1', ctx: { scenario: 's', keyId: 'open', tags: {}, sessionKey: null, startedAt: 0 }, body: new Uint8Array(2),
     promptIds: Int32Array.from([1, 2, 3]), engineBody: new Uint8Array(2), bodyLease: null,
     startsInThinking: false, tools: true, model: null, stream: true, includeUsage: true, ...prepared,
   };

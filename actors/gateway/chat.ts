@@ -30,6 +30,8 @@ export interface ChatDeps {
 
 export interface ChatContext {
   scenario: string;
+  /** The principal's id (auth.ts), stored on the record. */
+  keyId: string;
   tags: Record<string, string>;
   sessionKey: string | null;
   startedAt: number;
@@ -141,6 +143,7 @@ export function buildRecord(deps: ChatDeps, p: Prepared, res: GenerateResponse |
   return {
     id: p.id,
     scenario: p.ctx.scenario,
+    keyId: p.ctx.keyId,
     tags: p.ctx.tags,
     status,
     startedAt: p.ctx.startedAt,

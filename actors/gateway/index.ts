@@ -168,9 +168,11 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           releases: async (scenario) => releasesOf(await store.getState(TRAINER_STATE_KEY), scenario),
           ...(opts.rollback
             ? {
-                rollback: (scenario: string, body: unknown) => {
+                rollback: (scenario: string, body: unknown, keyId: string) => {
                   const id = body && typeof body === 'object' && 'release_id' in body ? (body as { release_id: unknown }).release_id : null;
                   if (id !== null && typeof id !== 'string') throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: 'release_id must be a string or null' });
+                  // It changes the weights every scenario is served: the log says which key asked.
+                  opts.log?.(`rollback to ${id === null ? 'the previous release' : id} asked by key ${keyId} (scenario ${scenario})`);
                   return opts.rollback!(scenario, id);
                 },
               }

@@ -4,7 +4,8 @@ import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { conversation, interleave, reaction, replyText } from '../../test/judge/conversations.js';
 import { SqliteStore } from '../gateway/store/sqlite-store.js';
-import { JudgeCore, type JudgeOptions } from './handler.js';
+import { MAX_FIELD_CHARS, renderPrompt } from '../../recipes/openclawrl/judge/prompts.js';
+import { JudgeCore, PENDING_PREFIX, STATE_KEY, type JudgeOptions } from './handler.js';
 
 let dir: string;
 let store: SqliteStore;
@@ -49,7 +50,8 @@ function storeWith(over: Partial<JudgeOptions['store']>): JudgeOptions['store'] 
     getOffset: (c) => store.getOffset(c),
     getState: (k) => store.getState(k),
     headOffset: () => store.headOffset(),
-    commitConsumer: (c, o, k, s) => store.commitConsumer(c, o, k, s),
+    commitConsumer: (c, o, k, s, r) => store.commitConsumer(c, o, k, s, r),
+    statesWithPrefix: (p) => store.statesWithPrefix(p),
     appendJudgedTurn: (t) => store.appendJudgedTurn(t),
     judgedTurnIds: (ids) => store.judgedTurnIds(ids),
     ...over,
@@ -91,6 +93,20 @@ describe('JudgeCore', () => {
     expect(await judge.complete(done('prm-1', a.leaseId!, a.turn!.turnRecordId, [failed], [failed]))).toEqual({ accepted: false, offset: null });
     expect(await store.judgedHeadOffset()).toBe(1);
     expect(judge.stats()).toMatchObject({ judged: 1, pending: 3, votes_ok: 4, votes_failed: 2, duplicate_completions: 1 });
+  });
+
+  it('a scenario flooding more sessions than max_open_sessions evicts only its own: the other scenario\'s turn still binds and is judged', async () => {
+    const [a1, a2] = conversation(1, 2).map((r) => ({ ...r, scenario: 'alpha' }));
+    await write([a1!]);
+    await write(Array.from({ length: 300 }, (_, i) => conversation(100 + i, 1)[0]!).map((r) => ({ ...r, scenario: 'beta' })));
+    await write([a2!]);
+    const judge = await core({ correlator: { sessionTtlS: 3600, maxOpenSessions: 50 } });
+    while ((await judge.pump()) > 0);
+    expect(judge.stats()).toMatchObject({ evicted: 251, bound: 1, pending: 1, open_sessions: 50 });
+    const a = await judge.lease('prm-0', 0);
+    expect(a.turn).toMatchObject({ scenario: 'alpha', sessionKey: 'tag:conv-1', nextState: { content: reaction(1, 0) } });
+    expect(await judge.complete(done('prm-0', a.leaseId!, a.turn!.turnRecordId))).toEqual({ accepted: true, offset: 1 });
+    expect((await store.readJudgedTurns(1, 10)).map((t) => t.scenario)).toEqual(['alpha']);
   });
 
   it('concurrent completions of one turn: exactly one is accepted', async () => {
@@ -196,6 +212,85 @@ describe('JudgeCore', () => {
     expect(new Set([...leased])).toHaveProperty('size', 3);
   });
 
+  it('keeps the saved state bounded with long next states (clipped to what the PRM prompt shows), and resumes the same turns', async () => {
+    // 64 turns whose next state is 300k characters: 19 MB of next state, unclipped, in every commit.
+    const N = 64;
+    const big = (c: number) => `${'long tool output line\n'.repeat(13_700)}end of output ${c}`;
+    for (let c = 0; c < N; c++) {
+      const [r1, r2] = conversation(c, 2);
+      const messages = (r2!.request as { messages: { role: string; content: string }[] }).messages;
+      messages[messages.length - 1] = { role: 'tool', content: big(c) };
+      await write([r1!, r2!]);
+    }
+    const written: { put: number; deleted: number; chars: number }[] = [];
+    const counting = storeWith({
+      commitConsumer: async (c, o, k, s, r) => {
+        written.push({ put: r?.put.length ?? 0, deleted: r?.delete.length ?? 0, chars: JSON.stringify(s).length + JSON.stringify(r?.put ?? []).length });
+        await store.commitConsumer(c, o, k, s, r);
+      },
+    });
+    const first = await core({ batch: 1000, store: counting });
+    await first.pump();
+    expect(first.stats()).toMatchObject({ pending: N, bound: N });
+    const state = JSON.stringify(await store.getState(STATE_KEY));
+    const rows = await store.statesWithPrefix(PENDING_PREFIX);
+    expect(rows).toHaveLength(N);
+    const saved = state.length + rows.reduce((n, [k, v]) => n + k.length + JSON.stringify(v).length, 0);
+    // Each pending turn holds at most MAX_FIELD_CHARS of next state, plus its ids and keys.
+    expect(saved).toBeLessThan(N * (MAX_FIELD_CHARS + 1024));
+    expect(saved).toBeGreaterThan(N * (MAX_FIELD_CHARS - 1024));
+    // The state row holds the turns' ids and leases, not their next states.
+    expect(state.length).toBeLessThan(N * 200 + 20_000);
+
+    const a = await first.lease('prm-0', 0);
+    // Later commits write what changed: a lease writes no turn row, a judged turn deletes its own.
+    await first.flush();
+    expect(written.at(-1)).toMatchObject({ put: 0, deleted: 0 });
+    expect(written.at(-1)!.chars).toBeLessThan(N * 200 + 20_000);
+    const content = a.turn!.nextState.content;
+    expect(content.length).toBeLessThanOrEqual(MAX_FIELD_CHARS);
+    expect(content).toMatch(/^long tool output line\n/);
+    expect(content).toMatch(/characters left out …\]\n[\s\S]*end of output \d+$/);
+    // The prompt's own clip leaves it as it is: one "left out" line, the PRM sees this very text.
+    const prompt = renderPrompt('score', a.turn!);
+    expect(prompt).toContain(content);
+    expect(prompt.match(/characters left out/g)).toHaveLength(1);
+
+    // A restart resumes the same turns with the same next states, and the saved lease.
+    const second = await core({ batch: 1000 });
+    expect(second.stats()).toMatchObject({ pending: N, leased: 1, next_offset: 2 * N + 1 });
+    const again = await second.lease('prm-1', 0);
+    expect(again.turn!.nextState.content).toMatch(/characters left out …\]\n[\s\S]*end of output 1$/);
+    const kept = new Map(await store.statesWithPrefix(PENDING_PREFIX));
+    expect((kept.get(PENDING_PREFIX + a.turn!.turnRecordId) as { nextState: unknown }).nextState).toEqual(a.turn!.nextState);
+    expect((await second.complete(done('prm-0', a.leaseId!, a.turn!.turnRecordId))).accepted).toBe(true);
+    await second.flush();
+    expect(await store.statesWithPrefix(PENDING_PREFIX)).toHaveLength(N - 1);
+    const third = await core({ batch: 1000 });
+    expect(third.stats()).toMatchObject({ pending: N - 1 });
+  });
+
+  it('resumes a state saved whole by an earlier judge (version 1: pending turns inside it), and moves its turns into rows', async () => {
+    await write(interleave([conversation(1, 3), conversation(2, 2)]));
+    const before = await core();
+    await before.pump();
+    const a = await before.lease('prm-0', 0);
+    const v2 = (await store.getState(STATE_KEY)) as { correlator: unknown; pending: [string, string | null, string | null][]; counters: unknown };
+    const evs = new Map((await store.statesWithPrefix(PENDING_PREFIX)).map(([k, v]) => [k.slice(PENDING_PREFIX.length), v]));
+    const v1 = { version: 1, correlator: v2.correlator, counters: v2.counters, pending: v2.pending.map(([id]) => [evs.get(id), id === a.turn!.turnRecordId ? a.leaseId : null, id === a.turn!.turnRecordId ? 'prm-0' : null]) };
+    await store.commitConsumer('judge', 6, STATE_KEY, v1, { put: [], delete: [...evs.keys()].map((id) => PENDING_PREFIX + id) });
+
+    const resumed = await core();
+    expect(resumed.stats()).toMatchObject({ next_offset: 6, pending: 3, bound: 3 });
+    expect(resumed.renew('prm-0', [a.leaseId!])).toEqual({ renewed: [a.leaseId], lost: [] });
+    await resumed.flush();
+    expect((await store.getState(STATE_KEY)) as { version: number }).toMatchObject({ version: 2 });
+    expect(await store.statesWithPrefix(PENDING_PREFIX)).toHaveLength(3);
+    const again = await core();
+    expect(again.stats()).toMatchObject({ pending: 3 });
+    expect((await again.complete(done('prm-0', a.leaseId!, a.turn!.turnRecordId))).accepted).toBe(true);
+  });
+
   it('resumes after a crash: same offset, unjudged turns pending again, judged ones not, old leases still valid', async () => {
     await write(interleave([conversation(1, 3), conversation(2, 2)]));
     const first = await core();
@@ -245,9 +340,9 @@ describe('JudgeCore', () => {
     await write(interleave([conversation(1, 3), conversation(2, 2)]));
     let failures = 1;
     const flaky = storeWith({
-      commitConsumer: async (c, o, k, s) => {
+      commitConsumer: async (c, o, k, s, r) => {
         if (failures-- > 0) throw new Error('SQLITE_BUSY: database is locked');
-        await store.commitConsumer(c, o, k, s);
+        await store.commitConsumer(c, o, k, s, r);
       },
     });
     const judge = await core({ store: flaky });

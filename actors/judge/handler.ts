@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { clip, MAX_FIELD_CHARS } from '../../recipes/openclawrl/judge/prompts.js';
 import { verdict } from '../../recipes/openclawrl/judge/votes.js';
 import type { JudgeDecision, RecordStore } from '../gateway/store/types.js';
 import { ReefError } from '../runtime/errors.js';
@@ -12,13 +13,17 @@ import { contextOf, replyOf } from './turn-text.js';
  * turns until a PRM actor completes them, and hands them out under leases. Offset, correlator
  * state and pending turns (with their leases) are saved in ONE transaction, so after a crash the
  * judge resumes exactly where its last commit left it; a turn is judged once because the
- * judged-turn log refuses a second row for it (see store `appendJudgedTurn`).
+ * judged-turn log refuses a second row for it (see store `appendJudgedTurn`). Each pending turn is
+ * a state row of its own (`PENDING_PREFIX` + its id), written once when it is bound and deleted
+ * once it is judged; the state itself keeps only their ids and leases, in order.
  */
 
-export type JudgeStore = Pick<RecordStore, 'readFrom' | 'headOffset' | 'get' | 'getOffset' | 'getState' | 'commitConsumer' | 'appendJudgedTurn' | 'judgedTurnIds'>;
+export type JudgeStore = Pick<RecordStore, 'readFrom' | 'headOffset' | 'get' | 'getOffset' | 'getState' | 'statesWithPrefix' | 'commitConsumer' | 'appendJudgedTurn' | 'judgedTurnIds'>;
 
 export const CONSUMER = 'judge';
 export const STATE_KEY = 'judge/state';
+/** Where the pending turns' rows are: one key per turn, its turn record id after the prefix. */
+export const PENDING_PREFIX = 'judge/pending/';
 
 export interface JudgeOptions {
   store: JudgeStore;
@@ -47,13 +52,16 @@ interface Pending {
 }
 
 type SavedPending = [ev: TurnFinished, leaseId: string | null, actorId: string | null];
+/** Version 2: a pending turn by id, its event in its own row. */
+type SavedLease = [turnRecordId: string, leaseId: string | null, actorId: string | null];
 
-interface SavedState {
-  version: 1;
-  correlator: CorrelatorState;
-  pending: SavedPending[];
-  counters: JudgeCounters;
-}
+/**
+ * Version 1 held every pending turn's event, next state and all, and was written whole on every
+ * commit; it is still read, and the first commit after writes its turns as rows.
+ */
+type SavedState =
+  | { version: 1; correlator: CorrelatorState; pending: SavedPending[]; counters: JudgeCounters }
+  | { version: 2; correlator: CorrelatorState; pending: SavedLease[]; counters: JudgeCounters };
 
 interface JudgeCounters {
   votes_ok: number;
@@ -70,6 +78,22 @@ interface JudgeCounters {
   duplicate_completions: number;
 }
 
+/**
+ * Characters of a next state a pending turn keeps. The PRM prompt shows at most MAX_FIELD_CHARS of
+ * it (prompts.ts clip), so the rest only made the saved state grow: 2048 pending turns of
+ * long-context next states (hundreds of KB each) passed V8's longest string, and every commit
+ * then threw and retried for good. Clipped here with room for clip's "left out" line, so that the
+ * prompt's own clip leaves it as it is and a PRM sees the same text before and after a restart.
+ */
+export const NEXT_STATE_CHARS = MAX_FIELD_CHARS - 64;
+
+/** The turn as it is kept pending and saved: its next state clipped to what a PRM prompt shows. */
+export function boundTurn(ev: TurnFinished): TurnFinished {
+  const { content } = ev.nextState;
+  if (content.length <= MAX_FIELD_CHARS) return ev;
+  return { ...ev, nextState: { role: ev.nextState.role, content: clip(content, NEXT_STATE_CHARS) } };
+}
+
 const zeroCounters = (): JudgeCounters => ({ votes_ok: 0, votes_failed: 0, votes_invalid: 0, judged: 0, dropped: 0, redispatched: 0, released: 0, late_completions: 0, refused_completions: 0, duplicate_completions: 0 });
 
 export class JudgeCore {
@@ -79,6 +103,10 @@ export class JudgeCore {
   private readonly pending = new Map<string, Pending>();
   private readonly completing = new Map<string, Promise<{ accepted: boolean; offset: number | null }>>();
   private counters = zeroCounters();
+  /** Pending turns whose rows the next commit writes (turns resumed from a version 1 state). */
+  private unsaved = new Set<string>();
+  /** Turns no longer pending whose rows the next commit deletes. */
+  private gone = new Set<string>();
   private dirty = false;
   private serial: Promise<unknown> = Promise.resolve();
   private waiters = new Set<() => void>();
@@ -100,13 +128,27 @@ export class JudgeCore {
     this.correlator = saved === null ? new Correlator(corr) : Correlator.fromJSON(saved.correlator, corr);
     if (saved === null) return;
     this.counters = { ...zeroCounters(), ...saved.counters };
-    const judged = await store.judgedTurnIds(saved.pending.map(([ev]) => ev.turnRecordId));
+    const rows = new Map((await store.statesWithPrefix(PENDING_PREFIX)).map(([k, ev]) => [k.slice(PENDING_PREFIX.length), ev as TurnFinished]));
+    const entries: SavedPending[] = [];
+    if (saved.version === 1) {
+      for (const [ev, leaseId, actorId] of saved.pending) entries.push([boundTurn(ev), leaseId, actorId]);
+    } else {
+      for (const [id, leaseId, actorId] of saved.pending) {
+        const ev = rows.get(id);
+        if (ev !== undefined) entries.push([ev, leaseId, actorId]);
+      }
+    }
+    const judged = await store.judgedTurnIds(entries.map(([ev]) => ev.turnRecordId));
     const expiresAt = this.now() + this.leaseMs;
-    for (const [ev, leaseId, actorId] of saved.pending) {
+    for (const [ev, leaseId, actorId] of entries) {
       if (judged.has(ev.turnRecordId)) continue;
       // A lease held before the restart stays valid for one more period, so its actor can finish.
       this.pending.set(ev.turnRecordId, { ev, leaseId, actorId, expiresAt: leaseId === null ? 0 : expiresAt });
+      if (saved.version === 1) this.unsaved.add(ev.turnRecordId);
     }
+    // Rows of turns judged since the last commit go with the next one.
+    for (const id of rows.keys()) if (!this.pending.has(id)) this.gone.add(id);
+    if (this.unsaved.size > 0 || this.gone.size > 0) this.dirty = true;
     log(`resumed at offset ${this.nextOffset} with ${this.pending.size} pending turns (${judged.size} judged since the last commit)`);
   }
 
@@ -127,7 +169,7 @@ export class JudgeCore {
       try {
         for (const record of records) {
           for (const ev of this.correlator.observe(record)) {
-            if (ev.kind === 'turn-finished' && this.opts.mode === 'judge') fresh.push({ ev, leaseId: null, actorId: null, expiresAt: 0 });
+            if (ev.kind === 'turn-finished' && this.opts.mode === 'judge') fresh.push({ ev: boundTurn(ev), leaseId: null, actorId: null, expiresAt: 0 });
           }
         }
         // Saved before they are handed out: a turn is never judged that a restart would not know.
@@ -323,6 +365,7 @@ export class JudgeCore {
       judgment,
     });
     this.pending.delete(ev.turnRecordId);
+    this.gone.add(ev.turnRecordId);
     this.dirty = true;
     if (!created) {
       this.counters.duplicate_completions++;
@@ -381,18 +424,39 @@ export class JudgeCore {
     };
   }
 
+  /**
+   * Saves the offset, the correlator, the order and leases of the pending turns, the rows of turns
+   * new since the last commit and the deletion of those judged since, in one transaction: a commit
+   * writes what changed of the pending turns, not all of them.
+   */
   private async commit(fresh: readonly Pending[], offset: number): Promise<void> {
-    const pending: SavedPending[] = [];
-    for (const p of this.pending.values()) pending.push([p.ev, p.leaseId, p.actorId]);
-    for (const p of fresh) pending.push([p.ev, null, null]);
-    const state: SavedState = { version: 1, correlator: this.correlator.toJSON(), pending, counters: this.counters };
+    const pending: SavedLease[] = [];
+    const put: [string, unknown][] = [];
+    for (const p of this.pending.values()) {
+      pending.push([p.ev.turnRecordId, p.leaseId, p.actorId]);
+      if (this.unsaved.has(p.ev.turnRecordId)) put.push([PENDING_PREFIX + p.ev.turnRecordId, p.ev]);
+    }
+    const added = new Set<string>();
+    for (const p of fresh) {
+      if (this.pending.has(p.ev.turnRecordId) || added.has(p.ev.turnRecordId)) continue;
+      added.add(p.ev.turnRecordId);
+      pending.push([p.ev.turnRecordId, null, null]);
+      put.push([PENDING_PREFIX + p.ev.turnRecordId, p.ev]);
+    }
+    // Deletes run after the writes: a turn pending again must keep its row.
+    const gone = [...this.gone].filter((id) => !this.pending.has(id) && !added.has(id));
+    const unsaved = [...this.unsaved];
+    const state: SavedState = { version: 2, correlator: this.correlator.toJSON(), pending, counters: this.counters };
     this.dirty = false;
     try {
-      await this.opts.store.commitConsumer(CONSUMER, offset, STATE_KEY, state);
+      await this.opts.store.commitConsumer(CONSUMER, offset, STATE_KEY, state, { put, delete: gone.map((id) => PENDING_PREFIX + id) });
     } catch (err) {
       this.dirty = true;
       throw err;
     }
+    const deleted = new Set(gone);
+    for (const id of this.gone) if (deleted.has(id) || this.pending.has(id) || added.has(id)) this.gone.delete(id);
+    for (const id of unsaved) this.unsaved.delete(id);
   }
 
   private exclusive<T>(fn: () => Promise<T>): Promise<T> {

@@ -4,7 +4,7 @@ import { basename, join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { ReefError } from '../runtime/errors.js';
 import type { AgentRecord } from '../gateway/store/types.js';
-import { TrainerController, type ControllerPorts, type ControllerState, type JudgedTurnRow, type StepResult } from './controller.js';
+import { MAX_DEAD_LETTERS, MAX_PENDING_BATCHES, TrainerController, type ControllerPorts, type ControllerState, type JudgedTurnRow, type StepResult } from './controller.js';
 
 function rec(id: string, weightVersion: string | null = null): AgentRecord {
   return {
@@ -602,6 +602,39 @@ describe('TrainerController', () => {
     await c.tick();
     expect(c.deadLetters.map((d) => [d.batch.batchId, d.code, d.attempts])).toEqual([['s:openclawrl:1', 'REEF_ERR_NOT_FOUND', 0]]);
     expect(w.stepsRun).toEqual(['s:openclawrl:2']);
+  });
+
+  it('stops reading judged turns while MAX_PENDING_BATCHES wait (a trainer down for good), and reads on where it stopped once they train', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    const turns = 2 * (MAX_PENDING_BATCHES + 10);
+    for (let i = 0; i < turns; i++) w.add(`t${i}`, 1);
+    w.failNext(1_000_000);
+    // Stale-free whatever trains first: the turns wait behind many releases.
+    const c = new TrainerController(w.ports, { ...opts(dir), maxStaleness: 1000 }, 0, null);
+    await expect(c.tick()).rejects.toThrow('rank 1 died');
+    expect(w.durable.state!.pending).toHaveLength(MAX_PENDING_BATCHES);
+    expect(w.durable.offset).toBe(2 * MAX_PENDING_BATCHES + 1);
+    await expect(c.tick()).rejects.toThrow('rank 1 died');
+    expect(w.durable.state!.pending).toHaveLength(MAX_PENDING_BATCHES);
+    // The trainer is back: every turn trains, each in one batch.
+    w.failNext(0);
+    for (let i = 0; i < 4 && w.stepsRun.length < turns / 2; i++) await c.tick();
+    expect(w.stepsRun).toHaveLength(turns / 2);
+    expect(new Set(c.releases.flatMap((r) => r.batchIds)).size).toBe(turns / 2);
+    expect(w.durable.state!.pending).toEqual([]);
+  });
+
+  it('keeps only the newest MAX_DEAD_LETTERS dead letters in its state, and counts them all', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    const batches = MAX_DEAD_LETTERS + 5;
+    for (let i = 0; i < 2 * batches; i++) w.add(`t${i}`, 1);
+    for (let b = 1; b <= batches; b++) w.failBatch(`s:openclawrl:${b}`, () => new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: 'too long' }));
+    const c = new TrainerController(w.ports, opts(dir), 0, null);
+    for (let i = 0; i < 10 && w.durable.offset <= 2 * batches; i++) await c.tick();
+    expect(c.counters).toMatchObject({ dead_letters: batches });
+    expect(w.durable.state!.deadLetters.map((d) => d.batch.batchId)).toEqual(Array.from({ length: MAX_DEAD_LETTERS }, (_, i) => `s:openclawrl:${i + 6}`));
   });
 
   it('keeps a batch pending when the trainer is down for good: that is no verdict on the batch', async () => {

@@ -159,6 +159,19 @@ function sameLine(text: string, line: Record<string, unknown>): boolean {
   }
 }
 
+/**
+ * Formed batches waiting to train past which no judged turn is read: while the trainer is down,
+ * reading on grew `pending`, and the state rewritten with it on each commit, without bound. The
+ * turns wait in the judged-turn log instead, which is durable already.
+ */
+export const MAX_PENDING_BATCHES = 16;
+
+/**
+ * Dead letters kept in the saved state, newest last; older ones stay in the log and in the
+ * `dead_letters` count. Each holds its whole batch, and the state is rewritten on every commit.
+ */
+export const MAX_DEAD_LETTERS = 64;
+
 /** The engine's floor for a logprob it gives no probability (−inf on the wire), as the trainer reads it. */
 const LOGPROB_FLOOR = -10000;
 
@@ -290,10 +303,15 @@ export class TrainerController {
   }
 
   private async readTurns(limit: number): Promise<number> {
+    if (this.state.pending.length >= MAX_PENDING_BATCHES) return 0;
     const rows = await this.ports.readJudged(this.offset, limit);
     // Releases change only between reads (trainNext and rollback take turns with this).
     const lineage = releaseLineage(this.state.releases);
+    let read = 0;
     for (const row of rows) {
+      // Stopped where the cap is reached, mid-read too: the offset says where to go on from.
+      if (this.state.pending.length >= MAX_PENDING_BATCHES) break;
+      read++;
       this.batcher.count(row.scenario, row.counters);
       this.offset = row.offset + 1;
       if (row.decision === 'dropped') continue;
@@ -316,8 +334,8 @@ export class TrainerController {
       const batch = this.batcher.add(row.scenario, { turnRecordId: row.turnRecordId, reward: row.reward, hints: row.hints });
       if (batch) this.state.pending.push(batch);
     }
-    if (rows.length > 0) await this.persist();
-    return rows.length;
+    if (read > 0) await this.persist();
+    return read;
   }
 
   private async persist(): Promise<void> {
@@ -506,7 +524,9 @@ export class TrainerController {
    * turn of it is trained twice.
    */
   private async deadLetter(batch: Batch, err: ReefError, attempts: number): Promise<boolean> {
-    (this.state.deadLetters ??= []).push({ batch, code: err.code, message: err.message, attempts, failedAt: Date.now() });
+    const letters = (this.state.deadLetters ??= []);
+    letters.push({ batch, code: err.code, message: err.message, attempts, failedAt: Date.now() });
+    if (letters.length > MAX_DEAD_LETTERS) letters.splice(0, letters.length - MAX_DEAD_LETTERS);
     this.state.pending.shift();
     this.bump('dead_letters');
     await this.persist();

@@ -58,6 +58,7 @@ function* traffic(n: number, tagged: boolean): Generator<CorrelationRecord> {
       id: `r${i}`,
       offset: i + 1,
       scenario: 'bench',
+      keyId: 'open',
       tags: tagged ? { session: c.tag } : {},
       status: 'ok',
       finishedAt: i,

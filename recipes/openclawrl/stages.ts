@@ -57,7 +57,7 @@ const record2recordSchema = z
     prm_max_hint_candidates: positiveInt().default(3),
     /** A session with no new turn for this long is closed. @default 900 */
     session_ttl_s: positiveNumber().default(900),
-    /** Oldest sessions are closed beyond this many. @default 4096 */
+    /** Open sessions over every scenario and key; beyond it the scenario and key holding the most close their oldest. @default 4096 */
     max_open_sessions: positiveInt().default(4096),
   })
   .check(

@@ -1,4 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { keyIdOf } from '../../actors/gateway/auth.js';
+import { Correlator } from '../../actors/judge/correlate/index.js';
 import { waitFor } from '../helpers/wait.js';
 import { CHAT, openAIError, postChat, readSse, startStack, type Stack } from './harness.js';
 
@@ -88,6 +90,37 @@ describe('gateway auth', () => {
     const res = await fetch(`${s.url}/reef/scenarios`, { headers: { authorization: 'Bearer wrong', 'x-api-key': ADMIN } });
     expect(res.status).toBe(401);
     expect(openAIError(await res.json()).message).toMatch(/in Authorization: Bearer, which is used rather than the x-api-key/);
+  });
+
+  it('each record says which key made it (its id, never the key), in the record and in the listing', async () => {
+    const alpha = await postChat(s.url, CHAT, { authorization: `Bearer ${ALPHA}`, 'x-reef-scenario': 'alpha' });
+    expect(alpha.status).toBe(200);
+    const alphaRecord = alpha.headers.get('x-reef-agent-record-id')!;
+    const get = async (path: string) => (await fetch(`${s.url}${path}`, { headers: { authorization: `Bearer ${ADMIN}` } })).json() as Promise<Record<string, unknown>>;
+    expect(keyIdOf(ADMIN)).not.toBe(keyIdOf(ALPHA));
+    expect((await get(`/reef/scenarios/beta/records/${betaRecord}`)).keyId).toBe(keyIdOf(ADMIN));
+    expect((await get(`/reef/scenarios/alpha/records/${alphaRecord}`)).keyId).toBe(keyIdOf(ALPHA));
+    const listed = (await get('/reef/scenarios/alpha/records')).data as Array<{ id: string; keyId: string }>;
+    expect(listed.find((r) => r.id === alphaRecord)?.keyId).toBe(keyIdOf(ALPHA));
+    expect(JSON.stringify(await get(`/reef/scenarios/alpha/records/${alphaRecord}`))).not.toContain(ALPHA);
+  });
+
+  it('a session tag is bound to its key: another key sending the same tag, transcript and all, does not become the turn\'s next state', async () => {
+    const tag = { 'x-reef-tag-session': 'shared-tag', 'x-reef-scenario': 'tags' };
+    const first = [{ role: 'user', content: 'Draft my letter' }];
+    const a1 = await postChat(s.url, { ...CHAT, messages: first }, { authorization: `Bearer ${ADMIN}`, ...tag });
+    const a1Id = a1.headers.get('x-reef-agent-record-id')!;
+    const reply = (await s.gw.store.get(a1Id))!.response as { content: string };
+    const after = (text: string) => ({ ...CHAT, messages: [...first, { role: 'assistant', content: reply.content }, { role: 'user', content: text }] });
+    const b = await postChat(s.url, after('Perfect, well done'), { authorization: `Bearer ${ONE}`, ...tag });
+    const a2 = await postChat(s.url, after('Too formal, redo it'), { authorization: `Bearer ${ADMIN}`, ...tag });
+    expect([a1.status, b.status, a2.status]).toEqual([200, 200, 200]);
+    const a2Id = a2.headers.get('x-reef-agent-record-id')!;
+
+    // The judge's correlation over what the gateway stored.
+    const c = new Correlator();
+    const finished = (await s.gw.store.readFrom(0, 1000)).filter((r) => r.scenario === 'tags').flatMap((r) => c.observe(r)).filter((e) => e.kind === 'turn-finished');
+    expect(finished.map((e) => e.kind === 'turn-finished' && [e.turnRecordId, e.nextStateRecordId, e.nextState.content])).toEqual([[a1Id, a2Id, 'Too formal, redo it']]);
   });
 
   it('a key limited to scenario alpha gets 403 on beta and cannot see beta or its records', async () => {

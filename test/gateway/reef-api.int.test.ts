@@ -163,7 +163,8 @@ describe('gateway Reef API', () => {
       const { status, body } = await get(`/reef/scenarios/default/records/${id}`);
       expect(status).toBe(200);
       const stored = (await s.gw.store.get(id))!;
-      expect(body).toMatchObject({ id, scenario: 'default', status: 'ok', topK: 4, tags: { turn: '0' }, judgment: null });
+      // A keyless gateway's principal is `open`: every record still says who made it.
+      expect(body).toMatchObject({ id, scenario: 'default', keyId: 'open', status: 'ok', topK: 4, tags: { turn: '0' }, judgment: null });
       expect(body.promptIds).toEqual(Array.from(stored.promptIds));
       expect(body.outputIds).toEqual(Array.from(stored.outputIds));
       expect(body.logprobs).toEqual(Array.from(stored.logprobs));

@@ -137,7 +137,9 @@ export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts:
         // text/plain arrives as a string (fastify's text parser): not a request object.
         if (!(request.body instanceof Uint8Array)) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'body: request body must be a JSON object');
         const tags = tagsOf(request.headers);
-        const ctx = { scenario, tags, sessionKey: tags['session'] ? `${scenario}\u0000${tags['session']}` : null, startedAt: Date.now() };
+        // Keyed as the judge keys sessions: another key's request with the same tag is another session.
+        const sessionKey = tags['session'] ? `${scenario}\u0000${principal.id}\u0000${tags['session']}` : null;
+        const ctx = { scenario, keyId: principal.id, tags, sessionKey, startedAt: Date.now() };
         const p = await prepare(deps, request.body, ctx);
         if (!('id' in p)) return sendError(reply, p.code, p.message, { param: p.param });
         lease = p.bodyLease;

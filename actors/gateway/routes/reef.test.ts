@@ -36,24 +36,26 @@ describe('POST /reef/scenarios/{s}/releases/rollback', () => {
   const open: Principal = { id: 'open', scenarios: null, limiter: new ConcurrencyLimiter(8) };
   async function app() {
     const asked: Array<string | null> = [];
+    const keys: string[] = [];
     const a = Fastify();
     registerReefRoutes(a, {
       store: {} as RecordStore,
       defaultScenario: 'default',
       status: () => ({}),
       // What index.ts does with the body.
-      rollback: async (_s, body) => {
+      rollback: async (_s, body, keyId) => {
+        keys.push(keyId);
         const id = body && typeof body === 'object' && 'release_id' in body ? (body as { release_id: string | null }).release_id : null;
         asked.push(id);
         return { id: 'rollback-1', rollbackOf: id };
       },
     }, () => open);
     await a.ready();
-    return { a, asked };
+    return { a, asked, keys };
   }
 
   it('refuses a body it does not understand instead of rolling back to the previous release (every scenario\'s weights)', async () => {
-    const { a, asked } = await app();
+    const { a, asked, keys } = await app();
     for (const payload of [{ releaseId: 'r3' }, { release: 'r3' }, { release_id: 'r3', force: true }, { release_id: 3 }, ['r3'], 'r3']) {
       const res = await a.inject({ method: 'POST', url: '/reef/scenarios/default/releases/rollback', payload: JSON.stringify(payload), headers: { 'content-type': 'application/json' } });
       expect(res.statusCode, JSON.stringify(payload)).toBe(400);
@@ -68,6 +70,8 @@ describe('POST /reef/scenarios/{s}/releases/rollback', () => {
     // request 415 before it gets here (browser-guard.test.ts).
     expect((await a.inject({ method: 'POST', url: '/reef/scenarios/default/releases/rollback' })).statusCode).toBe(200);
     expect(asked).toEqual(['r3', 'base', null, null, null]);
+    // Who asked goes with it, for the gateway's log.
+    expect(keys).toEqual(Array(5).fill('open'));
     await a.close();
   });
 });

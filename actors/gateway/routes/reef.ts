@@ -17,8 +17,8 @@ export interface ReefRouteDeps {
   status: () => Promise<Record<string, unknown>> | Record<string, unknown>;
   /** Releases of a scenario, newest first (from the trainer-controller's state). */
   releases?: (scenario: string) => Promise<unknown[]>;
-  /** Puts an earlier release back into the engine. */
-  rollback?: (scenario: string, body: unknown) => Promise<unknown>;
+  /** Puts an earlier release back into the engine; `keyId` is who asked (auth.ts Principal.id), for the log. */
+  rollback?: (scenario: string, body: unknown, keyId: string) => Promise<unknown>;
   /** Bounds how many scenarios there are (`reef.limits.max_scenarios`). @default null (unbounded) */
   scenarios?: ScenarioCap | null;
   /** Refuses writes when the data dir's disk is nearly full. @default null */
@@ -190,7 +190,7 @@ export function registerReefRoutes(app: FastifyInstance, deps: ReefRouteDeps, pr
       }
     }
     try {
-      return await deps.rollback(s, request.body);
+      return await deps.rollback(s, request.body, principalOf(request).id);
     } catch (err) {
       return fail(reply, err);
     }

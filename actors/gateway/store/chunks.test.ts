@@ -216,16 +216,17 @@ describe('a store written before chunk addresses were whole digests (schema step
     const short = (h: Buffer) => h.subarray(0, LEGACY_REF_BYTES);
     const refs = (v: unknown) => (v === null ? null : Buffer.concat(Array.from({ length: (v as Buffer).length / REF_BYTES }, (_, i) => short((v as Buffer).subarray(i * REF_BYTES, (i + 1) * REF_BYTES)))));
     // Columns 21 and 22 of the row are its request and prompt chunk lists.
-    const values = row.values.map((v, i) => (i === 21 || i === 22 ? refs(v) : v));
+    // Its last value is the key id (schema step 7), which a schema-4 row has no column for.
+    const values = row.values.slice(0, -1).map((v, i) => (i === 21 || i === 22 ? refs(v) : v));
     db.prepare('INSERT INTO scenarios (name, created_at, description) VALUES (?, 0, NULL)').run(rec.scenario);
     for (const c of row.chunks) db.prepare('INSERT OR IGNORE INTO chunks (hash, data) VALUES (?, ?)').run(short(c.hash), c.data);
-    db.prepare(INSERT_RECORD_SQL.replace(', chunk_ref_bytes)', ')').replace(`, ${REF_BYTES})`, ')')).run(...values);
+    db.prepare(INSERT_RECORD_SQL.replace(', chunk_ref_bytes, key_id)', ')').replace(`, ${REF_BYTES}, ?)`, ')')).run(...values);
     db.close();
   }
 
   const system = 'An old system prompt, stored before step 5. '.repeat(800);
   const old = (seed: number): NewRecord => ({
-    ...sampleRecord(seed, { promptTokens: 6000 }),
+    ...sampleRecord(seed, { promptTokens: 6000, keyId: null }),
     request: { messages: [{ role: 'system', content: system }, { role: 'user', content: `q${seed}` }], tools: null, params: {} },
   });
 

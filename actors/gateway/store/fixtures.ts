@@ -9,6 +9,8 @@ import { prng } from '../../runtime/prng.js';
 export interface SampleOptions {
   /** @default 'default' */
   scenario?: string;
+  /** @default 'k1d0e5f7' */
+  keyId?: string | null;
   /** @default 24 */
   promptTokens?: number;
   /** @default 16 */
@@ -31,6 +33,7 @@ export function sampleRecord(seed: number, options: SampleOptions = {}): NewReco
   const startedAt = 1_700_000_000_000 + seed * 1000;
   return {
     scenario: options.scenario ?? 'default',
+    keyId: options.keyId === undefined ? 'k1d0e5f7' : options.keyId,
     tags: { session: `s-${seed % 7}`, seed: String(seed) },
     status: 'ok',
     startedAt,

@@ -32,13 +32,13 @@ export interface RecordRow {
 
 export const INSERT_RECORD_SQL = `INSERT INTO records (id, scenario, status, started_at, finished_at, latency_ms, engine,
   weight_version, finish_reason, prompt_tokens, completion_tokens, top_k, error, tags, request, response,
-  prompt_ids, output_ids, logprobs, topk_ids, topk_logprobs, request_chunks, prompt_chunks, request_form, chunk_ref_bytes)
-  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, CAST(? AS TEXT), ?, ?, ?, ?, ?, ?, ?, ?, ?, ${REF_BYTES})`;
+  prompt_ids, output_ids, logprobs, topk_ids, topk_logprobs, request_chunks, prompt_chunks, request_form, chunk_ref_bytes, key_id)
+  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, CAST(? AS TEXT), ?, ?, ?, ?, ?, ?, ?, ?, ?, ${REF_BYTES}, ?)`;
 
 export const INSERT_CHUNK_SQL = 'INSERT OR IGNORE INTO chunks (hash, data) VALUES (?, ?)';
 
 export const SUMMARY_COLUMNS = `seq, id, scenario, status, started_at, finished_at, latency_ms, engine, weight_version,
-  finish_reason, prompt_tokens, completion_tokens, top_k, error, tags, request, response, request_chunks, request_form, chunk_ref_bytes`;
+  finish_reason, prompt_tokens, completion_tokens, top_k, error, tags, request, response, request_chunks, request_form, chunk_ref_bytes, key_id`;
 export const FULL_COLUMNS = `${SUMMARY_COLUMNS}, prompt_ids, output_ids, logprobs, topk_ids, topk_logprobs, prompt_chunks`;
 
 /** The array's bytes, not copied: `append` owns the arrays it is given (see NewRecord). */
@@ -87,6 +87,15 @@ function count(value: unknown, field: string): number {
 function text(value: unknown, field: string, nullable: boolean): string | null {
   if (value === null && nullable) return null;
   if (typeof value !== 'string') throw invalid(`record.${field} must be a string${nullable ? ' or null' : ''}`);
+  return value;
+}
+
+/** Principal ids are short and printable (auth.ts); anything else is a caller's bug, not an id. */
+const KEY_ID_RE = /^[\x21-\x7e]{1,64}$/;
+
+function keyId(value: unknown): string | null {
+  if (value === null) return null;
+  if (typeof value !== 'string' || !KEY_ID_RE.test(value)) throw invalid('record.keyId must be 1 to 64 printable ASCII characters without spaces, or null');
   return value;
 }
 
@@ -228,6 +237,7 @@ export function toRow(r: NewRecord, id: string, memo: ChunkMemo | null = null): 
     request.refs,
     prompt.refs,
     form,
+    keyId(r.keyId),
   ];
   return { values, chunks: [...request.chunks, ...prompt.chunks] };
 }
@@ -261,6 +271,7 @@ export interface SummaryRowShape {
   request_form: number;
   /** Digest bytes per chunk reference: 16 in rows written before schema step 5, REF_BYTES after. */
   chunk_ref_bytes: number;
+  key_id: string | null;
 }
 
 export interface FullRowShape extends SummaryRowShape {
@@ -296,6 +307,7 @@ export function toSummary(row: SummaryRowShape): RecordSummary {
     id: row.id,
     offset: row.seq,
     scenario: row.scenario,
+    keyId: row.key_id,
     tags: JSON.parse(row.tags) as Record<string, string>,
     status: row.status,
     startedAt: row.started_at,

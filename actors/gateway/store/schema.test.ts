@@ -32,6 +32,30 @@ describe('schema and settings', () => {
     expect(pragma(path, 'journal_mode')).toBe('wal');
   });
 
+  it('brings a version-6 store (records without key ids) up to date: its records read back with keyId null, new ones keep theirs', async () => {
+    const path = join(dir, 'r.db');
+    const writer = SqliteStore.open(path);
+    const old = await writer.append(sampleRecord(1, { keyId: null }));
+    await writer.close();
+    // The file as version 6 left it: no key_id column.
+    const db = new Database(path);
+    db.exec('ALTER TABLE records DROP COLUMN key_id');
+    db.pragma('user_version = 6');
+    db.close();
+
+    const store = SqliteStore.open(path);
+    try {
+      expect(pragma(path, 'user_version')).toBe(SCHEMA_VERSION);
+      expect((await store.get(old.id))!.keyId).toBeNull();
+      const fresh = await store.append(sampleRecord(2, { keyId: 'ab12cd34' }));
+      expect((await store.get(fresh.id))!.keyId).toBe('ab12cd34');
+      expect((await store.list({ scenario: 'default' })).items.map((r) => r.keyId)).toEqual([null, 'ab12cd34']);
+      expect((await store.readFrom(0, 10)).map((r) => r.keyId)).toEqual([null, 'ab12cd34']);
+    } finally {
+      await store.close();
+    }
+  });
+
   it('refuses a file written by a newer schema', () => {
     const path = join(dir, 'r.db');
     const db = new Database(path);

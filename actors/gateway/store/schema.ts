@@ -123,6 +123,11 @@ const MIGRATIONS: readonly string[] = [
   ) STRICT;
   INSERT INTO chunk_gc (id, generation) VALUES (1, 0);
   `,
+  // 7: which API key made the record (auth.ts Principal.id: a digest prefix, or 'open' on a keyless
+  // gateway). NULL for records written before this step: who made them was never known.
+  `
+  ALTER TABLE records ADD COLUMN key_id TEXT;
+  `,
 ];
 
 export const SCHEMA_VERSION = MIGRATIONS.length;

@@ -103,6 +103,9 @@ describe('SqliteStore records', () => {
     });
     await expect(store.append({ ...r, scenario: 'Bad Name' })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
     await expect(store.append({ ...r, id: 'not-an-id' })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
+    for (const keyId of ['', 'has space', undefined]) {
+      await expect(store.append({ ...r, keyId: keyId as unknown as string })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT', message: expect.stringContaining('keyId') });
+    }
     expect(await store.headOffset()).toBe(0);
   });
 
@@ -309,6 +312,18 @@ describe('SqliteStore consumer state', () => {
     await expect(store.commitConsumer('judge', -1, 'judge/state', { v: 2 })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
     expect(await store.getOffset('judge')).toBe(3);
     expect(await store.getState('judge/state')).toEqual({ v: 1 });
+  });
+
+  it('commitConsumer writes and deletes other state rows in the same transaction, and statesWithPrefix reads them back by prefix', async () => {
+    await store.commitConsumer('judge', 1, 'judge/state', { v: 1 }, { put: [['judge/pending/a', { n: 1 }], ['judge/pending/b', { n: 2 }], ['judge/pendingx', 0], ['other', 0]], delete: [] });
+    expect(await store.statesWithPrefix('judge/pending/')).toEqual([['judge/pending/a', { n: 1 }], ['judge/pending/b', { n: 2 }]]);
+    await store.commitConsumer('judge', 2, 'judge/state', { v: 2 }, { put: [['judge/pending/c', { n: 3 }]], delete: ['judge/pending/a'] });
+    expect(await store.statesWithPrefix('judge/pending/')).toEqual([['judge/pending/b', { n: 2 }], ['judge/pending/c', { n: 3 }]]);
+    // A row that cannot be written fails the whole commit: offset, state and rows stay as they were.
+    await expect(store.commitConsumer('judge', 3, 'judge/state', { v: 3 }, { put: [['judge/pending/d', 1n]], delete: ['judge/pending/b'] })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
+    expect(await store.getOffset('judge')).toBe(2);
+    expect(await store.getState('judge/state')).toEqual({ v: 2 });
+    expect((await store.statesWithPrefix('judge/pending/')).map(([k]) => k)).toEqual(['judge/pending/b', 'judge/pending/c']);
   });
 
   it('refuses a judgment for an unknown record', async () => {

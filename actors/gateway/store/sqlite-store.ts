@@ -12,6 +12,7 @@ import {
   type FullRowShape, type RecordRow, type SummaryRowShape,
 } from './rows.js';
 import { checkSchema, migrate } from './schema.js';
+import { NO_ROWS, type StateRows } from './types.js';
 import type {
   AgentRecord, JudgedTurn, ListOptions, NewJudgedTurn, NewRecord, NewReport, Page, Receipt, RecordStore, RecordSummary, Report, Scenario, StagedPayloads, StoreStats,
 } from './types.js';
@@ -135,7 +136,7 @@ export class SqliteStore implements RecordStore {
   private readonly sql;
   /** getStateFields' statements, by the number of paths. */
   private readonly fieldStatements = new Map<number, Database.Statement>();
-  private readonly commitConsumerTx: (consumer: string, offset: number, key: string, value: string) => void;
+  private readonly commitConsumerTx: (consumer: string, offset: number, key: string, value: string, puts: readonly [string, string][], deletes: readonly string[]) => void;
   private readonly putJudgmentTx: (recordId: string, judgment: string) => void;
   /** Inserts chunks; answers the GC generation they are known stored at. */
   private readonly insertChunksTx: (chunks: Chunk[]) => number;
@@ -251,6 +252,7 @@ export class SqliteStore implements RecordStore {
         `INSERT INTO kv (key, value, updated_at) VALUES (?, ?, ?)
          ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at`),
       deleteState: db.prepare<[string]>('DELETE FROM kv WHERE key = ?'),
+      statesIn: db.prepare<[string, string], { key: string; value: string }>('SELECT key, value FROM kv WHERE key >= ? AND key < ? ORDER BY key'),
       getJudgment: db.prepare<[string], { judgment: string }>('SELECT judgment FROM judgments WHERE record_id = ?'),
       putJudgment: db.prepare<[string, string, number]>(
         `INSERT INTO judgments (record_id, judgment, updated_at) VALUES (?, ?, ?)
@@ -259,12 +261,14 @@ export class SqliteStore implements RecordStore {
       listScenarios: db.prepare<[], ScenarioRow>('SELECT * FROM scenarios ORDER BY name'),
     };
     const sql = this.sql;
-    const consumerTx = db.transaction((consumer: string, offset: number, key: string, value: string) => {
+    const consumerTx = db.transaction((consumer: string, offset: number, key: string, value: string, puts: readonly [string, string][], deletes: readonly string[]) => {
       const now = Date.now();
       sql.setOffset.run(consumer, offset, now);
       sql.putState.run(key, value, now);
+      for (const [k, v] of puts) sql.putState.run(k, v, now);
+      for (const k of deletes) sql.deleteState.run(k);
     });
-    this.commitConsumerTx = (c, o, k, v) => consumerTx.immediate(c, o, k, v);
+    this.commitConsumerTx = (c, o, k, v, p, d) => consumerTx.immediate(c, o, k, v, p, d);
     const judgmentTx = db.transaction((recordId: string, judgment: string) => {
       if (sql.recordExists.get(recordId) === undefined) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `record ${recordId}` });
       sql.putJudgment.run(recordId, judgment, Date.now());
@@ -392,9 +396,20 @@ export class SqliteStore implements RecordStore {
     this.sql.setOffset.run(checkKey(consumer, 'consumer'), checkOffset(offset), Date.now());
   }
 
-  async commitConsumer(consumer: string, offset: number, stateKey: string, state: unknown): Promise<void> {
+  async commitConsumer(consumer: string, offset: number, stateKey: string, state: unknown, rows: StateRows = NO_ROWS): Promise<void> {
     this.live();
-    this.commitConsumerTx(checkKey(consumer, 'consumer'), checkOffset(offset), checkKey(stateKey, 'state key'), jsonText(state, 'state'));
+    const puts = rows.put.map(([k, v]): [string, string] => [checkKey(k, 'state key'), jsonText(v, `state ${k}`)]);
+    const deletes = rows.delete.map((k) => checkKey(k, 'state key'));
+    this.commitConsumerTx(checkKey(consumer, 'consumer'), checkOffset(offset), checkKey(stateKey, 'state key'), jsonText(state, 'state'), puts, deletes);
+  }
+
+  async statesWithPrefix(prefix: string): Promise<[string, unknown][]> {
+    this.live();
+    checkKey(prefix, 'state key prefix');
+    // Keys compare as UTF-8 bytes: every key that starts with the prefix sorts below the prefix
+    // with its last character one higher.
+    const end = prefix.slice(0, -1) + String.fromCodePoint(prefix.codePointAt(prefix.length - 1)! + 1);
+    return this.sql.statesIn.all(prefix, end).map((r) => [r.key, JSON.parse(r.value) as unknown]);
   }
 
   /** The stored value, or null when the key has none. */

@@ -26,6 +26,11 @@ export interface RecordSummary {
   /** Assigned by the store at commit; strictly increasing in commit order, starts at 1. */
   offset: number;
   scenario: string;
+  /**
+   * Which API key made it: the principal id (auth.ts; a digest prefix of the key, `open` on a
+   * keyless gateway), never the key. null for records stored before key ids were.
+   */
+  keyId: string | null;
   tags: Record<string, string>;
   status: RecordStatus;
   /** ms since the epoch. */
@@ -194,6 +199,14 @@ export interface JudgedTurn extends Omit<NewJudgedTurn, 'judgment'> {
   createdAt: number;
 }
 
+/** State keys a consumer's commit writes (`put`) and deletes besides its state. */
+export interface StateRows {
+  put: readonly [key: string, value: unknown][];
+  delete: readonly string[];
+}
+
+export const NO_ROWS: StateRows = Object.freeze({ put: [], delete: [] });
+
 export interface RecordStore {
   /** Queue a record; resolves once the transaction holding it has committed (the receipt). */
   append(record: NewRecord): Promise<Receipt>;
@@ -212,8 +225,14 @@ export interface RecordStore {
   /** The next offset `consumer` should read (0 for a new consumer: offsets start at 1). */
   getOffset(consumer: string): Promise<number>;
   setOffset(consumer: string, offset: number): Promise<void>;
-  /** Advance a consumer and save its resumable state in one transaction. */
-  commitConsumer(consumer: string, offset: number, stateKey: string, state: unknown): Promise<void>;
+  /**
+   * Advance a consumer and save its resumable state in one transaction, with `rows`: other state
+   * keys written and deleted in the same transaction, so a state whose parts come and go (the
+   * judge's pending turns) writes only what changed instead of all of it.
+   */
+  commitConsumer(consumer: string, offset: number, stateKey: string, state: unknown, rows?: StateRows): Promise<void>;
+  /** Every state key that starts with `prefix`, with its value, in key order. */
+  statesWithPrefix(prefix: string): Promise<[string, unknown][]>;
 
   getState(key: string): Promise<unknown>;
   /** Parts of a stored value by JSON path (`$.a.b`), without reading the rest; null when the key has none. */

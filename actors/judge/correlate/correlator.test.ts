@@ -45,6 +45,32 @@ describe('tag mode', () => {
     expect(c.openSessions).toBe(3);
   });
 
+  it('binds a tag to its API key: key B sending key A\'s tag is its own session, and A\'s turn binds only to A\'s next request', () => {
+    const c = new Correlator();
+    const ev = feed(c, [
+      rec('a1', [S, user('draft my letter')], 'Dear Sir...', { session: 'victim', keyId: 'aaaa0001' }),
+      // B knows the tag and even the transcript: its "reaction" must not become A's next state.
+      rec('b1', [S, user('draft my letter'), asst('Dear Sir...'), user('perfect, well done')], 'ok', { session: 'victim', keyId: 'bbbb0002' }),
+      rec('a2', [S, user('draft my letter'), asst('Dear Sir...'), user('too formal, redo')], 'Hi...', { session: 'victim', keyId: 'aaaa0001' }),
+    ]);
+    expect(turns(ev)).toEqual(['a1→a2: too formal, redo']);
+    expect(ev.filter((e) => e.kind === 'opened').map((e) => e.kind === 'opened' && e.recordId)).toEqual(['a1', 'b1']);
+    expect(c.sessions().map((s) => [s.keyId, s.pendingTurnId])).toEqual([['bbbb0002', 'b1'], ['aaaa0001', 'a2']]);
+  });
+
+  it('keeps the key of saved sessions across a restore, and a state saved before key ids resumes them as keyless (null)', () => {
+    const c = new Correlator();
+    feed(c, [rec('a1', [S, user('hi')], 'hello', { session: 't', keyId: 'aaaa0001' })]);
+    const saved = c.toJSON();
+    const resumed = Correlator.fromJSON(saved);
+    expect(turns(resumed.observe(rec('b2', [S, user('hi'), asst('hello'), user('great')], 'x', { session: 't', keyId: 'bbbb0002' })))).toEqual([]);
+    expect(turns(resumed.observe(rec('a2', [S, user('hi'), asst('hello'), user('meh')], 'x', { session: 't', keyId: 'aaaa0001' })))).toEqual(['a1→a2: meh']);
+
+    const old = Correlator.fromJSON({ ...saved, sessions: saved.sessions.map((t) => t.slice(0, 19) as typeof t) });
+    expect(old.sessions()[0]!.keyId).toBeNull();
+    expect(turns(old.observe(rec('o2', [S, user('hi'), asst('hello'), user('fine')], 'x', { session: 't', keyId: null })))).toEqual(['a1→o2: fine']);
+  });
+
   it('treats an exact repeat as a retry whose reply the next request is judged against', () => {
     const c = new Correlator();
     const first = feed(c, [
@@ -244,6 +270,13 @@ describe('fallback (untagged)', () => {
     feed(c, [rec('r1', [S, user('hi')], 'hello', { scenario: 'one' }), rec('t1', [S, user('yo')], 'hey', { session: 'x' })]);
     expect(kinds(c.observe(rec('r2', [S, user('hi'), asst('hello'), user('ok')], 'k', { scenario: 'two' })))).toEqual(['opened']);
     expect(kinds(c.observe(rec('r3', [S, user('yo'), asst('hey'), user('ok')], 'k')))).toEqual(['opened']);
+  });
+
+  it('never matches another API key\'s transcript, even one that extends it exactly', () => {
+    const c = new Correlator();
+    feed(c, [rec('a1', [S, user('hi')], 'hello', { keyId: 'aaaa0001' })]);
+    expect(kinds(c.observe(rec('b2', [S, user('hi'), asst('hello'), user('ok')], 'k', { keyId: 'bbbb0002' })))).toEqual(['opened']);
+    expect(turns(c.observe(rec('a2', [S, user('hi'), asst('hello'), user('fine')], 'k', { keyId: 'aaaa0001' })))).toEqual(['a1→a2: fine']);
   });
 
   it('skips records that are not ok', () => {

@@ -1,6 +1,6 @@
 import type { LogFn } from '../../runtime/log.js';
-import { canonicalJson, contentText, HashMemo, messageHash, mix, roleOf, scenarioSeed } from './hash.js';
-import { type Session, SessionTable } from './sessions.js';
+import { canonicalJson, contentText, HashMemo, messageHash, mix, roleOf, sessionSeed } from './hash.js';
+import { type Session, sessionMapKey, SessionTable } from './sessions.js';
 import {
   type CorrelationCounters,
   type CorrelationEvent,
@@ -126,8 +126,8 @@ export class Correlator {
   }
 
   /** Open sessions, least recently active first. */
-  sessions(): { key: string; scenario: string; tagged: boolean; pendingTurnId: string; lastAt: number }[] {
-    return [...this.table.values()].map((s) => ({ key: s.key, scenario: s.scenario, tagged: s.tagged, pendingTurnId: s.turnId, lastAt: s.lastAt }));
+  sessions(): { key: string; scenario: string; keyId: string | null; tagged: boolean; pendingTurnId: string; lastAt: number }[] {
+    return [...this.table.values()].map((s) => ({ key: s.key, scenario: s.scenario, keyId: s.keyId, tagged: s.tagged, pendingTurnId: s.turnId, lastAt: s.lastAt }));
   }
 
   /** Drops the memo of long message text (a cache: memory back now, rehashing later). */
@@ -171,7 +171,8 @@ export class Correlator {
         this.warn('untagged-traffic', `scenario ${record.scenario} sends requests without x-reef-tag-session (first: ${record.id}); they are correlated by transcript, which history rewrites and identical conversations break — send one x-reef-tag-session value per conversation`, out);
       }
     }
-    const mapKey = tagged ? `${record.scenario}\u0000tag:${tag}` : null;
+    const keyId = record.keyId ?? null;
+    const mapKey = tagged ? sessionMapKey(record.scenario, keyId, `tag:${tag}`) : null;
     if (record.tags?.['turn-type'] === 'side') {
       this.counts.side++;
       const s = mapKey === null ? undefined : this.table.get(mapKey);
@@ -183,20 +184,21 @@ export class Correlator {
     const reply = messageHash(record.response ?? { role: 'assistant', content: null }, this.memo);
     if (mapKey !== null) this.tagMode(record, mapKey, `tag:${tag}`, messages, reply, out);
     else {
-      this.hashMessages(record.scenario, messages);
+      this.hashMessages(record.scenario, keyId, messages);
       const full = this.ps[n - 1]!;
       this.fallback(record, messages, full, mix(full, reply), out);
     }
     this.enforceCapacity(out);
   }
 
-  private hashMessages(scenario: string, messages: unknown[]): void {
+  /** Prefix hashes seeded by scenario and key id: transcripts of two keys never match (nor do two scenarios'). */
+  private hashMessages(scenario: string, keyId: string | null, messages: unknown[]): void {
     const n = messages.length;
     if (this.hs.length < n) {
       this.hs = new Float64Array(n * 2);
       this.ps = new Float64Array(n * 2);
     }
-    let p = scenarioSeed(scenario);
+    let p = sessionSeed(scenario, keyId);
     for (let i = 0; i < n; i++) {
       const h = messageHash(messages[i], this.memo);
       this.hs[i] = h;
@@ -287,7 +289,7 @@ export class Correlator {
       original.repeat = true;
       // The repeat stays loud: if nothing extends the group, it is the turn lost (the reply the
       // client most likely kept), counted once as tag mode counts it.
-      const sib = this.open(record, `${sc}\u0000chain:${record.id}`, `chain:${record.id}`, false, n, full, ext, this.hs[0]!, this.hs[0]!, false, null);
+      const sib = this.open(record, sessionMapKey(sc, record.keyId ?? null, `chain:${record.id}`), `chain:${record.id}`, false, n, full, ext, this.hs[0]!, this.hs[0]!, false, null);
       out.push({ kind: 'retry', sessionKey: sib.key, scenario: sc, recordId: record.id, ofRecordId: original.turnId });
       return;
     }
@@ -305,12 +307,12 @@ export class Correlator {
       out.push({ kind: 'continued', sessionKey: s.key, scenario: sc, recordId: record.id, how: 'extends' });
       return;
     }
-    this.open(record, `${sc}\u0000chain:${record.id}`, `chain:${record.id}`, false, n, full, ext, this.hs[0]!, this.hs[0]!, false, out);
+    this.open(record, sessionMapKey(sc, record.keyId ?? null, `chain:${record.id}`), `chain:${record.id}`, false, n, full, ext, this.hs[0]!, this.hs[0]!, false, out);
   }
 
   private open(record: CorrelationRecord, mapKey: string, key: string, tagged: boolean, n: number, full: number, ext: number, root: number, conv: number, repeat: boolean, out: CorrelationEvent[] | null): Session {
     const s: Session = {
-      mapKey, key, scenario: record.scenario, tagged,
+      mapKey, key, scenario: record.scenario, keyId: record.keyId ?? null, tagged,
       turnId: record.id, n, full, ext, root, conv, sysVaries: false,
       altId: null, altExt: 0, candId: null, candN: 0, candExt: 0, candConv: 0,
       repeat, lastAt: this.clock, seq: ++this.seq,
@@ -386,11 +388,11 @@ export class Correlator {
 
   private enforceCapacity(out: CorrelationEvent[]): void {
     while (this.table.size > this.config.maxOpenSessions) {
-      const s = this.table.oldest()!;
+      const s = this.table.evictionVictim()!;
       this.counts.evicted++;
       if (!this.warnedEvictions) {
         this.warnedEvictions = true;
-        this.warn('evictions', `more than ${this.config.maxOpenSessions} open sessions: evicting the least recently active (first: ${s.key} in ${s.scenario}) and dropping their pending turns — raise max_open_sessions or tag sessions so requests bind`, out);
+        this.warn('evictions', `more than ${this.config.maxOpenSessions} open sessions: evicting the least recently active of the scenario and API key holding the most (first: ${s.key} in ${s.scenario}, key ${s.keyId ?? 'none'}, ${this.table.sizeOf(s.scenario, s.keyId)} open) and dropping their pending turns — raise max_open_sessions or tag sessions so requests bind`, out);
       }
       this.close(s, 'evicted', out);
     }

@@ -11,6 +11,8 @@ export const tool = (content: string, id: string): Msg => ({ role: 'tool', conte
 
 export interface RecOptions {
   scenario?: string;
+  /** @default 'open' */
+  keyId?: string | null;
   session?: string;
   side?: boolean;
   /** finishedAt in ms. @default 0 */
@@ -29,6 +31,7 @@ export function rec(id: string, messages: Msg[], reply: Msg | string, o: RecOpti
     id,
     offset: ++offset,
     scenario: o.scenario ?? 'default',
+    keyId: o.keyId === undefined ? 'open' : o.keyId,
     tags,
     status: o.status ?? 'ok',
     finishedAt: o.at ?? 0,

@@ -197,3 +197,12 @@ export function roleOf(message: unknown): string {
 export function scenarioSeed(scenario: string): number {
   return jsHash(scenario, 0x5ce);
 }
+
+/**
+ * Seed of the prefix hashes of one API key's records in `scenario`: another key's transcripts
+ * never match its sessions. Records before key ids (null) keep the scenario's seed, so sessions
+ * saved from them still match.
+ */
+export function sessionSeed(scenario: string, keyId: string | null): number {
+  return keyId === null ? scenarioSeed(scenario) : mix(scenarioSeed(scenario), jsHash(keyId, 0x6b1d));
+}

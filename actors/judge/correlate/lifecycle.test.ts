@@ -7,7 +7,7 @@ const S = sys('You are a helpful agent.');
 const warnings = (ev: readonly CorrelationEvent[]): string[] => ev.flatMap((e) => (e.kind === 'warning' ? [e.code] : []));
 
 /** A one-request conversation: opens a session that nothing will extend. */
-const lone = (id: string, at: number, o: { session?: string } = {}): CorrelationRecord => rec(id, [S, user(`q ${id}`)], `a ${id}`, { at, ...o });
+const lone = (id: string, at: number, o: { session?: string; scenario?: string; keyId?: string } = {}): CorrelationRecord => rec(id, [S, user(`q ${id}`)], `a ${id}`, { at, ...o });
 
 describe('TTL', () => {
   it('closes a session idle for more than sessionTtlS and drops its pending turn', () => {
@@ -94,6 +94,43 @@ describe('eviction', () => {
     expect(c.sessions().map((s) => s.key)).toEqual(['chain:a1', 'chain:c1']);
     // The evicted session's continuation finds nothing to extend.
     expect(kinds(c.observe(rec('b2', [S, user('b'), asst('rb'), user('b again')], 'x', { at: 4 })))).toContain('opened');
+  });
+});
+
+describe('eviction between tenants', () => {
+  it('a scenario that floods more sessions than the cap evicts only its own: another scenario\'s session still binds', () => {
+    const c = new Correlator({ maxOpenSessions: 8 });
+    c.observe(rec('a1', [S, user('mine')], 'ra', { at: 0, session: 'a', scenario: 'alpha' }));
+    const flood = Array.from({ length: 50 }, (_, i) => c.observe(lone(`b${i}`, 1 + i, { session: `b${i}`, scenario: 'beta' }))).flat();
+    expect(flood.filter((e) => e.kind === 'session-closed').every((e) => e.scenario === 'beta')).toBe(true);
+    expect(c.counters().evicted).toBe(43);
+    expect(c.openSessions).toBe(8);
+    const ev = c.observe(rec('a2', [S, user('mine'), asst('ra'), user('thanks')], 'x', { at: 100, session: 'a', scenario: 'alpha' }));
+    expect(ev.filter((e) => e.kind === 'turn-finished').map((e) => e.kind === 'turn-finished' && e.turnRecordId)).toEqual(['a1']);
+  });
+
+  it('so does another API key in the same scenario, untagged too: the tenant holding the most gives way, its oldest session first', () => {
+    const c = new Correlator({ maxOpenSessions: 4 });
+    c.observe(rec('a1', [S, user('mine')], 'ra', { at: 0, keyId: 'aaaa0001' }));
+    c.observe(rec('a9', [S, user('other of mine')], 'r9', { at: 1, keyId: 'aaaa0001' }));
+    for (let i = 0; i < 20; i++) c.observe(lone(`b${i}`, 2 + i, { keyId: 'bbbb0002' }));
+    // Four open: A's two, B's two newest (B held the most at each eviction).
+    expect(c.sessions().map((s) => s.pendingTurnId)).toEqual(['a1', 'a9', 'b18', 'b19']);
+    // Even at an equal share, B's next sessions push out B's own.
+    c.observe(lone('b20', 30, { keyId: 'bbbb0002' }));
+    c.observe(lone('b21', 31, { keyId: 'bbbb0002' }));
+    expect(c.sessions().map((s) => s.pendingTurnId)).toEqual(['a1', 'a9', 'b20', 'b21']);
+    const ev = c.observe(rec('a2', [S, user('mine'), asst('ra'), user('thanks')], 'x', { at: 40, keyId: 'aaaa0001' }));
+    expect(ev.filter((e) => e.kind === 'turn-finished').map((e) => e.kind === 'turn-finished' && e.turnRecordId)).toEqual(['a1']);
+  });
+
+  it('the tenants are rebuilt from a saved state', () => {
+    const c = new Correlator({ maxOpenSessions: 3 });
+    c.observe(rec('a1', [S, user('mine')], 'ra', { at: 0, session: 'a', scenario: 'alpha' }));
+    c.observe(lone('b0', 1, { session: 'b0', scenario: 'beta' }));
+    const resumed = Correlator.fromJSON(c.toJSON(), { maxOpenSessions: 3 });
+    for (let i = 1; i < 10; i++) resumed.observe(lone(`b${i}`, 1 + i, { session: `b${i}`, scenario: 'beta' }));
+    expect(resumed.sessions().filter((s) => s.scenario === 'alpha').map((s) => s.pendingTurnId)).toEqual(['a1']);
   });
 });
 

@@ -7,11 +7,13 @@
  * repeat carries). A session holds hashes and ids, never transcripts.
  */
 export interface Session {
-  /** `scenario \0 key`: unique across scenarios. */
+  /** `scenario \0 key id \0 key` (sessionMapKey): unique across scenarios and API keys. */
   mapKey: string;
   /** `tag:<session tag>` or `chain:<id of the record that opened it>`. */
   key: string;
   scenario: string;
+  /** The API key id of the records it binds (records before key ids: null); another key's records never join it. */
+  keyId: string | null;
   tagged: boolean;
   /** The last main request: its record id (the pending turn), message count and hashes. */
   turnId: string;
@@ -48,6 +50,15 @@ export interface Session {
   seq: number;
 }
 
+/**
+ * A session's table key. The key id is part of it because a tag is only a client's word: another
+ * API key allowed in the same scenario that sends the same tag would otherwise become this
+ * session's next state, and set the reward and hint of a turn it never saw.
+ */
+export function sessionMapKey(scenario: string, keyId: string | null, key: string): string {
+  return `${scenario}\u0000${keyId ?? ''}\u0000${key}`;
+}
+
 type Bucket = Session | Session[];
 
 function bucketAdd(index: Map<number, Bucket>, h: number, s: Session): void {
@@ -78,8 +89,15 @@ function newest(b: Bucket | undefined): Session | null {
   return best;
 }
 
+/** Whose sessions they are: one scenario's, of one API key. The unit eviction is fair between. */
+function tenantOf(s: Session): string {
+  return `${s.scenario}\u0000${s.keyId ?? ''}`;
+}
+
 export class SessionTable {
   private readonly byKey = new Map<string, Session>();
+  /** Each tenant's sessions, least recently active first (as `byKey`). */
+  private readonly byTenant = new Map<string, Map<string, Session>>();
   private readonly byExt = new Map<number, Bucket>();
   private readonly byFull = new Map<number, Bucket>();
 
@@ -101,6 +119,36 @@ export class SessionTable {
     return this.byKey.values();
   }
 
+  /** How many tenants (scenario and API key) hold open sessions. */
+  get tenants(): number {
+    return this.byTenant.size;
+  }
+
+  /** Open sessions of one scenario's API key. */
+  sizeOf(scenario: string, keyId: string | null): number {
+    return this.byTenant.get(`${scenario}\u0000${keyId ?? ''}`)?.size ?? 0;
+  }
+
+  /**
+   * Whom eviction takes from: the least recently active session of the tenant that holds the most
+   * (of two as large, the one whose oldest session is older). A tenant that floods sessions then
+   * evicts its own, and one holding no more than its share of the cap is never evicted by another:
+   * one global LRU let a single key close every other tenant's sessions and drop their turns.
+   * Linear in the number of tenants, which the configured keys and scenarios bound.
+   */
+  evictionVictim(): Session | undefined {
+    let best: Map<string, Session> | undefined;
+    let bestOldest: Session | undefined;
+    for (const m of this.byTenant.values()) {
+      const oldest = m.values().next().value as Session;
+      if (best === undefined || m.size > best.size || (m.size === best.size && oldest.seq < bestOldest!.seq)) {
+        best = m;
+        bestOldest = oldest;
+      }
+    }
+    return bestOldest;
+  }
+
   /** Most recently active untagged session whose last request + reply hashes to `ext`. */
   findByExt(ext: number): Session | null {
     return newest(this.byExt.get(ext));
@@ -119,6 +167,10 @@ export class SessionTable {
 
   add(s: Session): void {
     this.byKey.set(s.mapKey, s);
+    const t = tenantOf(s);
+    let m = this.byTenant.get(t);
+    if (m === undefined) this.byTenant.set(t, (m = new Map()));
+    m.set(s.mapKey, s);
     this.index(s);
   }
 
@@ -128,6 +180,9 @@ export class SessionTable {
     s.seq = seq;
     this.byKey.delete(s.mapKey);
     this.byKey.set(s.mapKey, s);
+    const m = this.byTenant.get(tenantOf(s))!;
+    m.delete(s.mapKey);
+    m.set(s.mapKey, s);
   }
 
   /** Call before changing `s.full` / `s.ext`, then `index(s)` after. */
@@ -146,5 +201,9 @@ export class SessionTable {
   remove(s: Session): void {
     this.unindex(s);
     this.byKey.delete(s.mapKey);
+    const t = tenantOf(s);
+    const m = this.byTenant.get(t);
+    m?.delete(s.mapKey);
+    if (m?.size === 0) this.byTenant.delete(t);
   }
 }

@@ -1,4 +1,4 @@
-import type { Session } from './sessions.js';
+import { type Session, sessionMapKey } from './sessions.js';
 import type { CorrelationCounters } from './types.js';
 
 /**
@@ -31,6 +31,8 @@ export type SavedSession = [
   // `sysVaries` off (a session whose system prompt varies learns it again, at the cost of a turn).
   conv?: number,
   sysVaries?: 0 | 1,
+  // Added with record key ids: a state saved before holds sessions of records without one (null).
+  keyId?: string | null,
 ];
 
 export interface CorrelatorState {
@@ -44,14 +46,14 @@ export interface CorrelatorState {
 }
 
 export function saveSession(s: Session): SavedSession {
-  return [s.key, s.scenario, s.tagged ? 1 : 0, s.turnId, s.n, s.full, s.ext, s.root, s.altId, s.altExt, s.candId, s.candN, s.candExt, s.candConv, s.repeat ? 1 : 0, s.lastAt, s.seq, s.conv, s.sysVaries ? 1 : 0];
+  return [s.key, s.scenario, s.tagged ? 1 : 0, s.turnId, s.n, s.full, s.ext, s.root, s.altId, s.altExt, s.candId, s.candN, s.candExt, s.candConv, s.repeat ? 1 : 0, s.lastAt, s.seq, s.conv, s.sysVaries ? 1 : 0, s.keyId];
 }
 
 export function restoreSession(t: SavedSession): Session {
-  const [key, scenario, tagged, turnId, n, full, ext, root, altId, altExt, candId, candN, candExt, candConv, repeat, lastAt, seq, conv, sysVaries] = t;
+  const [key, scenario, tagged, turnId, n, full, ext, root, altId, altExt, candId, candN, candExt, candConv, repeat, lastAt, seq, conv, sysVaries, keyId = null] = t;
   return {
-    mapKey: `${scenario}\u0000${key}`,
-    key, scenario, tagged: tagged === 1, turnId, n, full, ext, root, conv: conv ?? root, sysVaries: sysVaries === 1, altId, altExt, candId, candN, candExt, candConv,
+    mapKey: sessionMapKey(scenario, keyId, key),
+    key, scenario, keyId, tagged: tagged === 1, turnId, n, full, ext, root, conv: conv ?? root, sysVaries: sysVaries === 1, altId, altExt, candId, candN, candExt, candConv,
     repeat: repeat === 1, lastAt, seq,
   };
 }

@@ -2,14 +2,17 @@ import type { LogFn } from '../../runtime/log.js';
 import type { RecordSummary } from '../../gateway/store/types.js';
 
 /** What correlation reads of a record (an `AgentRecord` or `RecordSummary` fits). */
-export type CorrelationRecord = Pick<RecordSummary, 'id' | 'offset' | 'scenario' | 'tags' | 'status' | 'finishedAt' | 'response'> & {
+export type CorrelationRecord = Pick<RecordSummary, 'id' | 'offset' | 'scenario' | 'keyId' | 'tags' | 'status' | 'finishedAt' | 'response'> & {
   request: { messages: unknown[] };
 };
 
 export interface CorrelatorConfig {
   /** A session with no request for this long is closed and its pending turn dropped. @default 900 */
   sessionTtlS: number;
-  /** Above this many open sessions the least recently active are evicted. @default 4096 */
+  /**
+   * Open sessions kept over every scenario and API key; above it, the least recently active of the
+   * scenario and key holding the most is evicted (sessions.ts evictionVictim). @default 4096
+   */
   maxOpenSessions: number;
   /**
    * Tag mode only: treat a request whose first message differs from its session's (its first
