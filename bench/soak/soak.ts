@@ -2,12 +2,10 @@ import type { ChildProcess } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { SqliteStore } from '../../actors/gateway/store/sqlite-store.js';
-import { CONSUMER as JUDGE, STATE_KEY as JUDGE_STATE } from '../../actors/judge/handler.js';
-import { CONSUMER as TRAINER, STATE_KEY as TRAINER_STATE } from '../../actors/trainer-controller/messages.js';
 import { freePort } from '../../cluster/net.js';
 import { tinyModelDir } from '../../cluster/paths.js';
 import { readRunFile } from '../../cluster/run-file.js';
-import { judgeConfig, startRulePrm } from '../../recipes/openclawrl/demo/experiment.js';
+import { judgeConfig, pipelineDrained, startRulePrm } from '../../recipes/openclawrl/demo/experiment.js';
 import { seeded } from '../../test/helpers/seeded.js';
 import { descendants, runReef, testConfig } from '../../test/helpers/stack.js';
 import { pidAlive } from '../../test/helpers/wait.js';
@@ -64,25 +62,6 @@ async function stackBack(configPath: string, timeoutMs: number): Promise<boolean
     await sleep(2000);
   }
   return false;
-}
-
-/**
- * Whether the judge has read every record and judged every finished turn, and the controller has
- * read every judged turn with no batch left to train (a partial batch waits for more turns, as it
- * should). The experiment's trainingCaughtUp has the same rule, but only logs when it gives up.
- */
-async function drained(store: SqliteStore): Promise<boolean> {
-  const [head, judgeNext, judge, judgedHead, trainerNext, trainer] = await Promise.all([
-    store.headOffset(),
-    store.getOffset(JUDGE),
-    store.getState(JUDGE_STATE) as Promise<{ pending?: unknown[] } | null>,
-    store.judgedHeadOffset(),
-    store.getOffset(TRAINER),
-    store.getState(TRAINER_STATE) as Promise<{ pending?: unknown[] } | null>,
-  ]);
-  // A consumer's offset is the next one it reads (0 before its first); offsets start at 1.
-  const consumed = (next: number, last: number) => last === 0 || next > last;
-  return consumed(judgeNext, head) && (judge?.pending?.length ?? 0) === 0 && consumed(trainerNext, judgedHead) && (trainer?.pending?.length ?? 0) === 0;
 }
 
 export async function runSoak(o: SoakOptions): Promise<SoakResult> {
@@ -142,7 +121,7 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
     const store = SqliteStore.open(join(dataDir, 'records.sqlite'), { readonly: true });
     try {
       const deadline = Date.now() + o.drainS * 1000;
-      for (let said = Date.now(); !(isDrained = await drained(store)) && Date.now() < deadline; ) {
+      for (let said = Date.now(); !(isDrained = await pipelineDrained(store)) && Date.now() < deadline; ) {
         if (Date.now() - said > 30_000) {
           log('still draining …');
           said = Date.now();

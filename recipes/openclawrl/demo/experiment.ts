@@ -219,6 +219,32 @@ export function armConfig(o: ArmOptions, prmUrl: string | null, port: number): R
 }
 
 /**
+ * How far judging and training are behind the store: the judge is done when it has read every
+ * record and every finished turn has its votes, the trainer-controller when it has read every
+ * judged turn with no batch left to train (a partial batch waits for more turns, as it should).
+ */
+export async function pipelineProgress(store: SqliteStore): Promise<{ judgeDone: boolean; trainerDone: boolean; batchesWaiting: number }> {
+  const [head, judgeNext, judge, judgedHead, trainerNext, trainer] = await Promise.all([
+    store.headOffset(),
+    store.getOffset(JUDGE),
+    store.getState(JUDGE_STATE) as Promise<{ pending?: unknown[] } | null>,
+    store.judgedHeadOffset(),
+    store.getOffset(TRAINER),
+    store.getState(TRAINER_STATE) as Promise<{ pending?: unknown[] } | null>,
+  ]);
+  // Offsets start at 1 and a consumer's is the next one it will read (0 before its first).
+  const consumed = (next: number, last: number) => last === 0 || next > last;
+  const batchesWaiting = trainer?.pending?.length ?? 0;
+  return { judgeDone: consumed(judgeNext, head) && (judge?.pending?.length ?? 0) === 0, trainerDone: consumed(trainerNext, judgedHead) && batchesWaiting === 0, batchesWaiting };
+}
+
+/** Whether judging and training have caught up with everything in the store (pipelineProgress). */
+export async function pipelineDrained(store: SqliteStore): Promise<boolean> {
+  const p = await pipelineProgress(store);
+  return p.judgeDone && p.trainerDone;
+}
+
+/**
  * A student takes minutes between sessions while training takes a minute a batch; on a CPU the
  * sessions would outrun training instead. So before each wave, wait (bounded) until the judge has
  * caught up with the records and the trainer-controller with the judged turns, with no batch in flight.
@@ -228,19 +254,7 @@ export async function trainingCaughtUp(store: SqliteStore, log: (l: string) => v
   let said = 0;
   for (;;) {
     signal?.throwIfAborted();
-    const [head, judgeNext, judge, judgedHead, trainerNext, state] = await Promise.all([
-      store.headOffset(),
-      store.getOffset(JUDGE),
-      store.getState(JUDGE_STATE) as Promise<{ pending?: unknown[] } | null>,
-      store.judgedHeadOffset(),
-      store.getOffset(TRAINER),
-      store.getState(TRAINER_STATE) as Promise<{ pending?: unknown[] } | null>,
-    ]);
-    // Offsets start at 1 and a consumer's is the next one it will read (0 before its first).
-    const consumed = (next: number, last: number) => last === 0 || next > last;
-    // Read every record, and every finished turn has its votes.
-    const judgeDone = consumed(judgeNext, head) && (judge?.pending?.length ?? 0) === 0;
-    const trainerDone = consumed(trainerNext, judgedHead) && (state?.pending?.length ?? 0) === 0;
+    const { judgeDone, trainerDone, batchesWaiting } = await pipelineProgress(store);
     if (judgeDone && trainerDone) return;
     if (Date.now() - t0 > timeoutMs) {
       // Going on in silence read as caught up: the sessions after it run on older weights.
@@ -249,7 +263,7 @@ export async function trainingCaughtUp(store: SqliteStore, log: (l: string) => v
     }
     // Every 30 s a line, so a long training wait shows it is alive.
     if (Date.now() - t0 > 5_000 + said * 30_000) {
-      log(`  waiting for judging and training to catch up (${judgeDone ? 'judge done' : 'judge behind'}, ${state?.pending?.length ?? 0} batch(es) to train) …`);
+      log(`  waiting for judging and training to catch up (${judgeDone ? 'judge done' : 'judge behind'}, ${batchesWaiting} batch(es) to train) …`);
       said++;
     }
     await new Promise((r) => setTimeout(r, 200));
