@@ -1,7 +1,8 @@
-import { mkdirSync } from 'node:fs';
+import { mkdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { BridgeClient, defaultTimeoutMs, engineStartTimeoutS } from '../bridge/client.js';
 import type { EngineInfo, EngineSpec, GroupStatus, RayStatus } from '../bridge/messages.js';
+import { BUS_KEY_ENV, type BusKey, makeBusKeyFile, readBusKeyFile } from '../actors/runtime/bus-key.js';
 import { ReefError } from '../actors/runtime/errors.js';
 import { type LogFn, stderrLog } from '../actors/runtime/log.js';
 import { layoutFromConfig } from './config/index.js';
@@ -90,8 +91,14 @@ export class Stack {
   /** Resolves once `down()` has finished, whoever asked for it. */
   readonly stopped: Promise<void> = new Promise((resolve) => (this.resolveStopped = resolve));
 
-  private constructor(private readonly opts: StackOptions, readonly runDir: string, private readonly runFile: RunFile, readonly shimEndpoint: string, engines: EngineSlot[], actorOverrides: Record<string, unknown>) {
+  /** The stack's CURVE key (`<run dir>/bus.key`): every bus socket of the stack needs it. */
+  readonly busKey: BusKey;
+
+  private constructor(private readonly opts: StackOptions, readonly runDir: string, private readonly runFile: RunFile, readonly shimEndpoint: string, engines: EngineSlot[], actorOverrides: Record<string, unknown>, readonly busKeyPath: string) {
     this.log = opts.log ?? stderrLog;
+    this.busKey = readBusKeyFile(busKeyPath);
+    // Children find the key by its path; the secret itself is on no command line.
+    const keyEnv = { [BUS_KEY_ENV]: busKeyPath };
     this.engines = engines;
     const urls: StackEngines = {
       rollout: engineUrl(engines.find((e) => e.spec.role === 'rollout')!.spec),
@@ -104,7 +111,8 @@ export class Stack {
       startTimeoutMs: ACTOR_START_MS,
       overrides: actorOverrides,
       ...(opts.actorCommand === undefined ? {} : { command: opts.actorCommand }),
-      env: { REEF_ENGINES: JSON.stringify(urls) },
+      env: { REEF_ENGINES: JSON.stringify(urls), ...keyEnv },
+      busKey: this.busKey,
       // `reef scale` changes the PRM actors; the gateway, judge and controller run one each.
       scalable: ['prm'],
       log: this.log,
@@ -124,6 +132,7 @@ export class Stack {
     this.shim = this.supervisor.manage({
       id: 'shim',
       ...shim,
+      env: { ...shim.env, ...keyEnv },
       ready: readyOnJsonLine('ready'),
       readyTimeoutMs: SHIM_READY_MS,
     });
@@ -139,7 +148,7 @@ export class Stack {
     const cfg = opts.config;
     ownDataDir(cfg.reef.data_dir, opts.log ?? stderrLog);
     const runDir = join(cfg.reef.data_dir, 'run');
-    mkdirSync(runDir, { recursive: true });
+    mkdirSync(runDir, { recursive: true, mode: 0o700 });
     // `reef.port: 0` picks a free port, here: the endpoints printed, the run file and a restarted
     // gateway then all have the one it listens on (they said port 0).
     const gatewayPort = cfg.reef.port > 0 ? cfg.reef.port : await freePort();
@@ -149,7 +158,9 @@ export class Stack {
     claimRunFile(runDir, runFile);
     let stack: Stack;
     try {
-      stack = await Stack.create(opts, runDir, runFile, gatewayPort);
+      // Made once this stack owns the run dir: a second `reef up` must not replace a running one's key.
+      const busKeyPath = makeBusKeyFile(runDir);
+      stack = await Stack.create(opts, runDir, runFile, gatewayPort, busKeyPath);
     } catch (err) {
       clearRunFile(runDir);
       throw err;
@@ -165,7 +176,7 @@ export class Stack {
     }
   }
 
-  private static async create(opts: StackOptions, runDir: string, runFile: RunFile, gatewayPort: number): Promise<Stack> {
+  private static async create(opts: StackOptions, runDir: string, runFile: RunFile, gatewayPort: number, busKeyPath: string): Promise<Stack> {
     const cfg = opts.config;
     // Read by the bridge client at the first engine start, after Ray and the placement groups.
     engineStartTimeoutS();
@@ -198,7 +209,7 @@ export class Stack {
     }
     if (cfg.reef.port === 0) overrides['reef.port'] = String(gatewayPort);
 
-    return new Stack(opts, runDir, runFile, `tcp://127.0.0.1:${await freePort()}`, engines, overrides);
+    return new Stack(opts, runDir, runFile, `tcp://127.0.0.1:${await freePort()}`, engines, overrides, busKeyPath);
   }
 
   /** Start-up stops between steps once `down()` began. */
@@ -272,7 +283,7 @@ export class Stack {
     await this.shim.waitReady(120_000);
     if (generation !== this.shimGeneration) return;
     await this.bridge?.close();
-    const bridge = await BridgeClient.connect(this.shimEndpoint, { timeoutMs: BRIDGE_CONNECT_MS, log: this.log });
+    const bridge = await BridgeClient.connect(this.shimEndpoint, { timeoutMs: BRIDGE_CONNECT_MS, log: this.log, busKey: this.busKey });
     if (generation !== this.shimGeneration) {
       await bridge.close();
       return;
@@ -331,6 +342,7 @@ export class Stack {
       // An open bridge keeps this process alive after the stack is down.
       await this.bridge?.close();
       clearRunFile(this.runDir);
+      rmSync(this.busKeyPath, { force: true });
       this.log('stopped');
       this.resolveStopped();
     })();

@@ -4,6 +4,7 @@ import { ReefError } from '../actors/runtime/errors.js';
 import type { LifecycleState } from '../actors/runtime/lifecycle.js';
 import { type LogFn, prefixed, stderrLog } from '../actors/runtime/log.js';
 import { type HandlerContext, type Handlers, Mailbox, type ReplyFields } from '../actors/runtime/mailbox.js';
+import type { BusKey } from '../actors/runtime/bus-key.js';
 import type { ActorEnv, HeartbeatReport, RegisterRequest } from '../actors/runtime/messages.js';
 import { RpcClient } from '../actors/runtime/rpc.js';
 import { distEntry } from './paths.js';
@@ -74,6 +75,11 @@ export interface SupervisorOptions {
   control?: Partial<ControlHandlers>;
   /** Extra environment for every actor. */
   env?: Record<string, string>;
+  /**
+   * The stack's CURVE key, for the control socket and the calls to the actors (see bus-key.ts).
+   * @default the process's (`REEF_BUS_KEY`), null outside a stack
+   */
+  busKey?: BusKey | null;
   log?: LogFn;
 }
 
@@ -120,6 +126,10 @@ export class Supervisor extends EventEmitter {
     this.heartbeatMs = options.heartbeatMs ?? 500;
   }
 
+  private keyOption(): { busKey?: BusKey | null } {
+    return this.options.busKey === undefined ? {} : { busKey: this.options.busKey };
+  }
+
   /** The actor kinds the control socket's `scale` accepts. */
   get scalable(): readonly string[] {
     return this.options.scalable ?? Object.keys(this.options.actors ?? {});
@@ -141,7 +151,7 @@ export class Supervisor extends EventEmitter {
       scale: (msg, ctx) => (this.options.control?.scale ?? defaultScale)(msg, ctx, this),
       down: (msg, ctx) => (this.options.control?.down ?? defaultDown)(msg, ctx, this),
     };
-    this.control = await Mailbox.open({ name: 'supervisor', schema: supervisorMessages, handlers: own, endpoint: this.options.endpoint, log: this.log });
+    this.control = await Mailbox.open({ name: 'supervisor', schema: supervisorMessages, handlers: own, endpoint: this.options.endpoint, ...this.keyOption(), log: this.log });
     process.on('exit', this.killAll);
     this.watchdog = setInterval(() => this.checkHeartbeats(), this.heartbeatMs);
     this.log(`control ${this.control.endpoint}`);
@@ -285,7 +295,7 @@ export class Supervisor extends EventEmitter {
     }
     if (inst.mailbox !== msg.mailbox) {
       await inst.rpc?.close();
-      inst.rpc = new RpcClient(msg.mailbox, { name: `supervisor→${msg.id}`, log: this.log });
+      inst.rpc = new RpcClient(msg.mailbox, { name: `supervisor→${msg.id}`, ...this.keyOption(), log: this.log });
       inst.mailbox = msg.mailbox;
     }
     inst.registeredPid = msg.pid;

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import zmq
 
 from . import __version__
+from .bus_key import secure_router
 from .errors import ShimError
 from .messages import ok_reply, pack, request_id_of, unpack, validate_request
 from .placement import plan_placement
@@ -49,7 +50,16 @@ class ShimServer:
         self._router.setsockopt(zmq.LINGER, 2000)  # time for the last replies (shutdown's) to leave
         self._router.setsockopt(zmq.SNDHWM, 1000)
         self._router.setsockopt(zmq.RCVHWM, 1000)
-        self._router.bind(endpoint)
+        self._auth = None
+        try:
+            self._auth = secure_router(self._ctx, self._router)
+            self._router.bind(endpoint)
+        except BaseException:
+            self._router.close(linger=0)
+            if self._auth is not None:
+                self._auth.stop()
+            self._ctx.term()
+            raise
         self.endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
         self._work: queue.Queue[Any] = queue.Queue()
         self._replies: queue.Queue[tuple[bytes, bytes]] = queue.Queue()
@@ -216,6 +226,8 @@ class ShimServer:
         clean = not self._worker.is_alive()
         self._flush_replies()
         self._router.close()
+        if self._auth is not None:
+            self._auth.stop()
         self._ctx.term()
         if clean:
             log.info("shim stopped")
@@ -252,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         server = ShimServer(args.endpoint)
     except zmq.ZMQError as e:
         log.error("cannot bind %s: %s", args.endpoint, e)
+        return 1
+    except ShimError as e:
+        log.error("cannot start: %s: %s", e.code, e.message)
         return 1
     server.install_signal_handlers()
     sys.stdout.write(json.dumps({"event": "ready", "endpoint": server.endpoint, "pid": os.getpid()}) + "\n")
