@@ -1,3 +1,4 @@
+import { randomBytes, timingSafeEqual } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import { performance } from 'node:perf_hooks';
 import { ReefError } from '../actors/runtime/errors.js';
@@ -85,6 +86,8 @@ export interface SupervisorOptions {
 
 interface Instance {
   id: string;
+  /** What this instance's register must carry (`REEF_ACTOR.secret`). */
+  secret: string;
   name: string;
   index: number;
   proc: ManagedProcess;
@@ -229,7 +232,9 @@ export class Supervisor extends EventEmitter {
 
   private spawnInstance(name: string, index: number): Instance {
     const id = `${name}-${index}`;
+    const secret = randomBytes(32).toString('base64url');
     const actorEnv: ActorEnv = {
+      secret,
       name,
       id,
       supervisor: this.endpoint,
@@ -239,7 +244,7 @@ export class Supervisor extends EventEmitter {
     };
     const env = { ...process.env, ...this.options.env, REEF_ACTOR: JSON.stringify(actorEnv) };
     const { command, args } = (this.options.command ?? nodeActorCommand)(name, id, env);
-    const inst: Instance = { id, name, index, mailbox: null, rpc: null, registeredPid: null, lastHeartbeat: null, heardAt: null, reported: null, stats: {}, onRegister: null } as Instance;
+    const inst: Instance = { id, secret, name, index, mailbox: null, rpc: null, registeredPid: null, lastHeartbeat: null, heardAt: null, reported: null, stats: {}, onRegister: null } as Instance;
     inst.proc = new ManagedProcess({
       id,
       command,
@@ -290,8 +295,12 @@ export class Supervisor extends EventEmitter {
   private async onRegister(msg: RegisterRequest): Promise<ReplyFields> {
     const inst = this.instances.get(msg.id);
     // A stale process (already replaced, or from an earlier run) must not take over the slot.
-    if (inst === undefined || inst.proc.pid !== msg.pid || inst.name !== msg.name) {
-      throw new ReefError('REEF_ERR_NOT_FOUND', { what: `actor ${msg.id} with pid ${msg.pid}` });
+    // `lookup` hands this endpoint to every caller of the actor: only one on this machine's loopback.
+    if (!LOOPBACK_TCP.test(msg.mailbox) || Number(LOOPBACK_TCP.exec(msg.mailbox)![1]) > 65535) {
+      throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `register ${msg.id}: mailbox ${JSON.stringify(msg.mailbox)} is not tcp://127.0.0.1:<port>` });
+    }
+    if (inst === undefined || inst.proc.pid !== msg.pid || inst.name !== msg.name || !sameSecret(inst.secret, msg.secret)) {
+      throw new ReefError('REEF_ERR_NOT_FOUND', { what: `actor ${msg.id} with pid ${msg.pid} and its secret` });
     }
     if (inst.mailbox !== msg.mailbox) {
       await inst.rpc?.close();
@@ -341,6 +350,15 @@ export class Supervisor extends EventEmitter {
       inst.proc.forceRestart(`missed ${this.options.missedHeartbeats ?? 6} heartbeats`);
     }
   }
+}
+
+/** Where a mailbox may be: Reef's mailboxes bind 127.0.0.1, never ipc or another host. */
+const LOOPBACK_TCP = /^tcp:\/\/127\.0\.0\.1:([1-9]\d{0,4})$/;
+
+function sameSecret(expected: string, given: string): boolean {
+  const a = Buffer.from(expected);
+  const b = Buffer.from(given);
+  return a.length === b.length && timingSafeEqual(a, b);
 }
 
 function stateOf(inst: Instance): LifecycleState {
