@@ -1,8 +1,8 @@
 import { mkdirSync, rmSync } from 'node:fs';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { BridgeClient, defaultTimeoutMs, engineStartTimeoutS } from '../bridge/client.js';
 import type { EngineInfo, EngineSpec, GroupStatus, RayStatus } from '../bridge/messages.js';
-import { BUS_KEY_ENV, type BusKey, makeBusKeyFile, readBusKeyFile } from '../actors/runtime/bus-key.js';
+import { BUS_KEY_ENV, type BusKey, makeBusKeyFile, readBusKeyFile, writePrivateFile } from '../actors/runtime/bus-key.js';
 import { ReefError } from '../actors/runtime/errors.js';
 import { type LogFn, stderrLog } from '../actors/runtime/log.js';
 import { layoutFromConfig } from './config/index.js';
@@ -132,7 +132,7 @@ export class Stack {
     this.shim = this.supervisor.manage({
       id: 'shim',
       ...shim,
-      env: { ...shim.env, ...keyEnv },
+      env: { ...shim.env, ...keyEnv, REEF_SHIM_POLICY: writeShimPolicy(runDir, opts.config, engines) },
       ready: readyOnJsonLine('ready'),
       readyTimeoutMs: SHIM_READY_MS,
     });
@@ -359,6 +359,18 @@ function enginePortsOf(cfg: ReefConfig): Array<[string, string, number]> {
   for (let i = 0; i < c.prm.replicas; i++) out.push([i === 0 ? 'cluster.prm.port' : `cluster.prm.port + ${i}`, '127.0.0.1', c.prm.port > 0 ? c.prm.port + i : 0]);
   if (c.student) out.push(['cluster.student.port', '127.0.0.1', c.student.port]);
   return out;
+}
+
+/**
+ * What the shim may start (python_shim/reef_shim/policy.py): these engine specs exactly, Ray at the
+ * configured address, a trainer of the rollout model writing under the data dir. Whatever reaches
+ * the bridge cannot then choose an engine's arguments, host or model, or where the trainer writes.
+ */
+function writeShimPolicy(runDir: string, cfg: ReefConfig, engines: readonly EngineSlot[]): string {
+  const path = join(runDir, 'shim-policy.json');
+  const policy = { engines: engines.map((e) => e.spec), rayAddress: cfg.cluster.ray_address, dataDir: resolve(cfg.reef.data_dir), trainerModelPath: cfg.cluster.rollout.model_path };
+  writePrivateFile(path, `${JSON.stringify(policy)}\n`, 'the shim policy');
+  return path;
 }
 
 function engineUrl(spec: EngineSpec): string {

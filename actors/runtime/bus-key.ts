@@ -37,20 +37,25 @@ const Z85_KEY = /^[0-9a-zA-Z.\-:+=^!/*?&<>()[\]{}@%$#]{40}$/;
 export function makeBusKeyFile(runDir: string): string {
   const path = join(runDir, BUS_KEY_FILE);
   const { publicKey, secretKey } = zmq.curveKeyPair();
-  // O_NOFOLLOW: a symlink planted in the run dir must not redirect the secret elsewhere.
+  writePrivateFile(path, `${JSON.stringify({ publicKey, secretKey })}\n`, 'the bus key');
+  return path;
+}
+
+/** Writes a file of this user's alone (0600), refusing a symlink or another user's file at `path`. */
+export function writePrivateFile(path: string, text: string, what: string): void {
+  // O_NOFOLLOW: a symlink planted in the run dir must not redirect what is written elsewhere.
   let fd: number;
   try {
     fd = openSync(path, constants.O_WRONLY | constants.O_CREAT | constants.O_TRUNC | constants.O_NOFOLLOW, 0o600);
   } catch (err) {
-    throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.data_dir: cannot write the bus key ${path}: ${(err as Error).message}` }, { cause: err });
+    throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.data_dir: cannot write ${what} ${path}: ${(err as Error).message}` }, { cause: err });
   }
   try {
     checkPrivate(fd, path);
-    writeSync(fd, `${JSON.stringify({ publicKey, secretKey })}\n`);
+    writeSync(fd, text);
   } finally {
     closeSync(fd);
   }
-  return path;
 }
 
 /** Reads a key file; one another user can read, or that is not a Reef key, is refused. */

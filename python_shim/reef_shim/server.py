@@ -28,6 +28,7 @@ from .bus_key import secure_router
 from .errors import ShimError
 from .messages import ok_reply, pack, request_id_of, unpack, validate_request
 from .placement import plan_placement
+from .policy import ShimPolicy
 from .ray_driver import RayDriver
 from .trainer import TrainerGroup
 
@@ -42,6 +43,7 @@ CLOSE_WAIT_S = 120.0
 
 class ShimServer:
     def __init__(self, endpoint: str) -> None:
+        self.policy = ShimPolicy.from_env()
         self.driver = RayDriver()
         self.trainer = TrainerGroup(self.driver)
         self.stopping = threading.Event()
@@ -69,20 +71,25 @@ class ShimServer:
         self._worker = threading.Thread(target=self._work_loop, name="shim-worker", daemon=True)
         self._handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "ping": lambda m: {"pid": os.getpid(), "version": __version__, "rayConnected": self.driver.connected},
-            "init-ray": lambda m: self.driver.init_ray(m["address"], m["numCpus"], m["numGpus"], m["objectStoreBytes"]),
+            "init-ray": lambda m: self._allowed("ray", m["address"]) or self.driver.init_ray(m["address"], m["numCpus"], m["numGpus"], m["objectStoreBytes"]),
             "plan-placement": lambda m: {"plan": plan_placement(m["layout"])},
             "create-placement": lambda m: {"groups": self.driver.create_placement(m["layout"], m["timeoutS"])},
             "remove-placement": lambda m: {"removed": self.driver.remove_placement(m["names"])},
-            "start-engine": lambda m: {"engine": self.driver.start_engine(m["spec"])},
+            "start-engine": lambda m: self._allowed("engine", m["spec"]) or {"engine": self.driver.start_engine(m["spec"])},
             "stop-engine": lambda m: {"stopped": self.driver.stop_engine(m["name"])},
             "status": lambda m: self.driver.status(),
             "shutdown": lambda m: {},
-            "trainer-start": lambda m: self.trainer.start(m["spec"]),
+            "trainer-start": lambda m: self._allowed("trainer", m["spec"]) or self.trainer.start(m["spec"]),
             "trainer-step": lambda m: self.trainer.step(m["batchId"], m["tasks"]),
-            "trainer-load": lambda m: self.trainer.load(m["checkpointPath"]),
+            "trainer-load": lambda m: self._allowed("checkpoint", m["checkpointPath"]) or self.trainer.load(m["checkpointPath"]),
             "trainer-push-weights": self._push_weights,
             "trainer-stop": lambda m: self.trainer.stop(),
         }
+
+    def _allowed(self, what: str, value: Any) -> None:
+        """Raises unless the stack's policy allows `value` (returns None, so handlers chain with `or`)."""
+        if self.policy is not None:
+            getattr(self.policy, f"check_{what}")(value)
 
     def _push_weights(self, m: dict[str, Any]) -> dict[str, Any]:
         # Rank 0 hosts a rendezvous and broadcasts every weight to whoever joins at the URL's
