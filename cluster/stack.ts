@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { mkdirSync, rmSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { BridgeClient, defaultTimeoutMs, engineStartTimeoutS } from '../bridge/client.js';
@@ -7,6 +8,7 @@ import { ReefError } from '../actors/runtime/errors.js';
 import { type LogFn, stderrLog } from '../actors/runtime/log.js';
 import { layoutFromConfig } from './config/index.js';
 import { engineArgs } from './config/engine-args.js';
+import { ENGINE_ADMIN_KEY_ENV, ENGINE_ADMIN_KEY_FILE } from './engine-client.js';
 import { ownDataDir } from './data-dir.js';
 import type { ReefConfig } from './config/index.js';
 import { freePort, gatewayUrl, portTaken } from './net.js';
@@ -97,8 +99,8 @@ export class Stack {
   private constructor(private readonly opts: StackOptions, readonly runDir: string, private readonly runFile: RunFile, readonly shimEndpoint: string, engines: EngineSlot[], actorOverrides: Record<string, unknown>, readonly busKeyPath: string) {
     this.log = opts.log ?? stderrLog;
     this.busKey = readBusKeyFile(busKeyPath);
-    // Children find the key by its path; the secret itself is on no command line.
-    const keyEnv = { [BUS_KEY_ENV]: busKeyPath };
+    // Children find the keys by their paths; no secret is on a command line.
+    const keyEnv = { [BUS_KEY_ENV]: busKeyPath, [ENGINE_ADMIN_KEY_ENV]: join(runDir, ENGINE_ADMIN_KEY_FILE) };
     this.engines = engines;
     const urls: StackEngines = {
       rollout: engineUrl(engines.find((e) => e.spec.role === 'rollout')!.spec),
@@ -160,6 +162,7 @@ export class Stack {
     try {
       // Made once this stack owns the run dir: a second `reef up` must not replace a running one's key.
       const busKeyPath = makeBusKeyFile(runDir);
+      writePrivateFile(join(runDir, ENGINE_ADMIN_KEY_FILE), `${randomBytes(32).toString('base64url')}\n`, 'the engine admin key');
       stack = await Stack.create(opts, runDir, runFile, gatewayPort, busKeyPath);
     } catch (err) {
       clearRunFile(runDir);
@@ -343,6 +346,7 @@ export class Stack {
       await this.bridge?.close();
       clearRunFile(this.runDir);
       rmSync(this.busKeyPath, { force: true });
+      rmSync(join(this.runDir, ENGINE_ADMIN_KEY_FILE), { force: true });
       this.log('stopped');
       this.resolveStopped();
     })();
