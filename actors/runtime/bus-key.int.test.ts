@@ -2,6 +2,7 @@ import { mkdtempSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
+import * as zmq from 'zeromq';
 import { z } from 'zod';
 import { keylessSend } from '../../test/helpers/keyless.js';
 import { makeBusKeyFile, readBusKeyFile } from './bus-key.js';
@@ -55,6 +56,29 @@ describe('the bus key (CURVE + ZAP)', () => {
     cleanups.push(() => rpc.close());
     await expect(rpc.call({ type: 'add', a: 1, b: 2 })).rejects.toMatchObject({ code: 'REEF_ERR_TIMEOUT' });
     expect(mailbox.stats.received).toBe(0);
+  });
+
+  // A process that binds a restarted shim's or actor's port first (security review M6) must not
+  // be taken for it: the client checks the server's key too.
+  it('a keyed client gets no answer from an impostor without the secret key at the endpoint', async () => {
+    const key = readBusKeyFile(makeBusKeyFile(runDir()));
+    const impostor = zmq.curveKeyPair();
+    for (const options of [{}, { curveServer: true, curvePublicKey: impostor.publicKey, curveSecretKey: impostor.secretKey }]) {
+      const router = new zmq.Router({ linger: 0, ...options });
+      await router.bind('tcp://127.0.0.1:*');
+      cleanups.push(() => router.close());
+      let heard = 0;
+      void (async () => {
+        for await (const [id] of router) {
+          heard++;
+          await router.send([id!, Buffer.from([0x80])]).catch(() => {});
+        }
+      })().catch(() => {});
+      const rpc = new RpcClient(router.lastEndpoint!, { busKey: key, defaultTimeoutMs: 500, log: () => {} });
+      cleanups.push(() => rpc.close());
+      await expect(rpc.call({ type: 'ping' })).rejects.toMatchObject({ code: 'REEF_ERR_TIMEOUT' });
+      expect(heard).toBe(0);
+    }
   });
 
   it('the key file is 0600, and one open to others or a symlink is refused', () => {
