@@ -70,5 +70,9 @@ class ShimPolicy:
             raise _refuse(f"trainer-start: modelPath {spec['modelPath']!r} is not the configured cluster.rollout.model_path")
 
     def check_checkpoint(self, path: str) -> None:
+        # A rollback to the base release loads the configured model itself.
+        if os.path.realpath(path) == os.path.realpath(self.trainer_model_path):
+            return
         if not _inside(path, self.data_dir):
-            raise _refuse(f"trainer-load: checkpoint {path!r} is outside reef.data_dir")
+            raise _refuse(f"trainer-load: checkpoint {path!r} is outside reef.data_dir and is not the configured "
+                          "cluster.rollout.model_path")

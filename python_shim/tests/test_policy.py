@@ -43,6 +43,7 @@ def test_trainer_writes_and_loads_only_under_the_data_dir(tmp_path: Path) -> Non
     inside = str(tmp_path / "data" / "checkpoints")
     p.check_trainer({"checkpointDir": inside, "modelPath": "/models/tiny"})
     p.check_checkpoint(os.path.join(inside, "v3"))
+    p.check_checkpoint("/models/tiny")  # a rollback to the base release (closed-loop test)
     (tmp_path / "data" / "escape").symlink_to(tmp_path)
     for bad in ("/tmp/elsewhere", str(tmp_path / "data" / ".." / "x"), str(tmp_path / "data" / "escape" / "x"), str(tmp_path / "data-x")):
         with pytest.raises(ShimError, match="outside reef.data_dir"):
