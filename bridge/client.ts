@@ -1,4 +1,5 @@
 import type { z } from 'zod';
+import type { BusKey } from '../actors/runtime/bus-key.js';
 import { decimalNumber } from '../actors/runtime/decimal.js';
 import { ReefError } from '../actors/runtime/errors.js';
 import type { LogFn } from '../actors/runtime/log.js';
@@ -37,6 +38,11 @@ export interface BridgeClientOptions {
    * @default 5000
    */
   heartbeatMs?: number;
+  /**
+   * The CURVE key the shim was started with (its `REEF_BUS_KEY`); null connects in plain.
+   * @default the process's (`REEF_BUS_KEY`), null outside a stack
+   */
+  busKey?: BusKey | null;
 }
 
 export interface CallOptions {
@@ -130,6 +136,7 @@ export class BridgeClient {
       name: `bridge ${endpoint}`,
       defaultTimeoutMs: 60_000,
       ...(options.log === undefined ? {} : { log: options.log }),
+      ...(options.busKey === undefined ? {} : { busKey: options.busKey }),
     });
   }
 

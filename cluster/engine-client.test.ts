@@ -8,10 +8,10 @@ import { releaseBody } from './generate-body.js';
 const parse = (body: Uint8Array) => JSON.parse(Buffer.from(body).toString('utf8')) as unknown;
 
 /** `run` against a client of a loopback server answering with `handler`; both closed after. */
-async function withServer(handler: RequestListener, run: (client: EngineClient) => Promise<void>): Promise<void> {
+async function withServer(handler: RequestListener, run: (client: EngineClient) => Promise<void>, opts: { adminKey?: string | null } = {}): Promise<void> {
   const server = createServer(handler);
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const client = new EngineClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`);
+  const client = new EngineClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, opts);
   try {
     await run(client);
   } finally {
@@ -512,5 +512,33 @@ describe('EngineClient and SGLang 0.5.23 weight_versions', () => {
         expect((await streamed(client)).meta_info.weight_version).toBe('v4');
       });
     }
+  });
+});
+
+describe('EngineClient admin key', () => {
+  // The key unlocks weight loads: sent to generation, it would reach whatever serves /generate.
+  it('goes with the admin routes only, never with generation or the info routes', async () => {
+    const seen: Array<[string, string | null]> = [];
+    await withServer(
+      (req, res) => {
+        seen.push([req.url!, req.headers.authorization ?? null]);
+        req.resume();
+        res.setHeader('content-type', 'application/json');
+        res.end(req.url === '/generate' ? JSON.stringify({ text: 'x', output_ids: [1], meta_info: { id: 'r', finish_reason: { type: 'stop' }, weight_version: 'v0', output_token_logprobs: [[-0.1, 1, null]] } }) : JSON.stringify({ success: true, message: 'ok', weight_version: 'v1', model_path: 'm', is_generation: true }));
+      },
+      async (client) => {
+        await client.updateWeightsFromDisk('/ckpt/v1', 'v1');
+        await client.releaseMemory();
+        await client.modelInfo();
+        await client.generate({ input_ids: [1], sampling_params: { max_new_tokens: 1 } }).catch(() => {});
+      },
+      { adminKey: 'k3y' },
+    );
+    expect(seen).toEqual([
+      ['/update_weights_from_disk', 'Bearer k3y'],
+      ['/release_memory_occupation', 'Bearer k3y'],
+      ['/model_info', null],
+      ['/generate', null],
+    ]);
   });
 });

@@ -1,3 +1,4 @@
+import { readFileSync } from 'node:fs';
 import { StringDecoder } from 'node:string_decoder';
 import { Agent, type Dispatcher } from 'undici';
 import { ReefError } from '../actors/runtime/errors.js';
@@ -71,6 +72,29 @@ export interface EngineClientOptions {
   connections?: number;
   /** Name used in errors. @default the URL */
   name?: string;
+  /**
+   * Sent as `Authorization: Bearer` on the admin routes (weight updates, memory release and resume),
+   * never on generation: the engines of a stack refuse those routes without it.
+   * @default the stack's (`REEF_ENGINE_ADMIN_KEY_FILE`), none outside a stack
+   */
+  adminKey?: string | null;
+}
+
+export const ENGINE_ADMIN_KEY_ENV = 'REEF_ENGINE_ADMIN_KEY_FILE';
+export const ENGINE_ADMIN_KEY_FILE = 'engine-admin.key';
+
+/** The stack's engine admin key, from the file `REEF_ENGINE_ADMIN_KEY_FILE` names; null outside a stack. */
+export function engineAdminKey(env: NodeJS.ProcessEnv = process.env): string | null {
+  const path = env[ENGINE_ADMIN_KEY_ENV];
+  if (path === undefined || path === '') return null;
+  let key: string;
+  try {
+    key = readFileSync(path, 'utf8').trim();
+  } catch (err) {
+    throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `${ENGINE_ADMIN_KEY_ENV}: cannot read the engine admin key ${path}: ${(err as Error).message}` }, { cause: err });
+  }
+  if (key === '') throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `${ENGINE_ADMIN_KEY_ENV}: ${path} is empty` });
+  return key;
 }
 
 export { generateBody } from './generate-body.js';
@@ -383,6 +407,7 @@ export class EngineClient {
   /** `baseUrl` split for `dispatch`: the origin, and any path before the API's own. */
   private readonly origin: string;
   private readonly pathPrefix: string;
+  private readonly adminHeaders: Record<string, string>;
 
   constructor(baseUrl: string, opts: EngineClientOptions = {}) {
     this.baseUrl = baseUrl.replace(/\/+$/, '');
@@ -390,6 +415,8 @@ export class EngineClient {
     this.origin = url.origin;
     this.pathPrefix = url.pathname.replace(/\/+$/, '');
     this.name = opts.name ?? this.baseUrl;
+    const adminKey = opts.adminKey === undefined ? engineAdminKey() : opts.adminKey;
+    this.adminHeaders = adminKey === null ? JSON_HEADERS : { ...JSON_HEADERS, authorization: `Bearer ${adminKey}` };
     this.timeoutMs = opts.requestTimeoutMs ?? 300_000;
     this.agent = new Agent({ connections: opts.connections ?? 64, keepAliveTimeout: ENGINE_KEEP_ALIVE_MS, pipelining: 1 });
   }
@@ -415,7 +442,9 @@ export class EngineClient {
 
   /** One request to the engine, answered to `handler`; a body is JSON. */
   private dispatch(method: 'GET' | 'POST', path: string, body: string | Uint8Array | null, handler: Dispatcher.DispatchHandler): void {
-    this.agent.dispatch({ origin: this.origin, path: this.pathPrefix + path, method, headers: body === null ? {} : JSON_HEADERS, body, headersTimeout: this.timeoutMs, bodyTimeout: this.timeoutMs }, handler);
+    // Every POST but generation is an admin route; GETs (health, info) are open.
+    const headers = body === null ? {} : method === 'POST' && path !== '/generate' ? this.adminHeaders : JSON_HEADERS;
+    this.agent.dispatch({ origin: this.origin, path: this.pathPrefix + path, method, headers, body, headersTimeout: this.timeoutMs, bodyTimeout: this.timeoutMs }, handler);
   }
 
   private async json<T>(method: 'GET' | 'POST', path: string, body?: unknown, signal?: AbortSignal): Promise<T> {

@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { BUS_KEY_FILE, readBusKeyFile } from '../actors/runtime/bus-key.js';
 import { RpcClient } from '../actors/runtime/rpc.js';
 import { runReef, testConfig } from '../test/helpers/stack.js';
 import { pidAlive, waitFor } from '../test/helpers/wait.js';
@@ -99,7 +100,9 @@ describe('a stack whose shim restarts (fake shim, real processes)', () => {
       },
       { what: 'the stack to be up', timeoutMs: 60_000, intervalMs: 100 },
     );
-    control = new RpcClient(endpoint, { name: 'test→stack', log: () => {} });
+    // The control socket takes only a client holding the key `reef up` made for this stack.
+    const busKey = readBusKeyFile(join(cfg.dir, 'data', 'run', BUS_KEY_FILE));
+    control = new RpcClient(endpoint, { name: 'test→stack', busKey, log: () => {} });
   });
 
   afterAll(async () => {

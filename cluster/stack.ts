@@ -1,11 +1,14 @@
-import { mkdirSync } from 'node:fs';
-import { join } from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, rmSync } from 'node:fs';
+import { join, resolve } from 'node:path';
 import { BridgeClient, defaultTimeoutMs, engineStartTimeoutS } from '../bridge/client.js';
 import type { EngineInfo, EngineSpec, GroupStatus, RayStatus } from '../bridge/messages.js';
+import { BUS_KEY_ENV, type BusKey, makeBusKeyFile, readBusKeyFile, writePrivateFile } from '../actors/runtime/bus-key.js';
 import { ReefError } from '../actors/runtime/errors.js';
 import { type LogFn, stderrLog } from '../actors/runtime/log.js';
 import { layoutFromConfig } from './config/index.js';
 import { engineArgs } from './config/engine-args.js';
+import { ENGINE_ADMIN_KEY_ENV, ENGINE_ADMIN_KEY_FILE } from './engine-client.js';
 import { ownDataDir } from './data-dir.js';
 import type { ReefConfig } from './config/index.js';
 import { freePort, gatewayUrl, portTaken } from './net.js';
@@ -90,8 +93,14 @@ export class Stack {
   /** Resolves once `down()` has finished, whoever asked for it. */
   readonly stopped: Promise<void> = new Promise((resolve) => (this.resolveStopped = resolve));
 
-  private constructor(private readonly opts: StackOptions, readonly runDir: string, private readonly runFile: RunFile, readonly shimEndpoint: string, engines: EngineSlot[], actorOverrides: Record<string, unknown>) {
+  /** The stack's CURVE key (`<run dir>/bus.key`): every bus socket of the stack needs it. */
+  readonly busKey: BusKey;
+
+  private constructor(private readonly opts: StackOptions, readonly runDir: string, private readonly runFile: RunFile, readonly shimEndpoint: string, engines: EngineSlot[], actorOverrides: Record<string, unknown>, readonly busKeyPath: string) {
     this.log = opts.log ?? stderrLog;
+    this.busKey = readBusKeyFile(busKeyPath);
+    // Children find the keys by their paths; no secret is on a command line.
+    const keyEnv = { [BUS_KEY_ENV]: busKeyPath, [ENGINE_ADMIN_KEY_ENV]: join(runDir, ENGINE_ADMIN_KEY_FILE) };
     this.engines = engines;
     const urls: StackEngines = {
       rollout: engineUrl(engines.find((e) => e.spec.role === 'rollout')!.spec),
@@ -104,7 +113,8 @@ export class Stack {
       startTimeoutMs: ACTOR_START_MS,
       overrides: actorOverrides,
       ...(opts.actorCommand === undefined ? {} : { command: opts.actorCommand }),
-      env: { REEF_ENGINES: JSON.stringify(urls) },
+      env: { REEF_ENGINES: JSON.stringify(urls), ...keyEnv },
+      busKey: this.busKey,
       // `reef scale` changes the PRM actors; the gateway, judge and controller run one each.
       scalable: ['prm'],
       log: this.log,
@@ -124,6 +134,7 @@ export class Stack {
     this.shim = this.supervisor.manage({
       id: 'shim',
       ...shim,
+      env: { ...shim.env, ...keyEnv, REEF_SHIM_POLICY: writeShimPolicy(runDir, opts.config, engines) },
       ready: readyOnJsonLine('ready'),
       readyTimeoutMs: SHIM_READY_MS,
     });
@@ -139,7 +150,7 @@ export class Stack {
     const cfg = opts.config;
     ownDataDir(cfg.reef.data_dir, opts.log ?? stderrLog);
     const runDir = join(cfg.reef.data_dir, 'run');
-    mkdirSync(runDir, { recursive: true });
+    mkdirSync(runDir, { recursive: true, mode: 0o700 });
     // `reef.port: 0` picks a free port, here: the endpoints printed, the run file and a restarted
     // gateway then all have the one it listens on (they said port 0).
     const gatewayPort = cfg.reef.port > 0 ? cfg.reef.port : await freePort();
@@ -149,7 +160,10 @@ export class Stack {
     claimRunFile(runDir, runFile);
     let stack: Stack;
     try {
-      stack = await Stack.create(opts, runDir, runFile, gatewayPort);
+      // Made once this stack owns the run dir: a second `reef up` must not replace a running one's key.
+      const busKeyPath = makeBusKeyFile(runDir);
+      writePrivateFile(join(runDir, ENGINE_ADMIN_KEY_FILE), `${randomBytes(32).toString('base64url')}\n`, 'the engine admin key');
+      stack = await Stack.create(opts, runDir, runFile, gatewayPort, busKeyPath);
     } catch (err) {
       clearRunFile(runDir);
       throw err;
@@ -165,7 +179,7 @@ export class Stack {
     }
   }
 
-  private static async create(opts: StackOptions, runDir: string, runFile: RunFile, gatewayPort: number): Promise<Stack> {
+  private static async create(opts: StackOptions, runDir: string, runFile: RunFile, gatewayPort: number, busKeyPath: string): Promise<Stack> {
     const cfg = opts.config;
     // Read by the bridge client at the first engine start, after Ray and the placement groups.
     engineStartTimeoutS();
@@ -198,7 +212,7 @@ export class Stack {
     }
     if (cfg.reef.port === 0) overrides['reef.port'] = String(gatewayPort);
 
-    return new Stack(opts, runDir, runFile, `tcp://127.0.0.1:${await freePort()}`, engines, overrides);
+    return new Stack(opts, runDir, runFile, `tcp://127.0.0.1:${await freePort()}`, engines, overrides, busKeyPath);
   }
 
   /** Start-up stops between steps once `down()` began. */
@@ -272,7 +286,7 @@ export class Stack {
     await this.shim.waitReady(120_000);
     if (generation !== this.shimGeneration) return;
     await this.bridge?.close();
-    const bridge = await BridgeClient.connect(this.shimEndpoint, { timeoutMs: BRIDGE_CONNECT_MS, log: this.log });
+    const bridge = await BridgeClient.connect(this.shimEndpoint, { timeoutMs: BRIDGE_CONNECT_MS, log: this.log, busKey: this.busKey });
     if (generation !== this.shimGeneration) {
       await bridge.close();
       return;
@@ -331,6 +345,8 @@ export class Stack {
       // An open bridge keeps this process alive after the stack is down.
       await this.bridge?.close();
       clearRunFile(this.runDir);
+      rmSync(this.busKeyPath, { force: true });
+      rmSync(join(this.runDir, ENGINE_ADMIN_KEY_FILE), { force: true });
       this.log('stopped');
       this.resolveStopped();
     })();
@@ -347,6 +363,18 @@ function enginePortsOf(cfg: ReefConfig): Array<[string, string, number]> {
   for (let i = 0; i < c.prm.replicas; i++) out.push([i === 0 ? 'cluster.prm.port' : `cluster.prm.port + ${i}`, '127.0.0.1', c.prm.port > 0 ? c.prm.port + i : 0]);
   if (c.student) out.push(['cluster.student.port', '127.0.0.1', c.student.port]);
   return out;
+}
+
+/**
+ * What the shim may start (python_shim/reef_shim/policy.py): these engine specs exactly, Ray at the
+ * configured address, a trainer of the rollout model writing under the data dir. Whatever reaches
+ * the bridge cannot then choose an engine's arguments, host or model, or where the trainer writes.
+ */
+function writeShimPolicy(runDir: string, cfg: ReefConfig, engines: readonly EngineSlot[]): string {
+  const path = join(runDir, 'shim-policy.json');
+  const policy = { engines: engines.map((e) => e.spec), rayAddress: cfg.cluster.ray_address, dataDir: resolve(cfg.reef.data_dir), trainerModelPath: cfg.cluster.rollout.model_path };
+  writePrivateFile(path, `${JSON.stringify(policy)}\n`, 'the shim policy');
+  return path;
 }
 
 function engineUrl(spec: EngineSpec): string {

@@ -212,9 +212,24 @@ describe('Supervisor with real actor processes', () => {
 
   it('refuses a register from an unknown actor', async () => {
     const control = client(sup.endpoint);
-    await expect(control.call({ type: 'register', id: 'ghost-0', name: 'ghost', pid: 1, mailbox: 'tcp://127.0.0.1:1' })).rejects.toMatchObject({
+    await expect(control.call({ type: 'register', id: 'ghost-0', name: 'ghost', pid: 1, mailbox: 'tcp://127.0.0.1:1', secret: 'x' })).rejects.toMatchObject({
       code: 'REEF_ERR_NOT_FOUND',
     });
+  });
+
+  // The pid is public (ps, /proc, the status reply): a register with it rebound the instance, and
+  // `lookup` then handed the attacker's endpoint to every caller.
+  it('refuses a register with the real id, name and pid but not the instance secret, and keeps its mailbox', async () => {
+    const control = client(sup.endpoint);
+    const before = instance('echo-0');
+    const forged = { type: 'register', id: 'echo-0', name: 'echo', pid: before.pid, mailbox: 'tcp://127.0.0.1:9' };
+    await expect(control.call({ ...forged, secret: '' })).rejects.toMatchObject({ code: 'REEF_ERR_NOT_FOUND' });
+    await expect(control.call({ ...forged, secret: 'guessed' })).rejects.toMatchObject({ code: 'REEF_ERR_NOT_FOUND' });
+    for (const mailbox of ['tcp://evil.example:5555', 'tcp://0.0.0.0:5555', 'ipc:///tmp/x', 'tcp://127.0.0.1:99999']) {
+      await expect(control.call({ ...forged, mailbox, secret: 'guessed' })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
+    }
+    expect(instance('echo-0').mailbox).toBe(before.mailbox);
+    expect(lookupReply.parse(await control.call({ type: 'lookup', actor: 'echo' })).instances.find((i) => i.id === 'echo-0')?.mailbox).toBe(before.mailbox);
   });
 
   it('keeps a non-node child alive with the same policy, ready on its JSON line', async () => {

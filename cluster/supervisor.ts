@@ -1,9 +1,11 @@
+import { randomBytes, timingSafeEqual } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import { performance } from 'node:perf_hooks';
 import { ReefError } from '../actors/runtime/errors.js';
 import type { LifecycleState } from '../actors/runtime/lifecycle.js';
 import { type LogFn, prefixed, stderrLog } from '../actors/runtime/log.js';
 import { type HandlerContext, type Handlers, Mailbox, type ReplyFields } from '../actors/runtime/mailbox.js';
+import type { BusKey } from '../actors/runtime/bus-key.js';
 import type { ActorEnv, HeartbeatReport, RegisterRequest } from '../actors/runtime/messages.js';
 import { RpcClient } from '../actors/runtime/rpc.js';
 import { distEntry } from './paths.js';
@@ -74,11 +76,18 @@ export interface SupervisorOptions {
   control?: Partial<ControlHandlers>;
   /** Extra environment for every actor. */
   env?: Record<string, string>;
+  /**
+   * The stack's CURVE key, for the control socket and the calls to the actors (see bus-key.ts).
+   * @default the process's (`REEF_BUS_KEY`), null outside a stack
+   */
+  busKey?: BusKey | null;
   log?: LogFn;
 }
 
 interface Instance {
   id: string;
+  /** What this instance's register must carry (`REEF_ACTOR.secret`). */
+  secret: string;
   name: string;
   index: number;
   proc: ManagedProcess;
@@ -120,6 +129,10 @@ export class Supervisor extends EventEmitter {
     this.heartbeatMs = options.heartbeatMs ?? 500;
   }
 
+  private keyOption(): { busKey?: BusKey | null } {
+    return this.options.busKey === undefined ? {} : { busKey: this.options.busKey };
+  }
+
   /** The actor kinds the control socket's `scale` accepts. */
   get scalable(): readonly string[] {
     return this.options.scalable ?? Object.keys(this.options.actors ?? {});
@@ -141,7 +154,7 @@ export class Supervisor extends EventEmitter {
       scale: (msg, ctx) => (this.options.control?.scale ?? defaultScale)(msg, ctx, this),
       down: (msg, ctx) => (this.options.control?.down ?? defaultDown)(msg, ctx, this),
     };
-    this.control = await Mailbox.open({ name: 'supervisor', schema: supervisorMessages, handlers: own, endpoint: this.options.endpoint, log: this.log });
+    this.control = await Mailbox.open({ name: 'supervisor', schema: supervisorMessages, handlers: own, endpoint: this.options.endpoint, ...this.keyOption(), log: this.log });
     process.on('exit', this.killAll);
     this.watchdog = setInterval(() => this.checkHeartbeats(), this.heartbeatMs);
     this.log(`control ${this.control.endpoint}`);
@@ -219,7 +232,9 @@ export class Supervisor extends EventEmitter {
 
   private spawnInstance(name: string, index: number): Instance {
     const id = `${name}-${index}`;
+    const secret = randomBytes(32).toString('base64url');
     const actorEnv: ActorEnv = {
+      secret,
       name,
       id,
       supervisor: this.endpoint,
@@ -229,7 +244,7 @@ export class Supervisor extends EventEmitter {
     };
     const env = { ...process.env, ...this.options.env, REEF_ACTOR: JSON.stringify(actorEnv) };
     const { command, args } = (this.options.command ?? nodeActorCommand)(name, id, env);
-    const inst: Instance = { id, name, index, mailbox: null, rpc: null, registeredPid: null, lastHeartbeat: null, heardAt: null, reported: null, stats: {}, onRegister: null } as Instance;
+    const inst: Instance = { id, secret, name, index, mailbox: null, rpc: null, registeredPid: null, lastHeartbeat: null, heardAt: null, reported: null, stats: {}, onRegister: null } as Instance;
     inst.proc = new ManagedProcess({
       id,
       command,
@@ -280,12 +295,16 @@ export class Supervisor extends EventEmitter {
   private async onRegister(msg: RegisterRequest): Promise<ReplyFields> {
     const inst = this.instances.get(msg.id);
     // A stale process (already replaced, or from an earlier run) must not take over the slot.
-    if (inst === undefined || inst.proc.pid !== msg.pid || inst.name !== msg.name) {
-      throw new ReefError('REEF_ERR_NOT_FOUND', { what: `actor ${msg.id} with pid ${msg.pid}` });
+    // `lookup` hands this endpoint to every caller of the actor: only one on this machine's loopback.
+    if (!LOOPBACK_TCP.test(msg.mailbox) || Number(LOOPBACK_TCP.exec(msg.mailbox)![1]) > 65535) {
+      throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `register ${msg.id}: mailbox ${JSON.stringify(msg.mailbox)} is not tcp://127.0.0.1:<port>` });
+    }
+    if (inst === undefined || inst.proc.pid !== msg.pid || inst.name !== msg.name || !sameSecret(inst.secret, msg.secret)) {
+      throw new ReefError('REEF_ERR_NOT_FOUND', { what: `actor ${msg.id} with pid ${msg.pid} and its secret` });
     }
     if (inst.mailbox !== msg.mailbox) {
       await inst.rpc?.close();
-      inst.rpc = new RpcClient(msg.mailbox, { name: `supervisor→${msg.id}`, log: this.log });
+      inst.rpc = new RpcClient(msg.mailbox, { name: `supervisor→${msg.id}`, ...this.keyOption(), log: this.log });
       inst.mailbox = msg.mailbox;
     }
     inst.registeredPid = msg.pid;
@@ -331,6 +350,15 @@ export class Supervisor extends EventEmitter {
       inst.proc.forceRestart(`missed ${this.options.missedHeartbeats ?? 6} heartbeats`);
     }
   }
+}
+
+/** Where a mailbox may be: Reef's mailboxes bind 127.0.0.1, never ipc or another host. */
+const LOOPBACK_TCP = /^tcp:\/\/127\.0\.0\.1:([1-9]\d{0,4})$/;
+
+function sameSecret(expected: string, given: string): boolean {
+  const a = Buffer.from(expected);
+  const b = Buffer.from(given);
+  return a.length === b.length && timingSafeEqual(a, b);
 }
 
 function stateOf(inst: Instance): LifecycleState {

@@ -189,7 +189,17 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         if (!drain.drained) opts.log?.(`weight swap: ${drain.inflight} generation(s) still running after the ${msg.drainTimeoutMs} ms drain; the swap goes ahead with them`);
         return drain;
       },
-      'resume-generation': (msg) => {
+      'resume-generation': async (msg) => {
+        // The version is stamped on every record whose engine reply names none, and the trainer
+        // drops records outside its lineage: a forged one would starve training. The controller
+        // resumes with a version only after loading it into the rollout engine, and lists the
+        // release only after the resume, so the engine, not the store, is what can vouch for it.
+        if (msg.weightVersion !== null) {
+          const served = (await engine.modelInfo()).weight_version ?? null;
+          if (served !== msg.weightVersion) {
+            throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `resume-generation: weight version ${JSON.stringify(msg.weightVersion)} is not the one the rollout engine serves (${JSON.stringify(served)})` });
+          }
+        }
         gate.resume(msg.weightVersion);
         return { weightVersion: gate.weightVersion };
       },

@@ -230,5 +230,5 @@ export async function runActor<S extends z.ZodType<{ type: string }>>(options: R
 }
 
 async function register(rpc: RpcClient, env: ActorEnv, mailbox: string): Promise<void> {
-  await rpc.call({ type: 'register', id: env.id, name: env.name, pid: process.pid, mailbox });
+  await rpc.call({ type: 'register', id: env.id, name: env.name, pid: process.pid, mailbox, secret: env.secret ?? '' });
 }

@@ -1,3 +1,4 @@
+import { Packr } from 'msgpackr';
 import { describe, expect, it } from 'vitest';
 import { bytesToF32, bytesToI32, decode, encode, f32ToBytes, i32ToBytes } from './codec.js';
 import { ReefError } from './errors.js';
@@ -79,5 +80,11 @@ describe('codec', () => {
     expect(() => bytesToI32(Buffer.from([1, 0, 0, 0, 2]))).toThrow(/5 bytes are not a whole number of i32 values/);
     expect(Array.from(bytesToF32(Buffer.from([0, 0, 0xc0, 0x3f])))).toEqual([1.5]);
     expect(bytesToI32(Buffer.alloc(0))).toHaveLength(0);
+  });
+  it('refuses a cyclic object sent with msgpackr structured clone', () => {
+    const cyclic: Record<string, unknown> = { type: 'ping', requestId: 'r' };
+    cyclic.self = cyclic;
+    const bytes = new Packr({ structuredClone: true }).pack(cyclic);
+    expect(() => decode(bytes)).toThrow(/Structured clone extension is disabled/);
   });
 });

@@ -14,6 +14,9 @@ const packr = new Packr({
   mapsAsObjects: true,
   moreTypes: false,
   bundleStrings: false,
+  // Left undefined, msgpackr decodes its structured-clone extensions (0x69, 0x70), so a peer could
+  // hand a handler a cyclic object that any walk of it (zod, JSON.stringify, a log line) never ends.
+  structuredClone: false,
 });
 
 /**

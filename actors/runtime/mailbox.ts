@@ -1,5 +1,6 @@
 import * as zmq from 'zeromq';
 import type { z } from 'zod';
+import { type BusKey, acquireZap, processBusKey, releaseZap, serverSocketOptions } from './bus-key.js';
 import { decode, encode } from './codec.js';
 import { ReefError } from './errors.js';
 import { Lifecycle } from './lifecycle.js';
@@ -40,6 +41,11 @@ export interface MailboxOptions<S extends z.ZodType<{ type: string }>> {
   handlers: Handlers<z.output<S>>;
   /** @default 'tcp://127.0.0.1:*' */
   endpoint?: string;
+  /**
+   * The CURVE key clients must hold (see bus-key.ts); null serves a plain socket.
+   * @default the process's stack key (`REEF_BUS_KEY`), null outside a stack
+   */
+  busKey?: BusKey | null;
   /** Handlers running at once; past it the mailbox stops reading and zeromq queues. @default 64 */
   concurrency?: number;
   /** @default 1000 */
@@ -92,8 +98,10 @@ export class Mailbox<S extends z.ZodType<{ type: string }>> {
   private slotFreed: (() => void) | null = null;
   private loop: Promise<void> | null = null;
   private boundEndpoint: string | null = null;
+  private readonly busKey: BusKey | null;
 
   private constructor(private readonly options: MailboxOptions<S>) {
+    this.busKey = options.busKey === undefined ? processBusKey() : options.busKey;
     this.name = options.name;
     this.lifecycle = new Lifecycle(`mailbox ${options.name}`);
     this.concurrency = options.concurrency ?? 64;
@@ -103,6 +111,7 @@ export class Mailbox<S extends z.ZodType<{ type: string }>> {
       receiveHighWaterMark: options.receiveHighWaterMark ?? 1000,
       sendTimeout: options.sendTimeoutMs ?? 5000,
       linger: options.lingerMs ?? 500,
+      ...serverSocketOptions(this.busKey),
     });
     this.replies = new SendQueue(this.router, { name: `mailbox ${options.name}`, maxQueued: options.maxQueuedReplies ?? 10_000 });
   }
@@ -110,10 +119,14 @@ export class Mailbox<S extends z.ZodType<{ type: string }>> {
   /** Bind the ROUTER and start serving. */
   static async open<S extends z.ZodType<{ type: string }>>(options: MailboxOptions<S>): Promise<Mailbox<S>> {
     const mailbox = new Mailbox(options);
+    const key = mailbox.busKey;
     try {
+      // The handler is there before the first client can connect: without it, no client gets in.
+      if (key !== null) await acquireZap(key);
       await mailbox.router.bind(options.endpoint ?? 'tcp://127.0.0.1:*');
     } catch (err) {
       mailbox.router.close();
+      if (key !== null) releaseZap(key);
       throw err;
     }
     mailbox.boundEndpoint = mailbox.router.lastEndpoint;
@@ -147,6 +160,7 @@ export class Mailbox<S extends z.ZodType<{ type: string }>> {
       },
       destroy: async () => {
         this.router.close();
+        if (this.busKey !== null) releaseZap(this.busKey);
         this.slotFreed?.();
         await this.loop?.catch(() => {});
       },

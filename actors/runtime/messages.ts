@@ -21,6 +21,12 @@ export const actorEnvSchema = z
     overrides: z.record(z.string(), z.unknown()),
     /** @default 500 */
     heartbeatMs: z.number().int().positive().nullable().default(null),
+    /**
+     * What this instance's `register` must carry: the supervisor made it for this process alone,
+     * and it reaches the process through its environment, which other users cannot read. A pid
+     * proves nothing (anyone can read it). Null with no supervisor.
+     */
+    secret: z.string().min(1).nullable().default(null),
   })
   .strict();
 export type ActorEnv = z.output<typeof actorEnvSchema>;
@@ -62,6 +68,8 @@ export const registerRequest = z.object({
   name: z.string(),
   pid: z.number().int(),
   mailbox: z.string(),
+  /** `REEF_ACTOR.secret` of the instance. */
+  secret: z.string(),
 });
 export type RegisterRequest = z.output<typeof registerRequest>;
 

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import * as zmq from 'zeromq';
 import type { z } from 'zod';
+import { type BusKey, clientSocketOptions, processBusKey } from './bus-key.js';
 import { decode, encode } from './codec.js';
 import { type ErrorReply, ReefError } from './errors.js';
 import { Lifecycle } from './lifecycle.js';
@@ -22,6 +23,11 @@ export interface RpcClientOptions {
   lingerMs?: number;
   /** @default 10000 */
   maxQueued?: number;
+  /**
+   * The CURVE key to prove to the server (see bus-key.ts); null connects in plain.
+   * @default the process's stack key (`REEF_BUS_KEY`), null outside a stack
+   */
+  busKey?: BusKey | null;
   log?: LogFn;
 }
 
@@ -83,6 +89,7 @@ export class RpcClient {
       receiveHighWaterMark: options.receiveHighWaterMark ?? 1000,
       sendTimeout: this.sendTimeoutMs,
       linger: options.lingerMs ?? 0,
+      ...clientSocketOptions(options.busKey === undefined ? processBusKey() : options.busKey),
     });
     try {
       this.dealer.connect(endpoint);

@@ -2,6 +2,7 @@ import { existsSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { readPipelineCounters } from '../../actors/gateway/pipeline-status.js';
 import { SqliteStore } from '../../actors/gateway/store/sqlite-store.js';
+import { BUS_KEY_FILE, readBusKeyFile } from '../../actors/runtime/bus-key.js';
 import { RpcClient } from '../../actors/runtime/rpc.js';
 import { ReefError } from '../../actors/runtime/errors.js';
 import { flagBool, type ParsedArgs } from '../args.js';
@@ -38,8 +39,10 @@ async function findStack(args: ParsedArgs): Promise<RunFile> {
   throw new ReefError('REEF_ERR_NOT_RUNNING', { path: runDir });
 }
 
-function connect(rf: RunFile): RpcClient {
-  return new RpcClient(rf.control!, { name: 'reef-cli', defaultTimeoutMs: 30_000 });
+/** The control socket takes only a client holding the stack's key, which `reef up` left in the run dir. */
+async function connect(args: ParsedArgs, rf: RunFile): Promise<RpcClient> {
+  const busKey = readBusKeyFile(join(await runDirOf(args), BUS_KEY_FILE));
+  return new RpcClient(rf.control!, { name: 'reef-cli', defaultTimeoutMs: 30_000, busKey });
 }
 
 /** A stack still starting has no control socket in its run file yet. */
@@ -53,7 +56,7 @@ export async function statusCommand(args: ParsedArgs, io: Io): Promise<number> {
     io.stdout(flagBool(args, 'json') ? JSON.stringify({ supervisor: rf }, null, 2) : `${starting(rf)}; status shows more once it is up`);
     return 0;
   }
-  const rpc = connect(rf);
+  const rpc = await connect(args, rf);
   try {
     const reply = (await rpc.call({ type: 'status' }, { timeoutMs: 15_000 })) as Record<string, unknown>;
     const { type: _t, requestId: _r, ...status } = reply;
@@ -98,7 +101,7 @@ export async function scaleCommand(args: ParsedArgs, rest: string[], io: Io): Pr
     io.stderr(`${starting(rf)}; scale it once it is up`);
     return 1;
   }
-  const rpc = connect(rf);
+  const rpc = await connect(args, rf);
   try {
     // Starting actors waits for them to register, which can take a while on a busy machine.
     const reply = (await rpc.call({ type: 'scale', actor, count }, { timeoutMs: 120_000 })) as { before: number; after: number };
@@ -128,7 +131,7 @@ export async function downCommand(args: ParsedArgs, io: Io, opts: { ackTimeoutMs
     signal(rf.pid, 'SIGTERM');
     io.stdout(`stopping reef (pid ${rf.pid}), which was still starting …`);
   } else {
-    const rpc = connect(rf);
+    const rpc = await connect(args, rf);
     try {
       await rpc.call({ type: 'down' }, { timeoutMs: opts.ackTimeoutMs ?? 15_000 });
       io.stdout(`stopping reef (pid ${rf.pid}) …`);

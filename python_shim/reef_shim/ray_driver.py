@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .engines.admin_key import admin_key, sglang_admin_args
 from .engine_process import (EngineProcess, engine_command, engine_env, engine_module, engine_start_timeout_s,
                              pick_free_port, wait_healthy)
 from .errors import ShimError
@@ -60,7 +61,7 @@ class EngineActor:
         self.engine: EngineProcess | None = None
 
     def launch(self, kind: str, module: str, model_path: str, host: str, port: int, extra_args: list[str],
-               log_dir: str) -> dict[str, Any]:
+               log_dir: str, role: str) -> dict[str, Any]:
         import ray
 
         # Read here, in the worker the engine inherits from, not in the driver: on a cluster the
@@ -70,6 +71,9 @@ class EngineActor:
         probe_host = "127.0.0.1" if host in ("", "0.0.0.0") else host
         public_host = ray.util.get_node_ip_address() if host in ("", "0.0.0.0") else host
         log_path = os.path.join(log_dir, f"{self.name}-{port}.log")
+        key = admin_key()
+        if kind == "sglang" and key is not None:
+            extra_args = [*extra_args, *sglang_admin_args(extra_args, key, log_dir, self.name, port, role)]
         argv = engine_command(module, model_path, host, port, extra_args)
         self.engine = EngineProcess(self.name, argv, probe_host, port, log_path, env)
         pid = self.engine.start()
@@ -330,7 +334,8 @@ class RayDriver:
         started = time.monotonic()
         try:
             launched = self._wait_launch(name, actor.launch.remote(spec["kind"], module, spec["modelPath"], spec["host"],
-                                                                   spec["port"], spec["extraArgs"], _engine_log_dir()),
+                                                                   spec["port"], spec["extraArgs"], _engine_log_dir(),
+                                                                   spec["role"]),
                                          min(120.0, budget_s))
         except Exception as e:
             ray.kill(actor)

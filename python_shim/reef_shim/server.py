@@ -24,9 +24,11 @@ from typing import Any, Callable
 import zmq
 
 from . import __version__
+from .bus_key import secure_router
 from .errors import ShimError
 from .messages import ok_reply, pack, request_id_of, unpack, validate_request
 from .placement import plan_placement
+from .policy import ShimPolicy
 from .ray_driver import RayDriver
 from .trainer import TrainerGroup
 
@@ -41,6 +43,7 @@ CLOSE_WAIT_S = 120.0
 
 class ShimServer:
     def __init__(self, endpoint: str) -> None:
+        self.policy = ShimPolicy.from_env()
         self.driver = RayDriver()
         self.trainer = TrainerGroup(self.driver)
         self.stopping = threading.Event()
@@ -49,7 +52,16 @@ class ShimServer:
         self._router.setsockopt(zmq.LINGER, 2000)  # time for the last replies (shutdown's) to leave
         self._router.setsockopt(zmq.SNDHWM, 1000)
         self._router.setsockopt(zmq.RCVHWM, 1000)
-        self._router.bind(endpoint)
+        self._auth = None
+        try:
+            self._auth = secure_router(self._ctx, self._router)
+            self._router.bind(endpoint)
+        except BaseException:
+            self._router.close(linger=0)
+            if self._auth is not None:
+                self._auth.stop()
+            self._ctx.term()
+            raise
         self.endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
         self._work: queue.Queue[Any] = queue.Queue()
         self._replies: queue.Queue[tuple[bytes, bytes]] = queue.Queue()
@@ -59,20 +71,25 @@ class ShimServer:
         self._worker = threading.Thread(target=self._work_loop, name="shim-worker", daemon=True)
         self._handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "ping": lambda m: {"pid": os.getpid(), "version": __version__, "rayConnected": self.driver.connected},
-            "init-ray": lambda m: self.driver.init_ray(m["address"], m["numCpus"], m["numGpus"], m["objectStoreBytes"]),
+            "init-ray": lambda m: self._allowed("ray", m["address"]) or self.driver.init_ray(m["address"], m["numCpus"], m["numGpus"], m["objectStoreBytes"]),
             "plan-placement": lambda m: {"plan": plan_placement(m["layout"])},
             "create-placement": lambda m: {"groups": self.driver.create_placement(m["layout"], m["timeoutS"])},
             "remove-placement": lambda m: {"removed": self.driver.remove_placement(m["names"])},
-            "start-engine": lambda m: {"engine": self.driver.start_engine(m["spec"])},
+            "start-engine": lambda m: self._allowed("engine", m["spec"]) or {"engine": self.driver.start_engine(m["spec"])},
             "stop-engine": lambda m: {"stopped": self.driver.stop_engine(m["name"])},
             "status": lambda m: self.driver.status(),
             "shutdown": lambda m: {},
-            "trainer-start": lambda m: self.trainer.start(m["spec"]),
+            "trainer-start": lambda m: self._allowed("trainer", m["spec"]) or self.trainer.start(m["spec"]),
             "trainer-step": lambda m: self.trainer.step(m["batchId"], m["tasks"]),
-            "trainer-load": lambda m: self.trainer.load(m["checkpointPath"]),
+            "trainer-load": lambda m: self._allowed("checkpoint", m["checkpointPath"]) or self.trainer.load(m["checkpointPath"]),
             "trainer-push-weights": self._push_weights,
             "trainer-stop": lambda m: self.trainer.stop(),
         }
+
+    def _allowed(self, what: str, value: Any) -> None:
+        """Raises unless the stack's policy allows `value` (returns None, so handlers chain with `or`)."""
+        if self.policy is not None:
+            getattr(self.policy, f"check_{what}")(value)
 
     def _push_weights(self, m: dict[str, Any]) -> dict[str, Any]:
         # Rank 0 hosts a rendezvous and broadcasts every weight to whoever joins at the URL's
@@ -216,6 +233,8 @@ class ShimServer:
         clean = not self._worker.is_alive()
         self._flush_replies()
         self._router.close()
+        if self._auth is not None:
+            self._auth.stop()
         self._ctx.term()
         if clean:
             log.info("shim stopped")
@@ -252,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         server = ShimServer(args.endpoint)
     except zmq.ZMQError as e:
         log.error("cannot bind %s: %s", args.endpoint, e)
+        return 1
+    except ShimError as e:
+        log.error("cannot start: %s: %s", e.code, e.message)
         return 1
     server.install_signal_handlers()
     sys.stdout.write(json.dumps({"event": "ready", "endpoint": server.endpoint, "pid": os.getpid()}) + "\n")

@@ -29,10 +29,11 @@ class Engine:
     def __init__(self, proc: subprocess.Popen[str], url: str, log_path: Path) -> None:
         self.proc, self.url, self.log_path = proc, url, log_path
 
-    def call(self, path: str, body: Any = None, method: str | None = None) -> tuple[int, Any]:
+    def call(self, path: str, body: Any = None, method: str | None = None, key: str | None = None) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", **({} if key is None else {"Authorization": f"Bearer {key}"})}
         req = urllib.request.Request(self.url + path, data=data, method=method or ("POST" if data else "GET"),
-                                     headers={"Content-Type": "application/json"})
+                                     headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=120) as r:
                 return r.status, json.loads(r.read() or b"null")
@@ -69,9 +70,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @contextmanager
-def launch(model_dir: Path, log_path: Path, *args: str, module: str = "reef_shim.engines.hf_server") -> Iterator[Engine]:
+def launch(model_dir: Path, log_path: Path, *args: str, module: str = "reef_shim.engines.hf_server",
+           env_extra: dict[str, str] | None = None) -> Iterator[Engine]:
     """The hf engine as a subprocess on a free port; SIGTERM at the end must exit it with 0."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SHIM), str(SHIM / "tests")]), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SHIM), str(SHIM / "tests")]), "PYTHONUNBUFFERED": "1",
+           **(env_extra or {})}
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", module, "--model-path", str(model_dir),
                                  "--host", "127.0.0.1", "--port", "0", *args],
@@ -597,3 +600,25 @@ def test_threads_are_one_for_a_tiny_model_and_one_per_cpu_for_a_large_one_whatev
     assert choose_threads(None, 135_000_000, 2) == 2  # not torch's 1 under Ray's OMP_NUM_THREADS=1
     assert choose_threads(3, 135_000_000, 2) == 3
     assert choose_threads(None, 135_000_000, 0) == 1
+
+
+def test_with_an_admin_key_only_generation_and_the_info_routes_are_open(models: tuple[Path, Path], tmp_path: Path) -> None:
+    # Whatever runs on the machine reaches the port: a weight load from its own path, or a pause,
+    # must take the stack's key.
+    key_file = tmp_path / "engine-admin.key"
+    key_file.write_text("s3cret-admin-key\n")
+    key_file.chmod(0o600)
+    with launch(models[0], tmp_path / "engine.log", "--weight-version", "v0",
+                env_extra={"REEF_ENGINE_ADMIN_KEY_FILE": str(key_file)}) as e:
+        for path, body in (("/update_weights_from_disk", {"model_path": str(models[1]), "weight_version": "evil"}),
+                           ("/pause_generation", {}), ("/flush_cache", {}), ("/release_memory_occupation", {}),
+                           ("/init_weights_update_group", {"master_address": "203.0.113.9", "master_port": 1,
+                                                          "rank_offset": 1, "world_size": 2})):
+            for key in (None, "wrong"):
+                status, reply = e.call(path, body, key=key)
+                assert (status, reply["error"]["code"]) == (401, "REEF_ERR_UNAUTHORIZED"), (path, key, reply)
+        assert e.call("/model_info")[1]["weight_version"] == "v0"
+        assert e.generate(text=PROMPT, sampling_params={"max_new_tokens": 2, "temperature": 0})["meta_info"]
+        status, reply = e.call("/pause_generation", {}, key="s3cret-admin-key")
+        assert status == 200 and reply["success"] is True
+        assert e.call("/continue_generation", {}, key="s3cret-admin-key")[0] == 200

@@ -36,7 +36,7 @@ def read_ready(proc: subprocess.Popen[bytes]) -> dict[str, Any]:
 
 
 class Shim:
-    def __init__(self, *extra: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *extra: str, env: dict[str, str] | None = None, connect: bool = True) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "reef_shim.server", "--endpoint", "tcp://127.0.0.1:*", *extra],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**shim_env(), **(env or {})})
@@ -45,7 +45,8 @@ class Shim:
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVTIMEO, 10_000)
-        self.sock.connect(self.ready["endpoint"])
+        if connect:
+            self.sock.connect(self.ready["endpoint"])
 
     def send_raw(self, *frames: bytes) -> None:
         self.sock.send_multipart(list(frames))

@@ -28,7 +28,7 @@ describe('gateway weight swap', () => {
 
   const pause = (drainTimeoutMs: number, maxPauseMs?: number) =>
     s.gw.handlers['pause-generation']({ type: 'pause-generation', requestId: 'p', drainTimeoutMs, ...(maxPauseMs === undefined ? {} : { maxPauseMs }) }, ctx('pause-generation')) as Promise<{ drained: boolean; inflight: number }>;
-  const resume = (weightVersion: string | null) => s.gw.handlers['resume-generation']({ type: 'resume-generation', requestId: 'r', weightVersion }, ctx('resume-generation')) as { weightVersion: string | null };
+  const resume = (weightVersion: string | null) => s.gw.handlers['resume-generation']({ type: 'resume-generation', requestId: 'r', weightVersion }, ctx('resume-generation')) as Promise<{ weightVersion: string | null }>;
 
   it('pause waits for the stream in flight; a request during the pause waits and runs on the new weights after resume', async () => {
     s.engine.options.tokenDelayMs = 15;
@@ -63,7 +63,10 @@ describe('gateway weight swap', () => {
     expect(bSettled).toBe(false);
     expect(s.engine.requests.length).toBe(requestsBeforeB);
 
-    expect(resume('v1')).toEqual({ weightVersion: 'v1' });
+    // A version the engine does not serve is refused, and the pause stays on.
+    await expect(resume('v999')).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
+    expect(s.gw.gate.isPaused).toBe(true);
+    expect(await resume('v1')).toEqual({ weightVersion: 'v1' });
     const resB = await b;
     expect(resB.status).toBe(200);
     const recB = (await s.gw.store.get(resB.headers.get('x-reef-agent-record-id')!))!;
@@ -138,7 +141,7 @@ describe('gateway weight swap', () => {
     await new Promise((r) => setTimeout(r, 100));
     expect(headersSeen).toBe(false);
     await (await fetch(`${s.engine.url}/update_weights_from_disk`, { method: 'POST', body: JSON.stringify({ model_path: '/tmp/ckpt-2', weight_version: 'v2' }) })).json();
-    resume('v2');
+    await resume('v2');
     const events = await readSse(await res);
     const id = JSON.parse(events.at(-2)!).reef.agent_record_id as string;
     expect((await s.gw.store.get(id))!.weightVersion).toBe('v2');

@@ -96,7 +96,9 @@ describe('a failed distributed weight sync falls back to a disk load', () => {
   const record = (id: string) => json<{ outputIds: number[]; logprobs: number[]; weightVersion: string | null }>(`${base()}/reef/scenarios/default/records/${id}`);
   const probe = async () => record((await chat('probe', [{ role: 'user', content: 'Tell me about the sea.' }], { seed: 1234, max_tokens: 16 })).id);
   const engineInfo = () => json<{ weight_version: string; model_path: string }>(`${engine()}/model_info`);
-  const enginePost = (path: string) => json<unknown>(`${engine()}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
+  // The engine's admin routes take the key `reef up` made for the stack's engines.
+  const adminKey = () => readFileSync(join(cfg.dir, 'data', 'run', 'engine-admin.key'), 'utf8').trim();
+  const enginePost = (path: string) => json<unknown>(`${engine()}${path}`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${adminKey()}` }, body: '{}' });
 
   beforeAll(async () => {
     prm = await startGatedPrm();

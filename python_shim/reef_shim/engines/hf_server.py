@@ -93,6 +93,7 @@ from typing import Any
 # spinning threads, 53 tokens/s with them passive, as with 1 thread. An explicit setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from .admin_key import admin_key  # noqa: E402
 from .http_handler import EngineHandler, ServerState  # noqa: E402
 from .sampling import sampling_logprobs, tempered_logprobs  # noqa: E402
 
@@ -165,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     state = ServerState(max_running=args.max_running)
     httpd = EngineHTTPServer((args.host, args.port), EngineHandler)
     httpd.state = state  # type: ignore[attr-defined]
+    # From a file the environment names, not argv: /proc/<pid>/cmdline is world-readable.
+    httpd.admin_key = admin_key()  # type: ignore[attr-defined]
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:

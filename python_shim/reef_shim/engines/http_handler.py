@@ -11,6 +11,7 @@ import time
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from .admin_key import authorized
 from ..weight_group import dtype_name
 from .hf_engine import DTYPES, GenState, HFEngine
 from .request import GenRequest, RequestError, parse_generate
@@ -324,6 +325,10 @@ class EngineHandler(BaseHTTPRequestHandler):
             body = self._body()
             if path == "/generate":
                 self._generate(body)
+                return
+            if not authorized(self.headers.get("Authorization"), getattr(self.server, "admin_key", None)):
+                self._error(401, "REEF_ERR_UNAUTHORIZED", f"{path} is an admin route: send Authorization: Bearer "
+                            "<the stack's engine admin key>")
                 return
             engine = self._engine()
             if engine is None:

@@ -38,6 +38,7 @@ from typing import Any, Iterable
 
 import torch
 
+from ..engines.admin_key import admin_headers
 from ..weight_group import broadcast, dtype_name, join_group, leave_group
 
 BUCKET_BYTES = 512 * 1024 * 1024
@@ -52,7 +53,8 @@ class WeightPushError(Exception):
 def request(url: str, body: dict[str, Any], timeout: float) -> tuple[int, dict[str, Any]]:
     """POST JSON: the status and the body; an HTTP error status still returns the body (SGLang
     answers refusals with 400)."""
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    # Every POST of a push is an engine admin route (the update session, the group, the buckets).
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **admin_headers()})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read() or b"{}")
