@@ -9,6 +9,7 @@ import type { Io } from '../cli.js';
 import { pidAlive, type RunFile } from '../run-file.js';
 import { processStartMs } from '../run-file.js';
 import { STATE_KEY as JUDGE_STATE_KEY } from '../../actors/judge/handler.js';
+import { makeBusKeyFile } from '../../actors/runtime/bus-key.js';
 import { sampleRecord } from '../../actors/gateway/store/fixtures.js';
 import { SqliteStore } from '../../actors/gateway/store/sqlite-store.js';
 import { STATE_KEY as TRAINER_STATE_KEY } from '../../actors/trainer-controller/messages.js';
@@ -88,6 +89,8 @@ describe('reef status / scale / down', () => {
     await new Promise((resolve) => stack.once('spawn', resolve));
     const exited = new Promise((resolve) => stack.once('exit', (_code, sig) => resolve(sig)));
     writeRunFile(dataDir, { pid: stack.pid!, state: 'running', control: `tcp://127.0.0.1:${await freePort()}`, startedAt: Date.now(), configPath: '/x/serve.yaml', gateway: 'http://127.0.0.1:1' });
+    // A running stack has its bus key in the run dir; without one the CLI cannot even ask.
+    makeBusKeyFile(join(dataDir, 'run'));
     const io = capture();
     await expect(downCommand(parseArgs(['down', '--data-dir', dataDir]), io, { ackTimeoutMs: 300 })).resolves.toBe(0);
     expect(await exited).toBe('SIGTERM');
