@@ -293,8 +293,8 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
         }
       },
       servedVersion: async () => (await engine.modelInfo()).weight_version ?? null,
-      // The judge saves its correlator (with the cumulative counters) under this key (actors/judge/handler.ts).
-      // Only the counters: the rest of that state is every open session.
+      // The judge saves its correlator's head (with the cumulative counters) under this key
+      // (actors/judge/handler.ts). Only the counters: beside them are every pending turn's lease.
       correlation: async () => ((await w.store.getStateFields(JUDGE_STATE_KEY, ['$.correlator.counters']))?.values[0] as Record<string, number> | null) ?? {},
       log: w.log,
     },
