@@ -22,7 +22,8 @@ import { SqliteStore } from './store/sqlite-store.js';
 import { newId } from './store/ids.js';
 import { ChatTokenizer, defaultTokenizerThreads, prepareChat, TokenizerPool } from './tokenize/index.js';
 import { PipelineStatus } from './pipeline-status.js';
-import { STATE_KEY as TRAINER_STATE_KEY } from '../trainer-controller/messages.js';
+import type { Release } from '../trainer-controller/controller.js';
+import { readReleases } from '../trainer-controller/releases.js';
 
 /**
  * The gateway, wired: store + tokenizer pool + engine client + HTTP server + generation gate.
@@ -57,9 +58,8 @@ export interface Gateway {
 }
 
 /** Releases that trained on the scenario's batches, plus rollbacks (they affect every scenario), newest first. */
-export function releasesOf(state: unknown, scenario: string): unknown[] {
-  const rels = ((state as { releases?: Array<{ batchIds: string[]; rollbackOf: string | null }> } | null)?.releases ?? []);
-  return rels.filter((r) => r.rollbackOf !== null || r.batchIds.some((b) => b.startsWith(`${scenario}:`))).reverse();
+export function releasesOf(releases: readonly Release[], scenario: string): Release[] {
+  return releases.filter((r) => r.rollbackOf !== null || r.batchIds.some((b) => b.startsWith(`${scenario}:`))).reverse();
 }
 
 export function resolveApiKeys(cfg: ReefConfig, env: NodeJS.ProcessEnv = process.env): ApiKeySpec[] {
@@ -165,7 +165,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           scenarios,
           disk,
           status: async () => ({ gateway: { weightVersion: gate.weightVersion, paused: gate.isPaused, inflight: gate.inflight }, ...(await pipeline.refresh()), ...(await opts.status?.()) }),
-          releases: async (scenario) => releasesOf(await store.getState(TRAINER_STATE_KEY), scenario),
+          releases: async (scenario) => releasesOf(await readReleases(store), scenario),
           ...(opts.rollback
             ? {
                 rollback: (scenario: string, body: unknown, keyId: string) => {

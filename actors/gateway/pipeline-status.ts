@@ -25,22 +25,27 @@ function numbers(o: unknown): Record<string, number> {
 }
 
 const JUDGE_PATHS = ['$.correlator.counters', '$.counters'];
-const TRAINER_PATHS = ['$.counters', '$.releases'];
+/**
+ * The release count and the current version, without the releases: a state of version 2 has the
+ * count and the newest releases, one of version 1 (no count) every release under `releases`.
+ */
+const TRAINER_PATHS = ['$.counters', '$.releaseCount', '$.recentReleases[#-1].weightVersion', '$.releases'];
 
 /**
- * Only the counters are read: the judge's state also holds every open session (about 1 MB at
- * 4,096), which went whole through JSON.parse on the gateway's event loop every second.
+ * Only the counters are read: the judge's state also holds the pending turns' ids and leases (up
+ * to 2,304), and once held every open session (about 1 MB at 4,096), which went whole through
+ * JSON.parse on the gateway's event loop every second.
  */
 export async function readPipelineCounters(store: RecordStore): Promise<PipelineCounters> {
   const [judge, trainer] = await Promise.all([store.getStateFields(JUDGE_STATE_KEY, JUDGE_PATHS), store.getStateFields(TRAINER_STATE_KEY, TRAINER_PATHS)]);
   const [correlation, judgeCounters] = judge?.values ?? [];
-  const [trainerCounters, releases] = trainer?.values ?? [];
-  const list = Array.isArray(releases) ? (releases as Array<{ weightVersion?: unknown }>) : [];
-  const last = list.at(-1)?.weightVersion;
+  const [trainerCounters, count, current, v1Releases] = trainer?.values ?? [];
+  const list = Array.isArray(v1Releases) ? (v1Releases as Array<{ weightVersion?: unknown }>) : [];
+  const last = typeof count === 'number' ? current : list.at(-1)?.weightVersion;
   return {
     correlation: numbers(correlation),
     judge: numbers(judgeCounters),
-    training: { releases: list.length, weightVersion: typeof last === 'string' ? last : null, counters: numbers(trainerCounters) },
+    training: { releases: typeof count === 'number' ? count : list.length, weightVersion: typeof last === 'string' ? last : null, counters: numbers(trainerCounters) },
   };
 }
 

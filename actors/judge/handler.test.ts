@@ -6,6 +6,7 @@ import { conversation, interleave, reaction, replyText } from '../../test/judge/
 import { SqliteStore } from '../gateway/store/sqlite-store.js';
 import { MAX_FIELD_CHARS, renderPrompt } from '../../recipes/openclawrl/judge/prompts.js';
 import { JudgeCore, PENDING_PREFIX, STATE_KEY, type JudgeOptions } from './handler.js';
+import { SESSION_PREFIX, sessionRowKey } from './saved-state.js';
 
 let dir: string;
 let store: SqliteStore;
@@ -56,6 +57,16 @@ function storeWith(over: Partial<JudgeOptions['store']>): JudgeOptions['store'] 
     judgedTurnIds: (ids) => store.judgedTurnIds(ids),
     ...over,
   };
+}
+
+type Lease = [id: string, leaseId: string | null, actorId: string | null];
+
+/** The saved state (version 3) with its pending turns' events and its sessions, as a state saved whole held them. */
+async function savedWhole(): Promise<{ v3: { correlator: object; pending: Lease[]; counters: unknown }; evs: Map<string, unknown>; sessions: unknown[][] }> {
+  const v3 = (await store.getState(STATE_KEY)) as { correlator: object; pending: Lease[]; counters: unknown };
+  const evs = new Map((await store.statesWithPrefix(PENDING_PREFIX)).map(([k, v]) => [k.slice(PENDING_PREFIX.length), v]));
+  const sessions = (await store.statesWithPrefix(SESSION_PREFIX)).map(([, t]) => t as unknown[]).sort((x, y) => (x[16] as number) - (y[16] as number));
+  return { v3, evs, sessions };
 }
 
 const accept = { output: '[HINT_START]Answer without any bullet lists.[HINT_END] \\boxed{1}', error: null };
@@ -270,25 +281,142 @@ describe('JudgeCore', () => {
     expect(third.stats()).toMatchObject({ pending: N - 1 });
   });
 
-  it('resumes a state saved whole by an earlier judge (version 1: pending turns inside it), and moves its turns into rows', async () => {
+  it('resumes a state saved whole by an earlier judge (version 1: pending turns and sessions inside it), and moves them into rows', async () => {
     await write(interleave([conversation(1, 3), conversation(2, 2)]));
     const before = await core();
     await before.pump();
     const a = await before.lease('prm-0', 0);
-    const v2 = (await store.getState(STATE_KEY)) as { correlator: unknown; pending: [string, string | null, string | null][]; counters: unknown };
-    const evs = new Map((await store.statesWithPrefix(PENDING_PREFIX)).map(([k, v]) => [k.slice(PENDING_PREFIX.length), v]));
-    const v1 = { version: 1, correlator: v2.correlator, counters: v2.counters, pending: v2.pending.map(([id]) => [evs.get(id), id === a.turn!.turnRecordId ? a.leaseId : null, id === a.turn!.turnRecordId ? 'prm-0' : null]) };
-    await store.commitConsumer('judge', 6, STATE_KEY, v1, { put: [], delete: [...evs.keys()].map((id) => PENDING_PREFIX + id) });
+    const { v3, evs, sessions } = await savedWhole();
+    const v1 = { version: 1, correlator: { ...v3.correlator, sessions }, counters: v3.counters, pending: v3.pending.map(([id]) => [evs.get(id), id === a.turn!.turnRecordId ? a.leaseId : null, id === a.turn!.turnRecordId ? 'prm-0' : null]) };
+    await store.commitConsumer('judge', 6, STATE_KEY, v1, { put: [], delete: [...[...evs.keys()].map((id) => PENDING_PREFIX + id), ...(await store.statesWithPrefix(SESSION_PREFIX)).map(([k]) => k)] });
 
     const resumed = await core();
-    expect(resumed.stats()).toMatchObject({ next_offset: 6, pending: 3, bound: 3 });
+    expect(resumed.stats()).toMatchObject({ next_offset: 6, pending: 3, bound: 3, open_sessions: 2 });
     expect(resumed.renew('prm-0', [a.leaseId!])).toEqual({ renewed: [a.leaseId], lost: [] });
     await resumed.flush();
-    expect((await store.getState(STATE_KEY)) as { version: number }).toMatchObject({ version: 2 });
+    expect((await store.getState(STATE_KEY)) as { version: number }).toMatchObject({ version: 3 });
     expect(await store.statesWithPrefix(PENDING_PREFIX)).toHaveLength(3);
+    expect(await store.statesWithPrefix(SESSION_PREFIX)).toHaveLength(2);
     const again = await core();
     expect(again.stats()).toMatchObject({ pending: 3 });
     expect((await again.complete(done('prm-0', a.leaseId!, a.turn!.turnRecordId))).accepted).toBe(true);
+  });
+
+  it('a commit writes the rows of the sessions its records touched, not every open session, and deletes those that closed', async () => {
+    const at = Date.now();
+    // 300 conversations open, 256 kept: the oldest 44 are evicted in the same read and never get a row.
+    await write(Array.from({ length: 300 }, (_, c) => conversation(c, 1, { at })[0]!));
+    const written: { state: number; sessions: string[]; deleted: string[]; pending: number }[] = [];
+    const counting = storeWith({
+      commitConsumer: async (c, o, k, s, r) => {
+        const put = r?.put.map(([key]) => key) ?? [];
+        written.push({ state: JSON.stringify(s).length, sessions: put.filter((key) => key.startsWith(SESSION_PREFIX)), deleted: r?.delete.filter((key) => key.startsWith(SESSION_PREFIX)) ?? [], pending: put.filter((key) => key.startsWith(PENDING_PREFIX)).length });
+        await store.commitConsumer(c, o, k, s, r);
+      },
+    });
+    const judge = await core({ store: counting, batch: 1000, correlator: { sessionTtlS: 60, maxOpenSessions: 256 } });
+    await judge.pump();
+    expect(judge.stats()).toMatchObject({ open_sessions: 256, evicted: 44 });
+    expect(await store.statesWithPrefix(SESSION_PREFIX)).toHaveLength(256);
+    expect(written.at(-1)!.sessions).toHaveLength(256);
+
+    // Conversation 299 goes on: one session row and the turn it bound; the state holds no session.
+    await write(conversation(299, 2, { at }).slice(1));
+    await judge.pump();
+    const row = sessionRowKey(`default\u0000k1d0e5f7\u0000tag:conv-299`);
+    expect(written.at(-1)).toMatchObject({ sessions: [row], deleted: [], pending: 1 });
+    expect(written.at(-1)!.state).toBeLessThan(1500);
+    const after = new Map(await store.statesWithPrefix(SESSION_PREFIX));
+    expect((after.get(row) as unknown[])[3]).toBe((await store.readFrom(301, 1))[0]!.id);
+    // A lease changes no session.
+    await judge.lease('prm-0', 0);
+    await judge.flush();
+    expect(written.at(-1)).toMatchObject({ sessions: [], deleted: [] });
+
+    // Once every record is read, idle time closes the sessions: one commit deletes their rows.
+    await judge.flush(at + 3_600_000);
+    expect(written.at(-1)).toMatchObject({ sessions: [] });
+    expect(written.at(-1)!.deleted).toHaveLength(256);
+    expect(await store.statesWithPrefix(SESSION_PREFIX)).toEqual([]);
+    expect((await core()).stats()).toMatchObject({ open_sessions: 0, pending: 1 });
+  });
+
+  it('a read undone after a failed commit still saves what was unsaved before it: sessions closed by a flush whose commit failed too stay closed', async () => {
+    const at = Date.now() - 600_000;
+    await write([conversation(1, 1, { at })[0]!, conversation(2, 1, { at })[0]!]);
+    let failures = 0;
+    const flaky = storeWith({
+      commitConsumer: async (c, o, k, s, r) => {
+        if (failures-- > 0) throw new Error('SQLITE_FULL: database or disk is full');
+        await store.commitConsumer(c, o, k, s, r);
+      },
+    });
+    const judge = await core({ store: flaky, correlator: { sessionTtlS: 60, maxOpenSessions: 100 } });
+    await judge.pump();
+    expect(await store.statesWithPrefix(SESSION_PREFIX)).toHaveLength(2);
+    failures = 2;
+    // The idle clock closes both sessions; the commit fails, and so does the next read's.
+    await expect(judge.flush(at + 120_000)).rejects.toThrow('SQLITE_FULL');
+    await write(conversation(3, 1, { at: at + 130_000 }));
+    await expect(judge.pump()).rejects.toThrow('SQLITE_FULL');
+    expect(await judge.pump()).toBe(1);
+    const rows = await store.statesWithPrefix(SESSION_PREFIX);
+    expect(rows.map(([k]) => k)).toEqual([sessionRowKey('default\u0000k1d0e5f7\u0000tag:conv-3')]);
+    // A restart finds the one open session, not the two closed ones back.
+    expect((await core()).stats()).toMatchObject({ open_sessions: 1, dropped_unbound: 2, next_offset: 4 });
+  });
+
+  it('a crash in a commit that evicts and binds loses no acknowledged turn and judges none twice: the restart reads the same records into the same sessions', async () => {
+    await write([conversation(1, 1)[0]!, conversation(2, 1)[0]!]);
+    const opts = { correlator: { sessionTtlS: 3600, maxOpenSessions: 2 } };
+    const first = await core(opts);
+    await first.pump();
+    // Conversation 3 evicts conversation 1; conversation 2 goes on and binds its turn. The process dies in that commit.
+    await write([conversation(3, 1)[0]!, conversation(2, 2)[1]!]);
+    const killed = await core({ ...opts, store: storeWith({ commitConsumer: async () => Promise.reject(new Error('killed')) }) });
+    await expect(killed.pump()).rejects.toThrow('killed');
+    expect((await store.statesWithPrefix(SESSION_PREFIX)).map(([k]) => k).sort()).toEqual([1, 2].map((c) => sessionRowKey(`default\u0000k1d0e5f7\u0000tag:conv-${c}`)).sort());
+
+    const second = await core(opts);
+    expect(await second.pump()).toBe(2);
+    expect(second.stats()).toMatchObject({ open_sessions: 2, evicted: 1, bound: 1, pending: 1 });
+    expect((await store.statesWithPrefix(SESSION_PREFIX)).map(([k]) => k).sort()).toEqual([2, 3].map((c) => sessionRowKey(`default\u0000k1d0e5f7\u0000tag:conv-${c}`)).sort());
+    const a = await second.lease('prm-0', 0);
+    expect(a.turn).toMatchObject({ sessionKey: 'tag:conv-2', nextState: { content: reaction(2, 0) } });
+    expect((await second.complete(done('prm-0', a.leaseId!, a.turn!.turnRecordId))).accepted).toBe(true);
+    // Crash again before the judged turn's commit: the next start neither hands it out nor judges it again.
+    const third = await core(opts);
+    expect(third.stats()).toMatchObject({ pending: 0, open_sessions: 2, next_offset: 5 });
+    expect((await third.lease('prm-1', 0)).turn).toBeNull();
+    // The sessions came back from their rows: conversation 3 goes on and binds.
+    await write(conversation(3, 2).slice(1));
+    expect(await third.pump()).toBe(1);
+    expect((await third.lease('prm-1', 0)).turn).toMatchObject({ sessionKey: 'tag:conv-3', nextState: { content: reaction(3, 0) } });
+    expect((await store.readJudgedTurns(0, 10)).map((t) => t.turnRecordId)).toEqual([a.turn!.turnRecordId]);
+  });
+
+  it('resumes a state whose sessions are inside it (version 2), moves them into rows, and drops session rows it does not name', async () => {
+    await write(interleave([conversation(1, 2), conversation(2, 1), conversation(3, 1)]));
+    const before = await core();
+    await before.pump();
+    const { v3, sessions } = await savedWhole();
+    const v2 = { version: 2, correlator: { ...v3.correlator, sessions }, pending: v3.pending, counters: v3.counters };
+    // A row no session of that state has: left by a later judge, before a downgrade.
+    const stray = sessionRowKey('default\u0000k1d0e5f7\u0000tag:gone');
+    await store.commitConsumer('judge', 5, STATE_KEY, v2, { put: [[stray, sessions[0]]], delete: (await store.statesWithPrefix(SESSION_PREFIX)).map(([k]) => k) });
+
+    const resumed = await core();
+    expect(resumed.stats()).toMatchObject({ next_offset: 5, open_sessions: 3, pending: 1 });
+    await resumed.flush();
+    expect((await store.getState(STATE_KEY)) as { version: number; correlator: object }).toMatchObject({ version: 3, correlator: { clock: expect.any(Number) } });
+    expect((await store.getState(STATE_KEY)) as { correlator: object }).not.toHaveProperty('correlator.sessions');
+    const rows = new Map(await store.statesWithPrefix(SESSION_PREFIX));
+    expect([...rows.keys()].sort()).toEqual([1, 2, 3].map((c) => sessionRowKey(`default\u0000k1d0e5f7\u0000tag:conv-${c}`)).sort());
+    const again = await core();
+    expect(again.stats()).toMatchObject({ open_sessions: 3, pending: 1 });
+    await write(conversation(2, 2).slice(1));
+    await again.pump();
+    expect(again.stats()).toMatchObject({ bound: 2, pending: 2 });
   });
 
   it('resumes after a crash: same offset, unjudged turns pending again, judged ones not, old leases still valid', async () => {

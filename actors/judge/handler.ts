@@ -4,8 +4,9 @@ import { verdict } from '../../recipes/openclawrl/judge/votes.js';
 import type { JudgeDecision, RecordStore } from '../gateway/store/types.js';
 import { ReefError } from '../runtime/errors.js';
 import type { LogFn } from '../runtime/log.js';
-import { Correlator, type CorrelationCounters, type CorrelatorOptions, type CorrelatorState, type TurnFinished } from './correlate/index.js';
+import { Correlator, type CorrelationCounters, type CorrelatorOptions, type TurnFinished } from './correlate/index.js';
 import type { CompleteTurn, JudgeTurn } from './messages.js';
+import { byActivity, type SavedLease, type SavedPending, type SavedState, SESSION_PREFIX, sessionRowKey, zeroCounters } from './saved-state.js';
 import { contextOf, replyOf } from './turn-text.js';
 
 /**
@@ -15,7 +16,9 @@ import { contextOf, replyOf } from './turn-text.js';
  * judge resumes exactly where its last commit left it; a turn is judged once because the
  * judged-turn log refuses a second row for it (see store `appendJudgedTurn`). Each pending turn is
  * a state row of its own (`PENDING_PREFIX` + its id), written once when it is bound and deleted
- * once it is judged; the state itself keeps only their ids and leases, in order.
+ * once it is judged; the state itself keeps only their ids and leases, in order. Each open session
+ * is a row too (`SESSION_PREFIX`), written by the commits whose records touched it and deleted by
+ * the one after it closed, so a commit writes the sessions that changed, not the up to 4096 open.
  */
 
 export type JudgeStore = Pick<RecordStore, 'readFrom' | 'headOffset' | 'get' | 'getOffset' | 'getState' | 'statesWithPrefix' | 'commitConsumer' | 'appendJudgedTurn' | 'judgedTurnIds'>;
@@ -24,7 +27,6 @@ export const CONSUMER = 'judge';
 export const STATE_KEY = 'judge/state';
 /** Where the pending turns' rows are: one key per turn, its turn record id after the prefix. */
 export const PENDING_PREFIX = 'judge/pending/';
-
 export interface JudgeOptions {
   store: JudgeStore;
   /** `correlate-only` binds sessions and judges nothing (no PRM configured). */
@@ -51,33 +53,6 @@ interface Pending {
   earlier?: Map<string, string>;
 }
 
-type SavedPending = [ev: TurnFinished, leaseId: string | null, actorId: string | null];
-/** Version 2: a pending turn by id, its event in its own row. */
-type SavedLease = [turnRecordId: string, leaseId: string | null, actorId: string | null];
-
-/**
- * Version 1 held every pending turn's event, next state and all, and was written whole on every
- * commit; it is still read, and the first commit after writes its turns as rows.
- */
-type SavedState =
-  | { version: 1; correlator: CorrelatorState; pending: SavedPending[]; counters: JudgeCounters }
-  | { version: 2; correlator: CorrelatorState; pending: SavedLease[]; counters: JudgeCounters };
-
-interface JudgeCounters {
-  votes_ok: number;
-  votes_failed: number;
-  votes_invalid: number;
-  judged: number;
-  dropped: number;
-  redispatched: number;
-  /** Leases given back unjudged: by a draining actor, or one whose PRM answered none of the turn's calls. */
-  released: number;
-  late_completions: number;
-  /** Completions under a lease this turn was never given, or given to another actor: not counted. */
-  refused_completions: number;
-  duplicate_completions: number;
-}
-
 /**
  * Characters of a next state a pending turn keeps. The PRM prompt shows at most MAX_FIELD_CHARS of
  * it (prompts.ts clip), so the rest only made the saved state grow: 2048 pending turns of
@@ -94,8 +69,6 @@ export function boundTurn(ev: TurnFinished): TurnFinished {
   return { ...ev, nextState: { role: ev.nextState.role, content: clip(content, NEXT_STATE_CHARS) } };
 }
 
-const zeroCounters = (): JudgeCounters => ({ votes_ok: 0, votes_failed: 0, votes_invalid: 0, judged: 0, dropped: 0, redispatched: 0, released: 0, late_completions: 0, refused_completions: 0, duplicate_completions: 0 });
-
 export class JudgeCore {
   readonly leaseMs: number;
   private correlator!: Correlator;
@@ -107,6 +80,8 @@ export class JudgeCore {
   private unsaved = new Set<string>();
   /** Turns no longer pending whose rows the next commit deletes. */
   private gone = new Set<string>();
+  /** Session rows no session has (left beside a state of an earlier version), deleted by the next commit. */
+  private strayRows: string[] = [];
   private dirty = false;
   private serial: Promise<unknown> = Promise.resolve();
   private waiters = new Set<() => void>();
@@ -125,7 +100,20 @@ export class JudgeCore {
     const saved = (await store.getState(STATE_KEY)) as SavedState | null;
     const log = this.opts.log;
     const corr = this.correlatorOptions();
-    this.correlator = saved === null ? new Correlator(corr) : Correlator.fromJSON(saved.correlator, corr);
+    const sessionRows = await store.statesWithPrefix(SESSION_PREFIX);
+    if (saved?.version === 3) {
+      this.correlator = Correlator.fromJSON({ ...saved.correlator, sessions: byActivity(sessionRows) }, corr);
+    } else {
+      this.correlator = saved === null ? new Correlator(corr) : Correlator.fromJSON(saved.correlator, corr);
+      // Its sessions, saved inside the state, become rows with the first commit. Rows beside a state
+      // that does not name them (a later judge's, before a downgrade or a reset) would come back
+      // as sessions at the next start: they go with it.
+      const keys = this.correlator.sessionKeys();
+      this.correlator.markChanged(keys);
+      const current = new Set(keys.map(sessionRowKey));
+      this.strayRows = sessionRows.map(([k]) => k).filter((k) => !current.has(k));
+      if (keys.length > 0 || this.strayRows.length > 0) this.dirty = true;
+    }
     if (saved === null) return;
     this.counters = { ...zeroCounters(), ...saved.counters };
     const rows = new Map((await store.statesWithPrefix(PENDING_PREFIX)).map(([k, ev]) => [k.slice(PENDING_PREFIX.length), ev as TurnFinished]));
@@ -175,7 +163,11 @@ export class JudgeCore {
         // Saved before they are handed out: a turn is never judged that a restart would not know.
         await this.commit(fresh, next);
       } catch (err) {
+        // What was unsaved before this read, and what it changed, is to be written still: the
+        // sessions as they are again, or the deletion of those it opened.
+        const unsaved = this.correlator.unsavedKeys();
         this.correlator = Correlator.fromJSON(before, this.correlatorOptions());
+        this.correlator.markChanged(unsaved);
         throw err;
       }
       this.nextOffset = next;
@@ -425,9 +417,9 @@ export class JudgeCore {
   }
 
   /**
-   * Saves the offset, the correlator, the order and leases of the pending turns, the rows of turns
-   * new since the last commit and the deletion of those judged since, in one transaction: a commit
-   * writes what changed of the pending turns, not all of them.
+   * Saves the offset, the correlator's head, the order and leases of the pending turns, the rows of
+   * turns new since the last commit and of sessions changed since, and the deletion of turns judged
+   * and sessions closed since, in one transaction: a commit writes what changed, not all of it.
    */
   private async commit(fresh: readonly Pending[], offset: number): Promise<void> {
     const pending: SavedLease[] = [];
@@ -446,14 +438,21 @@ export class JudgeCore {
     // Deletes run after the writes: a turn pending again must keep its row.
     const gone = [...this.gone].filter((id) => !this.pending.has(id) && !added.has(id));
     const unsaved = [...this.unsaved];
-    const state: SavedState = { version: 2, correlator: this.correlator.toJSON(), pending, counters: this.counters };
+    const deletes = [...gone.map((id) => PENDING_PREFIX + id), ...this.strayRows];
+    for (const [mapKey, session] of this.correlator.changes()) {
+      if (session === null) deletes.push(sessionRowKey(mapKey));
+      else put.push([sessionRowKey(mapKey), session]);
+    }
+    const state: SavedState = { version: 3, correlator: this.correlator.head(), pending, counters: this.counters };
     this.dirty = false;
     try {
-      await this.opts.store.commitConsumer(CONSUMER, offset, STATE_KEY, state, { put, delete: gone.map((id) => PENDING_PREFIX + id) });
+      await this.opts.store.commitConsumer(CONSUMER, offset, STATE_KEY, state, { put, delete: deletes });
     } catch (err) {
       this.dirty = true;
       throw err;
     }
+    this.correlator.changesSaved();
+    this.strayRows = [];
     const deleted = new Set(gone);
     for (const id of this.gone) if (deleted.has(id) || this.pending.has(id) || added.has(id)) this.gone.delete(id);
     for (const id of unsaved) this.unsaved.delete(id);

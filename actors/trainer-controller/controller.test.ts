@@ -3,165 +3,8 @@ import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { ReefError } from '../runtime/errors.js';
-import type { AgentRecord } from '../gateway/store/types.js';
-import { MAX_DEAD_LETTERS, MAX_PENDING_BATCHES, TrainerController, type ControllerPorts, type ControllerState, type JudgedTurnRow, type StepResult } from './controller.js';
-
-function rec(id: string, weightVersion: string | null = null): AgentRecord {
-  return {
-    id, offset: 1, scenario: 's', tags: {}, status: 'ok', startedAt: 0, finishedAt: 1,
-    request: { messages: [{ role: 'user', content: 'hi' }], tools: null, params: {} }, topK: 1, finishReason: 'stop',
-    usage: { promptTokens: 1, completionTokens: 1 }, weightVersion, engine: 'hf', latencyMs: 1, error: null, response: null,
-    promptIds: Int32Array.from([1]), outputIds: Int32Array.from([2]), logprobs: Float32Array.from([-1]),
-    topkIds: Int32Array.from([2]), topkLogprobs: Float32Array.from([-1]),
-  };
-}
-
-/** In-memory world: a judged-turn log, records, a durable commit slot and a trainer that counts steps. */
-function world(dir: string) {
-  const log: JudgedTurnRow[] = [];
-  const records = new Map<string, AgentRecord>();
-  const durable = { offset: 0, state: null as ControllerState | null };
-  const trained = new Map<string, StepResult & { from: string }>();
-  /** Each trained version's parent: the trainer's ledger answers a batch whose weights the group holds or descends from. */
-  const parentOf = new Map<string, string>();
-  const descends = (v: string, from: string): boolean => {
-    for (let at: string | undefined = v; at !== undefined; at = parentOf.get(at)) if (at === from) return true;
-    return false;
-  };
-  const stepsRun: string[] = [];
-  /** `batch@weights`: the weights the group held when it really trained each batch. */
-  const trainedOn: string[] = [];
-  const published: string[] = [];
-  const publishedKinds: string[] = [];
-  /** What the rollout engine serves: the last weights published into it (`default` when started from the base). */
-  let served: string | null = 'default';
-  let engineDown = false;
-  let version = 0;
-  let failNext = 0;
-  let pushFails = 0;
-  let restartFails = 0;
-  let loadFails = 0;
-  /** What the group holds, as `restart:`/`load:` name it; `base` after a bare start. */
-  let holds = 'base';
-  /** A rank died: every call but a restart fails, as the shim answers after a dead rank. */
-  let broken = false;
-  const failing = new Map<string, () => Error>();
-  const held = new Map<string, { entered: () => void; release: Promise<void> }>();
-  /** Trainer calls in order: `restart:<checkpoint|base>`, `load:<checkpoint>`, `step:<batch>`. */
-  const calls: string[] = [];
-  const rankDied = () => new ReefError('REEF_ERR_TRAINER_RANK', { rank: 1, reason: 'died' });
-  const ports: ControllerPorts = {
-    readJudged: async (offset, limit) => log.filter((r) => r.offset >= offset).slice(0, limit),
-    getRecord: async (id) => records.get(id) ?? null,
-    commit: async (offset, state) => {
-      durable.offset = offset;
-      durable.state = JSON.parse(JSON.stringify(state));
-    },
-    renderTeacher: async () => Int32Array.from([9]),
-    trainer: {
-      // Like the wiring: trainer-start (base weights), then trainer-load of the checkpoint, which may fail.
-      restart: async (path) => {
-        calls.push(`restart:${path === null ? 'base' : basename(path)}`);
-        holds = 'base';
-        broken = false;
-        if (restartFails > 0) {
-          restartFails--;
-          throw rankDied();
-        }
-        if (path !== null) holds = basename(path);
-      },
-      load: async (path) => {
-        calls.push(`load:${basename(path)}`);
-        if (broken) throw rankDied();
-        if (loadFails > 0) {
-          loadFails--;
-          throw rankDied();
-        }
-        holds = basename(path);
-      },
-      step: async (batchId) => {
-        calls.push(`step:${batchId}`);
-        if (failNext > 0) {
-          failNext--;
-          throw new ReefError('REEF_ERR_SHIM', { reason: 'rank 1 died' }, { message: 'rank 1 died' });
-        }
-        const done = trained.get(batchId);
-        if (done && (done.from === holds || descends(holds, done.weightVersion))) {
-          const { from: _from, ...result } = done;
-          return { ...result, trained: false };
-        }
-        if (broken) throw rankDied();
-        const fail = failing.get(batchId);
-        if (fail) throw fail();
-        const h = held.get(batchId);
-        if (h) {
-          h.entered();
-          await h.release;
-        }
-        stepsRun.push(batchId);
-        trainedOn.push(`${batchId}@${holds}`);
-        const weightVersion = `v${++version}`;
-        parentOf.set(weightVersion, holds);
-        const from = holds;
-        holds = weightVersion;
-        const checkpointPath = join(dir, weightVersion);
-        mkdirSync(checkpointPath, { recursive: true });
-        const result = { batchId, weightVersion, checkpointPath, metrics: { loss: 0.5 }, stepMs: 1, trained: true };
-        trained.set(batchId, { ...result, from });
-        return result;
-      },
-    },
-    // Like the wiring with weight_sync: distributed: releases are pushed, rollbacks loaded from disk,
-    // and a push that fails falls back to disk.
-    publish: async (_path, v, kind) => {
-      published.push(v);
-      publishedKinds.push(kind);
-      served = v;
-      if (kind !== 'release') return { sync: 'disk', fallback: null };
-      if (pushFails > 0) {
-        pushFails--;
-        return { sync: 'disk', fallback: 'engine refused' };
-      }
-      return { sync: 'distributed', fallback: null };
-    },
-    servedVersion: async () => {
-      if (engineDown) throw new Error('connect ECONNREFUSED');
-      return served;
-    },
-    correlation: async () => ({ bound: log.length }),
-    log: () => {},
-  };
-  const add = (id: string, reward: number, decision: JudgedTurnRow['decision'] = 'anchor', wv: string | null = null) => {
-    records.set(id, rec(id, wv));
-    log.push({ offset: log.length + 1, scenario: 's', turnRecordId: id, decision, reward, hints: [], counters: [`eval:${reward}`] });
-  };
-  /** Holds `batchId`'s step inside the trainer until `release()`; `entered` resolves once it is there. */
-  const hold = (batchId: string) => {
-    let entered!: () => void;
-    let release!: () => void;
-    const inside = new Promise<void>((r) => (entered = r));
-    held.set(batchId, { entered, release: new Promise<void>((r) => (release = r)) });
-    return { entered: inside, release };
-  };
-  return {
-    ports, log, records, add, durable, stepsRun, trainedOn, published, calls, hold,
-    get holds() {
-      return holds;
-    },
-    publishedKinds,
-    /** The engine restarts from the layout, with the base weights. */
-    restartEngine: () => (served = 'default'),
-    setEngineDown: (down: boolean) => (engineDown = down),
-    setServed: (v: string | null) => (served = v),
-    failNext: (n: number) => (failNext = n),
-    pushFails: (n: number) => (pushFails = n),
-    restartFails: (n: number) => (restartFails = n),
-    loadFails: (n: number) => (loadFails = n),
-    breakGroup: () => (broken = true),
-    /** Every step of `batchId` fails with `err()` (the trainer's ledger still answers one it has). */
-    failBatch: (batchId: string, err: () => Error) => failing.set(batchId, err),
-  };
-}
+import { MAX_DEAD_LETTERS, MAX_PENDING_BATCHES, TrainerController } from './controller.js';
+import { opts, rec, world } from './fixtures.js';
 
 /** The task ids of every step the trainer is sent, in order. */
 function stepsSent(w: ReturnType<typeof world>): string[][] {
@@ -174,7 +17,6 @@ function stepsSent(w: ReturnType<typeof world>): string[][] {
   return sent;
 }
 
-const opts = (dir: string) => ({ batchSize: 2, maxStaleness: 1, recordFile: join(dir, 'prm.jsonl'), keepCheckpoints: 2, baseModelPath: join(dir, 'base'), maxAttempts: 3, engineCheckMs: 0 });
 
 /** Four judged turns trained as two batches: releases v1 and v2. */
 async function twoReleases(): Promise<{ dir: string; w: ReturnType<typeof world>; c: TrainerController }> {
@@ -225,7 +67,7 @@ describe('TrainerController', () => {
     expect(w.stepsRun).toEqual([]);
     expect(w.published).toEqual([]);
     expect(w.calls).toEqual([]);
-    expect(c.releases).toEqual([]);
+    expect(c.recentReleases).toEqual([]);
     expect(c.counters.batches_untrained).toBe(2);
     const lines = readFileSync(join(dir, 'prm.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
     expect(lines.map((l) => [l.batch_id, l.samples, l.trained])).toEqual([['s:openclawrl:1', 2, false], ['s:openclawrl:2', 2, false]]);
@@ -247,15 +89,15 @@ describe('TrainerController', () => {
     // Answered "already trained", a and b were counted and never trained; as batch 3 they are.
     expect(w.stepsRun).toEqual(['s:openclawrl:3', 's:openclawrl:2']);
     expect(sent).toEqual([['a', 'b'], ['a', 'b'], ['c', 'd']]);
-    expect(c.releases.map((r) => r.batchIds)).toEqual([['s:openclawrl:3'], ['s:openclawrl:2']]);
+    expect(c.recentReleases.map((r) => r.batchIds)).toEqual([['s:openclawrl:3'], ['s:openclawrl:2']]);
     expect(c.counters.batches_renumbered).toBe(1);
     expect(c.counters.trainer_restarts ?? 0).toBe(0);
     expect(w.calls.filter((x) => x.startsWith('restart:'))).toHaveLength(1);
     const lines = readFileSync(join(dir, 'prm.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
     expect(lines.map((l) => [l.batch, l.batch_id])).toEqual([[3, 's:openclawrl:3'], [2, 's:openclawrl:2']]);
     // The next batch takes the number after the one claimed (sampled from the last release: not stale).
-    w.add('e', 1, 'anchor', c.releases.at(-1)!.weightVersion);
-    w.add('f', 1, 'anchor', c.releases.at(-1)!.weightVersion);
+    w.add('e', 1, 'anchor', c.recentReleases.at(-1)!.weightVersion);
+    w.add('f', 1, 'anchor', c.recentReleases.at(-1)!.weightVersion);
     const again = new TrainerController(w.ports, opts(dir), w.durable.offset, w.durable.state);
     await again.tick();
     expect(w.stepsRun.at(-1)).toBe('s:openclawrl:4');
@@ -270,7 +112,7 @@ describe('TrainerController', () => {
     await c.tick();
     expect(w.stepsRun).toEqual(['s:openclawrl:1', 's:openclawrl:2']);
     expect(w.published).toEqual(['v1', 'v2']);
-    expect(c.releases.map((r) => [r.weightVersion, r.parent, r.batchIds])).toEqual([['v1', null, ['s:openclawrl:1']], ['v2', 'v1', ['s:openclawrl:2']]]);
+    expect(c.recentReleases.map((r) => [r.weightVersion, r.parent, r.batchIds])).toEqual([['v1', null, ['s:openclawrl:1']], ['v2', 'v1', ['s:openclawrl:2']]]);
     const lines = readFileSync(join(dir, 'prm.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
     expect(lines.map((l) => [l.batch_id, l.samples, l.rewards])).toEqual([['s:openclawrl:1', 2, { '1': 1, '-1': 1, '0': 0 }], ['s:openclawrl:2', 2, { '1': 1, '-1': 1, '0': 0 }]]);
     expect(w.durable.offset).toBe(7);
@@ -286,7 +128,7 @@ describe('TrainerController', () => {
     // The new controller starts the group afresh; the batch comes back from the trainer's ledger,
     // untrained by this group, so its checkpoint is loaded before it is published.
     expect(w.calls).toEqual(['restart:base', 'step:s:openclawrl:1', 'restart:base', 'step:s:openclawrl:1', 'load:v1']);
-    expect(c2.releases.map((r) => r.batchIds[0])).toEqual(['s:openclawrl:1']);
+    expect(c2.recentReleases.map((r) => r.batchIds[0])).toEqual(['s:openclawrl:1']);
     expect(readFileSync(join(dir, 'prm.jsonl'), 'utf8').trim().split('\n')).toHaveLength(1);
   });
 
@@ -310,7 +152,7 @@ describe('TrainerController', () => {
     mkdirSync(join(dir, 'prm.jsonl'));
     await expect(new TrainerController(w.ports, opts(dir), 0, null).tick()).rejects.toThrow();
     rmSync(join(dir, 'prm.jsonl'), { recursive: true });
-    expect(w.durable.state!.releases.map((r) => r.batchIds)).toEqual([['s:openclawrl:1']]);
+    expect(w.durable.state!.recentReleases.map((r) => r.batchIds)).toEqual([['s:openclawrl:1']]);
     new TrainerController(w.ports, opts(dir), w.durable.offset, w.durable.state);
     new TrainerController(w.ports, opts(dir), w.durable.offset, w.durable.state);
     const lines = readFileSync(join(dir, 'prm.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
@@ -323,13 +165,13 @@ describe('TrainerController', () => {
     ['a', 'b', 'c', 'd'].forEach((id) => w.add(id, 1));
     const c1 = new TrainerController(w.ports, opts(dir), 0, null);
     await c1.tick();
-    expect(c1.releases.map((r) => r.weightVersion)).toEqual(['v1', 'v2']);
+    expect(c1.recentReleases.map((r) => r.weightVersion)).toEqual(['v1', 'v2']);
     ['e', 'f'].forEach((id) => w.add(id, 1, 'anchor', 'v2'));
     w.calls.length = 0;
     const c2 = new TrainerController(w.ports, opts(dir), w.durable.offset, w.durable.state);
     await c2.tick();
     expect(w.calls).toEqual(['restart:v2', 'step:s:openclawrl:3']);
-    expect(c2.releases.at(-1)!.parent).toBe('v2');
+    expect(c2.recentReleases.at(-1)!.parent).toBe('v2');
   });
 
   it('restarts the trainer and retries the same batch when a rank dies', async () => {
@@ -465,7 +307,7 @@ describe('TrainerController', () => {
     w.add('e', 1, 'anchor', 'v1');
     w.add('f', 1, 'anchor', 'v1');
     await c.tick();
-    expect(c.releases.map((r) => [r.weightVersion, r.parent])).toEqual([['v1', null], ['v2', 'v1'], ['v1', 'v2'], ['v3', 'v1']]);
+    expect(c.recentReleases.map((r) => [r.weightVersion, r.parent])).toEqual([['v1', null], ['v2', 'v1'], ['v1', 'v2'], ['v3', 'v1']]);
     // v2 is one release number from v3, but v3 was trained from v1: v2's weights were put aside.
     w.add('put-aside', 1, 'anchor', 'v2');
     w.add('served', 1, 'anchor', 'v1');
@@ -500,9 +342,9 @@ describe('TrainerController', () => {
     // A backlog of base turns, three batches deep: staleness must allow it to train whole.
     const c = new TrainerController(w.ports, { ...opts(dir), maxStaleness: 3 }, 0, null);
     await c.tick();
-    expect(c.releases.map((r) => [r.weightVersion, r.sync])).toEqual([['v1', 'disk'], ['v2', 'distributed'], ['v3', 'distributed']]);
+    expect(c.recentReleases.map((r) => [r.weightVersion, r.sync])).toEqual([['v1', 'disk'], ['v2', 'distributed'], ['v3', 'distributed']]);
     expect(c.counters).toMatchObject({ weight_sync_disk: 1, weight_sync_distributed: 2, weight_sync_fallbacks: 1 });
-    expect(w.durable.state!.releases.map((r) => r.sync)).toEqual(['disk', 'distributed', 'distributed']);
+    expect(w.durable.state!.recentReleases.map((r) => r.sync)).toEqual(['disk', 'distributed', 'distributed']);
   });
 
   it('counts the teacher candidates the trainer left out as too long', async () => {
@@ -530,7 +372,7 @@ describe('TrainerController', () => {
     for (let i = 0; i < 8; i++) w.add(`r${i}`, 1);
     const c = new TrainerController(w.ports, { ...opts(dir), maxStaleness: 4 }, 0, null);
     await c.tick();
-    expect(c.releases.map((r) => existsSync(r.checkpointPath))).toEqual([false, false, true, true]);
+    expect(c.recentReleases.map((r) => existsSync(r.checkpointPath))).toEqual([false, false, true, true]);
   });
 
   it('deletes a checkpoint only once the commit that stops keeping it has returned (an earlier delete could leave the durable release without its checkpoint)', async () => {
@@ -539,14 +381,14 @@ describe('TrainerController', () => {
     for (let i = 0; i < 8; i++) w.add(`r${i}`, 1);
     const missing: string[] = [];
     const commit = w.ports.commit;
-    w.ports.commit = async (offset, state) => {
+    w.ports.commit = async (offset, state, rows) => {
       // While this commit is under way, what the last committed state keeps must still be on disk.
-      for (const r of w.durable.state?.releases.slice(-2) ?? []) if (!existsSync(r.checkpointPath)) missing.push(r.checkpointPath);
-      await commit(offset, state);
+      for (const r of w.durable.state?.recentReleases.slice(-2) ?? []) if (!existsSync(r.checkpointPath)) missing.push(r.checkpointPath);
+      await commit(offset, state, rows);
     };
     const c = new TrainerController(w.ports, { ...opts(dir), maxStaleness: 4 }, 0, null);
     await c.tick();
-    expect(c.releases).toHaveLength(4);
+    expect(c.recentReleases).toHaveLength(4);
     expect(missing).toEqual([]);
   });
   it('dead-letters a batch the trainer rejects as invalid, persists it, and trains the batches after it', async () => {
@@ -559,7 +401,7 @@ describe('TrainerController', () => {
     // Asked once: the same batch fails the same way every time.
     expect(w.calls.filter((x) => x === 'step:s:openclawrl:1')).toHaveLength(1);
     expect(w.stepsRun).toEqual(['s:openclawrl:2']);
-    expect(c.releases.map((r) => r.batchIds)).toEqual([['s:openclawrl:2']]);
+    expect(c.recentReleases.map((r) => r.batchIds)).toEqual([['s:openclawrl:2']]);
     expect(c.counters).toMatchObject({ dead_letters: 1, batches: 1 });
     expect(c.deadLetters.map((d) => [d.batch.batchId, d.code, d.attempts])).toEqual([['s:openclawrl:1', 'REEF_ERR_INVALID_ARGUMENT', 1]]);
     expect(c.deadLetters[0]!.message).toContain('exceed the model\'s context length');
@@ -586,7 +428,7 @@ describe('TrainerController', () => {
       'restart:v1', 'step:s:openclawrl:3',
     ]);
     expect(w.trainedOn).toEqual(['s:openclawrl:1@base', 's:openclawrl:3@v1']);
-    expect(c.releases.map((r) => [r.weightVersion, r.parent, r.batchIds])).toEqual([['v1', null, ['s:openclawrl:1']], ['v2', 'v1', ['s:openclawrl:3']]]);
+    expect(c.recentReleases.map((r) => [r.weightVersion, r.parent, r.batchIds])).toEqual([['v1', null, ['s:openclawrl:1']], ['v2', 'v1', ['s:openclawrl:3']]]);
     expect(c.deadLetters.map((d) => [d.batch.batchId, d.code, d.attempts])).toEqual([['s:openclawrl:2', 'REEF_ERR_TRAINER', 3]]);
     expect(c.counters).toMatchObject({ dead_letters: 1, trainer_restarts: 2 });
   });
@@ -621,7 +463,7 @@ describe('TrainerController', () => {
     w.failNext(0);
     for (let i = 0; i < 4 && w.stepsRun.length < turns / 2; i++) await c.tick();
     expect(w.stepsRun).toHaveLength(turns / 2);
-    expect(new Set(c.releases.flatMap((r) => r.batchIds)).size).toBe(turns / 2);
+    expect(new Set(c.recentReleases.flatMap((r) => r.batchIds)).size).toBe(turns / 2);
     expect(w.durable.state!.pending).toEqual([]);
   });
 
@@ -685,7 +527,7 @@ describe('TrainerController', () => {
     await c.tick();
     expect(w.calls).toEqual(['restart:base', 'step:s:openclawrl:1', 'load:v1']);
     expect(w.stepsRun).toEqual(['s:openclawrl:1']);
-    expect(c.releases.map((r) => r.weightVersion)).toEqual(['v1']);
+    expect(c.recentReleases.map((r) => r.weightVersion)).toEqual(['v1']);
   });
 
   it('a batch found in the trainer ledger whose load fails is retried with a restart, not given up on', async () => {
@@ -698,7 +540,7 @@ describe('TrainerController', () => {
     await c2.tick();
     expect(w.calls).toEqual(['restart:base', 'step:s:openclawrl:1', 'load:v1', 'restart:base', 'step:s:openclawrl:1', 'load:v1']);
     expect(w.stepsRun).toEqual(['s:openclawrl:1']);
-    expect(c2.releases.map((r) => r.weightVersion)).toEqual(['v1']);
+    expect(c2.recentReleases.map((r) => r.weightVersion)).toEqual(['v1']);
     expect(c2.counters.trainer_restarts).toBe(1);
   });
 
@@ -722,14 +564,14 @@ describe('TrainerController', () => {
     expect(w.calls.slice(-2)).toEqual(['step:s:openclawrl:3', 'load:v1']);
     expect(w.published).toEqual(['v1', 'v2', 'v3', 'v1']);
     expect(w.holds).toBe('v1');
-    expect(c.releases.map((r) => [r.weightVersion, r.parent, r.rollbackOf])).toEqual([['v1', null, null], ['v2', 'v1', null], ['v3', 'v2', null], ['v1', 'v3', 'release-1']]);
+    expect(c.recentReleases.map((r) => [r.weightVersion, r.parent, r.rollbackOf])).toEqual([['v1', null, null], ['v2', 'v1', null], ['v3', 'v2', null], ['v1', 'v3', 'release-1']]);
     expect(rb).toMatchObject({ id: 'release-4', weightVersion: 'v1', parent: 'v3' });
     // The next batch trains on top of the rollback.
     w.add('g', 1, 'anchor', 'v1');
     w.add('h', 1, 'anchor', 'v1');
     await c.tick();
     expect(w.trainedOn.at(-1)).toBe('s:openclawrl:4@v1');
-    expect(c.releases.at(-1)!.parent).toBe('v1');
+    expect(c.recentReleases.at(-1)!.parent).toBe('v1');
   });
 
   it('a batch stepped but not released when a rollback came trains on the rollback, which stays in effect', async () => {
@@ -750,7 +592,7 @@ describe('TrainerController', () => {
     // Answered from the ledger, v3 (trained from v2) went out as the rollback's child.
     expect(w.calls).toEqual(['restart:v1', 'step:s:openclawrl:3']);
     expect(w.trainedOn.at(-1)).toBe('s:openclawrl:3@v1');
-    expect(c.releases.map((r) => [r.weightVersion, r.parent, r.rollbackOf])).toEqual([
+    expect(c.recentReleases.map((r) => [r.weightVersion, r.parent, r.rollbackOf])).toEqual([
       ['v1', null, null], ['v2', 'v1', null], ['v1', 'v2', 'release-1'], ['v4', 'v1', null],
     ]);
     expect(w.holds).toBe('v4');
@@ -783,7 +625,7 @@ describe('TrainerController', () => {
     };
     await expect(c.rollback(null)).rejects.toThrow('engine refused the reload');
     expect(w.holds).toBe('v1'); // the trainer took the rollback, the engine did not
-    expect(c.releases.map((r) => r.weightVersion)).toEqual(['v1', 'v2']);
+    expect(c.recentReleases.map((r) => r.weightVersion)).toEqual(['v1', 'v2']);
     w.add('e', 1, 'anchor', 'v2');
     w.add('f', 1, 'anchor', 'v2');
     w.calls.length = 0;

@@ -2,9 +2,10 @@ import { existsSync, readFileSync, appendFileSync, mkdirSync, rmSync } from 'nod
 import { randomUUID } from 'node:crypto';
 import { dirname } from 'node:path';
 import { ReefError } from '../runtime/errors.js';
-import type { AgentRecord } from '../gateway/store/types.js';
+import type { AgentRecord, StateRows } from '../gateway/store/types.js';
 import { isStale, recordToTask, releaseLineage, type Task, type TeacherRenderer } from '../../recipes/openclawrl/record2task.js';
 import { Batcher, batchId, recordLine, type Batch, type BatcherState, type TaskRef } from '../../recipes/openclawrl/task2batch.js';
+import { releaseKey } from './releases.js';
 
 /**
  * The trainer-controller's logic, socket-free: judged turns → tasks → batches → training steps →
@@ -62,8 +63,10 @@ export interface Published {
 export interface ControllerPorts {
   readJudged(offset: number, limit: number): Promise<JudgedTurnRow[]>;
   getRecord(id: string): Promise<AgentRecord | null>;
-  /** Persists the next offset and the controller state atomically. */
-  commit(offset: number, state: ControllerState): Promise<void>;
+  /** Persists the next offset, the controller state and the rows of new releases atomically. */
+  commit(offset: number, state: ControllerState, rows: StateRows): Promise<void>;
+  /** A release by id from its row (releases.ts), for a rollback to one older than the state keeps; null when there is none. */
+  getRelease(id: string): Promise<Release | null>;
   renderTeacher: TeacherRenderer;
   trainer: {
     /** (Re)starts the trainer group, loading `checkpointPath` when given. */
@@ -92,6 +95,11 @@ export interface ControllerOptions {
   /** Checkpoints kept on disk (older ones are deleted; releases stay listed). @default 5 */
   keepCheckpoints: number;
   /**
+   * Newest releases kept in the state, the rest in their rows only; raised to what checkpoint
+   * retention and staleness need (`keepCheckpoints` + 1, `maxStaleness` + 2). @default 64
+   */
+  recentReleases?: number;
+  /**
    * How often (ms) to check that the rollout engine serves the current release (`restoreEngine`).
    * @default 5000
    */
@@ -119,23 +127,53 @@ export interface DeadLetter {
   failedAt: number;
 }
 
+/**
+ * Version 2. Each release is also a row of its own (releases.ts), written by the commit that
+ * records it, so a commit writes the state and the one release that is new, never the history.
+ */
 export interface ControllerState {
+  version: 2;
   batcher: BatcherState;
   /** Formed batches not yet released, in order. */
+  pending: Batch[];
+  /**
+   * The newest releases, oldest first, at most the controller's window: what staleness, a
+   * rollback to the previous release and checkpoint retention read.
+   */
+  recentReleases: Release[];
+  /** Releases ever recorded: the next one is `release-<releaseCount + 1>`. */
+  releaseCount: number;
+  deadLetters: DeadLetter[];
+  counters: Record<string, number>;
+  /**
+   * Names this history in the record file's lines: batch ids start again at 1 in a new data dir,
+   * while the record file (relative to the config) may hold an earlier run's lines.
+   */
+  run: string;
+  /** The record line of the last release, saved with it, so that a crash before the append is healed at the next start. */
+  lastLine: Record<string, unknown> | null;
+}
+
+/**
+ * Version 1 (no `version`): every release inside the state, which was rewritten whole on every
+ * commit. Still read; the first commit after writes its releases as rows.
+ */
+export interface ControllerStateV1 {
+  batcher: BatcherState;
   pending: Batch[];
   releases: Release[];
   /** Absent in states saved before dead letters existed. */
   deadLetters?: DeadLetter[];
   counters: Record<string, number>;
-  /**
-   * Names this history in the record file's lines: batch ids start again at 1 in a new data dir,
-   * while the record file (relative to the config) may hold an earlier run's lines. Given to a
-   * state saved without one on load.
-   */
+  /** Absent in states saved before runs were named: given one on load. */
   run?: string;
-  /** The record line of the last release, saved with it, so that a crash before the append is healed at the next start. */
   lastLine?: Record<string, unknown> | null;
 }
+
+export type SavedControllerState = ControllerState | ControllerStateV1;
+
+/** ControllerOptions.recentReleases' default. */
+export const RECENT_RELEASES = 64;
 
 /** Mean |ℓθ − ℓold| on the first batch above which the trainer and the engine disagree on the distribution. */
 const FIRST_BATCH_LOGPROB_GAP = 0.02;
@@ -187,12 +225,36 @@ export function untrainable(rec: AgentRecord): string | null {
 }
 
 export function emptyState(): ControllerState {
-  return { batcher: { lastN: {}, pending: {}, judged: {} }, pending: [], releases: [], deadLetters: [], counters: {} };
+  return { version: 2, batcher: { lastN: {}, pending: {}, judged: {} }, pending: [], recentReleases: [], releaseCount: 0, deadLetters: [], counters: {}, run: randomUUID(), lastLine: null };
+}
+
+/** A saved state as version 2, with the releases whose rows it still lacks (all of a version 1's), by number. */
+export function upgradeState(saved: SavedControllerState | null): { state: ControllerState; unsaved: [n: number, release: Release][] } {
+  if (saved === null) return { state: emptyState(), unsaved: [] };
+  if ('version' in saved && saved.version === 2) return { state: { ...saved, recentReleases: [...saved.recentReleases] }, unsaved: [] };
+  const v1 = saved as ControllerStateV1;
+  const state: ControllerState = {
+    version: 2,
+    batcher: v1.batcher,
+    pending: v1.pending,
+    recentReleases: [...v1.releases],
+    releaseCount: v1.releases.length,
+    deadLetters: v1.deadLetters ?? [],
+    counters: v1.counters,
+    run: v1.run ?? randomUUID(),
+    lastLine: v1.lastLine ?? null,
+  };
+  // By position, as version 1 numbered them (`release-<length + 1>`).
+  return { state, unsaved: v1.releases.map((r, i) => [i + 1, r]) };
 }
 
 export class TrainerController {
   private readonly batcher: Batcher;
   private state: ControllerState;
+  /** Releases whose rows the next commit writes: the new one, or every release of a version 1 state. */
+  private readonly unsaved: [n: number, release: Release][];
+  /** How many releases `recentReleases` holds at most. */
+  private readonly window: number;
   /**
    * Whether the group holds what the last release holds, as far as this controller knows: true only
    * after a restart that succeeded, false after any failure on the way (a failed restart leaves
@@ -209,12 +271,17 @@ export class TrainerController {
   private engineCheckedAt = 0;
   private engineVersionless = false;
 
-  constructor(private readonly ports: ControllerPorts, private readonly opts: ControllerOptions, private offset: number, state: ControllerState | null) {
-    this.state = state ?? emptyState();
-    this.state.deadLetters ??= [];
-    this.state.run ??= randomUUID();
+  constructor(private readonly ports: ControllerPorts, private readonly opts: ControllerOptions, private offset: number, saved: SavedControllerState | null) {
+    ({ state: this.state, unsaved: this.unsaved } = upgradeState(saved));
+    // Retention must see a release leave its newest `keepCheckpoints` while the state still holds
+    // it, and the lineage a turn is checked against must reach `maxStaleness` steps back.
+    this.window = Math.max(opts.recentReleases ?? RECENT_RELEASES, opts.keepCheckpoints + 1, opts.maxStaleness + 2);
+    this.trimReleases();
     this.batcher = new Batcher(opts.batchSize, this.state.batcher);
     if (this.state.lastLine) this.writeRecordLine(this.state.lastLine);
+    // A crash between a release's commit and its pruning left checkpoints that the next prune, once
+    // that release has left the state, would no longer see.
+    this.pruneCheckpoints();
   }
 
   private exclusive<T>(fn: () => Promise<T>): Promise<T> {
@@ -224,16 +291,22 @@ export class TrainerController {
   }
 
   get currentVersion(): string | null {
-    return this.state.releases.at(-1)?.weightVersion ?? null;
+    return this.state.recentReleases.at(-1)?.weightVersion ?? null;
   }
 
   /** What the trainer group restarts from: the last release's checkpoint, or null for the base model. */
   get lastCheckpoint(): string | null {
-    return this.state.releases.at(-1)?.checkpointPath ?? null;
+    return this.state.recentReleases.at(-1)?.checkpointPath ?? null;
   }
 
-  get releases(): readonly Release[] {
-    return this.state.releases;
+  /** The newest releases, oldest first (every release: releases.ts `readReleases`). */
+  get recentReleases(): readonly Release[] {
+    return this.state.recentReleases;
+  }
+
+  /** Releases ever recorded, rollbacks included. */
+  get releaseCount(): number {
+    return this.state.releaseCount;
   }
 
   get counters(): Readonly<Record<string, number>> {
@@ -280,7 +353,7 @@ export class TrainerController {
     const now = Date.now();
     if (now - this.engineCheckedAt < (this.opts.engineCheckMs ?? 5000)) return;
     this.engineCheckedAt = now;
-    const current = this.state.releases.at(-1);
+    const current = this.state.recentReleases.at(-1);
     if (!current) return;
     let served: string | null;
     try {
@@ -306,7 +379,7 @@ export class TrainerController {
     if (this.state.pending.length >= MAX_PENDING_BATCHES) return 0;
     const rows = await this.ports.readJudged(this.offset, limit);
     // Releases change only between reads (trainNext and rollback take turns with this).
-    const lineage = releaseLineage(this.state.releases);
+    const lineage = releaseLineage(this.state.recentReleases);
     let read = 0;
     for (const row of rows) {
       // Stopped where the cap is reached, mid-read too: the offset says where to go on from.
@@ -340,7 +413,36 @@ export class TrainerController {
 
   private async persist(): Promise<void> {
     this.state.batcher = this.batcher.toJSON();
-    await this.ports.commit(this.offset, this.state);
+    const put = this.unsaved.map(([n, r]): [string, unknown] => [releaseKey(n), r]);
+    await this.ports.commit(this.offset, this.state, { put, delete: [] });
+    // Kept on a failed commit: the next one writes them.
+    this.unsaved.splice(0, put.length);
+  }
+
+  /** Records a release under the next number, kept in the state and saved as its row by the next commit. */
+  private addRelease(fields: Omit<Release, 'id'>): Release {
+    const n = ++this.state.releaseCount;
+    const release: Release = { id: `release-${n}`, ...fields };
+    this.state.recentReleases.push(release);
+    this.unsaved.push([n, release]);
+    this.trimReleases();
+    return release;
+  }
+
+  /**
+   * Only the newest `window` releases stay in the state. A staleness lineage that runs past them
+   * (a rollback to a release older than the window, then further back through its parents) stops
+   * there, and turns of the older versions count as stale: they were sampled at least a window of
+   * releases ago.
+   */
+  private trimReleases(): void {
+    const rels = this.state.recentReleases;
+    if (rels.length > this.window) rels.splice(0, rels.length - this.window);
+  }
+
+  /** A release by id: from the state, from a version 1 state's releases not yet in rows, or from its row. */
+  private async findRelease(id: string): Promise<Release | null> {
+    return this.state.recentReleases.find((r) => r.id === id) ?? this.unsaved.find(([, r]) => r.id === id)?.[1] ?? (await this.ports.getRelease(id));
   }
 
   /** Restarts the group from the last release; only a restart that succeeded makes it ready. */
@@ -394,7 +496,7 @@ export class TrainerController {
       // Staleness again, now that the batch is about to train: a backlog read in one tick forms
       // many batches, and the last of them trains many releases after the read found its turns
       // fresh; a rollback since then may also have put their weights aside.
-      const lineage = releaseLineage(this.state.releases);
+      const lineage = releaseLineage(this.state.recentReleases);
       const fresh = turns.filter((t) => !isStale(t.record.weightVersion, lineage, this.opts.maxStaleness));
       if (fresh.length < turns.length) this.bump('stale', turns.length - fresh.length);
       const unstale = await this.narrowFirst(batch, fresh.map((t) => t.ref), 'every turn went stale before it could train');
@@ -477,8 +579,7 @@ export class TrainerController {
     this.countSync(published);
     const parent = this.currentVersion;
     this.checkFirstBatchLogprobs(batch, result.metrics);
-    const release: Release = {
-      id: `release-${this.state.releases.length + 1}`,
+    const release = this.addRelease({
       weightVersion: result.weightVersion,
       parent,
       batchIds: [batch.batchId],
@@ -487,8 +588,7 @@ export class TrainerController {
       checkpointPath: result.checkpointPath,
       rollbackOf: null,
       sync: published.sync,
-    };
-    this.state.releases.push(release);
+    });
     this.state.pending.shift();
     this.bump('batches');
     this.bump('samples', batch.tasks.length);
@@ -524,7 +624,7 @@ export class TrainerController {
    * turn of it is trained twice.
    */
   private async deadLetter(batch: Batch, err: ReefError, attempts: number): Promise<boolean> {
-    const letters = (this.state.deadLetters ??= []);
+    const letters = this.state.deadLetters;
     letters.push({ batch, code: err.code, message: err.message, attempts, failedAt: Date.now() });
     if (letters.length > MAX_DEAD_LETTERS) letters.splice(0, letters.length - MAX_DEAD_LETTERS);
     this.state.pending.shift();
@@ -542,7 +642,7 @@ export class TrainerController {
    */
   private checkFirstBatchLogprobs(batch: Batch, metrics: Record<string, number>): void {
     const diff = metrics.train_rollout_logprob_abs_diff;
-    if (this.state.releases.length > 0 || diff === undefined || !(diff > FIRST_BATCH_LOGPROB_GAP)) return;
+    if (this.state.releaseCount > 0 || diff === undefined || !(diff > FIRST_BATCH_LOGPROB_GAP)) return;
     this.bump('logprob_mismatch_warnings');
     this.ports.log(`warning: batch ${batch.batchId}, the first, was sampled by the weights it trained, yet the trainer's logprobs differ from the engine's by ${diff.toPrecision(3)} on average (expected below ${FIRST_BATCH_LOGPROB_GAP}): check training.engine_logprobs (how the engine reports logprobs), --dtype and that trainer and engine load the same model`);
   }
@@ -566,8 +666,9 @@ export class TrainerController {
   }
 
   private pruneCheckpoints(): void {
-    const keep = new Set(this.state.releases.slice(-this.opts.keepCheckpoints).map((r) => r.checkpointPath));
-    for (const r of this.state.releases) {
+    const rels = this.state.recentReleases;
+    const keep = new Set(rels.slice(-this.opts.keepCheckpoints).map((r) => r.checkpointPath));
+    for (const r of rels) {
       if (keep.has(r.checkpointPath) || r.checkpointPath === this.opts.baseModelPath || !existsSync(r.checkpointPath)) continue;
       rmSync(r.checkpointPath, { recursive: true, force: true });
     }
@@ -579,9 +680,9 @@ export class TrainerController {
    * batch being trained, if any, to be released first.
    */
   async rollback(releaseId: string | null): Promise<Release> {
-    const rels = this.state.releases;
-    const target = releaseId === null ? (rels.length >= 2 ? rels[rels.length - 2]! : null) : (rels.find((r) => r.id === releaseId) ?? null);
-    const base = releaseId === 'base' || (releaseId === null && rels.length === 1);
+    const rels = this.state.recentReleases;
+    const target = releaseId === null ? (rels.length >= 2 ? rels[rels.length - 2]! : null) : releaseId === 'base' ? null : await this.findRelease(releaseId);
+    const base = releaseId === 'base' || (releaseId === null && this.state.releaseCount === 1);
     if (!target && !base) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `release ${releaseId ?? '(previous)'}` });
     return this.exclusive(async () => {
       const path = base ? this.opts.baseModelPath : target!.checkpointPath;
@@ -597,8 +698,7 @@ export class TrainerController {
         else await this.ports.trainer.restart(path);
         const published = await this.ports.publish(path, version, 'rollback');
         this.countSync(published);
-        const release: Release = {
-          id: `release-${rels.length + 1}`,
+        const release = this.addRelease({
           weightVersion: version,
           parent,
           batchIds: [],
@@ -607,10 +707,12 @@ export class TrainerController {
           checkpointPath: path,
           rollbackOf: base ? 'base' : target!.id,
           sync: published.sync,
-        };
-        rels.push(release);
+        });
         await this.persist();
         this.trainerReady = true; // it holds the last release now
+        // As after a trained release: the state must still hold each release leaving the newest
+        // `keepCheckpoints` when its checkpoint is pruned.
+        this.pruneCheckpoints();
         return release;
       } catch (err) {
         // The trainer may hold the rollback (or, after a failed load, anything) while the

@@ -12,7 +12,8 @@ import type { SqliteStore } from '../gateway/store/sqlite-store.js';
 import { ChatTokenizer } from '../gateway/tokenize/index.js';
 import { renderChat } from '../gateway/tokenize/prepare.js';
 import type { Task } from '../../recipes/openclawrl/record2task.js';
-import { TrainerController, type ControllerState, type JudgedTurnRow, type Published } from './controller.js';
+import { TrainerController, type JudgedTurnRow, type Published, type SavedControllerState } from './controller.js';
+import { readRelease } from './releases.js';
 import { CONSUMER, STATE_KEY } from './messages.js';
 import { STATE_KEY as JUDGE_STATE_KEY } from '../judge/handler.js';
 
@@ -234,7 +235,8 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
         return rows;
       },
       getRecord: (id) => w.store.get(id),
-      commit: (next, s) => w.store.commitConsumer(CONSUMER, next, STATE_KEY, s),
+      commit: (next, s, rows) => w.store.commitConsumer(CONSUMER, next, STATE_KEY, s, rows),
+      getRelease: (id) => readRelease(w.store, id),
       // As the gateway rendered the turn's own prompt, so that the hint is the only difference.
       renderTeacher: async (messages, tools, extra) => renderChat(tokenizer, messages, tools, { addGenerationPrompt: true, extra }).ids,
       trainer: {
@@ -291,8 +293,8 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
         }
       },
       servedVersion: async () => (await engine.modelInfo()).weight_version ?? null,
-      // The judge saves its correlator (with the cumulative counters) under this key (actors/judge/handler.ts).
-      // Only the counters: the rest of that state is every open session.
+      // The judge saves its correlator's head (with the cumulative counters) under this key
+      // (actors/judge/handler.ts). Only the counters: beside them are every pending turn's lease.
       correlation: async () => ((await w.store.getStateFields(JUDGE_STATE_KEY, ['$.correlator.counters']))?.values[0] as Record<string, number> | null) ?? {},
       log: w.log,
     },
@@ -306,7 +308,7 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
       train: cfg.training.enabled,
     },
     offset,
-    (state as ControllerState | null) ?? null,
+    (state as SavedControllerState | null) ?? null,
   );
   if (recoverReleased) {
     try {

@@ -50,7 +50,7 @@ await runActor({
       }
     })();
     return {
-      'trainer-status': () => ({ weightVersion: c.currentVersion, releases: c.releases.length, deadLetters: c.counters.dead_letters ?? 0, counters: { ...c.counters }, failures }),
+      'trainer-status': () => ({ weightVersion: c.currentVersion, releases: c.releaseCount, deadLetters: c.counters.dead_letters ?? 0, counters: { ...c.counters }, failures }),
       // Runs while the loop ticks: the controller makes it wait for the batch being trained.
       rollback: async (msg) => ({ release: await c.rollback(msg.releaseId) }),
     };
@@ -61,5 +61,5 @@ await runActor({
     await wiring?.close();
     await store?.close();
   },
-  stats: (): Record<string, number> => (wiring ? { releases: wiring.controller.releases.length, failures } : {}),
+  stats: (): Record<string, number> => (wiring ? { releases: wiring.controller.releaseCount, failures } : {}),
 });

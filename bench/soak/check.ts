@@ -3,6 +3,7 @@ import { basename, join } from 'node:path';
 import { SqliteStore } from '../../actors/gateway/store/sqlite-store.js';
 import type { Release } from '../../actors/trainer-controller/controller.js';
 import { STATE_KEY as TRAINER_STATE } from '../../actors/trainer-controller/messages.js';
+import { readReleases } from '../../actors/trainer-controller/releases.js';
 
 /**
  * The soak's invariants (docs/benchmarks.md "kill -9 soak"), read from a stopped stack's files:
@@ -108,8 +109,8 @@ export async function checkSoak(files: SoakFiles): Promise<SoakCheck> {
     report(violations, 'turns judged more than once', [...judgedBy].filter(([, n]) => n > 1).map(([id, n]) => `${id} ×${n}`));
 
     // 3. No turn trained twice: the released batches' turns, from their record lines, are disjoint.
-    const state = (await store.getState(TRAINER_STATE)) as { releases?: Release[]; run?: string; counters?: Record<string, number>; deadLetters?: unknown[] } | null;
-    const releases = state?.releases ?? [];
+    const state = (await store.getState(TRAINER_STATE)) as { run?: string; counters?: Record<string, number>; deadLetters?: unknown[] } | null;
+    const releases: Release[] = await readReleases(store);
     const trainedReleases = releases.filter((r) => r.rollbackOf === null);
     const releasedBatches = trainedReleases.flatMap((r) => r.batchIds);
     report(violations, 'batches released more than once', releasedBatches.filter((b, i) => releasedBatches.indexOf(b) !== i));

@@ -5,7 +5,8 @@ import Database from 'better-sqlite3';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { SqliteStore } from '../../actors/gateway/store/sqlite-store.js';
 import { STATE_KEY } from '../../actors/trainer-controller/messages.js';
-import type { Release } from '../../actors/trainer-controller/controller.js';
+import type { ControllerState, Release } from '../../actors/trainer-controller/controller.js';
+import { readReleases, RELEASE_PREFIX } from '../../actors/trainer-controller/releases.js';
 import { checkSoak, type SoakFiles } from '../../bench/soak/check.js';
 import { runSoak, summaryLines, type SoakResult } from '../../bench/soak/soak.js';
 
@@ -91,10 +92,13 @@ describe('kill -9 soak (short)', () => {
     writeFileSync(ledgerPath, JSON.stringify(ledger));
     // The current release, as the controller saved it, with its checkpoint removed from the copy.
     const store = SqliteStore.open(join(c.dataDir, 'records.sqlite'));
-    const state = (await store.getState(STATE_KEY)) as { releases: Release[] };
-    const current = state.releases.at(-1)!;
+    const current = (await readReleases(store)).at(-1)!;
     const moved = current.checkpointPath.replace(result.dir, c.dir);
-    await store.putState(STATE_KEY, { ...state, releases: state.releases.map((r) => ({ ...r, checkpointPath: r.checkpointPath.replace(result.dir, c.dir) })) });
+    const move = (r: Release): Release => ({ ...r, checkpointPath: r.checkpointPath.replace(result.dir, c.dir) });
+    // The rows, which the checker reads, and the newest releases in the state, as the controller keeps them.
+    for (const [key, r] of await store.statesWithPrefix(RELEASE_PREFIX)) await store.putState(key, move(r as Release));
+    const state = (await store.getState(STATE_KEY)) as ControllerState;
+    await store.putState(STATE_KEY, { ...state, recentReleases: state.recentReleases.map(move) });
     await store.close();
     rmSync(moved, { recursive: true });
     const r = await checkSoak(c);

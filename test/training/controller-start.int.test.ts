@@ -74,7 +74,7 @@ describe('a trainer-controller that starts', () => {
 
   it('starts all the same when no gateway is up', async () => {
     const { wired, log } = await wiring(null);
-    expect(wired.controller.releases).toEqual([]);
+    expect(wired.controller.recentReleases).toEqual([]);
     expect(log.filter((l) => l.includes('could not ask the gateway'))).toEqual([]);
   });
 });

@@ -422,8 +422,8 @@ export class SqliteStore implements RecordStore {
   /**
    * Parts of a stored value, by SQLite JSON path (`$.a.b`): each the part's JSON value, or null
    * where the path finds none; null when the key has none. SQLite picks them out of the stored
-   * text, so a reader that wants a few counters of a large state (the judge's correlator holds
-   * every open session) neither parses nor keeps the rest: ~3x less event-loop time on 650 KB.
+   * text, so a reader that wants a few counters of a large state (a judge state of version 2
+   * held every open session) neither parses nor keeps the rest: ~3x less event-loop time on 650 KB.
    */
   async getStateFields(key: string, paths: readonly string[]): Promise<{ updatedAt: number; values: unknown[] } | null> {
     this.live();

@@ -11,7 +11,7 @@ import {
   type NextState,
   type WarningCode,
 } from './types.js';
-import { type CorrelatorState, restoreSession, saveSession, STATE_VERSION } from './state.js';
+import { type CorrelatorHead, type CorrelatorState, restoreSession, type SavedSession, saveSession, STATE_VERSION } from './state.js';
 
 /**
  * Rebuilds sessions from recorded requests, fed in offset order. Rules (issue 4 §1):
@@ -136,14 +136,50 @@ export class Correlator {
   }
 
   toJSON(): CorrelatorState {
+    return { ...this.head(), sessions: [...this.table.values()].map(saveSession) };
+  }
+
+  /** The state without its sessions (they are saved one by one: `changes`). */
+  head(): CorrelatorHead {
     return {
       version: STATE_VERSION,
       clock: this.clock,
       seq: this.seq,
       counters: this.counters(),
       warned: { untagged: this.warnedUntagged, evictions: this.warnedEvictions, unboundAt: this.lastUnboundWarnAt },
-      sessions: [...this.table.values()].map(saveSession),
     };
+  }
+
+  /**
+   * The sessions opened, changed or closed since `changesSaved`, by map key: each as it is now, or
+   * null once closed. Saved with `head()`, they bring a copy of the last saved state up to this one
+   * (`fromJSON` of the head with the sessions in `seq` order, which is their activity order).
+   */
+  changes(): [mapKey: string, session: SavedSession | null][] {
+    return [...this.table.unsavedKeys()].map((k) => {
+      const s = this.table.get(k);
+      return [k, s === undefined ? null : saveSession(s)];
+    });
+  }
+
+  /** What `changes` answered is saved; call before anything else changes the sessions. */
+  changesSaved(): void {
+    this.table.saved();
+  }
+
+  /** Counts these sessions as changed: those of a state undone to an earlier one, or every session of a state saved whole. */
+  markChanged(mapKeys: Iterable<string>): void {
+    for (const k of mapKeys) this.table.changed(k);
+  }
+
+  /** The map keys `changes` would answer. */
+  unsavedKeys(): string[] {
+    return [...this.table.unsavedKeys()];
+  }
+
+  /** Every open session's map key. */
+  sessionKeys(): string[] {
+    return [...this.table.values()].map((s) => s.mapKey);
   }
 
   /** A correlator that resumes from `toJSON()` output; `options` may differ from the saved run's. */
@@ -157,6 +193,7 @@ export class Correlator {
     c.warnedEvictions = state.warned.evictions;
     c.lastUnboundWarnAt = state.warned.unboundAt;
     for (const saved of state.sessions) c.table.add(restoreSession(saved));
+    c.table.saved();
     return c;
   }
 
@@ -287,6 +324,7 @@ export class Correlator {
     if (original !== null && original.n === n) {
       this.counts.retries++;
       original.repeat = true;
+      this.table.changed(original.mapKey);
       // The repeat stays loud: if nothing extends the group, it is the turn lost (the reply the
       // client most likely kept), counted once as tag mode counts it.
       const sib = this.open(record, sessionMapKey(sc, record.keyId ?? null, `chain:${record.id}`), `chain:${record.id}`, false, n, full, ext, this.hs[0]!, this.hs[0]!, false, null);
@@ -300,7 +338,11 @@ export class Correlator {
       this.table.touch(s, this.clock, ++this.seq);
       this.finishTurn(s, s.turnId, record, messages, k, out);
       // Its retry group (exact repeats of its last request) was retries after all: silent now.
-      for (const t of this.table.withFull(s.full)) if (t !== s && t.n === s.n) t.repeat = true;
+      for (const t of this.table.withFull(s.full)) {
+        if (t === s || t.n !== s.n) continue;
+        t.repeat = true;
+        this.table.changed(t.mapKey);
+      }
       this.table.unindex(s);
       this.setLast(s, record.id, n, full, ext, this.hs[0]!, this.hs[0]!);
       this.table.index(s);

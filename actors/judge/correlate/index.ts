@@ -1,6 +1,6 @@
 export { Correlator, nextStateOf } from './correlator.js';
 export { canonicalJson, contentText, HashMemo, messageHash } from './hash.js';
-export type { CorrelatorState, SavedSession } from './state.js';
+export type { CorrelatorHead, CorrelatorState, SavedSession } from './state.js';
 export {
   type CorrelationCounters,
   type CorrelationEvent,

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { Correlator } from './correlator.js';
 import { asst, kinds, rec, sys, user } from './fixtures.js';
+import type { SavedSession } from './state.js';
 import type { CorrelationEvent, CorrelationRecord } from './types.js';
 
 const S = sys('You are a helpful agent.');
@@ -231,6 +232,58 @@ describe('state', () => {
     expect(expected.some((e) => e.kind === 'turn-finished')).toBe(true);
     expect(whole.counters()).toMatchObject({ retries: 4, side: 6, evicted: expect.any(Number) });
     expect(whole.counters().evicted).toBeGreaterThan(0);
+  });
+
+  /**
+   * Feeds `records`, keeping a copy of the sessions as the judge keeps its rows (one per session, by
+   * map key) from `changes()` alone, and checks after each record that the copy and `head()` are the
+   * whole state. Answers how many session rows were written.
+   */
+  function savedCopyFollows(c: Correlator, records: readonly CorrelationRecord[], tickEvery = 0): number {
+    const rows = new Map<string, SavedSession>();
+    let written = 0;
+    records.forEach((r, i) => {
+      c.observe(r);
+      if (tickEvery > 0 && i % tickEvery === tickEvery - 1) c.tick(r.finishedAt + 30_000);
+      const changes = c.changes();
+      written += changes.length;
+      for (const [k, s] of changes) {
+        if (s === null) rows.delete(k);
+        else rows.set(k, s);
+      }
+      c.changesSaved();
+      expect(c.changes()).toEqual([]);
+      expect({ ...c.head(), sessions: [...rows.values()].sort((a, b) => a[16] - b[16]) }).toEqual(c.toJSON());
+    });
+    return written;
+  }
+
+  it('the sessions changed since the last save bring a saved copy up to date, record by record, expiry and eviction included', () => {
+    const records = stream();
+    const c = new Correlator({ sessionTtlS: 60, maxOpenSessions: 3 });
+    const written = savedCopyFollows(c, records, 7);
+    // A record changes the sessions it touches (its own, a retry's sibling, one it closes), not every one.
+    expect(written).toBeLessThan(records.length * 2);
+    expect(c.counters()).toMatchObject({ retries: 4, evicted: expect.any(Number) });
+  });
+
+  it('a saved copy follows an untagged retry group whose first member is extended (the others become silent retries)', () => {
+    const q = [S, user('same question')];
+    const records = [rec('g1', q, 'first', { at: 0 }), rec('g2', q, 'second', { at: 1 }), rec('g3', q, 'third', { at: 2 }), rec('g4', [...q, asst('first'), user('go on')], 'more', { at: 3 })];
+    const c = new Correlator();
+    savedCopyFollows(c, records);
+    expect(c.counters()).toMatchObject({ retries: 2, bound: 1 });
+  });
+
+  it('a restored correlator has nothing to save until it changes, then what changed', () => {
+    const c = new Correlator();
+    for (let i = 0; i < 5; i++) c.observe(lone(`r${i}`, i, { session: `s${i}` }));
+    const resumed = Correlator.fromJSON(c.toJSON());
+    expect(resumed.changes()).toEqual([]);
+    resumed.observe(rec('r5', [S, user('q r2'), asst('a r2'), user('more')], 'x', { at: 10, session: 's2' }));
+    expect(resumed.changes().map(([, s]) => s?.[3])).toEqual(['r5']);
+    resumed.markChanged(resumed.sessionKeys());
+    expect(resumed.changes()).toHaveLength(5);
   });
 
   it('rejects a state of another version', () => {

@@ -100,6 +100,8 @@ export class SessionTable {
   private readonly byTenant = new Map<string, Map<string, Session>>();
   private readonly byExt = new Map<number, Bucket>();
   private readonly byFull = new Map<number, Bucket>();
+  /** Map keys of the sessions added, changed or removed since `saved()`: what the judge's next commit writes. */
+  private readonly unsaved = new Set<string>();
 
   get size(): number {
     return this.byKey.size;
@@ -165,7 +167,23 @@ export class SessionTable {
     return b === undefined ? [] : Array.isArray(b) ? [...b] : [b];
   }
 
+  /** Map keys of the sessions added, changed (`changed`, `touch`) or removed since `saved()`. */
+  unsavedKeys(): IterableIterator<string> {
+    return this.unsaved.values();
+  }
+
+  /** Call after changing a session other than through `add`, `touch` or `remove`. */
+  changed(mapKey: string): void {
+    this.unsaved.add(mapKey);
+  }
+
+  /** What `unsavedKeys` named is saved. */
+  saved(): void {
+    this.unsaved.clear();
+  }
+
   add(s: Session): void {
+    this.unsaved.add(s.mapKey);
     this.byKey.set(s.mapKey, s);
     const t = tenantOf(s);
     let m = this.byTenant.get(t);
@@ -176,6 +194,7 @@ export class SessionTable {
 
   /** Moves `s` to the most recently active end. */
   touch(s: Session, now: number, seq: number): void {
+    this.unsaved.add(s.mapKey);
     s.lastAt = now;
     s.seq = seq;
     this.byKey.delete(s.mapKey);
@@ -199,6 +218,7 @@ export class SessionTable {
   }
 
   remove(s: Session): void {
+    this.unsaved.add(s.mapKey);
     this.unindex(s);
     this.byKey.delete(s.mapKey);
     const t = tenantOf(s);

@@ -35,6 +35,13 @@ export type SavedSession = [
   keyId?: string | null,
 ];
 
+/**
+ * The correlator without its sessions: the judge saves this in its state and each session as a
+ * row of its own (`Correlator.changes`), so that a commit writes the sessions its records touched,
+ * not all of them.
+ */
+export type CorrelatorHead = Omit<CorrelatorState, 'sessions'>;
+
 export interface CorrelatorState {
   version: typeof STATE_VERSION;
   clock: number;

@@ -10,6 +10,7 @@ import { Stack } from '../../../cluster/stack.js';
 import { SqliteStore } from '../../../actors/gateway/store/sqlite-store.js';
 import type { JudgedTurn } from '../../../actors/gateway/store/types.js';
 import { CONSUMER as TRAINER, STATE_KEY as TRAINER_STATE } from '../../../actors/trainer-controller/messages.js';
+import { readReleases } from '../../../actors/trainer-controller/releases.js';
 import { CONSUMER as JUDGE, STATE_KEY as JUDGE_STATE } from '../../../actors/judge/handler.js';
 import { generateProblems, type Problem } from '../harness/problems.js';
 import { PLAIN_ANSWER_RULE } from '../harness/scoring.js';
@@ -491,8 +492,8 @@ export async function runArm(o: ArmOptions): Promise<ArmSummary> {
     writeFileSync(join(o.out, 'heldout-after.json'), `${JSON.stringify({ settings: evalSettings, eval: after })}\n`);
     lap('heldout_after', t);
     const hints = hintCounts(await judgedTurns(store, SCENARIO));
-    const state = (await store.getState(TRAINER_STATE)) as { releases?: Array<{ checkpointPath: string; metrics: Record<string, number>; rollbackOf: string | null }>; counters?: Record<string, number> } | null;
-    const releases = state?.releases ?? [];
+    const state = (await store.getState(TRAINER_STATE)) as { counters?: Record<string, number> } | null;
+    const releases = await readReleases(store);
     o.log(`after ${releases.length} release(s), ${after.metrics.n} held-out first replies: habit ${pct(after.metrics.habit.rate)} [${after.metrics.habit.ci95.map(pct).join(', ')}], answer ${pct(after.metrics.answer.rate)}${after.greedy_accuracy === null ? '' : `, greedy exact ${pct(after.greedy_accuracy)}`} (${timings.heldout_after} s)`);
 
     t = performance.now();
