@@ -3,7 +3,7 @@ import { basename, join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { EngineClient } from '../../cluster/engine-client.js';
 import type { ReefConfig } from '../../cluster/config/index.js';
-import { PRINTABLE_ASCII } from '../../cluster/config/schema.js';
+import { PRINTABLE_ASCII, shortKeyProblem } from '../../cluster/config/schema.js';
 import { ReefError } from '../runtime/errors.js';
 import type { Handlers } from '../runtime/mailbox.js';
 import { Authenticator, type ApiKeySpec } from './auth.js';
@@ -69,6 +69,8 @@ export function resolveApiKeys(cfg: ReefConfig, env: NodeJS.ProcessEnv = process
     const key = k.key ?? (k.key_env ? env[k.key_env]?.trim() : undefined);
     if (!key) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}].key_env: environment variable ${k.key_env} is not set or is blank` });
     if (!PRINTABLE_ASCII.test(key)) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}].key_env: environment variable ${k.key_env} holds characters other than printable ASCII, which no client can send in a header` });
+    const short = shortKeyProblem(key.length);
+    if (short !== null) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}].key_env: the key in environment variable ${k.key_env} ${short}` });
     return { key, scenarios: k.scenarios, maxConcurrency: k.max_concurrency, requestsPerMinute: k.requests_per_minute, tokensPerMinute: k.tokens_per_minute };
   });
 }

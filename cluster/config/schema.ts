@@ -42,6 +42,19 @@ const scenarioName = () => {
 /** What an API key may hold: the characters a client can send in a header (checked for key_env values too). */
 export const PRINTABLE_ASCII = /^[\x20-\x7e]*$/;
 
+/**
+ * The shortest API key accepted (checked for key_env values too). Entropy cannot be read off a
+ * string, so length stands in for it: 32 hex digits, the least dense alphabet key generators use,
+ * are 128 bits, out of reach of guessing even at the rate the gateway lets failed attempts through.
+ */
+export const MIN_API_KEY_LENGTH = 32;
+
+/** Why a key of `length` characters is refused, or null. Says neither the key nor any part of it. */
+export function shortKeyProblem(length: number): string | null {
+  if (length >= MIN_API_KEY_LENGTH) return null;
+  return `must be at least ${MIN_API_KEY_LENGTH} characters, got ${length}: use a random one, e.g. \`openssl rand -hex 32\``;
+}
+
 const apiKey = z
   .strictObject(
     {
@@ -52,6 +65,13 @@ const apiKey = z
         // Node reads header bytes as Latin-1, so a key with other characters (é, emoji) never
         // matches what a client sends, or matches from one client library and not another.
         .refine((k) => PRINTABLE_ASCII.test(k), { error: 'must be printable ASCII (characters a client can send in a header)' })
+        .check(
+          z.superRefine((k: string, ctx) => {
+            // An empty key is already reported as one.
+            const problem = k === '' ? null : shortKeyProblem(k.length);
+            if (problem !== null) ctx.addIssue({ code: 'custom', message: problem });
+          }),
+        )
         .nullable()
         .default(null),
       key_env: envName().nullable().default(null),

@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { keyIdOf } from '../../actors/gateway/auth.js';
 import { Correlator } from '../../actors/judge/correlate/index.js';
+import { testKey } from '../helpers/api-keys.js';
 import { waitFor } from '../helpers/wait.js';
 import { CHAT, openAIError, postChat, readSse, startStack, type Stack } from './harness.js';
 
@@ -10,10 +11,10 @@ import { CHAT, openAIError, postChat, readSse, startStack, type Stack } from './
  * is refused is checked by the config tests (cluster/config/config.test.ts).
  */
 
-const ADMIN = 'admin-key-0123456789';
-const ALPHA = 'alpha-only-key-0123';
-const ONE = 'one-at-a-time-key-01';
-const FROM_ENV = 'key-from-environment-1';
+const ADMIN = testKey('admin');
+const ALPHA = testKey('alpha-only');
+const ONE = testKey('one-at-a-time');
+const FROM_ENV = testKey('from-environment');
 
 describe('gateway auth', () => {
   let s: Stack;
