@@ -161,6 +161,33 @@ describe('overrides', () => {
     expect(cfg.pipeline.task2batch.config.batch_size).toBe(4);
   });
 
+  describe('a literal API key is refused, whatever form the override takes', () => {
+    const raw = () => ({ ...minimal(), reef: { api_keys: [{ key: KEY }] } });
+    const LIT = testKey('on-the-command-line');
+    const how = (n: number) => `an API key may not be given on the command line, where every user of this machine can read it (ps, /proc/<pid>/cmdline): write it in the config file (readable by its owner alone), or put it in an environment variable and name that in reef.api_keys[${n}].key_env (also as an override: --reef.api_keys[${n}].key_env=NAME)`;
+    it.each([
+      [[`--reef.api_keys[0].key=${LIT}`], 'reef.api_keys[0].key', 0],
+      [[`--reef.api_keys.0.key=${LIT}`], 'reef.api_keys[0].key', 0],
+      [[`--reef.api-keys[0].key=${LIT}`], 'reef.api_keys[0].key', 0],
+      [[`reef.api_keys[1].key=${LIT}`], 'reef.api_keys[1].key', 1],
+      [[`--reef.api_keys[1]={key: ${LIT}, scenarios: [a]}`], 'reef.api_keys[1].key', 1],
+      [[`--reef.api_keys=[{key_env: K}, {key: "${LIT}"}]`], 'reef.api_keys[1].key', 1],
+      [[`--reef.api-keys=[{key: ${LIT}}]`], 'reef.api_keys[0].key', 0],
+      [[`--reef.api_keys[0].key.x=${LIT}`], 'reef.api_keys[0].key', 0],
+    ])('%j', async (overrides, path, n) => {
+      const lines = await errorsOf(raw(), overrides);
+      expect(lines).toEqual([`${path}: ${how(n)}`]);
+      expect(lines.join('\n')).not.toContain(LIT.slice(-16));
+    });
+    it('in the REEF_ACTOR map form too', async () => {
+      await expect(resolveConfig(raw(), { baseDir: BASE, overrides: { 'reef.api_keys[0].key': LIT } })).rejects.toThrow(/reef\.api_keys\[0\]\.key: an API key may not be given on the command line/);
+    });
+    it('but a key_env, and a key set to null to make room for one, are taken', async () => {
+      const cfg = await ok(raw(), ['--reef.api_keys[0].key=null', '--reef.api_keys[0].key_env=REEF_KEY', '--reef.api_keys[1]={key_env: OTHER_KEY}']);
+      expect(cfg.reef.api_keys.map((k) => [k.key, k.key_env])).toEqual([[null, 'REEF_KEY'], [null, 'OTHER_KEY']]);
+    });
+  });
+
   const bad: { name: string; overrides: string[]; line: string }[] = [
     { name: 'unknown path', overrides: ['--pipeline.record2record.config.prm_urll=x'], line: 'pipeline.record2record.config.prm_urll: unknown key; did you mean prm_url?' },
     { name: 'unknown section', overrides: ['--reef.tls.cert=/c'], line: 'reef.tls: unknown key' },
