@@ -110,6 +110,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   if (!existsSync(join(modelDir, 'tokenizer.json'))) {
     throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `cluster.rollout.model_path: ${modelDir} has no tokenizer.json (the gateway tokenizes with the model's own tokenizer)` });
   }
+  // Before anything is opened or started: a key_env that is unset or holds a bad key ends it here.
+  const keys = resolveApiKeys(cfg);
   // A first start, or a gateway run on its own: reef.data_dir need not exist yet.
   mkdirSync(cfg.reef.data_dir, { recursive: true });
   const metrics = new GatewayMetrics();
@@ -149,7 +151,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       stopRetention();
     };
     const limits = limitsFromConfig(cfg);
-    const auth = new Authenticator(resolveApiKeys(cfg), limits.principals);
+    const auth = new Authenticator(keys, limits.principals);
     const disk = new DiskGuard(cfg.reef.data_dir, limits.minFreeDiskBytes);
     const scenarios = new ScenarioCap((await store.listScenarios()).map((s) => s.name), cfg.reef.limits.max_scenarios);
     const app = buildGatewayServer({
