@@ -128,6 +128,10 @@ const limits = section({
   keyless_max_concurrency: positiveInt().default(256),
   keyless_requests_per_minute: positiveInt().nullable().default(null),
   keyless_tokens_per_minute: positiveInt().nullable().default(null),
+  // On by default, unlike the per-key limits: nobody sends wrong keys on purpose but a guesser, and a
+  // client whose key is wrong fails every request anyway (security review M7).
+  auth_failures_per_minute: positiveInt().nullable().default(30),
+  auth_failure_addresses: positiveInt().default(10_000),
 }).check(
   check((o, ctx) => {
     const headers = typeof o.headers_timeout_s === 'number' ? o.headers_timeout_s : 30;

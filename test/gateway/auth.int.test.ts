@@ -35,6 +35,9 @@ describe('gateway auth', () => {
         { key: ONE, max_concurrency: 1 },
         { key_env: 'REEF_TEST_GATEWAY_KEY', scenarios: ['beta'] },
       ],
+      // Dozens of wrong keys go out from this one address, each to see its 401, followed by right
+      // ones: the bound on failures (auth-throttle.int.test.ts) would refuse those.
+      limits: { auth_failures_per_minute: null },
     });
     const res = await postChat(s.url, CHAT, { authorization: `Bearer ${ADMIN}`, 'x-reef-scenario': 'beta' });
     expect(res.status).toBe(200);
