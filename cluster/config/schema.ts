@@ -112,7 +112,7 @@ const webOrigin = () => {
   }, e);
 };
 
-/** How the HTTP listener bounds slow clients, connections, bodies and disk (security review H6, M2, M4). */
+/** How the HTTP listener bounds slow clients, connections, bodies, disk and failed authentications (security review H6, M2, M4, M7). */
 const limits = section({
   request_timeout_s: positiveNumber().default(120),
   headers_timeout_s: positiveNumber().default(30),

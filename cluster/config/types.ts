@@ -26,7 +26,7 @@ export interface ApiKeyConfig {
   readonly tokens_per_minute: number | null;
 }
 
-/** How the HTTP listener bounds slow clients, connections, bodies and disk (docs/config.md). */
+/** How the HTTP listener bounds slow clients, connections, bodies, disk and failed authentications (docs/config.md). */
 export interface LimitsSection {
   /** Time to receive a whole request, headers and body; its response is not timed. @default 120 */
   readonly request_timeout_s: number;
