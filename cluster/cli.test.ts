@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
-import { rmSync, writeFileSync } from 'node:fs';
+import { existsSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { testKey } from '../test/helpers/api-keys.js';
 import { testConfig } from '../test/helpers/stack.js';
 import { main } from './cli.js';
 
@@ -41,6 +42,28 @@ describe('reef CLI flags per command', () => {
       expect(r.code).toBe(1);
       // The data dir itself is made (0700) before its run/ dir: mkdir meets the file first.
       expect(r.err).toBe(`reef: EEXIST: file already exists, mkdir '${file}'`);
+    } finally {
+      rmSync(cfg.dir, { recursive: true, force: true });
+    }
+  });
+
+  // argv is world-readable (/proc/<pid>/cmdline), and `reef up` passed its overrides on to its
+  // detached child and to every actor, where the key stayed readable for the stack's whole life.
+  it('refuses an API key given as an override, before anything starts, saying how to give it instead (exit 2)', async () => {
+    const cfg = testConfig();
+    const key = testKey('cli-literal');
+    try {
+      // A data dir that cannot be made: had the override been taken, up would fail there (exit 1).
+      const file = join(cfg.dir, 'a-file');
+      writeFileSync(file, '');
+      for (const argv of [['up', '-c', cfg.path, '--detach', `--reef.data_dir=${file}`, `--reef.api_keys[0].key=${key}`], ['config', 'check', cfg.path, `--reef.api_keys=[{key: ${key}}]`]]) {
+        const r = await reef(...argv);
+        expect(r.code, r.err).toBe(2);
+        expect(r.err).toContain('reef.api_keys[0].key: an API key may not be given on the command line');
+        expect(r.err).toContain('reef.api_keys[0].key_env');
+        expect(r.err).not.toContain(key);
+      }
+      expect(existsSync(join(cfg.dir, 'data'))).toBe(false);
     } finally {
       rmSync(cfg.dir, { recursive: true, force: true });
     }

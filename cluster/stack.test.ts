@@ -2,6 +2,7 @@ import { existsSync, readFileSync, rmSync } from 'node:fs';
 import { createServer, type Server } from 'node:net';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it, vi } from 'vitest';
+import { testKey } from '../test/helpers/api-keys.js';
 import { testConfig } from '../test/helpers/stack.js';
 import { loadConfig } from './config/index.js';
 import { freePort } from './net.js';
@@ -53,7 +54,7 @@ describe('Stack.up on a reef.host that is not this machine', () => {
   it('fails before starting anything, naming the address', async () => {
     const cfg = testConfig((c) => {
       c.reef.host = '192.0.2.1'; // TEST-NET-1: assigned to no machine
-      c.reef.api_keys = [{ key: 'k' }];
+      c.reef.api_keys = [{ key: testKey('stack-test') }];
     });
     cleanups.push(() => rmSync(cfg.dir, { recursive: true, force: true }));
     const up = Stack.up({ config: await loadConfig(cfg.path, []), configPath: cfg.path, overrides: [], log: () => {}, shimCommand: () => ({ command: 'false', args: [], env: {} }) });

@@ -2,16 +2,20 @@ import { describe, expect, it } from 'vitest';
 import { resolveConfig } from '../../cluster/config/index.js';
 import { Authenticator, INVALID_BEARER_BESIDE_X_API_KEY, keyIdOf, MISSING_OR_INVALID_KEY, type Principal } from './auth.js';
 import { resolveApiKeys } from './index.js';
+import { testKey } from '../../test/helpers/api-keys.js';
+
+const KEY = testKey('sk-env');
+const OTHER = testKey('sk-other');
 
 describe('API keys from the environment', () => {
   const config = () =>
     resolveConfig({ cluster: { rollout: { model_path: '/m' }, prm: { model_path: '/p' } }, reef: { api_keys: [{ key_env: 'REEF_TEST_KEY', scenarios: ['alpha'] }] } }, { baseDir: '/srv', overrides: [] });
 
   it('are trimmed as a client key is, so a value written with a newline still matches', async () => {
-    const specs = resolveApiKeys(await config(), { REEF_TEST_KEY: 'sk-123\n' });
-    expect(specs).toEqual([{ key: 'sk-123', scenarios: ['alpha'], maxConcurrency: 64, requestsPerMinute: null, tokensPerMinute: null }]);
+    const specs = resolveApiKeys(await config(), { REEF_TEST_KEY: `${KEY}\n` });
+    expect(specs).toEqual([{ key: KEY, scenarios: ['alpha'], maxConcurrency: 64, requestsPerMinute: null, tokensPerMinute: null }]);
     const auth = new Authenticator(specs);
-    expect((auth.authenticate({ authorization: 'Bearer sk-123' }) as Principal).scenarios).toEqual(new Set(['alpha']));
+    expect((auth.authenticate({ authorization: `Bearer ${KEY}` }) as Principal).scenarios).toEqual(new Set(['alpha']));
   });
 
   it('name the variable when it is unset or blank', async () => {
@@ -40,16 +44,30 @@ describe('API keys from the environment', () => {
 
   it('refuse a key given twice (regression: the first entry won, so the other\'s scenario limit was ignored)', async () => {
     const cfg = await resolveConfig(
-      { cluster: { rollout: { model_path: '/m' }, prm: { model_path: '/p' } }, reef: { api_keys: [{ key: 'sk-123' }, { key_env: 'REEF_TEST_KEY', scenarios: ['alpha'] }] } },
+      { cluster: { rollout: { model_path: '/m' }, prm: { model_path: '/p' } }, reef: { api_keys: [{ key: KEY }, { key_env: 'REEF_TEST_KEY', scenarios: ['alpha'] }] } },
       { baseDir: '/srv', overrides: [] },
     );
-    expect(() => new Authenticator(resolveApiKeys(cfg, { REEF_TEST_KEY: 'sk-123' }))).toThrow(/reef\.api_keys\[1\] has the same key as reef\.api_keys\[0\]/);
-    expect(new Authenticator(resolveApiKeys(cfg, { REEF_TEST_KEY: 'sk-456' })).required).toBe(true);
+    expect(() => new Authenticator(resolveApiKeys(cfg, { REEF_TEST_KEY: KEY }))).toThrow(/reef\.api_keys\[1\] has the same key as reef\.api_keys\[0\]/);
+    expect(new Authenticator(resolveApiKeys(cfg, { REEF_TEST_KEY: OTHER })).required).toBe(true);
   });
 
   it('refuse a value with characters other than printable ASCII, which no client can send in a header', async () => {
     const cfg = await config();
     expect(() => resolveApiKeys(cfg, { REEF_TEST_KEY: 'clé' })).toThrow(/holds characters other than printable ASCII/);
+  });
+
+  it('refuse a key shorter than the config allows, naming the entry and the variable but saying nothing of the key', async () => {
+    const cfg = await config();
+    const short = KEY.slice(0, 31);
+    let message = '';
+    try {
+      resolveApiKeys(cfg, { REEF_TEST_KEY: short });
+    } catch (err) {
+      message = (err as Error).message;
+    }
+    expect(message).toContain('reef.api_keys[0].key_env: the key in environment variable REEF_TEST_KEY must be at least 32 characters, got 31');
+    expect(message).not.toContain(short.slice(7, 20));
+    expect(resolveApiKeys(cfg, { REEF_TEST_KEY: `${short}d` })[0]!.key).toHaveLength(32);
   });
 });
 

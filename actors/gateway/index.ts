@@ -3,7 +3,7 @@ import { basename, join } from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { EngineClient } from '../../cluster/engine-client.js';
 import type { ReefConfig } from '../../cluster/config/index.js';
-import { PRINTABLE_ASCII } from '../../cluster/config/schema.js';
+import { PRINTABLE_ASCII, shortKeyProblem } from '../../cluster/config/schema.js';
 import { ReefError } from '../runtime/errors.js';
 import type { Handlers } from '../runtime/mailbox.js';
 import { Authenticator, type ApiKeySpec } from './auth.js';
@@ -69,6 +69,8 @@ export function resolveApiKeys(cfg: ReefConfig, env: NodeJS.ProcessEnv = process
     const key = k.key ?? (k.key_env ? env[k.key_env]?.trim() : undefined);
     if (!key) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}].key_env: environment variable ${k.key_env} is not set or is blank` });
     if (!PRINTABLE_ASCII.test(key)) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}].key_env: environment variable ${k.key_env} holds characters other than printable ASCII, which no client can send in a header` });
+    const short = shortKeyProblem(key.length);
+    if (short !== null) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}].key_env: the key in environment variable ${k.key_env} ${short}` });
     return { key, scenarios: k.scenarios, maxConcurrency: k.max_concurrency, requestsPerMinute: k.requests_per_minute, tokensPerMinute: k.tokens_per_minute };
   });
 }
@@ -108,6 +110,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   if (!existsSync(join(modelDir, 'tokenizer.json'))) {
     throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `cluster.rollout.model_path: ${modelDir} has no tokenizer.json (the gateway tokenizes with the model's own tokenizer)` });
   }
+  // Before anything is opened or started: a key_env that is unset or holds a bad key ends it here.
+  const keys = resolveApiKeys(cfg);
   // A first start, or a gateway run on its own: reef.data_dir need not exist yet.
   mkdirSync(cfg.reef.data_dir, { recursive: true });
   const metrics = new GatewayMetrics();
@@ -147,7 +151,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       stopRetention();
     };
     const limits = limitsFromConfig(cfg);
-    const auth = new Authenticator(resolveApiKeys(cfg), limits.principals);
+    const auth = new Authenticator(keys, limits.principals);
     const disk = new DiskGuard(cfg.reef.data_dir, limits.minFreeDiskBytes);
     const scenarios = new ScenarioCap((await store.listScenarios()).map((s) => s.name), cfg.reef.limits.max_scenarios);
     const app = buildGatewayServer({

@@ -21,6 +21,10 @@ export interface GatewayLimits {
   reefBodyBytes: number;
   /** Free space the data dir's filesystem must keep for a generation to start; 0 = never checked. @default 256 MiB */
   minFreeDiskBytes: number;
+  /** Failed authentications per client address per minute before its requests are refused; null = no bound. @default 30 */
+  authFailuresPerMinute: number | null;
+  /** Client addresses whose failures are tracked at once. @default 10_000 */
+  authFailureAddresses: number;
   principals: PrincipalLimits;
 }
 
@@ -33,6 +37,8 @@ export const DEFAULT_LIMITS: GatewayLimits = {
   bodyBytes: 64 * 1024 * 1024,
   reefBodyBytes: 4 * 1024 * 1024,
   minFreeDiskBytes: 256 * 1024 * 1024,
+  authFailuresPerMinute: 30,
+  authFailureAddresses: 10_000,
   principals: {},
 };
 
@@ -47,6 +53,8 @@ export function limitsFromConfig(cfg: ReefConfig): GatewayLimits {
     bodyBytes: l.body_bytes,
     reefBodyBytes: l.reef_body_bytes,
     minFreeDiskBytes: l.min_free_disk_mb * 1024 * 1024,
+    authFailuresPerMinute: l.auth_failures_per_minute,
+    authFailureAddresses: l.auth_failure_addresses,
     principals: {
       reefConcurrency: l.reef_concurrency,
       openConcurrency: l.keyless_max_concurrency,

@@ -2,6 +2,7 @@ import { isUtf8 } from 'node:buffer';
 import { maxHeaderSize, STATUS_CODES } from 'node:http';
 import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
 import { Authenticator, canSee, type Principal } from './auth.js';
+import { AuthFailureThrottle } from './auth-throttle.js';
 import { BrowserGuard, isJsonContentType, STATE_CHANGING, type BrowserGuardOptions } from './browser-guard.js';
 import type { ChatDeps } from './chat.js';
 import { ReefError } from '../runtime/errors.js';
@@ -98,6 +99,7 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
   // Only without keys: a page in a browser holds no key, so a keyed gateway already refuses it, and
   // a keyed gateway is the one put behind proxies that send whatever Host their clients used.
   const browserGuard = opts.auth.required ? null : new BrowserGuard(opts.browser ?? { bindHost: '127.0.0.1' });
+  const throttle = opts.auth.required && limits.authFailuresPerMinute !== null ? new AuthFailureThrottle(limits.authFailuresPerMinute, limits.authFailureAddresses) : null;
 
   // JSON text is UTF-8 (RFC 8259 §8.1). Fastify's own parser decodes a body as a string first,
   // turning bad bytes into U+FFFD, so a report or scenario would be stored with text the client
@@ -140,8 +142,16 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
       sendReefError(reply, refused);
       return;
     }
+    // The socket's peer: behind a proxy that is the proxy, whose clients then share one bucket.
+    const refusedFor = throttle?.refusedFor(request.ip) ?? 0;
+    if (refusedFor > 0) {
+      const detail = ', so its requests are refused whatever their key';
+      sendError(reply, 'REEF_ERR_RATE_LIMIT', rateLimitMessage(throttle!.perMinute, 'failed authentications from this address', 'reef.limits.auth_failures_per_minute', detail, refusedFor), { retryAfterS: refusedFor });
+      return;
+    }
     const principal = opts.auth.authenticate(request.headers);
     if (typeof principal === 'string') {
+      throttle?.fail(request.ip);
       // The challenge a 401 must carry (RFC 9110 §11.6.1), naming the scheme that is expected.
       reply.header('www-authenticate', 'Bearer');
       sendError(reply, 'REEF_ERR_UNAUTHORIZED', principal);

@@ -21,7 +21,7 @@ function sink() {
 
 const GOOD = `
 reef:
-  api_keys: [{key: s3cret}]
+  api_keys: [{key: s3cret-0123456789abcdef0123456789abcdef}]
 cluster:
   rollout: {model_path: ./policy}
   prm: {model_path: /models/prm}

@@ -4,8 +4,10 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { ConfigError, formatIssue, resolveConfig, type ReefConfig } from './index.js';
 import { SAMPLED_REMOVED } from './resolve.js';
+import { testKey } from '../../test/helpers/api-keys.js';
 
 const BASE = '/srv/reef';
+const KEY = testKey('config-test');
 /** The smallest valid config: only the model paths have no default. */
 const minimal = () => ({ cluster: { rollout: { model_path: '/models/policy' }, prm: { model_path: '/models/prm' } } });
 
@@ -41,13 +43,14 @@ describe('errors name the full path', () => {
     { name: 'default max tokens', raw: { ...minimal(), reef: { default_max_tokens: 0 } }, line: 'reef.default_max_tokens: expected a positive integer, got 0' },
     { name: 'durability', raw: { ...minimal(), reef: { durability: 'disk' } }, line: 'reef.durability: expected one of power, process, got "disk"' },
     { name: 'retention age', raw: { ...minimal(), reef: { retention: { max_age_days: 0 } } }, line: 'reef.retention.max_age_days: expected a positive number, got 0' },
-    { name: 'api key item', raw: { ...minimal(), reef: { api_keys: [{ key: 'k', key_env: 'K' }] } }, line: 'reef.api_keys[0]: set exactly one of key and key_env' },
+    { name: 'api key item', raw: { ...minimal(), reef: { api_keys: [{ key: KEY, key_env: 'K' }] } }, line: 'reef.api_keys[0]: set exactly one of key and key_env' },
     // Names the store would refuse on every request, and a key no client could present.
     { name: 'default scenario the store refuses', raw: { ...minimal(), reef: { default_scenario: 'Prod' } }, line: 'reef.default_scenario: expected a scenario name (lower-case letters, digits, ".", "_" and "-", starting with a letter or digit, at most 64), got "Prod"' },
-    { name: 'key scenario the store refuses', raw: { ...minimal(), reef: { api_keys: [{ key: 'k', scenarios: ['alpha', '_x'] }] } }, line: 'reef.api_keys[0].scenarios[1]: expected a scenario name (lower-case letters, digits, ".", "_" and "-", starting with a letter or digit, at most 64), got "_x"' },
-    { name: 'key with whitespace around it', raw: { ...minimal(), reef: { api_keys: [{ key: 'k\n' }] } }, line: 'reef.api_keys[0].key: must not begin or end with whitespace' },
-    { name: 'key a client cannot send in a header', raw: { ...minimal(), reef: { api_keys: [{ key: 'clé-secrète' }] } }, line: 'reef.api_keys[0].key: must be printable ASCII (characters a client can send in a header)' },
-    { name: 'rate limit of zero', raw: { ...minimal(), reef: { api_keys: [{ key: 'k', requests_per_minute: 0 }] } }, line: 'reef.api_keys[0].requests_per_minute: expected a positive integer, got 0' },
+    { name: 'key scenario the store refuses', raw: { ...minimal(), reef: { api_keys: [{ key: KEY, scenarios: ['alpha', '_x'] }] } }, line: 'reef.api_keys[0].scenarios[1]: expected a scenario name (lower-case letters, digits, ".", "_" and "-", starting with a letter or digit, at most 64), got "_x"' },
+    { name: 'key with whitespace around it', raw: { ...minimal(), reef: { api_keys: [{ key: `${KEY}\n` }] } }, line: 'reef.api_keys[0].key: must not begin or end with whitespace' },
+    { name: 'key a client cannot send in a header', raw: { ...minimal(), reef: { api_keys: [{ key: `clé-secrète-${KEY}` }] } }, line: 'reef.api_keys[0].key: must be printable ASCII (characters a client can send in a header)' },
+    { name: 'key shorter than 32 characters', raw: { ...minimal(), reef: { api_keys: [{ key: KEY }, { key: 'sk-short' }] } }, line: 'reef.api_keys[1].key: must be at least 32 characters, got 8: use a random one, e.g. `openssl rand -hex 32`' },
+    { name: 'rate limit of zero', raw: { ...minimal(), reef: { api_keys: [{ key: KEY, requests_per_minute: 0 }] } }, line: 'reef.api_keys[0].requests_per_minute: expected a positive integer, got 0' },
     { name: 'headers timeout past the request timeout', raw: { ...minimal(), reef: { limits: { request_timeout_s: 10, headers_timeout_s: 20 } } }, line: 'reef.limits.headers_timeout_s: must not be more than reef.limits.request_timeout_s (10), which covers the headers too' },
     { name: 'unknown limit', raw: { ...minimal(), reef: { limits: { max_connection: 5 } } }, line: 'reef.limits.max_connection: unknown key; did you mean max_connections?' },
     { name: 'num_gpus too small', raw: { ...minimal(), cluster: { ...minimal().cluster, num_gpus: 3 } }, line: 'cluster.num_gpus: the layout needs 6 GPUs, got 3' },
@@ -99,6 +102,17 @@ describe('non-loopback host needs an api key', () => {
   });
 });
 
+describe('API key length', () => {
+  it('takes 32 characters and refuses 31, naming the entry and nothing of the key', async () => {
+    const lines = await errorsOf({ ...minimal(), reef: { api_keys: [{ key: KEY }, { key: KEY.slice(0, 31) }] } });
+    expect(lines).toEqual(['reef.api_keys[1].key: must be at least 32 characters, got 31: use a random one, e.g. `openssl rand -hex 32`']);
+    expect((await ok({ ...minimal(), reef: { api_keys: [{ key: KEY.slice(0, 32) }] } })).reef.api_keys[0]?.key).toHaveLength(32);
+  });
+  it('an empty key is reported once, as empty', async () => {
+    expect(await errorsOf({ ...minimal(), reef: { api_keys: [{ key: '' }] } })).toEqual(['reef.api_keys[0].key: expected a non-empty string, got ""']);
+  });
+});
+
 describe('hyphen and underscore spellings', () => {
   it.each([
     ['stage key', { 'prm-timeout-s': 30 }, (c: ReefConfig) => c.pipeline.record2record.config.prm_timeout_s, 30],
@@ -133,7 +147,7 @@ describe('overrides', () => {
     { name: 'without dashes', overrides: ['reef.log_level=debug'], get: (c) => c.reef.log_level, want: 'debug' },
   ];
   it.each(cases)('$name', async ({ overrides, get, want }) => {
-    const raw = { ...minimal(), reef: { api_keys: [{ key: 'k' }] } };
+    const raw = { ...minimal(), reef: { api_keys: [{ key: KEY }] } };
     expect(get(await ok(raw, overrides))).toEqual(want);
   });
 
@@ -145,6 +159,33 @@ describe('overrides', () => {
   it('override wins over the file', async () => {
     const cfg = await ok(withStage('task2batch', { batch_size: 32 }), ['--pipeline.task2batch.config.batch_size=4']);
     expect(cfg.pipeline.task2batch.config.batch_size).toBe(4);
+  });
+
+  describe('a literal API key is refused, whatever form the override takes', () => {
+    const raw = () => ({ ...minimal(), reef: { api_keys: [{ key: KEY }] } });
+    const LIT = testKey('on-the-command-line');
+    const how = (n: number) => `an API key may not be given on the command line, where every user of this machine can read it (ps, /proc/<pid>/cmdline): write it in the config file (readable by its owner alone), or put it in an environment variable and name that in reef.api_keys[${n}].key_env (also as an override: --reef.api_keys[${n}].key_env=NAME)`;
+    it.each([
+      [[`--reef.api_keys[0].key=${LIT}`], 'reef.api_keys[0].key', 0],
+      [[`--reef.api_keys.0.key=${LIT}`], 'reef.api_keys[0].key', 0],
+      [[`--reef.api-keys[0].key=${LIT}`], 'reef.api_keys[0].key', 0],
+      [[`reef.api_keys[1].key=${LIT}`], 'reef.api_keys[1].key', 1],
+      [[`--reef.api_keys[1]={key: ${LIT}, scenarios: [a]}`], 'reef.api_keys[1].key', 1],
+      [[`--reef.api_keys=[{key_env: K}, {key: "${LIT}"}]`], 'reef.api_keys[1].key', 1],
+      [[`--reef.api-keys=[{key: ${LIT}}]`], 'reef.api_keys[0].key', 0],
+      [[`--reef.api_keys[0].key.x=${LIT}`], 'reef.api_keys[0].key', 0],
+    ])('%j', async (overrides, path, n) => {
+      const lines = await errorsOf(raw(), overrides);
+      expect(lines).toEqual([`${path}: ${how(n)}`]);
+      expect(lines.join('\n')).not.toContain(LIT.slice(-16));
+    });
+    it('in the REEF_ACTOR map form too', async () => {
+      await expect(resolveConfig(raw(), { baseDir: BASE, overrides: { 'reef.api_keys[0].key': LIT } })).rejects.toThrow(/reef\.api_keys\[0\]\.key: an API key may not be given on the command line/);
+    });
+    it('but a key_env, and a key set to null to make room for one, are taken', async () => {
+      const cfg = await ok(raw(), ['--reef.api_keys[0].key=null', '--reef.api_keys[0].key_env=REEF_KEY', '--reef.api_keys[1]={key_env: OTHER_KEY}']);
+      expect(cfg.reef.api_keys.map((k) => [k.key, k.key_env])).toEqual([[null, 'REEF_KEY'], [null, 'OTHER_KEY']]);
+    });
   });
 
   const bad: { name: string; overrides: string[]; line: string }[] = [
@@ -167,6 +208,7 @@ describe('resolved config', () => {
         request_timeout_s: 120, headers_timeout_s: 30, body_idle_timeout_s: 30, keep_alive_timeout_s: 75, max_connections: 1024,
         body_bytes: 64 * 1024 * 1024, reef_body_bytes: 4 * 1024 * 1024, reef_concurrency: 8, page_bytes: 8 * 1024 * 1024, max_scenarios: 1000,
         min_free_disk_mb: 256, keyless_max_concurrency: 256, keyless_requests_per_minute: null, keyless_tokens_per_minute: null,
+        auth_failures_per_minute: 30, auth_failure_addresses: 10_000,
       },
     });
     expect(cfg.cluster).toMatchObject({ ray_address: null, num_gpus: 6, num_cpus: null, trainer: { gpus: 4 }, prm_actors: 2, cpus_per_bundle: 1, placement_timeout_s: 120, student: null });
@@ -199,7 +241,7 @@ describe('resolved config', () => {
   });
 
   it('is deeply frozen', async () => {
-    const cfg = await ok({ ...minimal(), reef: { api_keys: [{ key: 'k', scenarios: ['a'] }] } });
+    const cfg = await ok({ ...minimal(), reef: { api_keys: [{ key: KEY, scenarios: ['a'] }] } });
     const frozen: unknown[] = [cfg, cfg.reef, cfg.reef.api_keys, cfg.reef.api_keys[0], cfg.reef.api_keys[0]?.scenarios, cfg.cluster.rollout.extra_args, cfg.pipeline.record2record.config, cfg.training.resolved, cfg.training.resolved.betas];
     for (const part of frozen) expect(Object.isFrozen(part)).toBe(true);
     expect(() => {
@@ -264,7 +306,7 @@ describe('resolved config', () => {
 describe('an api_keys entry that is not a mapping', () => {
   it.each([
     [[null], 'reef.api_keys[0]: expected a mapping, got null'],
-    [[{ key: 'k' }, 'sk-abc'], 'reef.api_keys[1]: expected a mapping, got "sk-abc"'],
+    [[{ key: KEY }, 'sk-abc'], 'reef.api_keys[1]: expected a mapping, got "sk-abc"'],
   ])('%j is reported with its path', async (apiKeys, line) => {
     expect(await errorsOf({ ...minimal(), reef: { api_keys: apiKeys } })).toEqual([line]);
   });
@@ -279,7 +321,7 @@ describe('ports given twice', () => {
     [{ cluster: cluster({ student: { model_path: '/s', port: 23002 }, prm: { model_path: '/p', port: 23002 } }) }, 'cluster.student.port: 23002 is also cluster.prm.port; the engines listen on 127.0.0.1, each needs its own port'],
     [{ reef: { port: 9000 }, cluster: cluster({ rollout: { model_path: '/m', port: 9000 } }) }, 'reef.port: 9000 is also cluster.rollout.port, where the rollout engine listens on 127.0.0.1'],
     [{ reef: { port: 9000, host: 'localhost' }, cluster: cluster({ rollout: { model_path: '/m', port: 9000 } }) }, 'reef.port: 9000 is also cluster.rollout.port, where the rollout engine listens on 127.0.0.1'],
-    [{ reef: { port: 9000, host: '0.0.0.0', api_keys: [{ key: 'k' }] }, cluster: cluster({ student: { model_path: '/s', port: 9000 } }) }, 'reef.port: 9000 is also cluster.student.port, where the student engine listens on 127.0.0.1'],
+    [{ reef: { port: 9000, host: '0.0.0.0', api_keys: [{ key: KEY }] }, cluster: cluster({ student: { model_path: '/s', port: 9000 } }) }, 'reef.port: 9000 is also cluster.student.port, where the student engine listens on 127.0.0.1'],
   ])('%j', async (raw, line) => {
     expect(await errorsOf(raw)).toEqual([line]);
   });
@@ -288,7 +330,7 @@ describe('ports given twice', () => {
     ['port 0 everywhere (each picks a free one)', { reef: { port: 0 } }],
     ['an external PRM, whose engine Reef does not start', { cluster: cluster({ rollout: { model_path: '/m', port: 23001 }, prm: { replicas: 0, port: 23001 } }) }],
     ['no student', { cluster: cluster({ rollout: { model_path: '/m', port: 23001 }, student: null }) }],
-    ['a gateway on another address than the engines', { reef: { port: 9000, host: '10.0.0.5', api_keys: [{ key: 'k' }] }, cluster: cluster({ rollout: { model_path: '/m', port: 9000 } }) }],
+    ['a gateway on another address than the engines', { reef: { port: 9000, host: '10.0.0.5', api_keys: [{ key: KEY }] }, cluster: cluster({ rollout: { model_path: '/m', port: 9000 } }) }],
     ['a gateway on another loopback address', { reef: { port: 9000, host: '127.0.0.2' }, cluster: cluster({ rollout: { model_path: '/m', port: 9000 } }) }],
     ['a gateway on IPv6 loopback', { reef: { port: 9000, host: '::1' }, cluster: cluster({ rollout: { model_path: '/m', port: 9000 } }) }],
   ])('accepts %s', async (_what, raw) => {

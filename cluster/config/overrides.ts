@@ -103,10 +103,38 @@ export function applyOverrides(tree: Record<string, unknown>, overrides: Overrid
       continue;
     }
     const value = foldKeys(parseOverrideValue(m[2]), path, issues);
+    const keys = literalKeyPaths(path, value);
+    if (keys.length > 0) {
+      for (const at of keys) issues.push({ path: renderPath(at), message: literalKeyMessage(at[2] as number) });
+      continue;
+    }
     const problem = setPath(tree, path, value);
     if (problem !== null) issues.push({ path: renderPath(path.slice(0, problem.depth)), message: problem.message.replace('{flag}', arg.split('=')[0]!) });
   }
   return issues;
+}
+
+/** `reef.api_keys[N].key`, the one place a literal key is written. */
+const KEY_PATH: readonly ((seg: PathSegment) => boolean)[] = [(s) => s === 'reef', (s) => s === 'api_keys', (s) => typeof s === 'number', (s) => s === 'key'];
+
+/**
+ * Where an override would write a literal API key: `--reef.api_keys[0].key=K`, and as well a flow
+ * value holding one (`--reef.api_keys=[{key: K}]`, `--reef={api_keys: ...}`). An override is in some
+ * process's argv, which every user of the machine can read (`ps`, /proc/<pid>/cmdline), and
+ * `reef up` hands its overrides on to its detached child and to every actor. `null` writes no key,
+ * so `--reef.api_keys[0].key=null` beside a `key_env` override is allowed.
+ */
+function literalKeyPaths(at: readonly PathSegment[], value: unknown): PathSegment[][] {
+  const n = Math.min(at.length, KEY_PATH.length);
+  for (let i = 0; i < n; i++) if (!KEY_PATH[i]!(at[i]!)) return [];
+  if (at.length >= KEY_PATH.length) return value === null ? [] : [at.slice(0, KEY_PATH.length)];
+  if (Array.isArray(value)) return value.flatMap((v, i) => literalKeyPaths([...at, i], v));
+  if (isPlainObject(value)) return Object.entries(value).flatMap(([k, v]) => literalKeyPaths([...at, k], v));
+  return [];
+}
+
+function literalKeyMessage(entry: number): string {
+  return `an API key may not be given on the command line, where every user of this machine can read it (ps, /proc/<pid>/cmdline): write it in the config file (readable by its owner alone), or put it in an environment variable and name that in reef.api_keys[${entry}].key_env (also as an override: --reef.api_keys[${entry}].key_env=NAME)`;
 }
 
 /** Sets `value` at `path`, creating mappings on the way; reports where that is impossible. */

@@ -42,6 +42,19 @@ const scenarioName = () => {
 /** What an API key may hold: the characters a client can send in a header (checked for key_env values too). */
 export const PRINTABLE_ASCII = /^[\x20-\x7e]*$/;
 
+/**
+ * The shortest API key accepted (checked for key_env values too). Entropy cannot be read off a
+ * string, so length stands in for it: 32 hex digits, the least dense alphabet key generators use,
+ * are 128 bits, out of reach of guessing even at the rate the gateway lets failed attempts through.
+ */
+export const MIN_API_KEY_LENGTH = 32;
+
+/** Why a key of `length` characters is refused, or null. Says neither the key nor any part of it. */
+export function shortKeyProblem(length: number): string | null {
+  if (length >= MIN_API_KEY_LENGTH) return null;
+  return `must be at least ${MIN_API_KEY_LENGTH} characters, got ${length}: use a random one, e.g. \`openssl rand -hex 32\``;
+}
+
 const apiKey = z
   .strictObject(
     {
@@ -52,6 +65,13 @@ const apiKey = z
         // Node reads header bytes as Latin-1, so a key with other characters (é, emoji) never
         // matches what a client sends, or matches from one client library and not another.
         .refine((k) => PRINTABLE_ASCII.test(k), { error: 'must be printable ASCII (characters a client can send in a header)' })
+        .check(
+          z.superRefine((k: string, ctx) => {
+            // An empty key is already reported as one.
+            const problem = k === '' ? null : shortKeyProblem(k.length);
+            if (problem !== null) ctx.addIssue({ code: 'custom', message: problem });
+          }),
+        )
         .nullable()
         .default(null),
       key_env: envName().nullable().default(null),
@@ -92,7 +112,7 @@ const webOrigin = () => {
   }, e);
 };
 
-/** How the HTTP listener bounds slow clients, connections, bodies and disk (security review H6, M2, M4). */
+/** How the HTTP listener bounds slow clients, connections, bodies, disk and failed authentications (security review H6, M2, M4, M7). */
 const limits = section({
   request_timeout_s: positiveNumber().default(120),
   headers_timeout_s: positiveNumber().default(30),
@@ -108,6 +128,10 @@ const limits = section({
   keyless_max_concurrency: positiveInt().default(256),
   keyless_requests_per_minute: positiveInt().nullable().default(null),
   keyless_tokens_per_minute: positiveInt().nullable().default(null),
+  // On by default, unlike the per-key limits: nobody sends wrong keys on purpose but a guesser, and a
+  // client whose key is wrong fails every request anyway (security review M7).
+  auth_failures_per_minute: positiveInt().nullable().default(30),
+  auth_failure_addresses: positiveInt().default(10_000),
 }).check(
   check((o, ctx) => {
     const headers = typeof o.headers_timeout_s === 'number' ? o.headers_timeout_s : 30;

@@ -26,7 +26,7 @@ export interface ApiKeyConfig {
   readonly tokens_per_minute: number | null;
 }
 
-/** How the HTTP listener bounds slow clients, connections, bodies and disk (docs/config.md). */
+/** How the HTTP listener bounds slow clients, connections, bodies, disk and failed authentications (docs/config.md). */
 export interface LimitsSection {
   /** Time to receive a whole request, headers and body; its response is not timed. @default 120 */
   readonly request_timeout_s: number;
@@ -56,6 +56,10 @@ export interface LimitsSection {
   readonly keyless_requests_per_minute: number | null;
   /** @default null */
   readonly keyless_tokens_per_minute: number | null;
+  /** Failed authentications per client address (IPv6: per /64) before its requests get 429; null = no bound. @default 30 */
+  readonly auth_failures_per_minute: number | null;
+  /** Client addresses whose failures are tracked at once. @default 10000 */
+  readonly auth_failure_addresses: number;
 }
 
 export interface RetentionConfig {

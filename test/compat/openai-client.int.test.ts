@@ -8,6 +8,7 @@ import { freePort } from '../../cluster/net.js';
 import { repoRoot, tinyModelDir } from '../../cluster/paths.js';
 import { readRunFile } from '../../cluster/run-file.js';
 import { longSystemPrompt, TWELVE_TOOLS } from '../parity/corpus.js';
+import { testKey } from '../helpers/api-keys.js';
 import { longContextModel } from '../helpers/long-context-model.js';
 import { commandOf, descendants, runReef, testConfig } from '../helpers/stack.js';
 import { pidAlive, waitFor } from '../helpers/wait.js';
@@ -20,7 +21,7 @@ import { pidAlive, waitFor } from '../helpers/wait.js';
  * against the record the gateway committed, through the records API.
  */
 
-const KEY = 'compat-test-key';
+const KEY = testKey('compat-test');
 const SESSION = `compat-${process.pid}`;
 const TOOLS = TWELVE_TOOLS as unknown as OpenAI.Chat.Completions.ChatCompletionTool[];
 

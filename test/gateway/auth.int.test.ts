@@ -1,8 +1,14 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { keyIdOf } from '../../actors/gateway/auth.js';
+import { startGateway } from '../../actors/gateway/index.js';
+import { startFakeEngine } from '../helpers/fake-engine.js';
 import { Correlator } from '../../actors/judge/correlate/index.js';
+import { testKey } from '../helpers/api-keys.js';
 import { waitFor } from '../helpers/wait.js';
-import { CHAT, openAIError, postChat, readSse, startStack, type Stack } from './harness.js';
+import { CHAT, openAIError, postChat, readSse, startStack, testConfig, type Stack } from './harness.js';
 
 /**
  * API keys: every route but /healthz needs one; keys may be limited to scenarios (others are
@@ -10,10 +16,10 @@ import { CHAT, openAIError, postChat, readSse, startStack, type Stack } from './
  * is refused is checked by the config tests (cluster/config/config.test.ts).
  */
 
-const ADMIN = 'admin-key-0123456789';
-const ALPHA = 'alpha-only-key-0123';
-const ONE = 'one-at-a-time-key-01';
-const FROM_ENV = 'key-from-environment-1';
+const ADMIN = testKey('admin');
+const ALPHA = testKey('alpha-only');
+const ONE = testKey('one-at-a-time');
+const FROM_ENV = testKey('from-environment');
 
 describe('gateway auth', () => {
   let s: Stack;
@@ -29,6 +35,9 @@ describe('gateway auth', () => {
         { key: ONE, max_concurrency: 1 },
         { key_env: 'REEF_TEST_GATEWAY_KEY', scenarios: ['beta'] },
       ],
+      // Dozens of wrong keys go out from this one address, each to see its 401, followed by right
+      // ones: the bound on failures (auth-throttle.int.test.ts) would refuse those.
+      limits: { auth_failures_per_minute: null },
     });
     const res = await postChat(s.url, CHAT, { authorization: `Bearer ${ADMIN}`, 'x-reef-scenario': 'beta' });
     expect(res.status).toBe(200);
@@ -235,5 +244,30 @@ describe('gateway auth', () => {
       s.gw.gate.resume(null);
     }
     await slotFree('after a client left during a weight swap');
+  });
+});
+
+describe('a key shorter than 32 characters', () => {
+  const dataDir = mkdtempSync(join(tmpdir(), 'reef-gw-short-key-'));
+  afterAll(() => {
+    delete process.env.REEF_TEST_SHORT_KEY;
+    rmSync(dataDir, { recursive: true, force: true });
+  });
+
+  it('in the config is refused, naming its entry', async () => {
+    await expect(testConfig(dataDir, [{ key: ADMIN }, { key: 'sk-short-key' }])).rejects.toThrow(/reef\.api_keys\[1\]\.key: must be at least 32 characters, got 12/);
+  });
+
+  it('in a key_env variable stops the gateway before it listens, naming the entry and the variable', async () => {
+    process.env.REEF_TEST_SHORT_KEY = 'sk-short-key';
+    const engine = await startFakeEngine({});
+    try {
+      const config = await testConfig(dataDir, [{ key: ADMIN }, { key_env: 'REEF_TEST_SHORT_KEY' }]);
+      const started = startGateway({ config, engineUrl: engine.url, listen: { host: '127.0.0.1', port: 0 }, tokenizerThreads: 1 });
+      await expect(started).rejects.toThrow(/reef\.api_keys\[1\]\.key_env: the key in environment variable REEF_TEST_SHORT_KEY must be at least 32 characters, got 12/);
+      await expect(started).rejects.not.toThrow(/sk-short/);
+    } finally {
+      await engine.close();
+    }
   });
 });

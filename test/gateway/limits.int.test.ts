@@ -1,5 +1,6 @@
 import { connect, type Socket } from 'node:net';
 import { afterEach, describe, expect, it } from 'vitest';
+import { testKey } from '../helpers/api-keys.js';
 import { waitFor } from '../helpers/wait.js';
 import { startGateway } from '../../actors/gateway/index.js';
 import { CHAT, openAIError, postChat, readSse, startStack, testConfig, type Stack } from './harness.js';
@@ -10,7 +11,7 @@ import { CHAT, openAIError, postChat, readSse, startStack, testConfig, type Stac
  * process, with descriptor and memory bounds, are in slowloris.int.test.ts.
  */
 
-const KEY = 'limits-test-key-0123456';
+const KEY = testKey('limits-test');
 const AUTH = { authorization: `Bearer ${KEY}` };
 
 let s: Stack | null = null;

@@ -13,6 +13,7 @@ describe('harness CLI', () => {
     [['--sesions', '5'], /Unknown option '--sesions'/],
     [['--sessions'], /argument missing/],
     [['extra'], /positional argument/],
+    [['--api-key', 'k'.repeat(40)], /--api-key: a key on the command line can be read by every user of this machine .*--api-key-env NAME/],
   ])('refuses %j as an argument error', async (argv, msg) => {
     await expect(parseCli(argv, {})).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
     await expect(parseCli(argv, {})).rejects.toThrow(msg);

@@ -19,7 +19,7 @@ const USAGE = `usage: node dist/recipes/openclawrl/harness/cli.js [-c serve.yaml
 
   -c, --config FILE      take the gateway address, API key and prm_record_file from this serve.yaml
   --gateway URL          the Reef gateway (default from -c, else http://127.0.0.1:8600)
-  --api-key-env NAME     environment variable holding the gateway key (or --api-key KEY)
+  --api-key-env NAME     environment variable holding the gateway key (never the key itself on the command line)
   --scenario NAME        x-reef-scenario of the agent (default homework)
   --sessions N           sessions to run in order (default 72)
   --student KIND         scripted (default) or llm
@@ -95,7 +95,11 @@ export async function parseCli(argv: string[], env: NodeJS.ProcessEnv = process.
   const cfg = v.config ? await loadConfig(v.config) : null;
   const host = cfg ? (cfg.reef.host === '0.0.0.0' || cfg.reef.host === '::' ? '127.0.0.1' : cfg.reef.host) : '127.0.0.1';
   const gateway = v.gateway ?? `http://${host}:${cfg?.reef.port ?? 8600}`;
-  let apiKey = v['api-key'] ?? null;
+  // Declared only to be refused with this message rather than as an unknown option.
+  if (v['api-key'] !== undefined) {
+    throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: '--api-key: a key on the command line can be read by every user of this machine (ps, /proc/<pid>/cmdline); put it in an environment variable and pass --api-key-env NAME, or take it from the config with -c serve.yaml' });
+  }
+  let apiKey: string | null = null;
   if (v['api-key-env']) {
     apiKey = env[v['api-key-env']] ?? null;
     if (apiKey === null) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: `--api-key-env: environment variable ${v['api-key-env']} is not set` });
