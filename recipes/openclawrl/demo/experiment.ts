@@ -197,7 +197,9 @@ export function judgeConfig(judge: JudgeChoice, prmUrl: string | null, modelDir:
 /** The arm's serve.yaml: the CPU layout with the model, the judge, and training on or off. */
 export function armConfig(o: ArmOptions, prmUrl: string | null, port: number): Record<string, unknown> {
   return {
-    reef: { host: '127.0.0.1', port, data_dir: runStatePaths(o.out).dataDir, default_scenario: SCENARIO },
+    // 32 held-out requests at once queue in one CPU engine that shares two cores with the trainer;
+    // on a loaded machine a queued request waited past the default 300 s and the arm failed.
+    reef: { host: '127.0.0.1', port, data_dir: runStatePaths(o.out).dataDir, default_scenario: SCENARIO, limits: { engine_timeout_s: 1800 } },
     cluster: {
       num_gpus: 1 + o.trainerRanks,
       num_cpus: 8,
