@@ -2,13 +2,13 @@ import { createServer, type RequestListener, type ServerResponse } from 'node:ht
 import type { AddressInfo } from 'node:net';
 import { describe, expect, it } from 'vitest';
 import { waitFor } from '../test/helpers/wait.js';
-import { EngineClient, generateBody } from './engine-client.js';
+import { EngineClient, type EngineClientOptions, generateBody } from './engine-client.js';
 import { releaseBody } from './generate-body.js';
 
 const parse = (body: Uint8Array) => JSON.parse(Buffer.from(body).toString('utf8')) as unknown;
 
 /** `run` against a client of a loopback server answering with `handler`; both closed after. */
-async function withServer(handler: RequestListener, run: (client: EngineClient) => Promise<void>, opts: { adminKey?: string | null } = {}): Promise<void> {
+async function withServer(handler: RequestListener, run: (client: EngineClient) => Promise<void>, opts: EngineClientOptions = {}): Promise<void> {
   const server = createServer(handler);
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   const client = new EngineClient(`http://127.0.0.1:${(server.address() as AddressInfo).port}`, opts);
@@ -540,5 +540,46 @@ describe('EngineClient admin key', () => {
       ['/model_info', null],
       ['/generate', null],
     ]);
+  });
+});
+
+describe('EngineClient timeout', () => {
+  // A busy CPU engine answered a queued non-streamed request after the client's timeout, and the
+  // gateway told the agent the engine was down (503 REEF_ERR_ENGINE_DOWN).
+  it('an engine that answers nothing within the timeout is slow, not down: REEF_ERR_ENGINE_TIMEOUT naming the setting, non-streamed and streamed', async () => {
+    await withServer(
+      (req) => {
+        req.resume();
+      },
+      async (client) => {
+        const err = await client.generate({ input_ids: [1], sampling_params: {} }).catch((e: unknown) => e);
+        expect(err).toMatchObject({ code: 'REEF_ERR_ENGINE_TIMEOUT', status: 504, message: 'engine rollout did not answer within 0.2 s (reef.limits.engine_timeout_s)' });
+        const stream = async () => {
+          for await (const _ of client.generateStream({ input_ids: [1], sampling_params: {} }));
+        };
+        await expect(stream()).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_TIMEOUT' });
+      },
+      { name: 'rollout', requestTimeoutMs: 200, timeoutSetting: 'reef.limits.engine_timeout_s' },
+    );
+  });
+
+  it('a stream that stops sending between events times out the same way', async () => {
+    const event = `data: ${JSON.stringify({ text: 'a', output_ids: [1], meta_info: { id: 'r', finish_reason: null, prompt_tokens: 1, completion_tokens: 1, weight_version: null } })}\n\n`;
+    await withServer(
+      (req, res) => {
+        req.resume();
+        res.writeHead(200, { 'content-type': 'text/event-stream' });
+        res.write(event);
+      },
+      async (client) => {
+        const seen: string[] = [];
+        const stream = async () => {
+          for await (const r of client.generateStream({ input_ids: [1], sampling_params: {} })) seen.push(r.text);
+        };
+        await expect(stream()).rejects.toMatchObject({ code: 'REEF_ERR_ENGINE_TIMEOUT' });
+        expect(seen).toEqual(['a']);
+      },
+      { requestTimeoutMs: 200 },
+    );
   });
 });

@@ -66,8 +66,13 @@ export interface ModelInfo {
 }
 
 export interface EngineClientOptions {
-  /** @default 300_000 */
+  /**
+   * Longest wait for an answer's headers (a non-streamed generation sends them when it is done)
+   * and between two pieces of its body. @default 300_000
+   */
   requestTimeoutMs?: number;
+  /** The setting that `requestTimeoutMs` came from, named in REEF_ERR_ENGINE_TIMEOUT. @default `requestTimeoutMs` */
+  timeoutSetting?: string;
   /** @default 64 */
   connections?: number;
   /** Name used in errors. @default the URL */
@@ -143,7 +148,7 @@ class StreamedGeneration implements Dispatcher.DispatchHandler {
     }
   };
 
-  constructor(private readonly engine: string, private readonly signal: AbortSignal | null) {
+  constructor(private readonly engine: string, private readonly signal: AbortSignal | null, private readonly timedOut: (err: Error) => ReefError | null) {
     signal?.addEventListener('abort', this.onAbort, { once: true });
     // A signal that fired already fires no more: its caller (a client gone while its request was
     // prepared) would otherwise wait for a connection before being let go.
@@ -258,7 +263,7 @@ class StreamedGeneration implements Dispatcher.DispatchHandler {
     // Before a response, the engine could not be reached (or the request was aborted); after it
     // started, the error is the stream's own. After [DONE] the generation is whole: a connection
     // that breaks before the response's own end (no last chunk) takes nothing from it.
-    if (!this.done) this.failure ??= this.status === 0 && !this.signal?.aborted ? new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.engine, reason: err.message }, { cause: err }) : err;
+    if (!this.done) this.failure ??= this.timedOut(err) ?? (this.status === 0 && !this.signal?.aborted ? new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.engine, reason: err.message }, { cause: err }) : err);
     this.finish();
   }
 
@@ -404,6 +409,7 @@ export class EngineClient {
   readonly name: string;
   private readonly agent: Agent;
   private readonly timeoutMs: number;
+  private readonly timeoutSetting: string;
   /** `baseUrl` split for `dispatch`: the origin, and any path before the API's own. */
   private readonly origin: string;
   private readonly pathPrefix: string;
@@ -418,6 +424,7 @@ export class EngineClient {
     const adminKey = opts.adminKey === undefined ? engineAdminKey() : opts.adminKey;
     this.adminHeaders = adminKey === null ? JSON_HEADERS : { ...JSON_HEADERS, authorization: `Bearer ${adminKey}` };
     this.timeoutMs = opts.requestTimeoutMs ?? 300_000;
+    this.timeoutSetting = opts.timeoutSetting ?? 'requestTimeoutMs';
     this.agent = new Agent({ connections: opts.connections ?? 64, keepAliveTimeout: ENGINE_KEEP_ALIVE_MS, pipelining: 1 });
   }
 
@@ -436,8 +443,18 @@ export class EngineClient {
     } catch (err) {
       // Cut off by our own caller: not the engine's failure.
       if (signal?.aborted) throw err;
-      throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.name, reason: (err as Error).message }, { cause: err });
+      throw this.timedOut(err) ?? new ReefError('REEF_ERR_ENGINE_DOWN', { engine: this.name, reason: (err as Error).message }, { cause: err });
     }
+  }
+
+  /**
+   * A slow engine is not a down one: a busy CPU engine answered a queued non-streamed request after
+   * undici's timeout, and a 503 "unavailable" sent its operator looking for a crash.
+   */
+  timedOut(err: unknown): ReefError | null {
+    const code = (err as { code?: unknown } | null)?.code;
+    if (code !== 'UND_ERR_HEADERS_TIMEOUT' && code !== 'UND_ERR_BODY_TIMEOUT') return null;
+    return new ReefError('REEF_ERR_ENGINE_TIMEOUT', { engine: this.name, seconds: this.timeoutMs / 1000, setting: this.timeoutSetting }, { cause: err });
   }
 
   /** One request to the engine, answered to `handler`; a body is JSON. */
@@ -492,7 +509,7 @@ export class EngineClient {
    */
   async *generateStream(req: GenerateRequest | Uint8Array, signal?: AbortSignal): AsyncGenerator<GenerateResponse> {
     const body = req instanceof Uint8Array ? req : generateBody(req, true);
-    const s = new StreamedGeneration(this.name, signal ?? null);
+    const s = new StreamedGeneration(this.name, signal ?? null, (err) => this.timedOut(err));
     this.dispatch('POST', '/generate', body, s);
     try {
       for (;;) {

@@ -117,7 +117,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const metrics = new GatewayMetrics();
   // Records come only from chat completions: with no other request in flight, none can join a commit.
   const store = SqliteStore.open(join(cfg.reef.data_dir, 'records.sqlite'), { durability: cfg.reef.durability, company: () => metrics.inflightCount > 1, pageBytes: cfg.reef.limits.page_bytes });
-  const engine = new EngineClient(opts.engineUrl, { name: 'rollout' });
+  const engine = new EngineClient(opts.engineUrl, { name: 'rollout', requestTimeoutMs: cfg.reef.limits.engine_timeout_s * 1000, timeoutSetting: 'reef.limits.engine_timeout_s' });
   let pool: TokenizerPool | null = null;
   let stopPipeline = () => {};
   try {

@@ -31,6 +31,7 @@ export const ERRORS = {
   REEF_ERR_RAY: { message: 'ray: {reason}', status: null, retryable: true, type: 'server_error' },
   REEF_ERR_ENGINE_START: { message: 'engine {engine} failed to start: {reason}', status: null, retryable: true, type: 'server_error' },
   REEF_ERR_ENGINE_DOWN: { message: 'engine {engine} is unavailable: {reason}', status: 503, retryable: true, type: 'service_unavailable' },
+  REEF_ERR_ENGINE_TIMEOUT: { message: 'engine {engine} did not answer within {seconds} s ({setting})', status: 504, retryable: true, type: 'service_unavailable' },
   REEF_ERR_NOT_FOUND: { message: '{what} not found', status: 404, retryable: false, type: 'not_found_error' },
   REEF_ERR_SUPERVISOR: { message: 'supervisor: {reason}', status: null, retryable: false, type: 'server_error' },
   REEF_ERR_NOT_RUNNING: { message: 'no running reef stack found at {path}', status: null, retryable: false, type: 'not_found_error' },

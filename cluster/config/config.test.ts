@@ -205,7 +205,7 @@ describe('resolved config', () => {
     const cfg = await ok(minimal());
     expect(cfg.reef).toEqual({ host: '127.0.0.1', port: 8600, api_keys: [], allowed_hosts: [], allowed_origins: [], data_dir: '/srv/reef/.reef', durability: 'power', retention: { max_age_days: null, interval_s: 3600 }, default_scenario: 'default', default_max_tokens: 1024, log_level: 'info',
       limits: {
-        request_timeout_s: 120, headers_timeout_s: 30, body_idle_timeout_s: 30, keep_alive_timeout_s: 75, max_connections: 1024,
+        request_timeout_s: 120, headers_timeout_s: 30, body_idle_timeout_s: 30, keep_alive_timeout_s: 75, engine_timeout_s: 300, max_connections: 1024,
         body_bytes: 64 * 1024 * 1024, reef_body_bytes: 4 * 1024 * 1024, reef_concurrency: 8, page_bytes: 8 * 1024 * 1024, max_scenarios: 1000,
         min_free_disk_mb: 256, keyless_max_concurrency: 256, keyless_requests_per_minute: null, keyless_tokens_per_minute: null,
         auth_failures_per_minute: 30, auth_failure_addresses: 10_000,

@@ -118,6 +118,7 @@ const limits = section({
   headers_timeout_s: positiveNumber().default(30),
   body_idle_timeout_s: positiveNumber().default(30),
   keep_alive_timeout_s: positiveNumber().default(75),
+  engine_timeout_s: positiveNumber().default(300),
   max_connections: positiveInt().default(1024),
   body_bytes: positiveInt().default(64 * 1024 * 1024),
   reef_body_bytes: positiveInt().default(4 * 1024 * 1024),

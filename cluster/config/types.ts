@@ -36,6 +36,7 @@ export interface LimitsSection {
   readonly body_idle_timeout_s: number;
   /** @default 75 */
   readonly keep_alive_timeout_s: number;
+  readonly engine_timeout_s: number;
   /** @default 1024 */
   readonly max_connections: number;
   /** @default 67108864 (64 MiB) */

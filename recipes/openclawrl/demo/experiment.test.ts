@@ -29,6 +29,16 @@ describe('arm options', () => {
     expect(armOptions(['--w-opd', '0'], () => {}).out).toMatch(/rl-seed1$/);
   });
 
+  // README's main command runs the quick arm; its results must not land in (or be read as) the
+  // full arm's folder, which the ablation's --kept reuses.
+  it('--quick: 48 sessions, no greedy pass, its own results folder; an explicit --sessions still wins', () => {
+    const q = armOptions(['--quick', '--control'], () => {});
+    expect([q.sessions, q.greedy, q.evalSamples]).toEqual([48, false, 100]);
+    expect(q.out).toMatch(/results\/smollm2\/control-seed1-quick$/);
+    expect(armOptions(['--sessions', '8', '--quick'], () => {}).sessions).toBe(8);
+    expect(armOptions(['--quick', '--out', '/tmp/q'], () => {}).out).toBe('/tmp/q');
+  });
+
   it('keeps everything after the first = of an inline value', () => {
     expect(armOptions(['--out=/tmp/a=b', '--lr=1e-3'], () => {}).out).toBe('/tmp/a=b');
     expect(armOptions(['--lr=1e-3'], () => {}).lr).toBe(1e-3);

@@ -48,7 +48,7 @@ export interface ArmOptions {
   control: boolean;
   /** Seeds the engine's sampling, the agent's per-request seeds and the held-out sampling seeds. @default 1 */
   seed: number;
-  /** @default 72 */
+  /** @default 72 (48 with `--quick`) */
   sessions: number;
   /** @default 16 */
   batchSize: number;
@@ -56,13 +56,13 @@ export interface ArmOptions {
   lr: number;
   /** Extra `training.options` flags, appended after the arm's own. @default [] */
   trainOptions: string[];
-  /** Where this arm's results, config and data dir go. @default results/smollm2/<arm>-seed<seed> */
+  /** Where this arm's results, config and data dir go. @default results/smollm2/<arm>-seed<seed>, `-quick` appended with `--quick` */
   out: string;
   /** @default .cache/smollm2-135m-instruct */
   modelDir: string;
   /** Held-out problems, one fresh sampled first reply each, before and after. @default 100 */
   evalSamples: number;
-  /** Also reply greedily to each held-out problem (exact match). @default true */
+  /** Also reply greedily to each held-out problem (exact match). @default true (false with `--quick`) */
   greedy: boolean;
   /** Sessions in flight at once, so the batching engine decodes them together. @default 16 */
   concurrency: number;
@@ -198,7 +198,9 @@ export function judgeConfig(judge: JudgeChoice, prmUrl: string | null, modelDir:
 /** The arm's serve.yaml: the CPU layout with the model, the judge, and training on or off. */
 export function armConfig(o: ArmOptions, prmUrl: string | null, port: number): Record<string, unknown> {
   return {
-    reef: { host: '127.0.0.1', port, data_dir: runStatePaths(o.out).dataDir, default_scenario: SCENARIO },
+    // 32 held-out requests at once queue in one CPU engine that shares two cores with the trainer;
+    // on a loaded machine a queued request waited past the default 300 s and the arm failed.
+    reef: { host: '127.0.0.1', port, data_dir: runStatePaths(o.out).dataDir, default_scenario: SCENARIO, limits: { engine_timeout_s: 1800 } },
     cluster: {
       num_gpus: 1 + o.trainerRanks,
       num_cpus: 8,
@@ -572,6 +574,14 @@ export function describeArm(s: ArmSummary, out: string, sessions: RunSummary | n
   ].join('\n');
 }
 
+/**
+ * The shorter arm a newcomer waits for (`npm run demo`): two thirds of the sessions and no greedy
+ * held-out pass, about 20 minutes on two cores where the full arm takes 29-32. Its held-out habit
+ * and answer rates are the same measurement on as many replies; it trains on fewer turns, so it is
+ * a first look, not a row of the table (docs/experiment.md).
+ */
+export const QUICK_SESSIONS = 48;
+
 /** Parses the arm's command line (`npm run demo -- ...`). */
 export function armOptions(argv: readonly string[], log: (line: string) => void): ArmOptions {
   const o: ArmOptions = {
@@ -581,6 +591,8 @@ export function armOptions(argv: readonly string[], log: (line: string) => void)
   };
   const judge: { url?: string; model?: string; keyEnv?: string } = {};
   let out: string | null = null;
+  let quick = false;
+  let sessionsGiven = false;
   for (let i = 0; i < argv.length; i++) {
     // Split at the first '=' only: split('=', 2) would drop the rest of a value such as a path with '='.
     const eq = argv[i]!.indexOf('=');
@@ -591,6 +603,10 @@ export function armOptions(argv: readonly string[], log: (line: string) => void)
     }
     if (flag === '--no-greedy' && eq < 0) {
       o.greedy = false;
+      continue;
+    }
+    if (flag === '--quick' && eq < 0) {
+      quick = true;
       continue;
     }
     const inline = eq < 0 ? undefined : argv[i]!.slice(eq + 1);
@@ -610,7 +626,7 @@ export function armOptions(argv: readonly string[], log: (line: string) => void)
       case '--w-rl': o.wRl = num(); break;
       case '--w-opd': o.wOpd = num(); break;
       case '--seed': o.seed = int(0); break;
-      case '--sessions': o.sessions = int(1); break;
+      case '--sessions': o.sessions = int(1); sessionsGiven = true; break;
       case '--batch-size': o.batchSize = int(1); break;
       case '--lr':
         // training.options would refuse it only after the rule PRM and the config were made.
@@ -629,7 +645,7 @@ export function armOptions(argv: readonly string[], log: (line: string) => void)
       case '--judge-url': judge.url = value; break;
       case '--judge-model': judge.model = value; break;
       case '--judge-api-key-env': judge.keyEnv = value; break;
-      default: throw new Error(`unknown option ${flag} (known: --seed --w-rl --w-opd --control --sessions --batch-size --lr --train-option --out --model --eval-samples --no-greedy --concurrency --eval-concurrency --max-tokens --trainer-ranks --before-from --judge-url --judge-model --judge-api-key-env)`);
+      default: throw new Error(`unknown option ${flag} (known: --seed --w-rl --w-opd --control --sessions --batch-size --lr --train-option --out --model --eval-samples --no-greedy --concurrency --eval-concurrency --max-tokens --trainer-ranks --before-from --judge-url --judge-model --judge-api-key-env --quick)`);
     }
   }
   if (!o.control && o.wRl === 0 && o.wOpd === 0) throw new Error('--w-rl 0 --w-opd 0 trains nothing but weight decay; for training off use --control');
@@ -637,6 +653,10 @@ export function armOptions(argv: readonly string[], log: (line: string) => void)
     if (!judge.url || !judge.model || !judge.keyEnv) throw new Error('a real judge needs all three of --judge-url, --judge-model and --judge-api-key-env');
     o.judge = { kind: 'openai', url: judge.url, model: judge.model, apiKeyEnv: judge.keyEnv };
   }
-  o.out = out ?? resolve('results', 'smollm2', `${armOf(o)}-seed${o.seed}`);
+  if (quick) {
+    if (!sessionsGiven) o.sessions = QUICK_SESSIONS;
+    o.greedy = false;
+  }
+  o.out = out ?? resolve('results', 'smollm2', `${armOf(o)}-seed${o.seed}${quick ? '-quick' : ''}`);
   return o;
 }

@@ -1,10 +1,17 @@
 import { armOptions, modelDirProblem, runArm, type ArmOptions } from './experiment.js';
 
-/** `node dist/recipes/openclawrl/demo/main.js [--seed 1] [--w-rl 1] [--w-opd 1] [--control] ...`: one arm. */
+/**
+ * `node dist/recipes/openclawrl/demo/main.js [--full] [--seed 1] [--w-rl 1] [--w-opd 1] [--control] ...`:
+ * one arm, the quick one (`--quick`, README's main command) unless `--full` asks for the
+ * experiment's own.
+ */
 const log = (line: string) => process.stdout.write(`${line}\n`);
 let options: ArmOptions | null = null;
 try {
-  options = armOptions(process.argv.slice(2), log);
+  const argv = process.argv.slice(2);
+  const full = argv.includes('--full');
+  options = armOptions(full ? argv.filter((a) => a !== '--full') : ['--quick', ...argv], log);
+  if (!full) log(`the quick arm: ${options.sessions} sessions, held-out replies sampled only (no greedy pass, so no exact-match figure); \`npm run demo -- --full\` runs the experiment's arm (72 sessions, both passes), as in docs/experiment.md`);
   const problem = modelDirProblem(options.modelDir);
   if (problem !== null) throw new Error(problem);
 } catch (err) {
