@@ -1,14 +1,12 @@
-import { execFileSync } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BUS_KEY_FILE, type BusKey, readBusKeyFile } from '../../actors/runtime/bus-key.js';
 import { RpcClient } from '../../actors/runtime/rpc.js';
 import { freePort } from '../../cluster/net.js';
-import { repoRoot, tinyModelDir } from '../../cluster/paths.js';
 import { readRunFile } from '../../cluster/run-file.js';
 import { type KeylessKind, keylessSend } from '../helpers/keyless.js';
-import { descendants, runReef, testConfig } from '../helpers/stack.js';
+import { descendants, ensureTinyModel, runReef, testConfig } from '../helpers/stack.js';
 import { pidAlive, waitFor } from '../helpers/wait.js';
 
 /**
@@ -79,9 +77,7 @@ describe('a local attacker without the stack keys', () => {
     });
 
   beforeAll(async () => {
-    if (!existsSync(join(tinyModelDir(), 'config.json'))) {
-      execFileSync(join(repoRoot(), '.venv/bin/python'), ['-m', 'reef_shim.tiny_model', '--out', tinyModelDir(), '--quiet'], { env: { ...process.env, PYTHONPATH: join(repoRoot(), 'python_shim') } });
-    }
+    ensureTinyModel();
     port = await freePort();
     cfg = testConfig((c) => {
       c.reef.port = port;

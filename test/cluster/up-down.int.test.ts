@@ -1,12 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { execFileSync } from 'node:child_process';
-import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { freePort } from '../../cluster/net.js';
-import { repoRoot, tinyModelDir } from '../../cluster/paths.js';
 import { readRunFile } from '../../cluster/run-file.js';
 import { pidAlive, waitFor } from '../helpers/wait.js';
-import { commandOf, descendants, runReef, testConfig } from '../helpers/stack.js';
+import { commandOf, descendants, ensureTinyModel, runReef, testConfig } from '../helpers/stack.js';
 
 /**
  * The foundation end to end: `reef up --detach` on the tiny model brings up Ray with the
@@ -35,9 +32,7 @@ describe('reef up → status → scale → down', () => {
   };
 
   beforeAll(async () => {
-    if (!existsSync(join(tinyModelDir(), 'config.json'))) {
-      execFileSync(join(repoRoot(), '.venv/bin/python'), ['-m', 'reef_shim.tiny_model', '--out', tinyModelDir(), '--quiet'], { env: { ...process.env, PYTHONPATH: join(repoRoot(), 'python_shim') } });
-    }
+    ensureTinyModel();
     port = await freePort();
     cfg = testConfig((c) => {
       c.reef.port = port;

@@ -1,16 +1,15 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { execFileSync } from 'node:child_process';
-import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import OpenAI from 'openai';
 import type { ChatCompletionChunk, ChatCompletionMessageParam } from 'openai/resources/chat/completions';
 import { freePort } from '../../cluster/net.js';
-import { repoRoot, tinyModelDir } from '../../cluster/paths.js';
+import { tinyModelDir } from '../../cluster/paths.js';
 import { readRunFile } from '../../cluster/run-file.js';
 import { longSystemPrompt, TWELVE_TOOLS } from '../parity/corpus.js';
 import { testKey } from '../helpers/api-keys.js';
 import { longContextModel } from '../helpers/long-context-model.js';
-import { commandOf, descendants, runReef, testConfig } from '../helpers/stack.js';
+import { commandOf, descendants, ensureTinyModel, runReef, testConfig } from '../helpers/stack.js';
 import { pidAlive, waitFor } from '../helpers/wait.js';
 
 /**
@@ -62,9 +61,7 @@ describe('the openai npm client against reef up', () => {
   };
 
   beforeAll(async () => {
-    if (!existsSync(join(tinyModelDir(), 'config.json'))) {
-      execFileSync(join(repoRoot(), '.venv/bin/python'), ['-m', 'reef_shim.tiny_model', '--out', tinyModelDir(), '--quiet'], { env: { ...process.env, PYTHONPATH: join(repoRoot(), 'python_shim') } });
-    }
+    ensureTinyModel();
     const port = await freePort();
     cfg = testConfig((c) => {
       c.reef.port = port;

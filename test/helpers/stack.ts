@@ -1,5 +1,5 @@
 import { execFileSync, spawn } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parse, stringify } from 'yaml';
@@ -9,6 +9,12 @@ import { repoRoot, tinyModelDir } from '../../cluster/paths.js';
  * Helpers for end-to-end tests that drive the real `reef` CLI: a temporary serve.yaml based on
  * the CPU example, CLI runs with captured output, and the process tree of a running stack.
  */
+
+/** Builds the tiny test model if this checkout has none yet (set-up builds it; a bare vitest run may not have). */
+export function ensureTinyModel(): void {
+  if (existsSync(join(tinyModelDir(), 'config.json'))) return;
+  execFileSync(join(repoRoot(), '.venv/bin/python'), ['-m', 'reef_shim.tiny_model', '--out', tinyModelDir(), '--quiet'], { env: { ...process.env, PYTHONPATH: join(repoRoot(), 'python_shim') } });
+}
 
 export interface CliResult {
   code: number;

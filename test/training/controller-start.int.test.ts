@@ -1,5 +1,4 @@
-import { execFileSync } from 'node:child_process';
-import { existsSync, rmSync } from 'node:fs';
+import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -9,9 +8,8 @@ import { SqliteStore } from '../../actors/gateway/store/sqlite-store.js';
 import { Mailbox } from '../../actors/runtime/mailbox.js';
 import { createController } from '../../actors/trainer-controller/index.js';
 import { loadConfig } from '../../cluster/config/index.js';
-import { repoRoot, tinyModelDir } from '../../cluster/paths.js';
 import { lookupRequest } from '../../cluster/supervisor-messages.js';
-import { testConfig } from '../helpers/stack.js';
+import { ensureTinyModel, testConfig } from '../helpers/stack.js';
 
 /**
  * What the trainer-controller does when it starts, against real mailboxes: a supervisor that
@@ -25,9 +23,7 @@ afterEach(async () => {
 });
 
 async function wiring(gateway: string | null) {
-  if (!existsSync(join(tinyModelDir(), 'config.json'))) {
-    execFileSync(join(repoRoot(), '.venv/bin/python'), ['-m', 'reef_shim.tiny_model', '--out', tinyModelDir(), '--quiet'], { env: { ...process.env, PYTHONPATH: join(repoRoot(), 'python_shim') } });
-  }
+  ensureTinyModel();
   const cfg = testConfig();
   cleanup.push(() => rmSync(cfg.dir, { recursive: true, force: true }));
   const supervisor = await Mailbox.open({
