@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from .dist_net import is_loopback
 from .engines.admin_key import admin_key, sglang_admin_args
 from .engine_process import (EngineProcess, engine_command, engine_env, engine_module, engine_start_timeout_s,
                              pick_free_port, wait_healthy)
@@ -106,6 +108,20 @@ def _ray() -> Any:
     return ray
 
 
+# Ray's own switch for a one-host cluster (its default on macOS and Windows): the node's address is
+# then 127.0.0.1, and the GCS, raylet, object manager, agents and workers listen there alone. Given
+# `127.0.0.1` (`ray.init(_node_ip_address=…)`, `ray start --node-ip-address`) Ray would replace it
+# with the LAN address (`services.resolve_ip_for_localhost`). Read once, when `ray` is imported.
+RAY_SINGLE_HOST_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _confine_local_head() -> None:
+    """Keep the head this shim starts on loopback: no other host can reach its ports or join it as
+    a node. An operator's own setting of the switch wins; a `ray` imported already keeps what it read."""
+    if "ray" not in sys.modules:
+        os.environ.setdefault(RAY_SINGLE_HOST_ENV, "0")
+
+
 class RayDriver:
     """All Ray state of one shim. Long calls run on one worker thread; `status` may run alongside."""
 
@@ -135,6 +151,8 @@ class RayDriver:
 
     def init_ray(self, address: str | None, num_cpus: int | None, num_gpus: int | None,
                  object_store_bytes: int | None) -> dict[str, Any]:
+        if address is None and not self._connected:
+            _confine_local_head()
         ray = _ray()
         if self._connected:
             log.info("ray already connected to %s; init-ray is a no-op", self._address)
@@ -165,6 +183,10 @@ class RayDriver:
             self._started_head = address is None
             self._connected = True
             log.info("ray ready at %s in %.1f s", self._address, time.monotonic() - started)
+            if self._started_head and not is_loopback(ray.util.get_node_ip_address()):
+                log.warning("the local Ray head listens on %s, not on loopback (%s=%s, or ray was imported before "
+                            "init-ray): its ports are reachable from the network", ray.util.get_node_ip_address(),
+                            RAY_SINGLE_HOST_ENV, os.environ.get(RAY_SINGLE_HOST_ENV))
         return {"address": self._address, "startedHead": self._started_head,
                 "resources": _plain(ray.cluster_resources())}
 
