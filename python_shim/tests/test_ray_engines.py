@@ -196,3 +196,15 @@ def test_the_ray_head_the_shim_starts_listens_on_loopback_alone(tmp_path: Path) 
     assert len(found) >= 3, found  # the GCS, the raylet, the worker at least
     assert not_loopback(found) == [], found
 
+
+def test_an_engine_on_one_node_gets_gloo_and_nccl_on_loopback(
+        driver: RayDriver, engines: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    # The engine's end of a weight group listens too; on one node it must stay on loopback as the trainer's end does.
+    from reef_shim.dist_net import LOOPBACK_ENV
+
+    info = engines(spec("hf", "reef-rollout"))
+    assert driver.single_node()
+    assert driver.engine_node(info["url"]) == driver.bundle_node("reef-trainer", 0) is not None
+    environ = dict(line.split("=", 1) for line in Path(f"/proc/{info['pid']}/environ").read_text().split("\0")
+                   if "=" in line)
+    assert {k: environ.get(k) for k in LOOPBACK_ENV} == LOOPBACK_ENV
