@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from .dist_net import confine_to_loopback, is_loopback
 from .engines.admin_key import admin_key, sglang_admin_args
 from .engine_process import (EngineProcess, engine_command, engine_env, engine_module, engine_start_timeout_s,
                              pick_free_port, wait_healthy)
@@ -61,12 +63,17 @@ class EngineActor:
         self.engine: EngineProcess | None = None
 
     def launch(self, kind: str, module: str, model_path: str, host: str, port: int, extra_args: list[str],
-               log_dir: str, role: str) -> dict[str, Any]:
+               log_dir: str, role: str, loopback: bool = False) -> dict[str, Any]:
         import ray
 
         # Read here, in the worker the engine inherits from, not in the driver: on a cluster the
         # shim joined, the two environments differ.
         env = engine_env(kind)
+        if loopback:
+            # The engine's end of a weight group then listens on loopback, as the trainer's does
+            # (`dist_net`); so do the gloo and NCCL sockets of SGLang's own TP groups, though not
+            # the store SGLang's own rendezvous hosts (review §1.1 #11).
+            confine_to_loopback(env)
         port = port or pick_free_port(host)
         probe_host = "127.0.0.1" if host in ("", "0.0.0.0") else host
         public_host = ray.util.get_node_ip_address() if host in ("", "0.0.0.0") else host
@@ -106,6 +113,20 @@ def _ray() -> Any:
     return ray
 
 
+# Ray's own switch for a one-host cluster (its default on macOS and Windows): the node's address is
+# then 127.0.0.1, and the GCS, raylet, object manager, agents and workers listen there alone. Given
+# `127.0.0.1` (`ray.init(_node_ip_address=…)`, `ray start --node-ip-address`) Ray would replace it
+# with the LAN address (`services.resolve_ip_for_localhost`). Read once, when `ray` is imported.
+RAY_SINGLE_HOST_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _confine_local_head() -> None:
+    """Keep the head this shim starts on loopback: no other host can reach its ports or join it as
+    a node. An operator's own setting of the switch wins; a `ray` imported already keeps what it read."""
+    if "ray" not in sys.modules:
+        os.environ.setdefault(RAY_SINGLE_HOST_ENV, "0")
+
+
 class RayDriver:
     """All Ray state of one shim. Long calls run on one worker thread; `status` may run alongside."""
 
@@ -135,6 +156,8 @@ class RayDriver:
 
     def init_ray(self, address: str | None, num_cpus: int | None, num_gpus: int | None,
                  object_store_bytes: int | None) -> dict[str, Any]:
+        if address is None and not self._connected:
+            _confine_local_head()
         ray = _ray()
         if self._connected:
             log.info("ray already connected to %s; init-ray is a no-op", self._address)
@@ -165,6 +188,10 @@ class RayDriver:
             self._started_head = address is None
             self._connected = True
             log.info("ray ready at %s in %.1f s", self._address, time.monotonic() - started)
+            if self._started_head and not is_loopback(ray.util.get_node_ip_address()):
+                log.warning("the local Ray head listens on %s, not on loopback (%s=%s, or ray was imported before "
+                            "init-ray): its ports are reachable from the network", ray.util.get_node_ip_address(),
+                            RAY_SINGLE_HOST_ENV, os.environ.get(RAY_SINGLE_HOST_ENV))
         return {"address": self._address, "startedHead": self._started_head,
                 "resources": _plain(ray.cluster_resources())}
 
@@ -282,6 +309,32 @@ class RayDriver:
             raise ShimError("REEF_ERR_NOT_FOUND", f"placement group {name} not found; create-placement first")
         return group.pg, group.planned
 
+    def single_node(self) -> bool:
+        """Whether every bundle of every group placed is on one node. Then every trainer rank and
+        every engine a push can reach (only engines this shim started, each in a bundle) runs on
+        that node, and torch.distributed can listen on loopback alone (`dist_net`)."""
+        with self._lock:
+            groups = list(self._groups.values())
+        nodes: set[str] = set()
+        for group in groups:
+            placed = _bundle_nodes(group)
+            if len(placed) < len(group.planned["bundles"]):
+                return False  # not placed yet: nothing says where it will go
+            nodes.update(placed.values())
+        return len(nodes) == 1
+
+    def bundle_node(self, name: str, index: int) -> str | None:
+        """The node holding bundle `index` of group `name`; None while it is not placed."""
+        with self._lock:
+            group = self._groups.get(name)
+        return None if group is None else _bundle_nodes(group).get(index)
+
+    def engine_node(self, url: str) -> str | None:
+        """The node of the started engine at `url`; None for an engine this shim did not start."""
+        with self._lock:
+            spec = next((r.spec for r in self._engines.values() if r.url.rstrip("/") == url.rstrip("/")), None)
+        return None if spec is None else self.bundle_node(spec["group"], spec["bundleIndex"])
+
     def _group_status(self, group: _Group) -> dict[str, Any]:
         from ray.util.placement_group import placement_group_table
 
@@ -335,7 +388,7 @@ class RayDriver:
         try:
             launched = self._wait_launch(name, actor.launch.remote(spec["kind"], module, spec["modelPath"], spec["host"],
                                                                    spec["port"], spec["extraArgs"], _engine_log_dir(),
-                                                                   spec["role"]),
+                                                                   spec["role"], self.single_node()),
                                          min(120.0, budget_s))
         except Exception as e:
             ray.kill(actor)
@@ -523,6 +576,16 @@ def _check_reachable(address: str) -> None:
     except OSError as e:
         raise ShimError("REEF_ERR_RAY", f"ray: init failed: no Ray head answers at {address} ({e}); start one there "
                         "(ray start --head) or correct the address") from e
+
+
+def _bundle_nodes(group: _Group) -> dict[int, str]:
+    """Bundle index -> node id of a CREATED group (empty for any other state)."""
+    from ray.util.placement_group import placement_group_table
+
+    table = placement_group_table(group.pg) or {}
+    if table.get("state") != "CREATED":
+        return {}
+    return {int(i): str(n) for i, n in (table.get("bundles_to_node_id") or {}).items() if n is not None}
 
 
 def _plain(resources: dict[str, Any]) -> dict[str, float]:

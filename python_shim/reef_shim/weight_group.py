@@ -14,10 +14,13 @@ group) or absent (the engine).
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 from typing import Any
 
 import torch
+
+from .dist_net import bind_listener, host_store
 
 BACKENDS = ("gloo", "nccl")
 
@@ -40,15 +43,22 @@ def dtype_of(name: str) -> torch.dtype:
 
 
 def join_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str, backend: str,
-               timeout_s: float) -> Any:
-    """Join (rank 0: host) the weight group; blocks until all `world_size` ranks have joined."""
+               timeout_s: float, listener: socket.socket | None = None) -> Any:
+    """Join (rank 0: host) the weight group; blocks until all `world_size` ranks have joined.
+
+    Rank 0 hosts the store on `listener` (`dist_net.bind_listener`, bound to `master_address`:
+    `master_port`), or binds one itself: torch's own `tcp://` rendezvous would listen on every
+    interface. The other ranks connect as SGLang's engine does, with `rendezvous("tcp://...")`."""
     from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
 
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     timeout = timedelta(seconds=timeout_s)
-    store, rank, world_size = next(rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size,
-                                              timeout=timeout))
+    if rank == 0:
+        store = host_store(listener or bind_listener(master_address, master_port), world_size, timeout)
+    else:
+        store, rank, world_size = next(rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size,
+                                                  timeout=timeout))
     store.set_timeout(timeout)
     group, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), PrefixStore(group_name, store),
                                          group_name=group_name, timeout=timeout)

@@ -154,3 +154,57 @@ def test_removing_groups_stops_their_engines_at_once(
     assert driver.status()["engines"] == []
     events = [line.split()[0] for line in log.read_text().splitlines()]
     assert events == ["term", "term", "exit", "exit"], f"the engines were stopped one after the other: {events}"
+
+
+HEAD = """
+import json, os, sys
+from reef_shim.proc_tree import descendants
+from reef_shim.ray_driver import RayDriver
+from listeners import listening
+
+d = RayDriver()
+d.init_ray(None, 1, 0, None)
+import ray  # after init-ray, as in the shim: imported before, it would keep the LAN address
+try:
+    # One task, so a worker process is there too, with its own gRPC server.
+    ray.get(ray.remote(num_cpus=1)(lambda: None).remote(), timeout=120)
+    print(json.dumps({"node": ray.util.get_node_ip_address(),
+                      "listening": listening([os.getpid(), *descendants(os.getpid())])}))
+finally:
+    d.close()
+"""
+
+
+def test_the_ray_head_the_shim_starts_listens_on_loopback_alone(tmp_path: Path) -> None:
+    # Ray's GCS, raylet, object manager, agents and workers listened on `::`, reachable from the
+    # LAN (review §1.1 #6). A process of its own: `ray` reads the switch when it is imported, and
+    # this one may have imported it, or been given the switch by a head started here.
+    import subprocess
+    import sys
+
+    from listeners import not_loopback
+    from reef_shim.ray_driver import RAY_SINGLE_HOST_ENV
+
+    env = {k: v for k, v in os.environ.items() if k != RAY_SINGLE_HOST_ENV}
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR.parent), str(TESTS_DIR)])
+    out = subprocess.run([sys.executable, "-c", HEAD], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    found = [tuple(f) for f in seen["listening"]]
+    assert seen["node"] == "127.0.0.1"
+    assert len(found) >= 3, found  # the GCS, the raylet, the worker at least
+    assert not_loopback(found) == [], found
+
+
+def test_an_engine_on_one_node_gets_gloo_and_nccl_on_loopback(
+        driver: RayDriver, engines: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    # The engine's end of a weight group listens too; on one node it must stay on loopback as the trainer's end does.
+    from reef_shim.dist_net import LOOPBACK_ENV
+
+    info = engines(spec("hf", "reef-rollout"))
+    assert driver.single_node()
+    assert driver.engine_node(info["url"]) == driver.bundle_node("reef-trainer", 0) is not None
+    environ = dict(line.split("=", 1) for line in Path(f"/proc/{info['pid']}/environ").read_text().split("\0")
+                   if "=" in line)
+    assert {k: environ.get(k) for k in LOOPBACK_ENV} == LOOPBACK_ENV

@@ -7,7 +7,9 @@ and top_k 2 < K: trainer_fixtures.three_tasks). One module-scoped Ray head and p
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -17,12 +19,14 @@ import torch
 
 from reef_shim import tiny_model
 from reef_shim.engines.hf_engine import HFEngine
+from reef_shim.dist_net import LOOPBACK_ENV
 from reef_shim.errors import ShimError
 from reef_shim.ray_driver import RayDriver
 from reef_shim.trainer import TrainerGroup
 from reef_shim.trainer.checkpoint import LEDGER
 from reef_shim.trainer import group as group_module
 from reef_shim.trainer.group import _Deadline
+from listeners import listening, not_loopback, refused_from_lan
 from trainer_fixtures import (check_bf16_step, check_push_serves_its_checkpoint, generate, i32, params_differ,
                               placed_driver, probe, reference_step, spec, three_tasks)
 
@@ -254,6 +258,62 @@ def test_a_trained_step_pushed_into_a_running_engine_serves_what_its_checkpoint_
         assert served["output_ids"] != base["output_ids"] or (
             served["meta_info"]["output_token_logprobs"] != base["meta_info"]["output_token_logprobs"])
         check_push_serves_its_checkpoint(eng, body, pushed, served, step["checkpointPath"])
+
+
+class _Listeners(threading.Thread):
+    """What `pids` listen on, sampled until stopped: a push's group lives only as long as the push."""
+
+    def __init__(self, pids: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.pids, self.seen, self.done = pids, set(), threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            self.seen.update(listening(self.pids))
+            time.sleep(0.005)
+
+    def stop(self) -> set[tuple[int, str, int]]:
+        self.done.set()
+        self.join(10)
+        return self.seen
+
+
+def test_on_one_node_the_groups_and_the_push_listen_on_loopback_alone(
+        driver: RayDriver, model: Path, tasks: list[dict[str, Any]], tmp_path: Path) -> None:
+    # Review M5: the ranks' store listened on `::`, gloo on the host name's address, and the push's
+    # store on `::` too, all without authentication, so a host on the LAN could join either group.
+    import ray
+
+    from test_hf_server import launch
+
+    assert driver.single_node()
+    group = TrainerGroup(driver)
+    # As the driver launches an engine on one node (RayDriver.start_engine); the engine is not ours to test here.
+    with launch(model, tmp_path / "engine.log", "--weight-version", "v0", "--weight-sync-timeout-s", "60",
+                env_extra=dict(LOOPBACK_ENV)) as eng:
+        try:
+            started = group.start(spec(str(model), str(tmp_path / "ckpt"), lr=LR))
+            pids = started["pids"]
+            held = listening(pids)
+            assert held and not_loopback(held) == [], held
+            for _, _, port in (f for f in held if f[0] == pids[0]):
+                assert refused_from_lan(port) in (True, None)
+            envs = ray.get([r.__ray_call__.remote(lambda rank: {k: os.environ.get(k) for k in LOOPBACK_ENV})
+                            for r in group._ranks])
+            assert envs == [LOOPBACK_ENV] * len(pids)
+            group.step("s:openclawrl:1", tasks)
+            sampler = _Listeners([*pids, eng.proc.pid])
+            sampler.start()
+            try:
+                pushed = group.push_weights(eng.url, "v1")
+            finally:
+                seen = sampler.stop()
+        finally:
+            group.stop()
+    assert pushed["backend"] == "gloo"
+    opened = {f for f in seen if f not in held and f[0] == pids[0]}
+    assert opened, "no listener of the push's group was seen on rank 0"
+    assert not_loopback(sorted(seen)) == []
 
 
 def test_a_bf16_group_trains_over_fp32_master_weights(driver: RayDriver, model: Path, tasks: list[dict[str, Any]],

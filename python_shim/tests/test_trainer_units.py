@@ -797,3 +797,27 @@ def test_a_batch_recorded_again_is_the_ledger_s_newest(tmp_path: Path, monkeypat
     # b:1's first training (v1) was never released: a rollback came first, and it trained again.
     # Left, it held a model's size of disk for good. v2 is b:2's, only past LEDGER_KEEP: kept.
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["v2", "v3", "v4"]
+
+
+@pytest.mark.parametrize("engine_node, refused", [("node-b", True), ("node-a", False), (None, False)])
+def test_a_loopback_group_pushes_only_into_an_engine_on_its_node(tmp_path: Path, engine_node: str | None,
+                                                                 refused: bool) -> None:
+    # The ranks' rendezvous is on 127.0.0.1 when every bundle was on one node at trainer-start; an
+    # engine placed on another node afterwards could not reach it, and would wait out the push.
+    from types import SimpleNamespace
+
+    ours = {("reef-trainer", 0): "node-a"}
+    driver = SimpleNamespace(colocated=False, engine_node=lambda url: engine_node,
+                             bundle_node=lambda group, index: ours.get((group, index)))
+    group = _group_holding(tmp_path, "v1", {})
+    group.driver, group._spec, group._loopback = driver, {"group": "reef-trainer"}, True
+    pushed = SimpleNamespace(remote=lambda *args: {"error": None, "bytes": 1, "backend": "gloo", "seconds": 0.0})
+    group._ranks = [SimpleNamespace(push_weights=pushed)]
+    group._gather = lambda refs, what, deadline: refs  # type: ignore[method-assign]
+    if not refused:
+        assert group.push_weights("http://127.0.0.1:30000", "v1")["backend"] == "gloo"
+        return
+    with pytest.raises(ShimError) as err:
+        group.push_weights("http://127.0.0.1:30000", "v1")
+    assert err.value.code == "REEF_ERR_WEIGHT_SYNC"
+    assert "node-b" in err.value.message and "trainer-start" in err.value.message

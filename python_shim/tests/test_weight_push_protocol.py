@@ -153,3 +153,22 @@ def test_a_refusal_is_heard_while_the_first_broadcast_blocks_as_nccl_builds_its_
     with pytest.raises(WeightPushError, match="connect a new session"):
         p.push(WEIGHTS.items(), "v1")  # the group it gave up on is never used again
     p.close()
+
+
+def test_a_push_hosts_its_rendezvous_on_its_master_address_alone(engine: FakeSGLang) -> None:
+    # torch's own tcp:// rendezvous listened on `::` whatever address rank 0 gave the engine, so a
+    # host on the LAN could join the group and take the weights (review M5).
+    from listeners import listening, not_loopback, refused_from_lan
+
+    before = set(listening([os.getpid()]))
+    p = WeightPusher(engine.url, "gloo", ("127.0.0.1", 0), timeout_s=30.0, bucket_bytes=8 * 1024)
+    p.connect()
+    try:
+        opened = [f for f in listening([os.getpid()]) if f not in before]
+        assert any(port == p.master[1] for _, _, port in opened), opened  # the store, on the port sent
+        assert not_loopback(opened) == []
+        assert refused_from_lan(p.master[1]) in (True, None)
+        p.push(WEIGHTS.items(), "v1")
+    finally:
+        p.close()
+    assert received_all(engine)

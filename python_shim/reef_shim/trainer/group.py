@@ -69,6 +69,7 @@ class TrainerGroup:
         self._dir = Path(".")
         self._version = BASE_VERSION
         self._broken: str | None = None
+        self._loopback = False  # the ranks' groups listen on 127.0.0.1 alone (rank.py, dist_net)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -103,11 +104,13 @@ class TrainerGroup:
         hook = os.environ.get(CRASH_HOOK_ENV) or None
         started = time.monotonic()
         share = self.driver.share(spec["group"])
+        # Decided once per group: NCCL fixes a process's interface at its first call.
+        loopback = self.driver.single_node()
         self._ranks = [
             actor.options(
                 num_gpus=bundles[r]["GPU"] * share, num_cpus=bundles[r]["CPU"] * share, max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=r),
-            ).remote(r, world, spec["seed"], max(1, int(bundles[r]["CPU"] * share)), hook)
+            ).remote(r, world, spec["seed"], max(1, int(bundles[r]["CPU"] * share)), hook, loopback)
             for r in range(world)
         ]
         # One deadline for the whole start, not one per phase: the bridge client's timeout for
@@ -124,8 +127,9 @@ class TrainerGroup:
                              "setup", deadline)
         self._spec, self._info, self._cfg = spec, infos[0], cfg
         self._ledger, self._dir, self._version, self._broken = ledger, directory, BASE_VERSION, None
-        log.info("trainer: %d rank(s) on %s (%s) ready in %.1f s, pids %s", world, infos[0]["device"],
-                 infos[0]["backend"], time.monotonic() - started, [i["pid"] for i in infos])
+        self._loopback = loopback
+        log.info("trainer: %d rank(s) on %s (%s) ready in %.1f s, pids %s, rendezvous at %s", world, infos[0]["device"],
+                 infos[0]["backend"], time.monotonic() - started, [i["pid"] for i in infos], master[0])
         return {"worldSize": world, "device": infos[0]["device"], "pids": [i["pid"] for i in infos],
                 "weightVersion": self._version}
 
@@ -267,6 +271,8 @@ class TrainerGroup:
             raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"trainer-push-weights: the trainer holds {self._version}, "
                             f"not {weight_version}")
         colocated = self.driver.colocated
+        if self._loopback and not colocated:
+            self._check_on_our_node(engine_url)
         refs = [r.push_weights.remote(engine_url, weight_version, PUSH_TIMEOUT_S, colocated) for r in self._ranks]
         first = self._gather(refs, f"trainer-push-weights {weight_version}", _Deadline(PUSH_TIMEOUT_S + 60))[0]
         if first["error"]:
@@ -275,6 +281,18 @@ class TrainerGroup:
                  first["bytes"] / 1e6, first["backend"], first["seconds"])
         return {"weightVersion": weight_version, "backend": first["backend"], "bytes": first["bytes"],
                 "seconds": first["seconds"]}
+
+    def _check_on_our_node(self, engine_url: str) -> None:
+        """Refuse a push whose engine could not reach rank 0's loopback rendezvous: placement that
+        came after trainer-start put it on another node. A push goes only to engines this shim
+        started, whose node the driver knows (None: one it did not start, as the tests push into)."""
+        assert self._spec is not None
+        theirs = self.driver.engine_node(engine_url)
+        ours = self.driver.bundle_node(self._spec["group"], 0)
+        if theirs is not None and theirs != ours:
+            raise ShimError("REEF_ERR_WEIGHT_SYNC", f"weight sync into {engine_url} failed: the engine is on node "
+                            f"{theirs}, trainer rank 0 on {ours}, and the trainer's groups listen on loopback (every "
+                            "bundle was on one node at trainer-start); send trainer-start again to push across nodes")
 
     # --- waiting on ranks -----------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from datetime import timedelta
@@ -25,6 +26,7 @@ if _REPO not in sys.path:
 
 from recipes.openclawrl.objective import objective_from_options, openclawrl_loss  # noqa: E402
 
+from ..dist_net import LOOPBACK_HOST, bind_listener, confine_to_loopback, host_store  # noqa: E402
 from .checkpoint import save_checkpoint  # noqa: E402
 from .loss import add_sums, empty_sums, local_loss  # noqa: E402
 from .scoring import micro_batches, objective_batch  # noqa: E402
@@ -51,9 +53,16 @@ def pick_device(want: str) -> torch.device:
 
 
 class TrainerRank:
-    def __init__(self, rank: int, world: int, seed: int, threads: int, crash_hook: str | None) -> None:
+    def __init__(self, rank: int, world: int, seed: int, threads: int, crash_hook: str | None,
+                 loopback: bool = False) -> None:
+        """`loopback`: every rank, and every engine this group pushes into, runs on this node
+        (`RayDriver.single_node`), so the groups listen on 127.0.0.1 alone (`dist_net`)."""
         self.rank, self.world = rank, world
         self.crash_hook = crash_hook
+        self.loopback = loopback
+        if loopback:
+            confine_to_loopback()  # here, before any NCCL call: NCCL reads its interface only once
+        self._listener: socket.socket | None = None  # rank 0: the store's socket, from rendezvous to setup
         torch.manual_seed(seed)
         torch.set_num_threads(max(1, threads))
         self.device = pick_device(os.environ.get(DEVICE_ENV, ""))
@@ -69,21 +78,37 @@ class TrainerRank:
     def device_name(self) -> str:
         return str(self.device)
 
-    def rendezvous(self) -> tuple[str, int]:
-        """Rank 0's address and a free port on it for torch.distributed's TCP store."""
+    def group_host(self) -> str:
+        """The address this rank's groups are reached at: loopback, or the node's address."""
+        if self.loopback:
+            return LOOPBACK_HOST
         import ray
 
-        from ..engine_process import pick_free_port
+        return ray.util.get_node_ip_address()
 
-        host = ray.util.get_node_ip_address()
-        return host, pick_free_port(host)
+    def rendezvous(self) -> tuple[str, int]:
+        """Rank 0's address and a port on it for the group's rendezvous store, bound here and held
+        until `setup` hosts the store on it."""
+        if self._listener is not None:
+            self._listener.close()
+        self._listener = bind_listener(self.group_host())
+        return self._listener.getsockname()[0], int(self._listener.getsockname()[1])
 
     def setup(self, master: tuple[str, int], model_path: str, options: dict[str, Any]) -> dict[str, Any]:
         import torch.distributed as dist
 
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://{master[0]}:{master[1]}", rank=self.rank,
-                                world_size=self.world, timeout=PG_TIMEOUT)
+        # Not init_method="tcp://…": torch's own store would listen on every interface (`dist_net`).
+        if self.rank == 0:
+            listener, self._listener = self._listener, None
+            if listener is None or tuple(listener.getsockname()[:2]) != tuple(master):
+                if listener is not None:
+                    listener.close()
+                listener = bind_listener(*master)
+            store = host_store(listener, self.world, PG_TIMEOUT)
+        else:
+            store = dist.TCPStore(master[0], master[1], self.world, False, timeout=PG_TIMEOUT)
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=self.world, timeout=PG_TIMEOUT)
         self.model_path = Path(model_path)
         self.options = options
         # fp32: ℓθ matches an fp32 engine's recorded logprobs to 1e-3 (docs/training.md). bf16: the
@@ -309,13 +334,12 @@ class TrainerRank:
             except Exception as e:  # WeightPushError, or what torch/HTTP raised on the way
                 return {"error": f"{type(e).__name__}: {e}", "backend": backend}
             return {"error": None, "backend": backend, "bytes": sent, "seconds": time.monotonic() - started}
-        # The rendezvous port is picked only now, just before rank 0 binds it: a port picked free
-        # before the gather stayed unbound for all of it, and any process's next connection could
-        # be given it in the meantime.
-        master = self.rendezvous()
+        # Port 0: the pusher binds one when it connects, and only then tells the engine. A loopback
+        # host is right because the driver pushes that way only into engines on this node
+        # (TrainerGroup.push_weights).
         backend = push_backend(self.device.type, info.get("device"))
-        pusher = WeightPusher(engine_url, backend, master, int(info.get("tp_size") or 1), timeout_s=timeout_s,
-                              dtype=dtype)
+        pusher = WeightPusher(engine_url, backend, (self.group_host(), 0), int(info.get("tp_size") or 1),
+                              timeout_s=timeout_s, dtype=dtype)
         try:
             pusher.connect()
             sent = pusher.push(state.items(), weight_version)

@@ -38,6 +38,7 @@ from typing import Any, Iterable
 
 import torch
 
+from ..dist_net import bind_listener
 from ..engines.admin_key import admin_headers
 from ..weight_group import broadcast, dtype_name, join_group, leave_group
 
@@ -211,6 +212,9 @@ class _Broadcasts(threading.Thread):
 class WeightPusher:
     """One push session: connect, push (once or more), close. Call on trainer rank 0.
 
+    `master` is where rank 0 hosts the group's rendezvous, and the address the engine is sent to
+    join it at: loopback only when the engine runs on this host (`dist_net`). Port 0 picks one.
+
     `timeout_s` bounds the whole of connect and the pushes after it; closing a session adds at most
     `CLOSE_TIMEOUT_S` for each of its two calls, so a rank always answers within
     `timeout_s + 2 * CLOSE_TIMEOUT_S`, whatever the engine does."""
@@ -241,6 +245,9 @@ class WeightPusher:
 
     def connect(self) -> None:
         self._deadline = time.monotonic() + self.timeout_s
+        # Bound before the engine is told the port (port 0: one picked now), so nothing else can take it.
+        listener = bind_listener(*self.master)
+        self.master = (self.master[0], int(listener.getsockname()[1]))
         call = _Call(f"{self.url}/init_weights_update_group", {
             "master_address": self.master[0], "master_port": self.master[1], "rank_offset": 1,
             "world_size": self.world, "group_name": self.group_name, "backend": self.backend},
@@ -253,7 +260,7 @@ class WeightPusher:
         def join() -> None:
             try:
                 joined["group"] = join_group(self.master[0], self.master[1], 0, self.world, self.group_name,
-                                             self.backend, self.timeout_s)
+                                             self.backend, self.timeout_s, listener)
             except BaseException as e:  # read below
                 joined["error"] = e
 
