@@ -451,7 +451,7 @@ export class EngineClient {
    * A slow engine is not a down one: a busy CPU engine answered a queued non-streamed request after
    * undici's timeout, and a 503 "unavailable" sent its operator looking for a crash.
    */
-  timedOut(err: unknown): ReefError | null {
+  private timedOut(err: unknown): ReefError | null {
     const code = (err as { code?: unknown } | null)?.code;
     if (code !== 'UND_ERR_HEADERS_TIMEOUT' && code !== 'UND_ERR_BODY_TIMEOUT') return null;
     return new ReefError('REEF_ERR_ENGINE_TIMEOUT', { engine: this.name, seconds: this.timeoutMs / 1000, setting: this.timeoutSetting }, { cause: err });
