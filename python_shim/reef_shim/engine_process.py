@@ -103,6 +103,32 @@ def engine_env(kind: str, base: Mapping[str, str] = os.environ) -> dict[str, str
     return env
 
 
+# SGLang's own rendezvous (srt/distributed/bootstrap.py `_resolve_dist_init_method`) is a
+# `tcp://host:nccl_port` init method: rank 0 then hosts a c10d TCPStore, whose server binds `::`
+# whatever host it is given (see `dist_net`), for the engine's whole life, with no authentication,
+# even at one GPU. The override SGLang reads instead (srt/environ.py) takes any init method torch
+# accepts; a `file://` one is a FileStore, which listens on nothing.
+SGLANG_INIT_OVERRIDE = "SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE"
+
+
+def sglang_rendezvous_file(env: Mapping[str, str], extra_args: list[str], store_dir: str, tag: str) -> str | None:
+    """The FileStore path for one SGLang start on one node, or None where the operator chose the
+    rendezvous (the override already set, or `--dist-init-addr`) or it spans nodes (`--nnodes` > 1,
+    where a file would have to be on a shared disk). `store_dir` must be this user's alone (the
+    engine log directory is); `tag` must be unique per start: torch's FileStore must not find an
+    earlier run's file (torch.distributed docs, "Shared file-system initialization")."""
+    if env.get(SGLANG_INIT_OVERRIDE):
+        return None
+    for i, arg in enumerate(extra_args):
+        if arg == "--dist-init-addr" or arg.startswith("--dist-init-addr="):
+            return None
+        value = arg.split("=", 1)[1] if arg.startswith("--nnodes=") else (
+            extra_args[i + 1] if arg == "--nnodes" and i + 1 < len(extra_args) else None)
+        if value is not None and value.strip() != "1":
+            return None
+    return os.path.join(store_dir, f"{tag}.tpstore")
+
+
 def pick_free_port(host: str) -> int:
     # The port is released before the engine binds it; the window is tiny and a clash shows up
     # as a dead child with "address in use" in its log, not as a silent hang.
@@ -162,12 +188,15 @@ class EngineProcess:
 
     def __init__(self, name: str, argv: list[str], probe_host: str, port: int, log_path: str,
                  env: dict[str, str] | None = None, log_max_bytes: int = log_rotate.MAX_BYTES,
-                 log_backups: int = log_rotate.BACKUPS) -> None:
+                 log_backups: int = log_rotate.BACKUPS, scratch: tuple[str, ...] = ()) -> None:
         self.name = name
         self.argv = argv
         self.base = f"http://{probe_host}:{port}"
         self.log_path = log_path
         self.env = env
+        # Files the engine makes that mean nothing once its process group is gone (its rendezvous
+        # store): removed at stop.
+        self.scratch = scratch
         self.log_max_bytes, self.log_backups = log_max_bytes, log_backups
         self.proc: subprocess.Popen[bytes] | None = None
         self._pump: Any = None
@@ -260,6 +289,13 @@ class EngineProcess:
             if self._wait_group_gone(wait_s):
                 break
             log.warning("engine %s (process group %d) ignored %s", self.name, self.proc.pid, sig.name)
+        for path in self.scratch:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                log.warning("engine %s: could not remove %s: %s", self.name, path, e)
         return was_running
 
     def _wait_group_gone(self, timeout_s: float) -> bool:

@@ -14,12 +14,14 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from .dist_net import confine_to_loopback, is_loopback
 from .engines.admin_key import admin_key, sglang_admin_args
-from .engine_process import (EngineProcess, engine_command, engine_env, engine_module, engine_start_timeout_s,
+from .engine_process import (SGLANG_INIT_OVERRIDE, EngineProcess, engine_command, engine_env, engine_module,
+                             engine_start_timeout_s, sglang_rendezvous_file,
                              pick_free_port, wait_healthy)
 from .errors import ShimError
 from .placement import COLOCATED_SHARE, TRAINER_GROUP, bundle_label, fmt_number, plan_placement
@@ -71,10 +73,16 @@ class EngineActor:
         env = engine_env(kind)
         if loopback:
             # The engine's end of a weight group then listens on loopback, as the trainer's does
-            # (`dist_net`); so do the gloo and NCCL sockets of SGLang's own TP groups, though not
-            # the store SGLang's own rendezvous hosts (review §1.1 #11).
+            # (`dist_net`); so do the gloo and NCCL sockets of SGLang's own TP groups.
             confine_to_loopback(env)
         port = port or pick_free_port(host)
+        scratch: tuple[str, ...] = ()
+        store = sglang_rendezvous_file(env, extra_args, log_dir, f"{self.name}-{port}-{uuid.uuid4().hex[:12]}") \
+            if kind == "sglang" and loopback else None
+        if store is not None:
+            # SGLang's own rendezvous then listens nowhere, instead of on `::` (review §1.1 #11).
+            env[SGLANG_INIT_OVERRIDE] = f"file://{store}"
+            scratch = (store,)
         probe_host = "127.0.0.1" if host in ("", "0.0.0.0") else host
         public_host = ray.util.get_node_ip_address() if host in ("", "0.0.0.0") else host
         log_path = os.path.join(log_dir, f"{self.name}-{port}.log")
@@ -82,7 +90,7 @@ class EngineActor:
         if kind == "sglang" and key is not None:
             extra_args = [*extra_args, *sglang_admin_args(extra_args, key, log_dir, self.name, port, role)]
         argv = engine_command(module, model_path, host, port, extra_args)
-        self.engine = EngineProcess(self.name, argv, probe_host, port, log_path, env)
+        self.engine = EngineProcess(self.name, argv, probe_host, port, log_path, env, scratch=scratch)
         pid = self.engine.start()
         return {"pid": pid, "url": f"http://{public_host}:{port}", "log": log_path}
 

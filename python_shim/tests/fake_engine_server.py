@@ -80,6 +80,8 @@ def main() -> int:
             elif self.path == "/health":
                 time.sleep(args.health_delay)
                 self._json(state["health"], {})
+            elif self.path == "/fake/rendezvous":
+                self._json(200, {"init_method": rendezvous})
             elif self.path in info_routes:
                 self._json(200, {"model_path": args.model_path, "tokenizer_path": args.model_path,
                                  "is_generation": True, "weight_version": state["weight_version"],
@@ -106,6 +108,11 @@ def main() -> int:
             pass
 
     server = ThreadingHTTPServer((args.host, args.port), Handler)
+    rendezvous = os.environ.get("SGLANG_DISTRIBUTED_INIT_METHOD_OVERRIDE")
+    if args.api == "sglang" and rendezvous and rendezvous.startswith("file://"):
+        # As SGLang's rank 0 does through torch's FileStore: the store is a file the engine makes.
+        with open(rendezvous[len("file://"):], "ab"):
+            pass
     print(f"fake engine listening on {args.host}:{args.port}", file=sys.stderr, flush=True)
     server.serve_forever()
     return 0

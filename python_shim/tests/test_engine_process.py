@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
+import socket
+import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
-from reef_shim.engine_process import (DEFAULT_ENGINE_START_TIMEOUT_S, SGLANG_ENGINE_START_TIMEOUT_S, EngineProcess,
-                                      engine_command, engine_env, engine_module, engine_start_timeout_s, pick_free_port,
-                                      wait_healthy)
+from reef_shim.engine_process import (DEFAULT_ENGINE_START_TIMEOUT_S, SGLANG_ENGINE_START_TIMEOUT_S, SGLANG_INIT_OVERRIDE,
+                                      EngineProcess, engine_command, engine_env, engine_module, engine_start_timeout_s,
+                                      pick_free_port, sglang_rendezvous_file, wait_healthy)
 from reef_shim.errors import ShimError
 from reef_shim.proc_tree import proc_stat
 
@@ -92,6 +96,45 @@ def test_sglang_is_launched_with_health_generation_off_unless_the_environment_se
         "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] == "1"
     assert engine_env("hf", base) == base
     assert base == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1"}
+
+
+def test_sglang_rendezvous_goes_through_a_file_unless_the_operator_chose_one_or_it_spans_nodes() -> None:
+    at = "/run/reef/engines"
+    assert sglang_rendezvous_file({}, [], at, "student-0-8123-ab") == "/run/reef/engines/student-0-8123-ab.tpstore"
+    assert sglang_rendezvous_file({}, ["--tp", "2", "--nnodes", "1"], at, "t") == "/run/reef/engines/t.tpstore"
+    assert sglang_rendezvous_file({}, ["--nnodes=1"], at, "t") == "/run/reef/engines/t.tpstore"
+    assert sglang_rendezvous_file({SGLANG_INIT_OVERRIDE: "tcp://10.0.0.2:5000"}, [], at, "t") is None
+    assert sglang_rendezvous_file({}, ["--dist-init-addr", "10.0.0.2:5000"], at, "t") is None
+    assert sglang_rendezvous_file({}, ["--dist-init-addr=10.0.0.2:5000"], at, "t") is None
+    assert sglang_rendezvous_file({}, ["--nnodes", "2"], at, "t") is None
+    assert sglang_rendezvous_file({}, ["--nnodes=2"], at, "t") is None
+
+
+def test_a_file_rendezvous_like_sglangs_override_listens_on_no_tcp_port(tmp_path: Path) -> None:
+    # What the override relies on: torch's `file://` init method hosts no TCPStore, where the
+    # `tcp://` one SGLang builds by default binds `::` (the contrast is the second run).
+    script = textwrap.dedent("""
+        import json, os, sys
+        import torch.distributed as dist
+        from listeners import listening
+        held = []
+        for method in sys.argv[1:]:
+            dist.init_process_group("gloo", init_method=method, world_size=1, rank=0)
+            held.append(listening([os.getpid()]))
+            dist.destroy_process_group()
+        print(json.dumps(held))
+    """)
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = subprocess.run([sys.executable, "-c", script, f"file://{tmp_path / 'rdv.tpstore'}", f"tcp://127.0.0.1:{port}"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    by_file, by_tcp = json.loads(out.stdout.strip().splitlines()[-1])
+    assert by_file and all(ipaddress.ip_address(a).is_loopback for _, a, _ in by_file), by_file
+    assert [a for _, a, p in by_tcp if p == port and not ipaddress.ip_address(a).is_loopback], by_tcp
 
 
 def test_sglang_with_original_logprobs_on_is_refused_and_the_hf_engine_is_not() -> None:

@@ -88,6 +88,23 @@ def test_status_reports_the_weight_version_the_engine_serves_after_an_update(
     assert (now["healthy"], now["weightVersion"]) == (True, "v3")
 
 
+def test_an_sglang_engine_on_one_node_rendezvouses_through_a_file_of_its_own_removed_at_stop(
+        driver: RayDriver, engines: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    # Review §1.1 #11: SGLang's own tcp:// rendezvous hosted a TCPStore on `::`, open to the LAN.
+    info = engines(spec("sglang", "reef-student", "--api", "sglang"))
+    with urllib.request.urlopen(info["url"] + "/fake/rendezvous", timeout=10) as r:
+        method = json.loads(r.read())["init_method"]
+    assert method is not None and method.startswith("file://") and method.endswith(".tpstore"), method
+    path = Path(method[len("file://"):])
+    assert path.exists() and (path.parent.stat().st_mode & 0o077) == 0, "the store's directory must be ours alone"
+    driver.stop_engine(info["name"])
+    assert not path.exists()
+    # The hf engine has no rendezvous of its own, and nothing is set for it.
+    other = engines(spec("hf", "reef-rollout"))
+    with urllib.request.urlopen(other["url"] + "/fake/rendezvous", timeout=10) as r:
+        assert json.loads(r.read())["init_method"] is None
+
+
 def test_status_probes_again_an_engine_that_failed_a_probe(
         driver: RayDriver, engines: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     info = engines(spec("hf", "reef-rollout"))
