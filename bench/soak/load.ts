@@ -18,6 +18,8 @@ export interface LoadOptions {
   seed: number;
   /** @default 12 */
   maxTokens?: number;
+  /** The share of requests sent streamed (0–1). @default 0.5 */
+  streamed?: number;
   log: (line: string) => void;
 }
 
@@ -85,7 +87,7 @@ async function session(o: LoadOptions, worker: number, rand: Rand, receipts: Rec
     const messages: Message[] = [{ role: 'system', content: 'You help with homework.' }, { role: 'user', content: OPENERS[Math.floor(rand() * OPENERS.length)]! }];
     counts.conversations++;
     for (let turn = 0; turn <= FOLLOW_UPS.length && !stop.aborted; ) {
-      const stream = rand() < 0.5;
+      const stream = rand() < (o.streamed ?? 0.5);
       try {
         const r = await chat(o.gateway, tag, messages, stream, o.maxTokens ?? 12, cut);
         receipts.append({ id: r.id, session: tag, stream, at: Date.now() });

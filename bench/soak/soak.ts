@@ -26,6 +26,8 @@ export interface SoakOptions {
   seed: number;
   /** Concurrent client sessions. @default 4 */
   sessions: number;
+  /** The share of requests sent streamed (0–1; the security review's soak streams them all). @default 0.5 */
+  streamed: number;
   /** Seconds between kills, uniform in [min, max]. @default 5–60 (security review 3.4) */
   killEveryS: { min: number; max: number };
   /** @default every kind */
@@ -46,7 +48,7 @@ export interface SoakResult extends SoakCheck {
   seconds: number;
 }
 
-export const SOAK_DEFAULTS: Omit<SoakOptions, 'log'> = { minutes: 30, seed: 1, sessions: 4, killEveryS: { min: 5, max: 60 }, kinds: KINDS, batchSize: 4, drainS: 600 };
+export const SOAK_DEFAULTS: Omit<SoakOptions, 'log'> = { minutes: 30, seed: 1, sessions: 4, streamed: 0.5, killEveryS: { min: 5, max: 60 }, kinds: KINDS, batchSize: 4, drainS: 600 };
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -86,7 +88,7 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
   const dataDir = join(cfg.dir, 'data');
   const runDir = join(dataDir, 'run');
   const files = { dataDir, receiptLog: join(cfg.dir, 'receipts.jsonl'), recordFile: join(cfg.dir, 'prm-records.jsonl') };
-  log(`soak: ${o.minutes} min, seed ${o.seed}, ${o.sessions} sessions, a kill every ${o.killEveryS.min}–${o.killEveryS.max} s of ${o.kinds.join(', ')}; files in ${cfg.dir}`);
+  log(`soak: ${o.minutes} min, seed ${o.seed}, ${o.sessions} sessions (${Math.round(o.streamed * 100)}% of requests streamed), a kill every ${o.killEveryS.min}–${o.killEveryS.max} s of ${o.kinds.join(', ')}; files in ${cfg.dir}`);
   const load: LoadCounts = { receipts: 0, streamed: 0, failures: 0, conversations: 0 };
   const chaos: ChaosCounts = { kills: {}, skipped: 0 };
   let isDrained = false;
@@ -99,7 +101,7 @@ export async function runSoak(o: SoakOptions): Promise<SoakResult> {
     const stopLoad = new AbortController();
     const cutLoad = new AbortController();
     const stopChaos = new AbortController();
-    const loading = runLoad({ gateway, sessions: o.sessions, receiptLog: files.receiptLog, seed: o.seed, log }, stopLoad.signal, cutLoad.signal, load);
+    const loading = runLoad({ gateway, sessions: o.sessions, streamed: o.streamed, receiptLog: files.receiptLog, seed: o.seed, log }, stopLoad.signal, cutLoad.signal, load);
     const killing = runChaos({ configPath: cfg.path, runDir, rand: seeded(o.seed), intervalS: o.killEveryS, kinds: o.kinds, log }, stopChaos.signal, chaos);
     const t0 = Date.now();
     const endAt = t0 + o.minutes * 60_000;

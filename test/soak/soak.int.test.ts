@@ -24,7 +24,7 @@ describe('kill -9 soak (short)', () => {
 
   beforeAll(async () => {
     // Kills 5–8 s apart over 50 s: the five kinds, in a seeded order, each at least once.
-    result = await runSoak({ minutes: 50 / 60, seed: 3, sessions: 4, killEveryS: { min: 5, max: 8 }, kinds: ['gateway', 'judge', 'prm', 'trainer-controller', 'shim'], batchSize: 2, drainS: 240, log: (l) => lines.push(l) });
+    result = await runSoak({ minutes: 50 / 60, seed: 3, sessions: 4, streamed: 0.5, killEveryS: { min: 5, max: 8 }, kinds: ['gateway', 'judge', 'prm', 'trainer-controller', 'shim'], batchSize: 2, drainS: 240, log: (l) => lines.push(l) });
   }, 900_000);
 
   afterAll(() => {
