@@ -5,7 +5,7 @@ import type { RecordStore } from './store/types.js';
 
 /**
  * What the judge and the trainer-controller persist, read back for `/reef/status` and `/metrics`:
- * the correlation counters (tagged, untagged, bound, dropped_unbound, evicted, retries, side), the
+ * the correlation counters (tagged, untagged, bound, dropped_unbound, evicted, retries, side, ended), the
  * judge's vote counters, and the training counters. Refreshed in the background, so a scrape never
  * waits on the store and a stopped actor still shows its last persisted figures.
  */

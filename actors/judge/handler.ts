@@ -308,7 +308,7 @@ export class JudgeCore {
   }
 
   stats(): Record<string, number> {
-    const c: CorrelationCounters = this.correlator?.counters() ?? { tagged: 0, untagged: 0, bound: 0, dropped_unbound: 0, evicted: 0, retries: 0, side: 0 };
+    const c: CorrelationCounters = this.correlator?.counters() ?? { tagged: 0, untagged: 0, bound: 0, dropped_unbound: 0, evicted: 0, retries: 0, side: 0, ended: 0 };
     let leased = 0;
     for (const p of this.pending.values()) if (p.leaseId !== null && p.expiresAt > this.now()) leased++;
     return { ...c, ...this.counters, pending: this.pending.size, leased, next_offset: this.nextOffset, open_sessions: this.correlator?.openSessions ?? 0 };

@@ -65,7 +65,7 @@ describe('reef export records + reef correlate', () => {
     expect(await correlateCommand(parseArgs(['correlate', file, '--json']), co.io)).toBe(0);
     const report = JSON.parse(co.out.join('\n')) as CorrelateReport;
     expect(report.records).toBe(6);
-    expect(report.counters).toEqual({ tagged: 3, untagged: 3, bound: 3, dropped_unbound: 0, evicted: 0, retries: 0, side: 0 });
+    expect(report.counters).toEqual({ tagged: 3, untagged: 3, bound: 3, dropped_unbound: 0, evicted: 0, retries: 0, side: 0, ended: 0 });
     const byKey = Object.fromEntries(report.sessions.map((s) => [s.key, s]));
     expect(Object.keys(byKey)).toHaveLength(3);
     expect(byKey['tag:a']!.turns.map((t) => t.content)).toEqual(['2+2?', 'no, 5']);

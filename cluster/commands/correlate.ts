@@ -17,7 +17,7 @@ import type { Io } from '../cli.js';
 export interface SessionReport {
   key: string;
   scenario: string;
-  status: 'open' | 'expired' | 'evicted';
+  status: 'open' | 'expired' | 'evicted' | 'done';
   requests: string[];
   turns: { turn: string; nextState: string; role: 'user' | 'tool'; content: string }[];
   dropped: { turn: string; reason: string }[];

@@ -7,19 +7,8 @@ import { streamCompletion, type SseSink } from '../chat-stream.js';
 import { sendError, sendReefError } from '../http-errors.js';
 import { canSee, type Principal } from '../auth.js';
 import { SCENARIO_RE } from '../store/rows.js';
+import { sessionHeaders } from '../session-headers.js';
 import { rateLimitMessage, type DiskGuard, type ScenarioCap } from '../limits.js';
-
-const TAG_PREFIX = 'x-reef-tag-';
-
-/** `x-reef-tag-<name>` headers, stored opaquely under the record's tags. */
-export function tagsOf(headers: FastifyRequest['headers']): Record<string, string> {
-  const tags: Record<string, string> = {};
-  for (const [k, v] of Object.entries(headers)) {
-    if (!k.startsWith(TAG_PREFIX) || v === undefined) continue;
-    tags[k.slice(TAG_PREFIX.length)] = Array.isArray(v) ? v.join(',') : v;
-  }
-  return tags;
-}
 
 export function scenarioOf(req: FastifyRequest, fallback: string): string {
   const h = req.headers['x-reef-scenario'];
@@ -39,6 +28,8 @@ export interface OpenAIRouteOptions {
 interface Admitted {
   principal: Principal;
   scenario: string;
+  /** The record's tags, from `x-reef-tag-*` and the OpenClaw headers (session-headers.ts). */
+  tags: Record<string, string>;
   /** Gives the key's slot back, once; called by the handler, or by the response's close if none ran. */
   release(): void;
   handled: boolean;
@@ -60,6 +51,11 @@ function admit(request: FastifyRequest, reply: FastifyReply, deps: ChatDeps, opt
   }
   if (!canSee(principal, scenario)) {
     sendReefError(reply, new ReefError('REEF_ERR_FORBIDDEN', { scenario }));
+    return null;
+  }
+  const read = sessionHeaders(request.headers);
+  if ('error' in read) {
+    sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', read.error, { param: read.param });
     return null;
   }
   // Before the engine generates: at a full disk the record's commit would fail after it.
@@ -91,6 +87,7 @@ function admit(request: FastifyRequest, reply: FastifyReply, deps: ChatDeps, opt
   const admitted: Admitted = {
     principal,
     scenario,
+    tags: read.tags,
     handled: false,
     release: () => {
       if (released) return;
@@ -130,13 +127,12 @@ export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts:
     scope.post('/v1/chat/completions', async (request, reply) => {
       const admitted = (request as WithAdmitted)[ADMITTED]!;
       admitted.handled = true;
-      const { principal, scenario } = admitted;
+      const { principal, scenario, tags } = admitted;
       deps.metrics.inflightCount++;
       let lease: Int32Array | null = null;
       try {
         // text/plain arrives as a string (fastify's text parser): not a request object.
         if (!(request.body instanceof Uint8Array)) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'body: request body must be a JSON object');
-        const tags = tagsOf(request.headers);
         // Keyed as the judge keys sessions: another key's request with the same tag is another session.
         const sessionKey = tags['session'] ? `${scenario}\u0000${principal.id}\u0000${tags['session']}` : null;
         const ctx = { scenario, keyId: principal.id, tags, sessionKey, startedAt: Date.now() };

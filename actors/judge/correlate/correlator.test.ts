@@ -286,6 +286,49 @@ describe('fallback (untagged)', () => {
   });
 });
 
+describe('session-done (X-Session-Done)', () => {
+  it('binds the turn before it, then drops its own reply at once and frees the session, long before the TTL', () => {
+    const c = new Correlator({ sessionTtlS: 3600 });
+    const ev = feed(c, [
+      rec('r1', [S, user('hi')], 'hello', { session: 'a', at: 1_000 }),
+      rec('r2', [S, user('hi'), asst('hello'), user('thanks, bye')], 'bye', { session: 'a', done: true, at: 2_000 }),
+    ]);
+    expect(turns(ev)).toEqual(['r1→r2: thanks, bye']);
+    expect(ev.filter((e) => e.kind === 'turn-dropped' || e.kind === 'session-closed').map((e) => [e.kind, e.kind === 'turn-dropped' ? e.turnRecordId : e.sessionKey, e.reason])).toEqual([
+      ['turn-dropped', 'r2', 'session-done'],
+      ['session-closed', 'tag:a', 'done'],
+    ]);
+    expect(c.openSessions).toBe(0);
+    // Not a binding failure: the unbound count (and its warning) leave it out.
+    expect(c.counters()).toMatchObject({ bound: 1, dropped_unbound: 0, ended: 1 });
+    // The same tag afterwards is a new conversation, not the next state of `r2`.
+    const again = c.observe(rec('r3', [S, user('hi'), asst('hello'), user('thanks, bye'), asst('bye'), user('one more thing')], 'yes?', { session: 'a', at: 3_000 }));
+    expect(kinds(again)).toEqual(['opened']);
+    expect(turns(again)).toEqual([]);
+  });
+
+  it('on a side request ends the session and drops its pending main turn', () => {
+    const c = new Correlator();
+    const ev = feed(c, [
+      rec('r1', [S, user('hi')], 'hello', { session: 'a' }),
+      rec('f1', [sys('Flush memory'), user('hi / hello')], 'ok', { session: 'a', side: true, done: true }),
+    ]);
+    expect(ev.find((e) => e.kind === 'turn-dropped')).toMatchObject({ turnRecordId: 'r1', reason: 'session-done' });
+    expect(c.counters()).toMatchObject({ side: 1, ended: 1, dropped_unbound: 0 });
+    expect(c.openSessions).toBe(0);
+  });
+
+  it("ends only the sending key's session of that tag, and survives a saved state", () => {
+    const c = new Correlator();
+    feed(c, [rec('a1', [S, user('hi')], 'hello', { session: 's', keyId: 'aaaa' }), rec('b1', [S, user('hi')], 'hello', { session: 's', keyId: 'bbbb' })]);
+    const resumed = Correlator.fromJSON(JSON.parse(JSON.stringify(c.toJSON())));
+    const ev = resumed.observe(rec('b2', [S, user('hi'), asst('hello'), user('bye')], 'bye', { session: 's', keyId: 'bbbb', done: true }));
+    expect(turns(ev)).toEqual(['b1→b2: bye']);
+    expect(resumed.sessions().map((s) => [s.keyId, s.pendingTurnId])).toEqual([['aaaa', 'a1']]);
+    expect(resumed.counters().ended).toBe(1);
+  });
+});
+
 describe('side requests', () => {
   it('counts a tagged side request and never trains it', () => {
     const c = new Correlator();

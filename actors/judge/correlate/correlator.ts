@@ -73,7 +73,7 @@ export class Correlator {
   private readonly memo: HashMemo;
   private readonly nowOf: (r: CorrelationRecord) => number;
   private readonly log: LogFn | null;
-  private readonly counts: CorrelationCounters = { tagged: 0, untagged: 0, bound: 0, dropped_unbound: 0, evicted: 0, retries: 0, side: 0 };
+  private readonly counts: CorrelationCounters = { tagged: 0, untagged: 0, bound: 0, dropped_unbound: 0, evicted: 0, retries: 0, side: 0, ended: 0 };
   private clock = 0;
   private seq = 0;
   private warnedUntagged = false;
@@ -104,7 +104,10 @@ export class Correlator {
     const messages = record.request?.messages;
     if (record.status !== 'ok') out.push({ kind: 'skipped', recordId: record.id, scenario: record.scenario, reason: 'status' });
     else if (!Array.isArray(messages) || messages.length === 0) out.push({ kind: 'skipped', recordId: record.id, scenario: record.scenario, reason: 'no-messages' });
-    else this.route(record, messages, out);
+    else {
+      this.route(record, messages, out);
+      if (record.tags?.['session-done'] === 'true') this.end(record, out);
+    }
     this.checkUnbound(out);
     return out;
   }
@@ -403,8 +406,10 @@ export class Correlator {
     out.push({ kind: 'turn-finished', sessionKey: s.key, scenario: s.scenario, turnRecordId: turnId, nextStateRecordId: record.id, nextState: next });
   }
 
-  private dropTurn(s: Session, turnId: string, reason: 'expired' | 'evicted' | 'no-next-state' | 'rewrite', out: CorrelationEvent[]): void {
-    this.counts.dropped_unbound++;
+  private dropTurn(s: Session, turnId: string, reason: 'expired' | 'evicted' | 'no-next-state' | 'rewrite' | 'session-done', out: CorrelationEvent[]): void {
+    // A session's last turn, once its client said it was the last, is not a turn that failed to
+    // bind: counted `ended` (per session), it stays out of the unbound warning.
+    if (reason !== 'session-done') this.counts.dropped_unbound++;
     out.push({ kind: 'turn-dropped', sessionKey: s.key, scenario: s.scenario, turnRecordId: turnId, reason });
   }
 
@@ -415,11 +420,27 @@ export class Correlator {
     s.candId = null;
   }
 
-  private close(s: Session, reason: 'expired' | 'evicted', out: CorrelationEvent[]): void {
+  private close(s: Session, reason: 'expired' | 'evicted' | 'done', out: CorrelationEvent[]): void {
     this.table.remove(s);
     this.confirmSide(s, out);
-    if (!s.repeat) this.dropTurn(s, s.turnId, reason, out);
+    if (!s.repeat) this.dropTurn(s, s.turnId, reason === 'done' ? 'session-done' : reason, out);
     out.push({ kind: 'session-closed', sessionKey: s.key, scenario: s.scenario, reason });
+  }
+
+  /**
+   * The client ended the session (`session-done`, after this record was routed): its last turn,
+   * this record's own reply unless the record was a side request, has no next state and never
+   * will, so it is dropped now rather than at the TTL, and the session's place is free. A later
+   * request with the same tag opens a new session. Dropped, not judged: a hindsight judge has
+   * nothing to judge it by (the reference submits it excluded from the loss too).
+   */
+  private end(record: CorrelationRecord, out: CorrelationEvent[]): void {
+    const tag = record.tags?.session;
+    if (typeof tag !== 'string' || tag.length === 0) return;
+    const s = this.table.get(sessionMapKey(record.scenario, record.keyId ?? null, `tag:${tag}`));
+    if (s === undefined) return;
+    this.counts.ended++;
+    this.close(s, 'done', out);
   }
 
   private advance(nowMs: number, out: CorrelationEvent[]): void {

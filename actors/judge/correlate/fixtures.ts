@@ -15,6 +15,8 @@ export interface RecOptions {
   keyId?: string | null;
   session?: string;
   side?: boolean;
+  /** Tagged `session-done: true`: the client's last request of the session. */
+  done?: boolean;
   /** finishedAt in ms. @default 0 */
   at?: number;
   status?: CorrelationRecord['status'];
@@ -27,6 +29,7 @@ export function rec(id: string, messages: Msg[], reply: Msg | string, o: RecOpti
   const tags: Record<string, string> = {};
   if (o.session !== undefined) tags.session = o.session;
   if (o.side) tags['turn-type'] = 'side';
+  if (o.done) tags['session-done'] = 'true';
   return {
     id,
     offset: ++offset,

@@ -48,6 +48,8 @@ export interface CorrelationCounters {
   retries: number;
   /** Side requests: tagged `turn-type: side`, or inferred (never trained). */
   side: number;
+  /** Sessions the client ended (`session-done`); each one's last turn is dropped at once, having no next state. */
+  ended: number;
 }
 
 export type WarningCode = 'untagged-traffic' | 'evictions' | 'unbound-turns';
@@ -69,8 +71,8 @@ export type CorrelationEvent =
   | { kind: 'continued'; sessionKey: SessionKey; scenario: string; recordId: string; how: 'extends' | 'rewrite' }
   | { kind: 'retry'; sessionKey: SessionKey; scenario: string; recordId: string; ofRecordId: string }
   | { kind: 'side'; sessionKey: SessionKey | null; scenario: string; recordId: string; reason: 'tagged' | 'inferred' }
-  | { kind: 'turn-dropped'; sessionKey: SessionKey; scenario: string; turnRecordId: string; reason: 'expired' | 'evicted' | 'no-next-state' | 'rewrite' }
-  | { kind: 'session-closed'; sessionKey: SessionKey; scenario: string; reason: 'expired' | 'evicted' }
+  | { kind: 'turn-dropped'; sessionKey: SessionKey; scenario: string; turnRecordId: string; reason: 'expired' | 'evicted' | 'no-next-state' | 'rewrite' | 'session-done' }
+  | { kind: 'session-closed'; sessionKey: SessionKey; scenario: string; reason: 'expired' | 'evicted' | 'done' }
   /** A record correlation does not read: not `ok`, or without messages. */
   | { kind: 'skipped'; recordId: string; scenario: string; reason: 'status' | 'no-messages' }
   | { kind: 'warning'; code: WarningCode; message: string; counters: CorrelationCounters };
