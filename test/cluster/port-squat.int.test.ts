@@ -141,6 +141,7 @@ describe('a gateway killed under reef up (port squatting, M6)', () => {
   }, 60_000);
 
   it('frees the port once the stack is down', async () => {
+    if (attacker !== null && attacker.exitCode === null) attacker.kill('SIGKILL');
     host.kill('SIGTERM');
     await waitFor(() => host.exitCode !== null, { what: 'the stack host to exit', timeoutMs: 30_000 });
     await new Promise<void>((resolve, reject) => {
