@@ -60,17 +60,22 @@ function osPickedPort(): Promise<number> {
  * process that binds it reports itself.
  */
 export function portTaken(host: string, port: number): Promise<string | null> {
+  return new Promise((resolve) => {
+    const srv = createServer();
+    srv.unref();
+    srv.once('error', (err: NodeJS.ErrnoException) => resolve(bindProblem(host, err)));
+    srv.listen({ host, port, exclusive: true }, () => srv.close(() => resolve(null)));
+  });
+}
+
+/** What a failed listen on `host` means, in words, for the three errors a port or address explains; null for any other. */
+export function bindProblem(host: string, err: NodeJS.ErrnoException): string | null {
   const why: Record<string, string> = {
     EADDRINUSE: 'the port is in use by another process',
     EACCES: 'the port is one this user may not bind',
     EADDRNOTAVAIL: `${host} is not an address of this machine`,
   };
-  return new Promise((resolve) => {
-    const srv = createServer();
-    srv.unref();
-    srv.once('error', (err: NodeJS.ErrnoException) => resolve(why[err.code ?? ''] ?? null));
-    srv.listen({ host, port, exclusive: true }, () => srv.close(() => resolve(null)));
-  });
+  return why[err.code ?? ''] ?? null;
 }
 
 /** The gateway's base URL for `reef.host`/`reef.port`; an IPv6 address goes in brackets (`http://::1:8600` is no URL). */

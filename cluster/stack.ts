@@ -5,13 +5,14 @@ import { BridgeClient, defaultTimeoutMs, engineStartTimeoutS } from '../bridge/c
 import type { EngineInfo, EngineSpec, GroupStatus, RayStatus } from '../bridge/messages.js';
 import { BUS_KEY_ENV, type BusKey, makeBusKeyFile, readBusKeyFile, writePrivateFile } from '../actors/runtime/bus-key.js';
 import { ReefError } from '../actors/runtime/errors.js';
-import { type LogFn, stderrLog } from '../actors/runtime/log.js';
+import { type LogFn, prefixed, stderrLog } from '../actors/runtime/log.js';
 import { layoutFromConfig } from './config/index.js';
 import { engineArgs } from './config/engine-args.js';
 import { ENGINE_ADMIN_KEY_ENV, ENGINE_ADMIN_KEY_FILE } from './engine-client.js';
 import { ownDataDir } from './data-dir.js';
 import type { ReefConfig } from './config/index.js';
 import { freePort, gatewayUrl, portTaken } from './net.js';
+import { HeldListener } from './held-listener.js';
 import type { StackEngines } from './stack-env.js';
 import { pythonBin, pythonEnv } from './paths.js';
 import { claimRunFile, clearRunFile, writeRunFile, type RunFile } from './run-file.js';
@@ -96,7 +97,7 @@ export class Stack {
   /** The stack's CURVE key (`<run dir>/bus.key`): every bus socket of the stack needs it. */
   readonly busKey: BusKey;
 
-  private constructor(private readonly opts: StackOptions, readonly runDir: string, private readonly runFile: RunFile, readonly shimEndpoint: string, engines: EngineSlot[], actorOverrides: Record<string, unknown>, readonly busKeyPath: string) {
+  private constructor(private readonly opts: StackOptions, readonly runDir: string, private readonly runFile: RunFile, readonly shimEndpoint: string, engines: EngineSlot[], actorOverrides: Record<string, unknown>, readonly busKeyPath: string, readonly gatewayListener: HeldListener) {
     this.log = opts.log ?? stderrLog;
     this.busKey = readBusKeyFile(busKeyPath);
     // Children find the keys by their paths; no secret is on a command line.
@@ -115,6 +116,7 @@ export class Stack {
       ...(opts.actorCommand === undefined ? {} : { command: opts.actorCommand }),
       env: { REEF_ENGINES: JSON.stringify(urls), ...keyEnv },
       busKey: this.busKey,
+      listeners: { gateway: gatewayListener },
       // `reef scale` changes the PRM actors; the gateway, judge and controller run one each.
       scalable: ['prm'],
       log: this.log,
@@ -151,20 +153,32 @@ export class Stack {
     ownDataDir(cfg.reef.data_dir, opts.log ?? stderrLog);
     const runDir = join(cfg.reef.data_dir, 'run');
     mkdirSync(runDir, { recursive: true, mode: 0o700 });
-    // `reef.port: 0` picks a free port, here: the endpoints printed, the run file and a restarted
-    // gateway then all have the one it listens on (they said port 0).
-    const gatewayPort = cfg.reef.port > 0 ? cfg.reef.port : await freePort();
     // Claimed before anything starts, so that a second `reef up` on this data dir fails now rather
     // than after minutes of bring-up, and `reef down` can stop a stack that is still starting.
-    const runFile: RunFile = { pid: process.pid, state: 'starting', control: null, startedAt: Date.now(), configPath: opts.configPath, gateway: gatewayUrl({ host: cfg.reef.host, port: gatewayPort }) };
+    const runFile: RunFile = { pid: process.pid, state: 'starting', control: null, startedAt: Date.now(), configPath: opts.configPath, gateway: gatewayUrl({ host: cfg.reef.host, port: cfg.reef.port }) };
     claimRunFile(runDir, runFile);
     let stack: Stack;
+    let listener: HeldListener | null = null;
     try {
       // Made once this stack owns the run dir: a second `reef up` must not replace a running one's key.
       const busKeyPath = makeBusKeyFile(runDir);
       writePrivateFile(join(runDir, ENGINE_ADMIN_KEY_FILE), `${randomBytes(32).toString('base64url')}\n`, 'the engine admin key');
-      stack = await Stack.create(opts, runDir, runFile, gatewayPort, busKeyPath);
+      // The gateway's port is bound here, before anything starts, and held until the stack is down:
+      // a gateway that restarts never frees it for another user to take (held-listener.ts). So a
+      // port in use fails now, not after minutes of engine start-up, and `reef.port: 0` is the
+      // OS's pick, which the endpoints printed, the run file and every gateway process then share.
+      listener = await HeldListener.bind({
+        host: cfg.reef.host,
+        port: cfg.reef.port,
+        maxQueued: cfg.reef.limits.max_connections,
+        queueTimeoutMs: cfg.reef.limits.headers_timeout_s * 1000,
+        log: prefixed(opts.log ?? stderrLog, 'gateway socket'),
+      });
+      runFile.gateway = gatewayUrl({ host: cfg.reef.host, port: listener.port });
+      writeRunFile(runDir, runFile);
+      stack = await Stack.create(opts, runDir, runFile, listener, busKeyPath);
     } catch (err) {
+      await listener?.close();
       clearRunFile(runDir);
       throw err;
     }
@@ -179,14 +193,12 @@ export class Stack {
     }
   }
 
-  private static async create(opts: StackOptions, runDir: string, runFile: RunFile, gatewayPort: number, busKeyPath: string): Promise<Stack> {
+  private static async create(opts: StackOptions, runDir: string, runFile: RunFile, listener: HeldListener, busKeyPath: string): Promise<Stack> {
     const cfg = opts.config;
     // Read by the bridge client at the first engine start, after Ray and the placement groups.
     engineStartTimeoutS();
-    // The gateway binds its port last, after minutes of engine start-up, and a gateway that cannot
-    // bind only shows as an actor that never registered: look now, before anything starts.
-    const fixed: Array<[string, string, number]> = [['reef.port', cfg.reef.host, cfg.reef.port], ...enginePortsOf(cfg)];
-    for (const [key, host, port] of fixed) {
+    // An engine binds its port after minutes of start-up: look now, before anything starts.
+    for (const [key, host, port] of enginePortsOf(cfg)) {
       const why = port > 0 ? await portTaken(host, port) : null;
       if (why !== null) throw new ReefError('REEF_ERR_SUPERVISOR', { reason: `cannot start: ${key} ${port} on ${host}: ${why}` });
     }
@@ -210,9 +222,9 @@ export class Stack {
       const [k, ...v] = o.replace(/^--/, '').split('=');
       overrides[k!] = v.join('=');
     }
-    if (cfg.reef.port === 0) overrides['reef.port'] = String(gatewayPort);
+    if (cfg.reef.port === 0) overrides['reef.port'] = String(listener.port);
 
-    return new Stack(opts, runDir, runFile, `tcp://127.0.0.1:${await freePort()}`, engines, overrides, busKeyPath);
+    return new Stack(opts, runDir, runFile, `tcp://127.0.0.1:${await freePort()}`, engines, overrides, busKeyPath, listener);
   }
 
   /** Start-up stops between steps once `down()` began. */
@@ -328,6 +340,9 @@ export class Stack {
   down(): Promise<void> {
     this.closed ??= (async () => {
       this.log('stopping: draining actors');
+      // New connections are refused from now on, as a draining gateway refused them when it
+      // listened itself; the ones it was handed finish.
+      await this.gatewayListener.close();
       await this.replaying?.catch(() => {});
       const bridge = this.bridge;
       // Actors first, so nothing calls an engine that is going away.

@@ -54,6 +54,8 @@ export interface ManagedProcessOptions {
   backoff?: BackoffOptions;
   /** ms between "still waiting" log lines. @default 5000 */
   progressMs?: number;
+  /** Give the child a Node IPC channel (its fd 3), e.g. to pass it sockets. @default false */
+  ipc?: boolean;
   log?: LogFn;
 }
 
@@ -69,7 +71,7 @@ export interface StopOptions {
 /**
  * One child process kept alive: spawned in its own process group, its output forwarded line by
  * line, restarted with backoff whenever it exits without being asked to, or fails to get ready.
- * Events: `spawn` (pid), `ready` (pid, info), `exit` ({pid, code, signal, expected}),
+ * Events: `spawn` (pid, child), `ready` (pid, info), `exit` ({pid, code, signal, expected}),
  * `restart` ({reason, restarts, delayMs}), `line` ({stream, line}), `failed` (reason: its command
  * could not be spawned before it was ever ready, and is not retried).
  */
@@ -163,7 +165,7 @@ export class ManagedProcess extends EventEmitter {
     const child = spawn(this.options.command, this.options.args, {
       env: this.options.env ?? process.env,
       cwd: this.options.cwd,
-      stdio: ['ignore', 'pipe', 'pipe'],
+      stdio: this.options.ipc ? ['ignore', 'pipe', 'pipe', 'ipc'] : ['ignore', 'pipe', 'pipe'],
       // Own process group: a terminal's Ctrl-C reaches the supervisor only, which then drains the
       // children in order; and a kill of the group takes the child's own children with it.
       detached: true,
@@ -196,7 +198,7 @@ export class ManagedProcess extends EventEmitter {
         this.log(`[${this.id}] ${line}`);
       });
     }
-    if (child.pid !== undefined) this.emit('spawn', child.pid);
+    if (child.pid !== undefined) this.emit('spawn', child.pid, child);
     void this.awaitReady(child);
   }
 

@@ -1,3 +1,4 @@
+import type { ChildProcess } from 'node:child_process';
 import { randomBytes, timingSafeEqual } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import { performance } from 'node:perf_hooks';
@@ -8,6 +9,7 @@ import { type HandlerContext, type Handlers, Mailbox, type ReplyFields } from '.
 import type { BusKey } from '../actors/runtime/bus-key.js';
 import type { ActorEnv, HeartbeatReport, RegisterRequest } from '../actors/runtime/messages.js';
 import { RpcClient } from '../actors/runtime/rpc.js';
+import { HANDOFF_DIR_ENV, type HeldListener } from './held-listener.js';
 import { distEntry } from './paths.js';
 import { ACTOR_NAME, type ActorInstanceStatus, type ControlMessage, type SupervisorMessage, supervisorMessages } from './supervisor-messages.js';
 import { type BackoffOptions, ManagedProcess, type ManagedProcessOptions } from './supervisor-process.js';
@@ -76,6 +78,12 @@ export interface SupervisorOptions {
   control?: Partial<ControlHandlers>;
   /** Extra environment for every actor. */
   env?: Record<string, string>;
+  /**
+   * Listening sockets this process holds for an actor kind across its restarts (the gateway's
+   * `reef.port`): each of its processes gets an IPC channel and `REEF_HANDOFF_DIR`, and serves the
+   * connections passed on it. @default {}
+   */
+  listeners?: Record<string, HeldListener>;
   /**
    * The stack's CURVE key, for the control socket and the calls to the actors (see bus-key.ts).
    * @default the process's (`REEF_BUS_KEY`), null outside a stack
@@ -242,7 +250,10 @@ export class Supervisor extends EventEmitter {
       overrides: this.options.overrides ?? {},
       heartbeatMs: this.heartbeatMs,
     };
-    const env = { ...process.env, ...this.options.env, REEF_ACTOR: JSON.stringify(actorEnv) };
+    const listener = this.options.listeners?.[name] ?? null;
+    // Only a process that has the channel may think it takes connections from one.
+    const { [HANDOFF_DIR_ENV]: _inherited, ...inherited } = process.env;
+    const env = { ...inherited, ...this.options.env, REEF_ACTOR: JSON.stringify(actorEnv), ...(listener === null ? {} : { [HANDOFF_DIR_ENV]: listener.socketDir }) };
     const { command, args } = (this.options.command ?? nodeActorCommand)(name, id, env);
     const inst: Instance = { id, secret, name, index, mailbox: null, rpc: null, registeredPid: null, lastHeartbeat: null, heardAt: null, reported: null, stats: {}, onRegister: null } as Instance;
     inst.proc = new ManagedProcess({
@@ -253,6 +264,7 @@ export class Supervisor extends EventEmitter {
       readyTimeoutMs: this.options.startTimeoutMs ?? 20_000,
       backoff: this.options.backoff,
       log: this.log,
+      ipc: listener !== null,
       ready: (_proc, child) =>
         new Promise<void>((resolve) => {
           inst.onRegister = () => {
@@ -262,7 +274,8 @@ export class Supervisor extends EventEmitter {
           };
         }),
     });
-    inst.proc.on('spawn', () => {
+    inst.proc.on('spawn', (_pid: number, child: ChildProcess) => {
+      listener?.attach(child);
       inst.registeredPid = null;
       inst.lastHeartbeat = null;
       inst.heardAt = null;

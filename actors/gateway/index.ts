@@ -16,6 +16,8 @@ import { parserFor } from './parsers/index.js';
 import type { PromptTokenizer } from './ports.js';
 import { registerReefRoutes } from './routes/reef.js';
 import { buildGatewayServer } from './server.js';
+import { type HandedConnections, serveHandedConnections } from './handoff.js';
+import { gatewayUrl } from '../../cluster/net.js';
 import { DiskGuard, limitsFromConfig, ScenarioCap } from './limits.js';
 import { scheduleRetention } from './store/retention.js';
 import { SqliteStore } from './store/sqlite-store.js';
@@ -36,6 +38,12 @@ export interface GatewayOptions {
   engineUrl: string;
   /** Listen here instead of `reef.host:reef.port` (tests use port 0). */
   listen?: { host: string; port: number };
+  /**
+   * Serve the connections the supervisor accepts on `reef.host:reef.port` and hands over the IPC
+   * channel (handoff.ts) instead of listening there; `socketDir` is the supervisor's private
+   * directory (`REEF_HANDOFF_DIR`). @default null: listen (a gateway run on its own, tests)
+   */
+  handoff?: { socketDir: string } | null;
   /** Tokenizer worker threads. @default defaultTokenizerThreads() (cores − 1, 1 to 4) */
   tokenizerThreads?: number;
   /** Bodies up to this many bytes are prepared on the event loop (0: every request goes to a worker). @default INLINE_PREPARE_BYTES */
@@ -183,9 +191,16 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
             : {}),
         }, principalOf),
     });
-    const listen = opts.listen ?? { host: cfg.reef.host, port: cfg.reef.port };
-    const address = await app.listen(listen);
-    opts.log?.(`gateway listening on ${address}`);
+    let handed: HandedConnections | null = null;
+    let address: string;
+    if (opts.handoff) {
+      handed = await serveHandedConnections(app, { socketDir: opts.handoff.socketDir, maxConnections: limits.maxConnections, log: opts.log });
+      // The address clients use: the supervisor's socket, which the stack bound on reef.port.
+      address = gatewayUrl({ host: cfg.reef.host, port: cfg.reef.port });
+    } else {
+      address = await app.listen(opts.listen ?? { host: cfg.reef.host, port: cfg.reef.port });
+      opts.log?.(`gateway listening on ${address}`);
+    }
     const handlers: Handlers<GatewayMessage> = {
       'pause-generation': async (msg) => {
         const drain = await gate.pause(msg.drainTimeoutMs, msg.maxPauseMs);
@@ -222,7 +237,11 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           // Stop taking requests, let the ones in flight finish and commit, then close the store.
           stopPipeline();
           gate.close();
+          handed?.stop();
           await app.close();
+          // The HTTP server's close waits only for the connections it accepted itself; the handed
+          // ones finish their requests (each answered with connection: close) or were idle and closed.
+          await handed?.drained();
           await pool?.close();
           await engine.close();
           await store.close();

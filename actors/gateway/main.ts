@@ -6,6 +6,7 @@ import { lookupMailbox } from '../../cluster/lookup.js';
 import { startGateway, type Gateway } from './index.js';
 import { gatewayMessages } from './messages.js';
 import { callRollback } from './rollback-rpc.js';
+import { HANDOFF_DIR_ENV } from '../../cluster/held-listener.js';
 
 let gateway: Gateway | null = null;
 
@@ -23,6 +24,8 @@ await runActor({
       config,
       engineUrl: engines.rollout,
       log: ctx.log,
+      // Under `reef up` the supervisor holds reef.port and hands each connection over.
+      handoff: process.env[HANDOFF_DIR_ENV] ? { socketDir: process.env[HANDOFF_DIR_ENV] } : null,
       ...(supervisor
         ? {
             rollback: async (scenario: string, releaseId: string | null) => {
