@@ -19,6 +19,17 @@ if [ "${REEF_NO_BROWSER:-}" != "1" ] && ! has_chromium; then
     || echo "[test] could not install chromium (apt-get install chromium): the browser tests will fail; REEF_NO_BROWSER=1 skips them"
 fi
 
+# The power-loss tests compile a small LD_PRELOAD library (test/helpers/powercut) with the
+# system's C compiler; a clean machine may have none.
+if ! command -v cc >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1; then
+  echo "[test] installing a C compiler (gcc)"
+  as_root=""
+  if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then as_root="sudo -n"; fi
+  { $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null 2>&1 \
+    || { $as_root apt-get update -qq >/dev/null 2>&1 && $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null 2>&1; }; } \
+    || echo "[test] could not install gcc (apt-get install gcc libc6-dev): the power-loss tests will fail"
+fi
+
 mkdir -p .cache/test-results
 rm -f .cache/test-results/vitest.json .cache/test-results/pytest.xml
 
