@@ -48,10 +48,11 @@ export interface SqliteStoreOptions extends Partial<Omit<GroupCommitOptions, 'lo
   busyTimeoutMs?: number;
   /**
    * Where a write waits for that lock (lock-wait.ts). `'block'`: in SQLite's busy handler, on the
-   * calling thread, so the caller's event loop stops for the wait; for the judge and the
-   * trainer-controller, which serve no client meanwhile. `'async'`: on a timer, retried with
-   * backoff while the event loop keeps running; every stream of the gateway, which opens its store
-   * so, would otherwise stop for as long as another process commits. @default 'block'
+   * calling thread, so the caller's event loop stops for the wait; the judge and the
+   * trainer-controller serve no client, and their commits mark an in-memory snapshot saved after
+   * the await, which is safe only if no other handler runs in between. `'async'`: on a timer,
+   * retried with backoff while the event loop keeps running; every stream of the gateway, which
+   * opens its store so, would otherwise stop for as long as another process commits. @default 'block'
    */
   lockWait?: 'block' | 'async';
   /** With `lockWait: 'async'`: the pause after the first busy try, doubling to `maxMs`. @default {firstMs: 1, maxMs: 50} */
