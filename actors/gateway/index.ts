@@ -124,7 +124,16 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   mkdirSync(cfg.reef.data_dir, { recursive: true });
   const metrics = new GatewayMetrics();
   // Records come only from chat completions: with no other request in flight, none can join a commit.
-  const store = SqliteStore.open(join(cfg.reef.data_dir, 'records.sqlite'), { durability: cfg.reef.durability, company: () => metrics.inflightCount > 1, pageBytes: cfg.reef.limits.page_bytes });
+  // The judge and the trainer-controller commit to the same file: the gateway waits for their write
+  // lock on a timer, never in SQLite's busy handler, which would stop every stream it serves.
+  const store = SqliteStore.open(join(cfg.reef.data_dir, 'records.sqlite'), {
+    durability: cfg.reef.durability,
+    company: () => metrics.inflightCount > 1,
+    pageBytes: cfg.reef.limits.page_bytes,
+    lockWait: 'async',
+    busyTimeoutMs: cfg.reef.limits.store_lock_wait_ms,
+    lockWaitSetting: 'reef.limits.store_lock_wait_ms',
+  });
   const engine = new EngineClient(opts.engineUrl, { name: 'rollout', requestTimeoutMs: cfg.reef.limits.engine_timeout_s * 1000, timeoutSetting: 'reef.limits.engine_timeout_s' });
   let pool: TokenizerPool | null = null;
   let stopPipeline = () => {};

@@ -49,7 +49,9 @@ export async function startJudge(opts: StartJudgeOptions): Promise<Judge> {
   const { config, log } = opts;
   const prm = prmSettings(config, stackEngines());
   mkdirSync(config.reef.data_dir, { recursive: true });
-  const store = SqliteStore.open(join(config.reef.data_dir, 'records.sqlite'), { durability: config.reef.durability });
+  // 'block': a commit marks its snapshot of the sessions saved after the await, so no handler may
+  // run while it waits for the lock (docs/internals.md, record store).
+  const store = SqliteStore.open(join(config.reef.data_dir, 'records.sqlite'), { durability: config.reef.durability, lockWait: 'block' });
   const envLease = leaseFromEnv(process.env.REEF_JUDGE_LEASE_MS);
   const core = new JudgeCore({
     store,

@@ -46,6 +46,7 @@ export const ERRORS = {
   REEF_ERR_CONFLICT: { message: '{what} conflicts with an existing one: {details}', status: 409, retryable: false, type: 'conflict_error' },
   REEF_ERR_STORE: { message: 'record store: {reason}', status: 500, retryable: false, type: 'server_error' },
   REEF_ERR_STORE_CLOSED: { message: 'record store {path} is closed', status: 503, retryable: true, type: 'service_unavailable' },
+  REEF_ERR_STORE_BUSY: { message: 'record store {path} is busy: {what} waited {waitedMs} ms ({setting}) for its write lock, which another process (the judge or the trainer-controller, committing) held throughout; nothing was written, retry', status: 503, retryable: true, type: 'service_unavailable' },
   REEF_ERR_QUEUE_FULL: { message: 'send queue of {queue} is full ({limit} messages waiting)', status: 503, retryable: true, type: 'service_unavailable' },
   REEF_ERR_LIFECYCLE: { message: '{what} cannot go from {from} to {to}', status: null, retryable: false, type: 'server_error' },
   REEF_ERR_TOKENIZER: { message: 'cannot load the tokenizer of {modelDir}: {reason}', status: 500, retryable: false, type: 'server_error' },

@@ -30,7 +30,9 @@ await runActor({
     // before that commit survives an OS crash. Its fsync of the WAL also makes every earlier frame
     // durable, the judged turns and records it read among them, so no batch it trained can refer
     // to turns an OS crash takes back.
-    store = SqliteStore.open(join(config.reef.data_dir, 'records.sqlite'), { durability: 'power' });
+    // 'block': it serves no client, and its commits (a state snapshot, bookkeeping after the await)
+    // were written for a wait in which no other handler runs (docs/internals.md, record store).
+    store = SqliteStore.open(join(config.reef.data_dir, 'records.sqlite'), { durability: 'power', lockWait: 'block' });
     wiring = await createController({ config, store, shimEndpoint: engines.shim, rolloutUrl: engines.rollout, supervisor: ctx.env.supervisor, log: ctx.log });
     const c = wiring.controller;
     // One tick at a time; a failing tick backs off instead of spinning. A batch that can never train

@@ -207,7 +207,7 @@ describe('resolved config', () => {
       limits: {
         request_timeout_s: 120, headers_timeout_s: 30, body_idle_timeout_s: 30, keep_alive_timeout_s: 75, engine_timeout_s: 300, max_connections: 1024,
         body_bytes: 64 * 1024 * 1024, reef_body_bytes: 4 * 1024 * 1024, reef_concurrency: 8, page_bytes: 8 * 1024 * 1024, max_scenarios: 1000,
-        min_free_disk_mb: 256, keyless_max_concurrency: 256, keyless_requests_per_minute: null, keyless_tokens_per_minute: null,
+        min_free_disk_mb: 256, store_lock_wait_ms: 5000, keyless_max_concurrency: 256, keyless_requests_per_minute: null, keyless_tokens_per_minute: null,
         auth_failures_per_minute: 30, auth_failure_addresses: 10_000,
       },
     });

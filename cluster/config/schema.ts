@@ -126,6 +126,7 @@ const limits = section({
   page_bytes: positiveInt().default(8 * 1024 * 1024),
   max_scenarios: positiveInt().default(1000),
   min_free_disk_mb: nonNegativeNumber().default(256),
+  store_lock_wait_ms: nonNegativeInt().default(5000),
   keyless_max_concurrency: positiveInt().default(256),
   keyless_requests_per_minute: positiveInt().nullable().default(null),
   keyless_tokens_per_minute: positiveInt().nullable().default(null),

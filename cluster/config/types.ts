@@ -51,6 +51,8 @@ export interface LimitsSection {
   readonly max_scenarios: number;
   /** 0 = never checked. @default 256 */
   readonly min_free_disk_mb: number;
+  /** Longest a gateway write waits (off its event loop) for the record store's write lock. @default 5000 */
+  readonly store_lock_wait_ms: number;
   /** @default 256 */
   readonly keyless_max_concurrency: number;
   /** @default null */

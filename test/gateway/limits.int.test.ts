@@ -1,4 +1,6 @@
 import { connect, type Socket } from 'node:net';
+import { join } from 'node:path';
+import Database from 'better-sqlite3';
 import { afterEach, describe, expect, it } from 'vitest';
 import { testKey } from '../helpers/api-keys.js';
 import { waitFor } from '../helpers/wait.js';
@@ -293,5 +295,38 @@ describe('disk full', () => {
   it('min_free_disk_mb 0 never refuses', async () => {
     s = await startStack({ limits: { min_free_disk_mb: 0 } });
     expect((await postChat(s.url, CHAT)).status).toBe(200);
+  });
+});
+
+describe('record store locked by another process', () => {
+  it('past store_lock_wait_ms a completion is 503 with Retry-After and nothing is recorded; streams meanwhile get no receipt; the lock gone, all is served again', async () => {
+    s = await startStack({ limits: { store_lock_wait_ms: 100 } });
+    // The judge or the trainer-controller, in the middle of a commit that outlasts the budget.
+    const holder = new Database(join(s.dataDir, 'records.sqlite'));
+    holder.exec('BEGIN IMMEDIATE');
+    try {
+      const res = await postChat(s.url, CHAT);
+      expect(res.status).toBe(503);
+      expect(res.headers.get('retry-after')).toBe('1');
+      const e = openAIError(await res.json());
+      expect(e.code).toBe('REEF_ERR_STORE_BUSY');
+      expect(e.type).toBe('service_unavailable');
+      expect(e.message).toMatch(/the append of record \w+ waited \d+ ms \(reef\.limits\.store_lock_wait_ms\) for its write lock/);
+      // A stream has sent its 200: it ends with the error event, without a receipt.
+      const events = await readSse(await postChat(s.url, { ...CHAT, stream: true }));
+      expect(events.some((d) => d.includes('agent_record_id'))).toBe(false);
+      expect(openAIError(JSON.parse(events.find((d) => d.includes('"error"'))!)).code).toBe('REEF_ERR_STORE_BUSY');
+      const report = await fetch(`${s.url}/reef/report`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ score: 1 }) });
+      expect(report.status).toBe(503);
+      expect(report.headers.get('retry-after')).toBe('1');
+      expect(openAIError(await report.json()).code).toBe('REEF_ERR_STORE_BUSY');
+    } finally {
+      holder.exec('ROLLBACK');
+      holder.close();
+    }
+    expect(await s.gw.store.headOffset()).toBe(0);
+    const ok = await postChat(s.url, CHAT);
+    expect(ok.status).toBe(200);
+    expect(await s.gw.store.headOffset()).toBe(1);
   });
 });

@@ -1,3 +1,4 @@
+import { backoffMs, isBusy, type LockWait } from './lock-wait.js';
 import type { Histogram } from './types.js';
 
 /**
@@ -32,7 +33,7 @@ export class HistogramCounter {
 export const COMMIT_MS_BOUNDS = [0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500];
 export const BATCH_SIZE_BOUNDS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
 
-export interface GroupCommitOptions {
+export interface GroupCommitOptions<R = unknown> {
   /** Commit at once when this many appends are queued. @default 256 */
   maxBatch: number;
   /**
@@ -50,12 +51,21 @@ export interface GroupCommitOptions {
    * from its count of requests in flight. @default null (always wait a turn)
    */
   company?: (() => boolean) | null;
+  /**
+   * With `mode: 'async'`, a batch that finds the write lock held (SQLITE_BUSY; the store's
+   * busy_timeout is then 0) waits for it on a timer and is tried again, appends that come
+   * meanwhile joining it behind; an append still uncommitted `budgetMs` after it was queued is
+   * rejected with `busyError`. @default null (a busy batch fails, as after SQLite's own busy wait)
+   */
+  lockWait?: (LockWait & { busyError: (item: R, waitedMs: number, cause: unknown) => unknown }) | null;
 }
 
 interface Waiter<R> {
   item: R;
   resolve: (offset: number) => void;
   reject: (err: unknown) => void;
+  /** performance.now() when it was queued: its lock-wait budget runs from here. */
+  since: number;
 }
 
 /**
@@ -75,6 +85,13 @@ export type BatchWriter<R> = (items: R[]) => number[];
 export class GroupCommitter<R> {
   private queue: Waiter<R>[] = [];
   private timer: NodeJS.Immediate | NodeJS.Timeout | null = null;
+  /** The next try of a batch that found the write lock held (`lockWait` async). */
+  private retry: NodeJS.Timeout | null = null;
+  /** Tries in a row that found the lock held: the backoff's exponent. */
+  private busyTries = 0;
+  private lockBusy = 0;
+  private lastBusy: unknown = null;
+  private idleWaiters: (() => void)[] = [];
   private commits = 0;
   private records = 0;
   private failed = 0;
@@ -83,12 +100,14 @@ export class GroupCommitter<R> {
 
   constructor(
     private readonly write: BatchWriter<R>,
-    private readonly options: GroupCommitOptions,
+    private readonly options: GroupCommitOptions<R>,
   ) {}
 
   enqueue(item: R): Promise<number> {
     return new Promise<number>((resolve, reject) => {
-      this.queue.push({ item, resolve, reject });
+      this.queue.push({ item, resolve, reject, since: performance.now() });
+      // While a batch waits for the lock, newcomers queue behind it and go with its next try.
+      if (this.retry !== null) return;
       if (this.queue.length >= this.options.maxBatch || (this.queue.length === 1 && this.options.company?.() === false)) this.flush();
       else if (this.timer === null) {
         this.timer = this.options.maxDelayMs > 0 ? setTimeout(() => this.flush(), this.options.maxDelayMs) : setImmediate(() => this.flush());
@@ -96,37 +115,107 @@ export class GroupCommitter<R> {
     });
   }
 
-  /** Commits everything queued, synchronously. */
+  /**
+   * Commits everything queued, synchronously, unless the write lock is held and `lockWait` is
+   * async: then what is left waits for the lock on a timer (`idle()` tells when it is done).
+   */
   flush(): void {
     if (this.timer !== null) {
       clearTimeout(this.timer as NodeJS.Timeout);
       clearImmediate(this.timer as NodeJS.Immediate);
       this.timer = null;
     }
-    const batch = this.queue;
-    this.queue = [];
-    if (batch.length === 0) return;
-    if (this.tryCommit(batch)) return;
+    if (this.retry !== null) return;
+    while (this.queue.length > 0) {
+      const batch = this.queue.splice(0, this.options.maxBatch);
+      const left = this.commitBatch(batch);
+      if (left.length > 0) {
+        // In queue order, ahead of newcomers: offsets keep following the order appends came in.
+        this.queue.unshift(...left);
+        this.waitForLock(this.lastBusy);
+        return;
+      }
+    }
+    this.busyTries = 0;
+    this.settleIdle();
+  }
+
+  /** Resolves once nothing is queued or waiting for the lock (close() awaits it). */
+  idle(): Promise<void> {
+    if (this.queue.length === 0 && this.retry === null) return Promise.resolve();
+    return new Promise((resolve) => this.idleWaiters.push(resolve));
+  }
+
+  private settleIdle(): void {
+    if (this.queue.length > 0 || this.retry !== null) return;
+    const waiters = this.idleWaiters;
+    this.idleWaiters = [];
+    for (const w of waiters) w();
+  }
+
+  /** Commits `batch`; answers the waiters left unsettled because the lock was held (async lockWait). */
+  private commitBatch(batch: Waiter<R>[]): Waiter<R>[] {
+    const outcome = this.tryCommit(batch);
+    if (outcome === 'busy') return batch;
+    if (outcome === 'settled' || batch.length === 1) return [];
     // One bad record (a duplicate id, say) must not fail its neighbours: retry them one by one.
-    if (batch.length > 1) for (const w of batch) this.tryCommit([w]);
+    // Another process may take the lock between two of them; those committed stay committed.
+    for (let i = 0; i < batch.length; i++) if (this.tryCommit([batch[i]!]) === 'busy') return batch.slice(i);
+    return [];
   }
 
   /**
-   * Settles the waiters when the transaction commits, or when it fails for all of them alike, and
-   * answers true; leaves them pending when it fails in a group for what may be one item.
+   * Fails the queued appends whose budget is spent (a busy transaction failed at its BEGIN
+   * IMMEDIATE and wrote nothing of theirs) and schedules the next try for the others.
    */
-  private tryCommit(batch: Waiter<R>[]): boolean {
+  private waitForLock(cause: unknown): void {
+    const lock = this.options.lockWait!;
+    const now = performance.now();
+    const keep: Waiter<R>[] = [];
+    for (const w of this.queue) {
+      if (now - w.since < lock.budgetMs) keep.push(w);
+      else {
+        this.failed += 1;
+        w.reject(lock.busyError(w.item, now - w.since, cause));
+      }
+    }
+    this.queue = keep;
+    if (keep.length === 0) {
+      this.busyTries = 0;
+      this.settleIdle();
+      return;
+    }
+    this.busyTries += 1;
+    // The queue's head is its oldest: no one waits past its budget for the next try.
+    const ms = Math.min(backoffMs(lock, this.busyTries), lock.budgetMs - (now - keep[0]!.since));
+    this.retry = setTimeout(() => {
+      this.retry = null;
+      this.flush();
+    }, Math.max(0, ms));
+  }
+
+  /**
+   * Settles the waiters when the transaction commits, or when it fails for all of them alike
+   * ('settled'); leaves them pending when it fails in a group for what may be one item ('split'),
+   * or when it found the write lock held and waits for it on a timer ('busy').
+   */
+  private tryCommit(batch: Waiter<R>[]): 'settled' | 'split' | 'busy' {
     const started = performance.now();
     let offsets: number[];
     try {
       offsets = this.write(batch.map((w) => w.item));
     } catch (err) {
+      if (this.options.lockWait?.mode === 'async' && isBusy(err)) {
+        this.lockBusy += 1;
+        this.lastBusy = err;
+        return 'busy';
+      }
       if (batch.length === 1 || failsEveryItem(err)) {
         this.failed += batch.length;
         for (const w of batch) w.reject(err);
-        return true;
+        return 'settled';
       }
-      return false;
+      return 'split';
     }
     const ms = performance.now() - started;
     this.commitMs.observe(ms);
@@ -135,7 +224,7 @@ export class GroupCommitter<R> {
     this.records += batch.length;
     this.options.onCommit?.(ms, batch.length);
     batch.forEach((w, i) => w.resolve(offsets[i]!));
-    return true;
+    return 'settled';
   }
 
   /** Rejects an append that never reached the queue (a record that failed validation). */
@@ -153,6 +242,7 @@ export class GroupCommitter<R> {
       records: this.records,
       failedAppends: this.failed,
       pending: this.queue.length,
+      lockBusy: this.lockBusy,
       batchSize: this.batchSize.snapshot(),
       commitMs: this.commitMs.snapshot(),
     };

@@ -36,7 +36,14 @@ export interface RetentionOptions {
   yield?: () => Promise<void>;
   /** Called after each committed write transaction (tests kill the process here). */
   onCommit?: (what: 'records' | 'reports' | 'chunks', n: number) => void;
+  /**
+   * Runs each write transaction; the store passes its lock wait (lock-wait.ts), so that a gateway
+   * waits for another process's lock on a timer. @default runs it at once
+   */
+  write?: <T>(what: string, tx: () => T) => Promise<T>;
 }
+
+const runNow = async <T>(_what: string, tx: () => T): Promise<T> => tx();
 
 export interface RetentionResult {
   records: number;
@@ -54,6 +61,7 @@ const setImmediateYield = () => new Promise<void>((r) => setImmediate(r));
 export async function runRetention(db: Database.Database, policy: RetentionPolicy, opts: RetentionOptions = {}): Promise<RetentionResult> {
   const batch = opts.batch ?? 64;
   const pause = opts.yield ?? setImmediateYield;
+  const write = opts.write ?? runNow;
   const cutoff = (opts.now ?? Date.now)() - policy.maxAgeMs;
   const result: RetentionResult = { records: 0, reports: 0, chunks: 0 };
 
@@ -93,7 +101,7 @@ export async function runRetention(db: Database.Database, policy: RetentionPolic
     after = page[page.length - 1]!.seq;
     const doomed = page.filter((r) => !keep.has(r.id));
     if (doomed.length > 0) {
-      deleteRecords.immediate(doomed);
+      await write('deletion of old records', () => deleteRecords.immediate(doomed));
       result.records += doomed.length;
       opts.onCommit?.('records', doomed.length);
     }
@@ -109,13 +117,13 @@ export async function runRetention(db: Database.Database, policy: RetentionPolic
   for (;;) {
     const seqs = oldReports.all(cutoff, batch);
     if (seqs.length === 0) break;
-    deleteReports.immediate(seqs);
+    await write('deletion of old reports', () => deleteReports.immediate(seqs));
     result.reports += seqs.length;
     opts.onCommit?.('reports', seqs.length);
     await pause();
   }
 
-  result.chunks = await collectChunks(db, batch, pause, opts.onCommit);
+  result.chunks = await collectChunks(db, batch, pause, opts.onCommit, write);
   return result;
 }
 
@@ -134,7 +142,7 @@ function addRefs(into: Set<string>, row: { request_chunks: Buffer | null; prompt
  * back WAL checkpoints); each sweep transaction first adds the references of records committed
  * since, so a chunk a new record shares is never taken.
  */
-export async function collectChunks(db: Database.Database, batch: number, pause: () => Promise<void>, onCommit?: RetentionOptions['onCommit']): Promise<number> {
+export async function collectChunks(db: Database.Database, batch: number, pause: () => Promise<void>, onCommit?: RetentionOptions['onCommit'], write: NonNullable<RetentionOptions['write']> = runNow): Promise<number> {
   const head = db.prepare<[], number | null>('SELECT MAX(seq) FROM records').pluck();
   const chunkPage = db.prepare<[Buffer, number], Buffer>('SELECT hash FROM chunks WHERE hash > ? ORDER BY hash LIMIT ?').pluck();
   const refPage = db.prepare<[number, number, number], { seq: number; request_chunks: Buffer | null; prompt_chunks: Buffer | null; chunk_ref_bytes: number }>(
@@ -180,7 +188,8 @@ export async function collectChunks(db: Database.Database, batch: number, pause:
   for (let i = 0; i < candidates.length; i += batch) {
     const slice = candidates.slice(i, i + batch).filter((h) => !referenced.has(h.toString('latin1')));
     if (slice.length === 0) continue;
-    const n = sweep.immediate(slice);
+    // A try that found the lock held ran none of the sweep: its references and `scanned` are as before.
+    const n = await write('sweep of unreferenced chunks', () => sweep.immediate(slice));
     deleted += n;
     if (n > 0) onCommit?.('chunks', n);
     await pause();

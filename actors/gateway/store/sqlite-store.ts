@@ -5,6 +5,7 @@ import { type Chunk, ChunkMemo, unchunk } from './chunks.js';
 import { GroupCommitter, type GroupCommitOptions } from './group-commit.js';
 import { newId } from './ids.js';
 import { JudgedTurnTable } from './judged-turns.js';
+import { type LockWait, lockBusyError, withWriteLock } from './lock-wait.js';
 import { ReportTable } from './reports.js';
 import { type RetentionOptions, type RetentionPolicy, type RetentionResult, runRetention } from './retention.js';
 import {
@@ -17,7 +18,7 @@ import type {
   AgentRecord, JudgedTurn, ListOptions, NewJudgedTurn, NewRecord, NewReport, Page, Receipt, RecordStore, RecordSummary, Report, Scenario, StagedPayloads, StoreStats,
 } from './types.js';
 
-export interface SqliteStoreOptions extends Partial<GroupCommitOptions> {
+export interface SqliteStoreOptions extends Partial<Omit<GroupCommitOptions, 'lockWait'>> {
   /**
    * What a receipt survives (`reef.durability`; every process that opens the store passes it).
    * - `'power'`: WAL + `synchronous=FULL`. The WAL is fsynced at every commit, so a receipt
@@ -38,8 +39,26 @@ export interface SqliteStoreOptions extends Partial<GroupCommitOptions> {
   checkpoint?: 'background' | 'inline';
   /** How often the background checkpoint runs. @default 200 */
   checkpointIntervalMs?: number;
-  /** How long a write waits for another process's write lock. @default 5000 */
+  /**
+   * How long a write waits for another process's write lock (the judge and the trainer-controller
+   * commit to the same file); past it the write fails, nothing of it written: REEF_ERR_STORE_BUSY
+   * with `lockWait: 'async'`, REEF_ERR_STORE (SQLITE_BUSY) with `'block'`. Opening the store waits
+   * this long either way. @default 5000
+   */
   busyTimeoutMs?: number;
+  /**
+   * Where a write waits for that lock (lock-wait.ts). `'block'`: in SQLite's busy handler, on the
+   * calling thread, so the caller's event loop stops for the wait; the judge and the
+   * trainer-controller serve no client, and their commits mark an in-memory snapshot saved after
+   * the await, which is safe only if no other handler runs in between. `'async'`: on a timer,
+   * retried with backoff while the event loop keeps running; every stream of the gateway, which
+   * opens its store so, would otherwise stop for as long as another process commits. @default 'block'
+   */
+  lockWait?: 'block' | 'async';
+  /** With `lockWait: 'async'`: the pause after the first busy try, doubling to `maxMs`. @default {firstMs: 1, maxMs: 50} */
+  lockBackoff?: { firstMs: number; maxMs: number };
+  /** What sets `busyTimeoutMs`, named in REEF_ERR_STORE_BUSY's message. @default 'busyTimeoutMs' */
+  lockWaitSetting?: string;
   /**
    * Open an existing store for reading only (`reef export`): no schema upgrade, no checkpoints, and
    * a file the user may not write (a copied or mounted backup) still opens. A store whose schema is
@@ -117,6 +136,16 @@ function openFailure(path: string, err: unknown, readonly: boolean, busyMs: numb
   return new ReefError('REEF_ERR_STORE', { reason }, { cause: err });
 }
 
+function lockWaitOf(options: SqliteStoreOptions): LockWait {
+  const budgetMs = options.busyTimeoutMs ?? 5000;
+  if (!Number.isSafeInteger(budgetMs) || budgetMs < 0) throw invalid(`busyTimeoutMs must be a non-negative integer of milliseconds, got ${String(budgetMs)}`);
+  const mode = options.lockWait ?? 'block';
+  if (mode !== 'block' && mode !== 'async') throw invalid(`lockWait must be 'block' or 'async', got ${JSON.stringify(mode)}`);
+  const { firstMs, maxMs } = options.lockBackoff ?? { firstMs: 1, maxMs: 50 };
+  if (!(firstMs > 0) || !(maxMs >= firstMs)) throw invalid(`lockBackoff must have 0 < firstMs <= maxMs, got ${JSON.stringify(options.lockBackoff)}`);
+  return { mode, budgetMs, setting: options.lockWaitSetting ?? 'busyTimeoutMs', firstMs, maxMs };
+}
+
 interface ScenarioRow {
   name: string;
   created_at: number;
@@ -143,15 +172,22 @@ export class SqliteStore implements RecordStore {
 
   /** Opens (creating if needed) the store at `path` and brings its schema up to date. */
   static open(path: string, options: SqliteStoreOptions = {}): SqliteStore {
-    const commit = { maxBatch: options.maxBatch ?? 256, maxDelayMs: options.maxDelayMs ?? 0, onCommit: options.onCommit ?? null, company: options.company ?? null };
-    const busyMs = options.busyTimeoutMs ?? 5000;
+    const lock = lockWaitOf(options);
+    const busyMs = lock.budgetMs;
+    const commit: GroupCommitOptions<RecordRow> = {
+      maxBatch: options.maxBatch ?? 256,
+      maxDelayMs: options.maxDelayMs ?? 0,
+      onCommit: options.onCommit ?? null,
+      company: options.company ?? null,
+      lockWait: lock.mode === 'async' ? { ...lock, busyError: (row, ms, cause) => lockBusyError(lock, path, `the append of record ${String(row.values[0])}`, ms, cause) } : null,
+    };
     if (options.readonly === true) {
       let db: Database.Database | null = null;
       try {
         db = new Database(path, { readonly: true, fileMustExist: true });
         db.pragma(`busy_timeout = ${busyMs}`);
         checkSchema(db);
-        return new SqliteStore(db, path, commit, null, options.pageBytes ?? PAGE_BYTES);
+        return new SqliteStore(db, path, commit, null, options.pageBytes ?? PAGE_BYTES, lock);
       } catch (err) {
         db?.close();
         throw openFailure(path, err, true, busyMs);
@@ -174,11 +210,14 @@ export class SqliteStore implements RecordStore {
       if (background) db.pragma(`wal_autocheckpoint = ${WAL_SAFETY_PAGES}`);
       db.pragma(`journal_size_limit = ${WAL_SIZE_LIMIT}`);
       migrate(db);
+      // Opening may wait (nothing is served yet); from here on a busy write fails at once and
+      // withWriteLock or the group committer waits for the lock on a timer.
+      if (lock.mode === 'async') db.pragma('busy_timeout = 0');
       // Started with the first append: a store used only for offsets and state has no WAL to speak
       // of, and the worker costs tens of ms to start and stop.
       const interval = options.checkpointIntervalMs ?? 200;
       const checkpointer = background ? () => new Checkpointer(path, interval, synchronous) : null;
-      return new SqliteStore(db, path, commit, checkpointer, options.pageBytes ?? PAGE_BYTES);
+      return new SqliteStore(db, path, commit, checkpointer, options.pageBytes ?? PAGE_BYTES, lock);
     } catch (err) {
       db.close();
       throw openFailure(path, err, false, busyMs);
@@ -188,9 +227,10 @@ export class SqliteStore implements RecordStore {
   private constructor(
     private readonly db: Database.Database,
     readonly path: string,
-    commitOptions: GroupCommitOptions,
+    commitOptions: GroupCommitOptions<RecordRow>,
     private readonly startCheckpointer: (() => Checkpointer) | null,
     private readonly pageBytes: number,
+    private readonly lock: LockWait,
   ) {
     const insertRecord = db.prepare(INSERT_RECORD_SQL);
     const insertChunk = db.prepare(INSERT_CHUNK_SQL);
@@ -280,6 +320,11 @@ export class SqliteStore implements RecordStore {
     if (this.closed) throw new ReefError('REEF_ERR_STORE_CLOSED', { path: this.path });
   }
 
+  /** Runs one write (a transaction begun IMMEDIATE, or one statement), waiting for the lock as `lockWait` says. */
+  private writing<T>(what: string, write: () => T): Promise<T> {
+    return withWriteLock(this.lock, this.path, what, write);
+  }
+
   /**
    * Cuts a record's request and prompt ids into chunks, their tails included (`chunk` with
    * `whole`), and writes the chunks not stored yet, ahead of the record itself; pass the answer as
@@ -287,7 +332,9 @@ export class SqliteStore implements RecordStore {
    * commit that gates the receipt writes a row of chunk references and the output. Chunks are
    * content-addressed and shared, so chunks whose record never comes (the engine refused the
    * request) are unreferenced rows, not an inconsistency. Null when there is nothing to gain or
-   * staging failed; the append then does all the work itself and reports any error.
+   * staging failed, the write lock being held by another process among the reasons (with
+   * `lockWait: 'async'` that fails at once rather than waiting on the event loop); the append then
+   * does all the work itself and reports any error.
    */
   stage(payloads: { request: NewRecord['request']; promptIds: Int32Array }): StagedPayloads | null {
     if (this.closed) return null;
@@ -393,14 +440,17 @@ export class SqliteStore implements RecordStore {
 
   async setOffset(consumer: string, offset: number): Promise<void> {
     this.live();
-    this.sql.setOffset.run(checkKey(consumer, 'consumer'), checkOffset(offset), Date.now());
+    const c = checkKey(consumer, 'consumer');
+    const o = checkOffset(offset);
+    await this.writing(`the offset of ${c}`, () => this.sql.setOffset.run(c, o, Date.now()));
   }
 
   async commitConsumer(consumer: string, offset: number, stateKey: string, state: unknown, rows: StateRows = NO_ROWS): Promise<void> {
     this.live();
     const puts = rows.put.map(([k, v]): [string, string] => [checkKey(k, 'state key'), jsonText(v, `state ${k}`)]);
     const deletes = rows.delete.map((k) => checkKey(k, 'state key'));
-    this.commitConsumerTx(checkKey(consumer, 'consumer'), checkOffset(offset), checkKey(stateKey, 'state key'), jsonText(state, 'state'), puts, deletes);
+    const args = [checkKey(consumer, 'consumer'), checkOffset(offset), checkKey(stateKey, 'state key'), jsonText(state, 'state'), puts, deletes] as const;
+    await this.writing(`the commit of consumer ${args[0]}`, () => this.commitConsumerTx(...args));
   }
 
   async statesWithPrefix(prefix: string): Promise<[string, unknown][]> {
@@ -448,18 +498,23 @@ export class SqliteStore implements RecordStore {
 
   async putState(key: string, value: unknown): Promise<void> {
     this.live();
-    this.sql.putState.run(checkKey(key, 'state key'), jsonText(value, 'state'), Date.now());
+    const k = checkKey(key, 'state key');
+    const text = jsonText(value, 'state');
+    await this.writing(`state ${k}`, () => this.sql.putState.run(k, text, Date.now()));
   }
 
   async deleteState(key: string): Promise<void> {
     this.live();
-    this.sql.deleteState.run(checkKey(key, 'state key'));
+    const k = checkKey(key, 'state key');
+    await this.writing(`the deletion of state ${k}`, () => this.sql.deleteState.run(k));
   }
 
   /** Stores (or replaces) the judgment of a record; REEF_ERR_NOT_FOUND when there is no such record. */
   async putJudgment(recordId: string, judgment: unknown): Promise<void> {
     this.live();
-    this.putJudgmentTx(checkKey(recordId, 'record id'), jsonText(judgment, 'judgment'));
+    const id = checkKey(recordId, 'record id');
+    const text = jsonText(judgment, 'judgment');
+    await this.writing(`the judgment of record ${id}`, () => this.putJudgmentTx(id, text));
   }
 
   async getJudgment(recordId: string): Promise<unknown> {
@@ -470,7 +525,7 @@ export class SqliteStore implements RecordStore {
 
   async appendJudgedTurn(turn: NewJudgedTurn): Promise<{ offset: number; created: boolean }> {
     this.live();
-    return this.judged.append(turn);
+    return this.writing(`the judged turn of record ${String(turn?.turnRecordId)}`, () => this.judged.append(turn));
   }
 
   async readJudgedTurns(offset: number, limit: number): Promise<JudgedTurn[]> {
@@ -493,7 +548,7 @@ export class SqliteStore implements RecordStore {
     this.live();
     checkScenarioName(name);
     if (description !== null && typeof description !== 'string') throw invalid('scenario description must be a string or null');
-    if (this.sql.ensureScenario.run(name, Date.now(), description).changes === 0) {
+    if ((await this.writing(`the creation of scenario ${name}`, () => this.sql.ensureScenario.run(name, Date.now(), description))).changes === 0) {
       throw new ReefError('REEF_ERR_CONFLICT', { what: `scenario ${name}`, details: 'it already exists' });
     }
     return toScenario(this.sql.getScenario.get(name)!);
@@ -503,7 +558,7 @@ export class SqliteStore implements RecordStore {
   async ensureScenario(name: string, description: string | null = null): Promise<Scenario> {
     this.live();
     checkScenarioName(name);
-    this.sql.ensureScenario.run(name, Date.now(), description);
+    await this.writing(`the creation of scenario ${name}`, () => this.sql.ensureScenario.run(name, Date.now(), description));
     return toScenario(this.sql.getScenario.get(name)!);
   }
 
@@ -520,7 +575,7 @@ export class SqliteStore implements RecordStore {
 
   async putReport(report: NewReport): Promise<{ report: Report; created: boolean }> {
     this.live();
-    return this.reports.put(report);
+    return this.writing(`report ${String(report?.clientId ?? '(no id)')} of scenario ${String(report?.scenario)}`, () => this.reports.put(report));
   }
 
   async getReport(id: string): Promise<Report | null> {
@@ -540,7 +595,7 @@ export class SqliteStore implements RecordStore {
    */
   retain(policy: RetentionPolicy, options: RetentionOptions = {}): Promise<RetentionResult> {
     this.live();
-    this.retaining ??= runRetention(this.db, policy, { ...options, yield: async () => {
+    this.retaining ??= runRetention(this.db, policy, { ...options, write: (what, tx) => this.writing(`retention's ${what}`, tx), yield: async () => {
       await (options.yield ?? (() => new Promise<void>((r) => setImmediate(r))))();
       this.live();
     } }).finally(() => (this.retaining = null));
@@ -564,6 +619,8 @@ export class SqliteStore implements RecordStore {
     // A run in progress stops at its next yield (live() throws there); wait for it to let go of the connection.
     await this.retaining?.catch(() => {});
     this.committer.flush();
+    // Appends waiting for another process's lock (lockWait 'async') commit or run out of budget first.
+    await this.committer.idle();
     await this.checkpointer?.stop();
     this.db.close();
   }

@@ -160,6 +160,8 @@ export interface StoreStats {
   failedAppends: number;
   /** Appends queued and not yet committed. */
   pending: number;
+  /** Group-commit tries that found another process holding the write lock and waited to try again (`lockWait: 'async'`). */
+  lockBusy: number;
   /** Records per committed transaction. */
   batchSize: Histogram;
   /** Wall time of each group-commit transaction, BEGIN to COMMIT returning, in ms. */
