@@ -74,7 +74,9 @@ export class Checkpointer {
 
   constructor(path: string, intervalMs: number, synchronous: 'NORMAL' | 'FULL') {
     const driver = createRequire(import.meta.url).resolve('better-sqlite3');
-    this.worker = new Worker(WORKER_SOURCE, { eval: true, workerData: { path, intervalMs, synchronous, driver } });
+    // execArgv []: the worker's source is CommonJS, and a process started with
+    // --input-type=module (the eventloop bench's gateway) passed that on and failed every checkpoint.
+    this.worker = new Worker(WORKER_SOURCE, { eval: true, execArgv: [], workerData: { path, intervalMs, synchronous, driver } });
     // A store someone forgot to close must not keep the process alive.
     this.worker.unref();
     this.worker.on('message', (msg: { type: string; frames?: number; message?: string }) => {
