@@ -43,7 +43,7 @@ export interface GatewayOptions {
   /** Extra fields for `/reef/status` (correlation, training). */
   status?: () => Record<string, unknown> | Promise<Record<string, unknown>>;
   /** Puts an earlier release back (asks the trainer-controller); absent when no training runs. */
-  rollback?: (scenario: string, releaseId: string | null) => Promise<unknown>;
+  rollback?: (scenario: string, releaseId: string | null, keyId: string) => Promise<unknown>;
   log?: (line: string) => void;
 }
 
@@ -177,7 +177,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
                   if (id !== null && typeof id !== 'string') throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: 'release_id must be a string or null' });
                   // It changes the weights every scenario is served: the log says which key asked.
                   opts.log?.(`rollback to ${id === null ? 'the previous release' : id} asked by key ${keyId} (scenario ${scenario})`);
-                  return opts.rollback!(scenario, id);
+                  return opts.rollback!(scenario, id, keyId);
                 },
               }
             : {}),

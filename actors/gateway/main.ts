@@ -25,10 +25,10 @@ await runActor({
       log: ctx.log,
       ...(supervisor
         ? {
-            rollback: async (scenario: string, releaseId: string | null) => {
+            rollback: async (scenario: string, releaseId: string | null, keyId: string) => {
               const mailbox = await lookupMailbox(supervisor, 'trainer-controller');
               if (!mailbox) throw new ReefError('REEF_ERR_ACTOR_CLOSED', { actor: 'trainer-controller', state: 'not running' });
-              return callRollback(mailbox, scenario, releaseId);
+              return callRollback(mailbox, scenario, releaseId, keyId);
             },
           }
         : {}),
