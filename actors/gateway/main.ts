@@ -23,6 +23,7 @@ await runActor({
       config,
       engineUrl: engines.rollout,
       log: ctx.log,
+      reloadConfig: () => loadConfig(ctx.configPath!, ctx.overrides),
       ...(supervisor
         ? {
             rollback: async (scenario: string, releaseId: string | null, keyId: string) => {
