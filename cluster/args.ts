@@ -27,6 +27,7 @@ export const COMMAND_FLAGS: Readonly<Record<string, { flags: readonly string[]; 
   status: { flags: ['config', 'data-dir', 'json'], overrides: true, args: 0 },
   scale: { flags: ['config', 'data-dir'], overrides: true, args: 2 },
   down: { flags: ['config', 'data-dir'], overrides: true, args: 0 },
+  keys: { flags: ['config', 'data-dir'], overrides: true, args: 1 },
   export: { flags: ['config', 'data-dir', 'scenario', 'out'], overrides: true, args: 1 },
   correlate: { flags: ['json', 'session-ttl-s', 'max-open-sessions'], overrides: false, args: 1 },
   config: { flags: [], overrides: true, args: 2 },

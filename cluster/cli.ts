@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { ReefError } from '../actors/runtime/errors.js';
 import { COMMAND_FLAGS, parseArgs, type ParsedArgs } from './args.js';
 import { configCheck } from './config/index.js';
-import { downCommand, scaleCommand, statusCommand } from './commands/control.js';
+import { downCommand, keysCommand, scaleCommand, statusCommand } from './commands/control.js';
 import { upCommand } from './commands/up.js';
 import { exportCommand } from './commands/export.js';
 import { correlateCommand } from './commands/correlate.js';
@@ -21,6 +21,7 @@ usage:
   reef status [--json] [-c FILE | --data-dir DIR] actors, placement groups, engines
   reef scale prm N [-c FILE | --data-dir DIR]     change the number of PRM actors live
   reef down [-c FILE | --data-dir DIR]            drain and stop everything reef up started
+  reef keys reload [-c FILE | --data-dir DIR]     the gateway re-reads reef.api_keys (file and env) without a restart
   reef config check FILE [--a.b=value ...]        print the resolved config, or every error (exit 2)
   reef export records --scenario S [--out FILE] [-c FILE | --data-dir DIR]
                                                   write a scenario's records as JSON lines
@@ -88,6 +89,8 @@ export async function main(argv: readonly string[], io: Io = defaultIo): Promise
         return await scaleCommand(args, rest, io);
       case 'down':
         return await downCommand(args, io);
+      case 'keys':
+        return await keysCommand(args, rest, io);
       case 'export':
         return await exportCommand(args, io);
       case 'correlate':

@@ -3,7 +3,7 @@ import { heartbeatReport, lifecycleStateSchema, registerRequest, statsSchema } f
 
 /**
  * Everything the supervisor's control ROUTER accepts: `register` and `heartbeat` from its actors
- * (schemas shared with the actor host), and `status`, `scale`, `down` from the CLI.
+ * (schemas shared with the actor host), and `status`, `scale`, `down`, `reload-keys` from the CLI.
  */
 
 export const statusRequest = z.object({ type: z.literal('status'), requestId: z.string() });
@@ -25,7 +25,10 @@ export const scaleRequest = z.object({
 /** Replied `{}` first, then the whole stack drains. */
 export const downRequest = z.object({ type: z.literal('down'), requestId: z.string() });
 
-export const controlMessages = z.discriminatedUnion('type', [statusRequest, scaleRequest, downRequest]);
+/** Every running gateway re-reads its API keys (`reef keys reload`); see the gateway's `reload-keys`. */
+export const reloadKeysRequest = z.object({ type: z.literal('reload-keys'), requestId: z.string() });
+
+export const controlMessages = z.discriminatedUnion('type', [statusRequest, scaleRequest, downRequest, reloadKeysRequest]);
 export type ControlMessage = z.output<typeof controlMessages>;
 
 /** Where an actor's mailbox is: actors find each other through the supervisor. */
@@ -70,3 +73,14 @@ export type StatusReply = z.output<typeof statusReply>;
 
 export const scaleReply = z.object({ type: z.literal('ok'), requestId: z.string(), before: z.number().int(), after: z.number().int() });
 export type ScaleReply = z.output<typeof scaleReply>;
+
+/**
+ * `reload-keys` ok reply, one entry per gateway instance: `keys` in force now, or null for one that
+ * was not registered (restarting), which reads the keys as they are when it starts.
+ */
+export const reloadKeysReply = z.object({
+  type: z.literal('ok'),
+  requestId: z.string(),
+  gateways: z.array(z.object({ id: z.string(), keys: z.number().int().nullable(), state: z.string() })),
+});
+export type ReloadKeysReply = z.output<typeof reloadKeysReply>;

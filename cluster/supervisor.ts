@@ -74,7 +74,7 @@ export interface SupervisorOptions {
    * @default the kinds in `actors`
    */
   scalable?: readonly string[];
-  /** Replace any of the default `status`, `scale`, `down` handlers. */
+  /** Replace any of the default `status`, `scale`, `down`, `reload-keys` handlers. */
   control?: Partial<ControlHandlers>;
   /** Extra environment for every actor. */
   env?: Record<string, string>;
@@ -161,6 +161,7 @@ export class Supervisor extends EventEmitter {
       status: (msg, ctx) => (this.options.control?.status ?? defaultStatus)(msg, ctx, this),
       scale: (msg, ctx) => (this.options.control?.scale ?? defaultScale)(msg, ctx, this),
       down: (msg, ctx) => (this.options.control?.down ?? defaultDown)(msg, ctx, this),
+      'reload-keys': (msg, ctx) => (this.options.control?.['reload-keys'] ?? defaultReloadKeys)(msg, ctx, this),
     };
     this.control = await Mailbox.open({ name: 'supervisor', schema: supervisorMessages, handlers: own, endpoint: this.options.endpoint, ...this.keyOption(), log: this.log });
     process.on('exit', this.killAll);
@@ -209,6 +210,28 @@ export class Supervisor extends EventEmitter {
     });
     this.scaling = run.catch(() => {});
     return run;
+  }
+
+  /**
+   * Asks every registered gateway to re-read its API keys, one after the other, and stops at the
+   * first refusal with that gateway's error (which names the key path): the others keep their keys
+   * too, as they would have refused the same config. A gateway not registered now (restarting)
+   * loads the keys as they are when it starts.
+   */
+  async reloadKeys(): Promise<{ gateways: Array<{ id: string; keys: number | null; state: string }> }> {
+    const gateways = [...this.instances.values()].filter((i) => i.name === 'gateway').sort((a, b) => a.index - b.index);
+    if (gateways.length === 0) throw new ReefError('REEF_ERR_SUPERVISOR', { reason: 'reload-keys: no gateway runs in this stack' });
+    const out: Array<{ id: string; keys: number | null; state: string }> = [];
+    for (const inst of gateways) {
+      if (inst.rpc === null) {
+        out.push({ id: inst.id, keys: null, state: stateOf(inst) });
+        continue;
+      }
+      const reply = (await inst.rpc.call({ type: 'reload-keys' }, { timeoutMs: 15_000 })) as { keys: number };
+      out.push({ id: inst.id, keys: reply.keys, state: stateOf(inst) });
+    }
+    this.log(`reload-keys: ${out.map((g) => `${g.id} ${g.keys ?? `not registered (${g.state})`}`).join(', ')}`);
+    return { gateways: out };
   }
 
   /** Run a non-actor child (the Python shim) under the same restart policy; stopped by `stop()`. */
@@ -398,6 +421,8 @@ const defaultScale: ControlHandlers['scale'] = (msg, _ctx, sup) => {
   }
   return sup.scale(msg.actor, msg.count);
 };
+
+const defaultReloadKeys: ControlHandlers['reload-keys'] = (_msg, _ctx, sup) => sup.reloadKeys();
 
 const defaultDown: ControlHandlers['down'] = (_msg, _ctx, sup) => {
   // Reply first: the drain closes the control socket this reply goes out on.

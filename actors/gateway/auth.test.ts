@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { resolveConfig } from '../../cluster/config/index.js';
-import { Authenticator, INVALID_BEARER_BESIDE_X_API_KEY, keyIdOf, MISSING_OR_INVALID_KEY, type Principal } from './auth.js';
+import { type ApiKeySpec, Authenticator, INVALID_BEARER_BESIDE_X_API_KEY, keyIdOf, MISSING_OR_INVALID_KEY, type Principal } from './auth.js';
 import { resolveApiKeys } from './index.js';
 import { testKey } from '../../test/helpers/api-keys.js';
 
@@ -96,5 +96,59 @@ describe('credentials in the headers', () => {
     expect(who({ authorization: 'Bearer sk-admin', 'x-api-key': 'sk-wrong' })).toBe('admin');
     expect(who({ authorization: 'Bearer sk-wrong', 'x-api-key': 'sk-admin' })).toBe(INVALID_BEARER_BESIDE_X_API_KEY);
     expect(who({ authorization: 'Bearer sk-wrong' })).toBe(MISSING_OR_INVALID_KEY);
+  });
+});
+
+describe('replacing the keys (reef keys reload)', () => {
+  const A = testKey('reload-a');
+  const B = testKey('reload-b');
+  const spec = (key: string, over: Partial<ApiKeySpec> = {}): ApiKeySpec => ({ key, scenarios: null, maxConcurrency: 2, ...over });
+  const who = (auth: Authenticator, key: string) => auth.authenticate({ 'x-api-key': key });
+
+  it('admits the new keys and refuses a removed one at once; a request admitted before keeps its principal', () => {
+    const auth = new Authenticator([spec(A)]);
+    const inFlight = who(auth, A) as Principal;
+    expect(inFlight.limiter.tryAcquire()).toBe(true);
+    auth.replace([spec(B, { scenarios: ['beta'] })]);
+    expect(who(auth, A)).toBe(MISSING_OR_INVALID_KEY);
+    const b = who(auth, B) as Principal;
+    expect([b.id, [...b.scenarios!], b.setting]).toEqual([keyIdOf(B), ['beta'], 'reef.api_keys[0].']);
+    // The request admitted under A still has A's principal, and gives its slot back to it.
+    expect([inFlight.id, inFlight.scenarios]).toEqual([keyIdOf(A), null]);
+    inFlight.limiter.release();
+    expect(auth.size).toBe(1);
+  });
+
+  it('keeps the slots and buckets of a key whose limits are unchanged, so a reload frees no concurrency', () => {
+    const auth = new Authenticator([spec(A, { tokensPerMinute: 100 })]);
+    const before = who(auth, A) as Principal;
+    expect(before.limiter.tryAcquire()).toBe(true);
+    expect(before.limiter.tryAcquire()).toBe(true);
+    // Moved to index 1 and given other scenarios: the same key, the same limits.
+    auth.replace([spec(B), spec(A, { tokensPerMinute: 100, scenarios: ['alpha'] })]);
+    const after = who(auth, A) as Principal;
+    expect(after.limiter).toBe(before.limiter);
+    expect(after.limiter.tryAcquire()).toBe(false);
+    expect(after.tokens).toBe(before.tokens);
+    expect([after.setting, [...after.scenarios!]]).toEqual(['reef.api_keys[1].', ['alpha']]);
+    // A changed limit is a new limiter, at the new size.
+    auth.replace([spec(A, { maxConcurrency: 5 })]);
+    expect((who(auth, A) as Principal).limiter.limit).toBe(5);
+  });
+
+  it('on a bad set of keys throws naming the entry and keeps the old keys', () => {
+    const auth = new Authenticator([spec(A)]);
+    expect(() => auth.replace([spec(B), spec(B)])).toThrow(/reef\.api_keys\[1\] has the same key as reef\.api_keys\[0\]/);
+    expect((who(auth, A) as Principal).id).toBe(keyIdOf(A));
+    expect(who(auth, B)).toBe(MISSING_OR_INVALID_KEY);
+  });
+
+  it('cannot turn keys off, nor on for a gateway started without them (its browser guard was chosen at start)', () => {
+    const keyed = new Authenticator([spec(A)]);
+    expect(() => keyed.replace([])).toThrow(/reef\.api_keys: the gateway started with keys, and a reload cannot turn keys off/);
+    expect((who(keyed, A) as Principal).id).toBe(keyIdOf(A));
+    const open = new Authenticator([]);
+    expect(() => open.replace([spec(A)])).toThrow(/started without keys, and a reload cannot turn keys on/);
+    expect((who(open, 'anything') as Principal).id).toBe('open');
   });
 });

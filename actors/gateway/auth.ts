@@ -89,6 +89,8 @@ export class ConcurrencyLimiter {
   }
 }
 
+const bucket = (n: number | null | undefined) => (n === null || n === undefined ? null : new TokenBucket(n));
+
 function digest(s: string): Buffer {
   return createHash('sha256').update(s).digest();
 }
@@ -115,12 +117,51 @@ export const INVALID_BEARER_BESIDE_X_API_KEY = 'invalid API key in Authorization
  * gets the open principal.
  */
 export class Authenticator {
-  private readonly keys: Array<{ digest: Buffer; principal: Principal }>;
+  private keys: Array<{ digest: Buffer; spec: ApiKeySpec; principal: Principal }>;
   private readonly open: Principal | null;
+  private readonly reefConcurrency: number;
 
   constructor(specs: readonly ApiKeySpec[], limits: PrincipalLimits = {}) {
-    const reefConcurrency = limits.reefConcurrency ?? 8;
-    const bucket = (n: number | null | undefined) => (n === null || n === undefined ? null : new TokenBucket(n));
+    this.reefConcurrency = limits.reefConcurrency ?? 8;
+    this.keys = this.table(specs, []);
+    this.open =
+      specs.length === 0
+        ? {
+            id: OPEN_KEY_ID,
+            scenarios: null,
+            limiter: new ConcurrencyLimiter(limits.openConcurrency ?? 256),
+            reefLimiter: new ConcurrencyLimiter(this.reefConcurrency),
+            requests: bucket(limits.openRequestsPerMinute),
+            tokens: bucket(limits.openTokensPerMinute),
+            setting: 'reef.limits.keyless_',
+          }
+        : null;
+  }
+
+  /**
+   * Puts `specs` in place of the keys, all or nothing: on any problem it throws and the old keys
+   * stay. Requests already admitted keep the principal they were given; the next request is
+   * checked against the new keys, so a removed key gets its 401 at once. A key kept with the same
+   * limits keeps its slots and buckets: a reload must not hand it a second set of concurrent
+   * requests, nor a fresh minute of tokens.
+   */
+  replace(specs: readonly ApiKeySpec[]): void {
+    // Whether the gateway needs keys at all decides, at start, whether it guards against browsers
+    // (server.ts) and throttles failed keys: a reload cannot change that.
+    if ((specs.length === 0) !== (this.open !== null)) {
+      throw new ReefError('REEF_ERR_CONFIG_INVALID', {
+        details: `reef.api_keys: the gateway started ${this.open ? 'without keys' : 'with keys'}, and a reload cannot turn keys ${this.open ? 'on' : 'off'}: restart the stack (reef down, reef up) for that`,
+      });
+    }
+    this.keys = this.table(specs, this.keys);
+  }
+
+  /** How many keys are in force (0 on a keyless gateway). */
+  get size(): number {
+    return this.keys.length;
+  }
+
+  private table(specs: readonly ApiKeySpec[], previous: ReadonlyArray<{ digest: Buffer; spec: ApiKeySpec; principal: Principal }>): Array<{ digest: Buffer; spec: ApiKeySpec; principal: Principal }> {
     // The first entry with a key would win and the others' scenarios and limit be ignored: a key
     // limited to scenarios in one entry would still be served as another entry says.
     const first = new Map<string, number>();
@@ -129,38 +170,34 @@ export class Authenticator {
       if (j !== undefined) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}] has the same key as reef.api_keys[${j}]: give each key one entry` });
       first.set(s.key, i);
     });
-    this.keys = specs.map((s, i) => ({
-      digest: digest(s.key),
-      principal: {
-        id: keyIdOf(s.key),
-        scenarios: s.scenarios ? new Set(s.scenarios) : null,
-        limiter: new ConcurrencyLimiter(s.maxConcurrency),
-        reefLimiter: new ConcurrencyLimiter(reefConcurrency),
-        requests: bucket(s.requestsPerMinute),
-        tokens: bucket(s.tokensPerMinute),
-        setting: `reef.api_keys[${i}].`,
-      },
-    }));
-    this.open =
-      specs.length === 0
-        ? {
-            id: OPEN_KEY_ID,
-            scenarios: null,
-            limiter: new ConcurrencyLimiter(limits.openConcurrency ?? 256),
-            reefLimiter: new ConcurrencyLimiter(reefConcurrency),
-            requests: bucket(limits.openRequestsPerMinute),
-            tokens: bucket(limits.openTokensPerMinute),
-            setting: 'reef.limits.keyless_',
-          }
-        : null;
+    const before = new Map(previous.map((k) => [k.digest.toString('hex'), k]));
+    const table = specs.map((s, i) => {
+      const d = digest(s.key);
+      const old = before.get(d.toString('hex'));
+      const same = old !== undefined && old.spec.maxConcurrency === s.maxConcurrency && (old.spec.requestsPerMinute ?? null) === (s.requestsPerMinute ?? null) && (old.spec.tokensPerMinute ?? null) === (s.tokensPerMinute ?? null);
+      return {
+        digest: d,
+        spec: s,
+        principal: {
+          id: keyIdOf(s.key),
+          scenarios: s.scenarios ? new Set(s.scenarios) : null,
+          limiter: same ? old.principal.limiter : new ConcurrencyLimiter(s.maxConcurrency),
+          reefLimiter: old?.principal.reefLimiter ?? new ConcurrencyLimiter(this.reefConcurrency),
+          requests: same ? old.principal.requests : bucket(s.requestsPerMinute),
+          tokens: same ? old.principal.tokens : bucket(s.tokensPerMinute),
+          setting: `reef.api_keys[${i}].`,
+        },
+      };
+    });
     // The id is what records, and the judge's sessions, tell keys apart by: two keys of one id
     // (a 1 in 2^32 chance per pair) would share each other's sessions.
     const ids = new Map<string, number>();
-    this.keys.forEach((k, i) => {
+    table.forEach((k, i) => {
       const j = ids.get(k.principal.id);
       if (j !== undefined) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `reef.api_keys[${i}] and reef.api_keys[${j}] have keys whose ids (the first 8 hex digits of their SHA-256) are the same: change one of the keys` });
       ids.set(k.principal.id, i);
     });
+    return table;
   }
 
   get required(): boolean {

@@ -6,7 +6,7 @@ import type { ReefConfig } from '../../cluster/config/index.js';
 import { PRINTABLE_ASCII, shortKeyProblem } from '../../cluster/config/schema.js';
 import { ReefError } from '../runtime/errors.js';
 import type { Handlers } from '../runtime/mailbox.js';
-import { Authenticator, type ApiKeySpec } from './auth.js';
+import { Authenticator, keyIdOf, type ApiKeySpec } from './auth.js';
 import type { BrowserGuardOptions } from './browser-guard.js';
 import type { ChatDeps } from './chat.js';
 import { GenerationGate } from './generation-gate.js';
@@ -50,8 +50,13 @@ export interface GatewayOptions {
   inlinePrepareBytes?: number;
   /** Extra fields for `/reef/status` (correlation, training). */
   status?: () => Record<string, unknown> | Promise<Record<string, unknown>>;
+  /**
+   * The config as it reads now, from the file and overrides it was loaded from, for `reload-keys`;
+   * absent: a reload is refused (a gateway started from a config object has nothing to re-read).
+   */
+  reloadConfig?: () => Promise<ReefConfig>;
   /** Puts an earlier release back (asks the trainer-controller); absent when no training runs. */
-  rollback?: (scenario: string, releaseId: string | null) => Promise<unknown>;
+  rollback?: (scenario: string, releaseId: string | null, keyId: string) => Promise<unknown>;
   log?: (line: string) => void;
 }
 
@@ -194,7 +199,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
                   if (id !== null && typeof id !== 'string') throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: 'release_id must be a string or null' });
                   // It changes the weights every scenario is served: the log says which key asked.
                   opts.log?.(`rollback to ${id === null ? 'the previous release' : id} asked by key ${keyId} (scenario ${scenario})`);
-                  return opts.rollback!(scenario, id);
+                  return opts.rollback!(scenario, id, keyId);
                 },
               }
             : {}),
@@ -232,6 +237,15 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         return { weightVersion: gate.weightVersion };
       },
       'gateway-status': () => ({ weightVersion: gate.weightVersion, paused: gate.isPaused, inflight: gate.inflight, url: address }),
+      'reload-keys': async () => {
+        if (!opts.reloadConfig) throw new ReefError('REEF_ERR_INVALID_ARGUMENT', { details: 'reload-keys: this gateway was started from a config object, not a file, so there is nothing to re-read' });
+        // Both steps validate everything (the config's rules, key_env values, duplicates) before
+        // the swap: a bad key leaves the old ones in force.
+        const specs = resolveApiKeys(await opts.reloadConfig());
+        auth.replace(specs);
+        opts.log?.(`API keys reloaded: ${specs.length} in force (ids ${specs.map((s) => keyIdOf(s.key)).join(', ') || 'none'})`);
+        return { keys: auth.size };
+      },
     };
     let closing: Promise<void> | null = null;
     return {

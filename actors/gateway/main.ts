@@ -26,12 +26,13 @@ await runActor({
       log: ctx.log,
       // Under `reef up` the supervisor holds reef.port and hands each connection over.
       handoff: process.env[HANDOFF_DIR_ENV] ? { socketDir: process.env[HANDOFF_DIR_ENV] } : null,
+      reloadConfig: () => loadConfig(ctx.configPath!, ctx.overrides),
       ...(supervisor
         ? {
-            rollback: async (scenario: string, releaseId: string | null) => {
+            rollback: async (scenario: string, releaseId: string | null, keyId: string) => {
               const mailbox = await lookupMailbox(supervisor, 'trainer-controller');
               if (!mailbox) throw new ReefError('REEF_ERR_ACTOR_CLOSED', { actor: 'trainer-controller', state: 'not running' });
-              return callRollback(mailbox, scenario, releaseId);
+              return callRollback(mailbox, scenario, releaseId, keyId);
             },
           }
         : {}),

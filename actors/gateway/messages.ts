@@ -36,9 +36,18 @@ export const resumeGeneration = z.object({
 
 export const gatewayStatus = z.object({ type: z.literal('gateway-status'), requestId: z.string() });
 
-export const gatewayMessages = z.discriminatedUnion('type', [pauseGeneration, resumeGeneration, gatewayStatus]);
+/**
+ * Re-reads the config (file and environment) the gateway was started with and puts its
+ * `reef.api_keys` in force; on any problem the keys stay as they were and the error names the key
+ * path (`reef keys reload`, or SIGHUP to a detached stack).
+ */
+export const reloadKeys = z.object({ type: z.literal('reload-keys'), requestId: z.string() });
+
+export const gatewayMessages = z.discriminatedUnion('type', [pauseGeneration, resumeGeneration, gatewayStatus, reloadKeys]);
 export type GatewayMessage = z.output<typeof gatewayMessages>;
 
 /** ok reply of `pause-generation`: whether every in-flight generation finished in time. */
 export const pauseReply = z.object({ type: z.literal('ok'), requestId: z.string(), drained: z.boolean(), inflight: z.number().int() });
+/** ok reply of `reload-keys`: how many keys are in force now. */
+export const reloadKeysReply = z.object({ type: z.literal('ok'), requestId: z.string(), keys: z.number().int() });
 export const resumeReply = z.object({ type: z.literal('ok'), requestId: z.string(), weightVersion: z.string().nullable() });

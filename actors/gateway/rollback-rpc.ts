@@ -14,10 +14,10 @@ export const ROLLBACK_RPC_TIMEOUT_MS = 300_000;
  * resent rollback without `release_id` would be resolved again, one release further back, or
  * forward to the release just undone once the first is through.
  */
-export async function callRollback(mailbox: string, scenario: string, releaseId: string | null, timeoutMs = ROLLBACK_RPC_TIMEOUT_MS): Promise<Record<string, unknown>> {
+export async function callRollback(mailbox: string, scenario: string, releaseId: string | null, keyId: string | null, timeoutMs = ROLLBACK_RPC_TIMEOUT_MS): Promise<Record<string, unknown>> {
   const rpc = new RpcClient(mailbox, { name: 'gateway→trainer-controller', defaultTimeoutMs: timeoutMs });
   try {
-    const { type: _t, requestId: _r, ...reply } = (await rpc.call({ type: 'rollback', scenario, releaseId })) as Record<string, unknown>;
+    const { type: _t, requestId: _r, ...reply } = (await rpc.call({ type: 'rollback', scenario, releaseId, keyId })) as Record<string, unknown>;
     return reply;
   } catch (err) {
     if (!(err instanceof ReefError) || err.code !== 'REEF_ERR_TIMEOUT') throw err;

@@ -326,11 +326,13 @@ describe('TrainerController', () => {
     for (const id of ['a', 'b', 'c', 'd']) w.add(id, 1);
     const c = new TrainerController(w.ports, opts(dir), 0, null);
     await c.tick();
-    const back = await c.rollback(null);
-    expect([back.weightVersion, back.rollbackOf, back.parent, back.sync]).toEqual(['v1', 'release-1', 'v2', 'disk']);
+    const back = await c.rollback(null, 'aaaa0001');
+    expect([back.weightVersion, back.rollbackOf, back.parent, back.sync, back.keyId]).toEqual(['v1', 'release-1', 'v2', 'disk', 'aaaa0001']);
     expect(w.published.at(-1)).toBe('v1');
-    const base = await c.rollback('base');
-    expect(base.weightVersion).toBe('base');
+    const base = await c.rollback('base', 'bbbb0002');
+    expect([base.weightVersion, base.keyId]).toEqual(['base', 'bbbb0002']);
+    // Who asked is kept with the release; a trained release was asked for by no key.
+    expect(c.recentReleases.map((r) => r.keyId)).toEqual([null, null, 'aaaa0001', 'bbbb0002']);
     await expect(c.rollback('release-99')).rejects.toMatchObject({ code: 'REEF_ERR_NOT_FOUND' });
   });
 

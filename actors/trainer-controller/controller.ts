@@ -46,6 +46,12 @@ export interface Release {
   checkpointPath: string;
   /** Set when this release put an earlier one back. */
   rollbackOf: string | null;
+  /**
+   * The API key (its principal id, auth.ts) that asked for this rollback: the weights are every
+   * scenario's, so who changed them is kept with the change. null on a trained release, which no
+   * key asks for, and on releases recorded before ids were kept.
+   */
+  keyId: string | null;
   /** How the weights reached the rollout engine (`disk` also after a failed distributed push). */
   sync: WeightSync;
 }
@@ -587,6 +593,7 @@ export class TrainerController {
       createdAt: Date.now(),
       checkpointPath: result.checkpointPath,
       rollbackOf: null,
+      keyId: null,
       sync: published.sync,
     });
     this.state.pending.shift();
@@ -677,9 +684,9 @@ export class TrainerController {
   /**
    * Puts an earlier release back into the engine and the trainer: `releaseId`, 'base', or null for
    * the one before the release that was current when the rollback was asked. It waits for the
-   * batch being trained, if any, to be released first.
+   * batch being trained, if any, to be released first. `keyId` is who asked, kept on the release.
    */
-  async rollback(releaseId: string | null): Promise<Release> {
+  async rollback(releaseId: string | null, keyId: string | null = null): Promise<Release> {
     const rels = this.state.recentReleases;
     const target = releaseId === null ? (rels.length >= 2 ? rels[rels.length - 2]! : null) : releaseId === 'base' ? null : await this.findRelease(releaseId);
     const base = releaseId === 'base' || (releaseId === null && this.state.releaseCount === 1);
@@ -706,6 +713,7 @@ export class TrainerController {
           createdAt: Date.now(),
           checkpointPath: path,
           rollbackOf: base ? 'base' : target!.id,
+          keyId,
           sync: published.sync,
         });
         await this.persist();

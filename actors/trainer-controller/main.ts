@@ -54,7 +54,7 @@ await runActor({
     return {
       'trainer-status': () => ({ weightVersion: c.currentVersion, releases: c.releaseCount, deadLetters: c.counters.dead_letters ?? 0, counters: { ...c.counters }, failures }),
       // Runs while the loop ticks: the controller makes it wait for the batch being trained.
-      rollback: async (msg) => ({ release: await c.rollback(msg.releaseId) }),
+      rollback: async (msg) => ({ release: await c.rollback(msg.releaseId, msg.keyId) }),
     };
   },
   onDrain: async () => {

@@ -9,6 +9,8 @@ export const rollbackRequest = z.object({
   requestId: z.string(),
   scenario: z.string(),
   releaseId: z.string().nullable(),
+  /** The principal id of the API key that asked (auth.ts), kept on the release it makes. */
+  keyId: z.string().nullable(),
 });
 
 export const trainerControllerMessages = z.discriminatedUnion('type', [trainerStatus, rollbackRequest]);

@@ -85,8 +85,8 @@ describe('releases as rows', () => {
     // A release older than the state keeps is rolled back to from its row. Its checkpoint was
     // pruned by retention: put back, as an operator may have kept a copy.
     mkdirSync(all[2]!.checkpointPath);
-    const back = await c.rollback('release-3');
-    expect(back).toMatchObject({ id: 'release-71', weightVersion: 'v3', parent: 'v70', rollbackOf: 'release-3', checkpointPath: all[2]!.checkpointPath });
+    const back = await c.rollback('release-3', 'aaaa0001');
+    expect(back).toMatchObject({ id: 'release-71', weightVersion: 'v3', parent: 'v70', rollbackOf: 'release-3', keyId: 'aaaa0001', checkpointPath: all[2]!.checkpointPath });
     expect(await readRelease(store, 'release-71')).toEqual(back);
     await expect(c.rollback('release-999')).rejects.toMatchObject({ code: 'REEF_ERR_NOT_FOUND' });
     await expect(c.rollback('release-03')).rejects.toMatchObject({ code: 'REEF_ERR_NOT_FOUND' });
@@ -157,6 +157,13 @@ describe('releases as rows', () => {
     mkdirSync(rows[1]!.checkpointPath);
     const again = await resume(w, o);
     expect(await again.rollback('release-2')).toMatchObject({ id: 'release-22', weightVersion: 'v2', rollbackOf: 'release-2' });
+  });
+
+  it('a release row written before releases kept the asking key reads back with keyId null', async () => {
+    const { keyId: _k, ...before } = { id: 'release-1', weightVersion: 'v1', parent: null, batchIds: [], metrics: {}, createdAt: 1, checkpointPath: '/x', rollbackOf: 'base', sync: 'disk', keyId: null };
+    await store.commitConsumer(CONSUMER, 0, STATE_KEY, { version: 2 }, { put: [[releaseKey(1), before]], delete: [] });
+    expect(await readReleases(store)).toEqual([{ ...before, keyId: null }]);
+    expect(await readRelease(store, 'release-1')).toEqual({ ...before, keyId: null });
   });
 
   it('a release that leaves the state has its checkpoint pruned first, rollbacks in a row included', async () => {

@@ -30,12 +30,18 @@ type Reader = Pick<RecordStore, 'getState' | 'statesWithPrefix'>;
 export async function readReleases(store: Reader): Promise<Release[]> {
   const state = (await store.getState(STATE_KEY)) as { version?: number; releases?: Release[] } | null;
   if (state === null) return [];
-  if (state.version === undefined) return state.releases ?? [];
-  return (await store.statesWithPrefix(RELEASE_PREFIX)).map(([, r]) => r as Release);
+  const all = state.version === undefined ? (state.releases ?? []) : (await store.statesWithPrefix(RELEASE_PREFIX)).map(([, r]) => r as Release);
+  return all.map(withKeyId);
 }
 
 /** One release by id from its row, or null when there is none. */
 export async function readRelease(store: Pick<RecordStore, 'getState'>, id: string): Promise<Release | null> {
   const n = releaseNumber(id);
-  return n === null ? null : ((await store.getState(releaseKey(n))) as Release | null);
+  const r = n === null ? null : ((await store.getState(releaseKey(n))) as Release | null);
+  return r === null ? null : withKeyId(r);
+}
+
+/** Releases written before they kept the asking key have no `keyId`: who asked is not known. */
+function withKeyId(r: Release): Release {
+  return r.keyId === undefined ? { ...r, keyId: null } : r;
 }

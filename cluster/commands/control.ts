@@ -9,7 +9,7 @@ import { flagBool, type ParsedArgs } from '../args.js';
 import type { Io } from '../cli.js';
 import { deadRunFile, pidAlive, readRunFile, reusedRunFile, type RunFile } from '../run-file.js';
 import { renderStatus, type PipelineSummary } from './render-status.js';
-import { MAX_SCALE } from '../supervisor-messages.js';
+import { MAX_SCALE, type ReloadKeysReply } from '../supervisor-messages.js';
 import { dataDirOf } from './export.js';
 
 /** The run directory of the stack a command talks to: `--data-dir`, the config's, or `.reef`. */
@@ -106,6 +106,33 @@ export async function scaleCommand(args: ParsedArgs, rest: string[], io: Io): Pr
     // Starting actors waits for them to register, which can take a while on a busy machine.
     const reply = (await rpc.call({ type: 'scale', actor, count }, { timeoutMs: 120_000 })) as { before: number; after: number };
     io.stdout(`scaled ${actor}: ${reply.before} → ${reply.after}`);
+    return 0;
+  } finally {
+    await rpc.close();
+  }
+}
+
+/**
+ * `reef keys reload`: each running gateway re-reads `reef.api_keys` from the config file (and the
+ * environment) it was started with. A refused reload leaves the old keys in force and exits 2 with
+ * the gateway's error, which names the key path.
+ */
+export async function keysCommand(args: ParsedArgs, rest: string[], io: Io): Promise<number> {
+  if (rest.length !== 1 || rest[0] !== 'reload') {
+    io.stderr('usage: reef keys reload [-c FILE | --data-dir DIR]');
+    return 2;
+  }
+  const rf = await findStack(args);
+  if (rf.state === 'starting') {
+    io.stderr(`${starting(rf)}; the gateway reads the keys as they are when it starts`);
+    return 1;
+  }
+  const rpc = await connect(args, rf);
+  try {
+    const reply = (await rpc.call({ type: 'reload-keys' }, { timeoutMs: 30_000 })) as ReloadKeysReply;
+    for (const g of reply.gateways) {
+      io.stdout(g.keys === null ? `${g.id}: not running (${g.state}); it reads the keys when it starts` : `${g.id}: ${g.keys} API key${g.keys === 1 ? '' : 's'} in force`);
+    }
     return 0;
   } finally {
     await rpc.close();

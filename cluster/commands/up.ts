@@ -58,6 +58,24 @@ export async function upCommand(args: ParsedArgs, io: Io, seams: Pick<StackOptio
   };
   process.on('SIGINT', onSignal);
   process.on('SIGTERM', onSignal);
+  // SIGHUP means two things. A foreground stack gets it when its terminal hangs up: it drains, as
+  // on SIGTERM (the default action killed the supervisor alone and left the actors, in process
+  // groups of their own, running). The detached stack runs in a session of its own, which no
+  // terminal's hang-up reaches, so a SIGHUP there was sent on purpose: the daemon convention, reload
+  // (here the API keys, as `reef keys reload` does).
+  let upStack: Stack | null = null;
+  const onHangUp = (): void => {
+    if (upStack === null) {
+      io.stderr('[reef] SIGHUP: still starting; the gateway reads the API keys as they are when it starts');
+      return;
+    }
+    upStack.supervisor.reloadKeys().then(
+      (r) => io.stderr(`[reef] SIGHUP: API keys reloaded (${r.gateways.map((g) => `${g.id}: ${g.keys ?? 'not running'}`).join(', ')})`),
+      (err: Error) => io.stderr(`[reef] SIGHUP: API keys not reloaded, the old ones stay in force: ${err.message}`),
+    );
+  };
+  const hangUp = rotated ? onHangUp : onSignal;
+  process.on('SIGHUP', hangUp);
   try {
     let stack: Stack;
     try {
@@ -67,12 +85,14 @@ export async function upCommand(args: ParsedArgs, io: Io, seams: Pick<StackOptio
       io.stderr('[reef] stopped before it was up');
       return 130;
     }
+    upStack = stack;
     if (!stop.signal.aborted) io.stdout(endpoints(stack));
     await stack.stopped;
     return 0;
   } finally {
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
+    process.off('SIGHUP', hangUp);
   }
 }
 

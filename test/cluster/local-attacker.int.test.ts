@@ -46,7 +46,7 @@ const ATTEMPTS: Record<'control' | 'gateway' | 'judge' | 'trainer-controller' | 
     { type: 'complete-turn', actorId: 'prm-0', leaseId: 'bogus', turnRecordId: 'x', scoreCalls: [], hintCalls: [], prm: { api: 'sglang', url: 'http://127.0.0.1:1', model: null }, startedAt: 0, finishedAt: 0 },
     { type: 'drain' },
   ],
-  'trainer-controller': [{ type: 'rollback', scenario: 'default', releaseId: null }, { type: 'drain' }],
+  'trainer-controller': [{ type: 'rollback', scenario: 'default', releaseId: null, keyId: null }, { type: 'drain' }],
   prm: [{ type: 'drain' }],
   shim: [
     { type: 'start-engine', spec: ROLLOUT_SPEC },

@@ -8,6 +8,8 @@ import { repoRoot } from '../../cluster/paths.js';
 import { readRunFile } from '../../cluster/run-file.js';
 import { pidAlive, waitFor } from '../helpers/wait.js';
 import { runReef, testConfig } from '../helpers/stack.js';
+import { testKey } from '../helpers/api-keys.js';
+import { parse, stringify } from 'yaml';
 
 /**
  * `reef up --detach` through the real CLI and actors, with REEF_PYTHON running the fake shim
@@ -15,10 +17,14 @@ import { runReef, testConfig } from '../helpers/stack.js';
  */
 describe('reef up --detach with the data dir moved by an override and reef.port 0', () => {
   const root = repoRoot();
-  const cfg = testConfig();
+  const A = testKey('detached-a');
+  const B = testKey('detached-b');
+  const cfg = testConfig((c) => (c.reef.api_keys = [{ key: A }]));
   const shimDir = mkdtempSync(join(tmpdir(), 'reef-fake-shim-'));
   const dataDir = join(cfg.dir, 'elsewhere');
   const env = { REEF_PYTHON: join(shimDir, 'python'), FAKE_SHIM_DIR: shimDir };
+  let gateway = '';
+  let hint = '';
 
   afterAll(async () => {
     const rf = readRunFile(join(dataDir, 'run'));
@@ -33,21 +39,51 @@ describe('reef up --detach with the data dir moved by an override and reef.port 
   });
 
   // It said "stop with `reef down -c FILE`", which looked in the config's data dir and found nothing.
-  it('shows its start-up steps, then a down command that stops it', async () => {
+  it('shows its start-up steps and the down command that stops it', async () => {
     writeFileSync(env.REEF_PYTHON, `#!/bin/sh\nexec "${process.execPath}" "${join(root, 'test', 'fixtures', 'fake-shim.mjs')}" "$@"\n`);
     chmodSync(env.REEF_PYTHON, 0o755);
     // Port 0: the stack picks one.
     const up = await runReef(['up', '-c', cfg.path, '--detach', '--reef.port=0', `--reef.data_dir=${dataDir}`], { timeoutMs: 300_000, env });
     expect(up.code, `${up.stdout}\n${up.stderr}`).toBe(0);
     // It said http://127.0.0.1:0: the gateway listened on a port nobody was told.
-    const gateway = /^reef is up: gateway (http:\S+)\/v1,/m.exec(up.stdout)?.[1];
+    gateway = /^reef is up: gateway (http:\S+)\/v1,/m.exec(up.stdout)?.[1] ?? '';
     expect(gateway, up.stdout).toMatch(/^http:\/\/127\.0\.0\.1:[1-9]\d*$/);
     expect(readRunFile(join(dataDir, 'run'))?.gateway).toBe(gateway);
     expect((await fetch(`${gateway}/healthz`)).status).toBe(200);
     for (const step of ['1/4: supervisor', '2/4: python shim', '3/4: Ray, placement groups, engines', '4/4: actors']) expect(up.stderr).toContain(`[reef] step ${step}`);
-    const hint = /^stop with `reef (down .*)`$/m.exec(up.stdout)?.[1];
+    hint = /^stop with `reef (down .*)`$/m.exec(up.stdout)?.[1] ?? '';
     expect(hint, up.stdout).toBe(`down --data-dir ${dataDir}`);
-    const down = await runReef(hint!.split(' '), { timeoutMs: 120_000 });
+  });
+
+  it('reloads its API keys with reef keys reload and on SIGHUP, and keeps them when the new ones are bad', async () => {
+    const models = async (key: string) => (await fetch(`${gateway}/v1/models`, { headers: { 'x-api-key': key } })).status;
+    const keys = (list: Array<Record<string, unknown>>) => {
+      const c = parse(readFileSync(cfg.path, 'utf8')) as { reef: { api_keys: unknown } };
+      c.reef.api_keys = list;
+      writeFileSync(cfg.path, stringify(c));
+    };
+    expect([await models(A), await models(B)]).toEqual([200, 401]);
+    keys([{ key: B }]);
+    const reload = await runReef(['keys', 'reload', '--data-dir', dataDir], { timeoutMs: 60_000 });
+    expect(reload.code, reload.stderr).toBe(0);
+    expect(reload.stdout).toContain('gateway-0: 1 API key in force');
+    expect([await models(A), await models(B)]).toEqual([401, 200]);
+    // A key the config refuses: the reload says which entry and why, and the keys in force stay.
+    keys([{ key: B }, { key: 'too-short' }]);
+    const bad = await runReef(['keys', 'reload', '--data-dir', dataDir], { timeoutMs: 60_000 });
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toMatch(/REEF_ERR_CONFIG_INVALID.*\n.*reef\.api_keys\[1\]\.key: must be at least 32 characters/);
+    expect([await models(A), await models(B)]).toEqual([401, 200]);
+    // The detached stack is in a session of its own: a SIGHUP there is a reload, not a hang-up.
+    keys([{ key: A }, { key: B }]);
+    process.kill(readRunFile(join(dataDir, 'run'))!.pid, 'SIGHUP');
+    await waitFor(async () => (await models(A)) === 200, { what: 'key A admitted after SIGHUP', timeoutMs: 30_000 });
+    expect(await models(B)).toBe(200);
+    await waitFor(() => readFileSync(join(dataDir, 'run', 'reef.log'), 'utf8').includes('[reef] SIGHUP: API keys reloaded (gateway-0: 2)'), { what: 'the SIGHUP reload in reef.log' });
+  });
+
+  it('stops with the down command it named', async () => {
+    const down = await runReef(hint.split(' '), { timeoutMs: 120_000 });
     expect(down.code, down.stderr).toBe(0);
     expect(down.stdout).toContain('stopped');
     expect(readRunFile(join(dataDir, 'run'))).toBeNull();

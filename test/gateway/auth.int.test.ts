@@ -24,6 +24,7 @@ const FROM_ENV = testKey('from-environment');
 describe('gateway auth', () => {
   let s: Stack;
   let betaRecord = '';
+  const rollbacks: string[] = [];
 
   beforeAll(async () => {
     process.env.REEF_TEST_GATEWAY_KEY = FROM_ENV;
@@ -38,6 +39,11 @@ describe('gateway auth', () => {
       // Dozens of wrong keys go out from this one address, each to see its 401, followed by right
       // ones: the bound on failures (auth-throttle.int.test.ts) would refuse those.
       limits: { auth_failures_per_minute: null },
+      // The trainer-controller's side: what reaches it is who asked, which it keeps on the release.
+      rollback: async (_scenario, releaseId, keyId) => {
+        rollbacks.push(keyId);
+        return { release: { id: `release-${rollbacks.length}`, rollbackOf: releaseId ?? 'previous', keyId } };
+      },
     });
     const res = await postChat(s.url, CHAT, { authorization: `Bearer ${ADMIN}`, 'x-reef-scenario': 'beta' });
     expect(res.status).toBe(200);
@@ -58,6 +64,7 @@ describe('gateway auth', () => {
     ['POST', '/reef/report'],
     ['GET', '/reef/scenarios/beta/records'],
     ['GET', '/reef/scenarios/beta/records/x'],
+    ['GET', '/reef/scenarios/beta/reports'],
     ['GET', '/no/such/route'],
     ['HEAD', '/metrics'],
     ['HEAD', '/reef/status'],
@@ -130,6 +137,31 @@ describe('gateway auth', () => {
     const c = new Correlator();
     const finished = (await s.gw.store.readFrom(0, 1000)).filter((r) => r.scenario === 'tags').flatMap((r) => c.observe(r)).filter((e) => e.kind === 'turn-finished');
     expect(finished.map((e) => e.kind === 'turn-finished' && [e.turnRecordId, e.nextStateRecordId, e.nextState.content])).toEqual([[a1Id, a2Id, 'Too formal, redo it']]);
+  });
+
+  it('a report and a rollback say which key asked: A\'s id for A\'s, never B\'s', async () => {
+    const alpha = await postChat(s.url, CHAT, { authorization: `Bearer ${ALPHA}`, 'x-reef-scenario': 'alpha' });
+    const ref = alpha.headers.get('x-reef-agent-record-id')!;
+    const post = (key: string, path: string, body: unknown) =>
+      fetch(`${s.url}${path}`, { method: 'POST', headers: { 'x-api-key': key, 'content-type': 'application/json', 'x-reef-scenario': 'alpha' }, body: JSON.stringify(body) });
+    const a = await post(ALPHA, '/reef/report', { score: 1, references: [ref], agent_record_id: 'audit-a' });
+    expect(a.status).toBe(201);
+    expect(((await a.json()) as { keyId: string }).keyId).toBe(keyIdOf(ALPHA));
+    expect((await post(ADMIN, '/reef/report', { score: 0, references: [ref] })).status).toBe(201);
+    // The listing is the audit: each report with the id of the key that filed it.
+    const listed = (await (await fetch(`${s.url}/reef/scenarios/alpha/reports`, { headers: { 'x-api-key': ADMIN } })).json()) as { data: Array<{ agent_record_id: string; score: number; keyId: string }> };
+    expect(listed.data.map((r) => [r.score, r.keyId])).toEqual([[1, keyIdOf(ALPHA)], [0, keyIdOf(ADMIN)]]);
+    expect(listed.data[0]!.agent_record_id).toBe('audit-a');
+    expect(JSON.stringify(listed)).not.toContain(ALPHA);
+    // A key limited to other scenarios does not see alpha's reports at all.
+    expect((await fetch(`${s.url}/reef/scenarios/alpha/reports`, { headers: { 'x-api-key': FROM_ENV } })).status).toBe(404);
+    expect((await fetch(`${s.url}/reef/scenarios/alpha/reports?order=newest`, { headers: { 'x-api-key': ADMIN } })).status).toBe(400);
+
+    const one = await post(ONE, '/reef/scenarios/alpha/releases/rollback', {});
+    expect(one.status).toBe(200);
+    expect(((await one.json()) as { release: { keyId: string } }).release.keyId).toBe(keyIdOf(ONE));
+    expect((await post(ADMIN, '/reef/scenarios/alpha/releases/rollback', { release_id: 'base' })).status).toBe(200);
+    expect(rollbacks).toEqual([keyIdOf(ONE), keyIdOf(ADMIN)]);
   });
 
   it('a key limited to scenario alpha gets 403 on beta and cannot see beta or its records', async () => {

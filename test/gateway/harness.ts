@@ -5,7 +5,7 @@ import { dirname, join } from 'node:path';
 import YAML from 'yaml';
 import { resolveConfig, type ReefConfig } from '../../cluster/config/index.js';
 import { distEntry, repoRoot, tinyModelDir } from '../../cluster/paths.js';
-import { startGateway, type Gateway } from '../../actors/gateway/index.js';
+import { startGateway, type Gateway, type GatewayOptions } from '../../actors/gateway/index.js';
 import { startFakeEngine, type FakeEngine, type FakeEngineOptions } from '../helpers/fake-engine.js';
 
 /**
@@ -71,14 +71,14 @@ export interface Stack {
   close(): Promise<void>;
 }
 
-export async function startStack(opts: { engine?: FakeEngineOptions; apiKeys?: ApiKeyRaw[]; limits?: Record<string, unknown>; tokenizerThreads?: number; inlinePrepareBytes?: number; log?: (line: string) => void } = {}): Promise<Stack> {
+export async function startStack(opts: { engine?: FakeEngineOptions; apiKeys?: ApiKeyRaw[]; limits?: Record<string, unknown>; tokenizerThreads?: number; inlinePrepareBytes?: number; log?: (line: string) => void; rollback?: GatewayOptions['rollback'] } = {}): Promise<Stack> {
   ensureBuilt();
   const dataDir = mkdtempSync(join(tmpdir(), 'reef-gw-'));
   const engine = await startFakeEngine(opts.engine ?? {});
   const config = await testConfig(dataDir, opts.apiKeys, opts.limits);
   let gw: Gateway;
   try {
-    gw = await startGateway({ config, engineUrl: engine.url, listen: { host: '127.0.0.1', port: 0 }, tokenizerThreads: opts.tokenizerThreads ?? 1, ...(opts.inlinePrepareBytes !== undefined ? { inlinePrepareBytes: opts.inlinePrepareBytes } : {}), ...(opts.log ? { log: opts.log } : {}) });
+    gw = await startGateway({ config, engineUrl: engine.url, listen: { host: '127.0.0.1', port: 0 }, tokenizerThreads: opts.tokenizerThreads ?? 1, ...(opts.inlinePrepareBytes !== undefined ? { inlinePrepareBytes: opts.inlinePrepareBytes } : {}), ...(opts.log ? { log: opts.log } : {}), ...(opts.rollback ? { rollback: opts.rollback } : {}) });
   } catch (err) {
     await engine.close();
     rmSync(dataDir, { recursive: true, force: true });

@@ -17,7 +17,7 @@ export interface ReefRouteDeps {
   status: () => Promise<Record<string, unknown>> | Record<string, unknown>;
   /** Releases of a scenario, newest first (from the trainer-controller's state). */
   releases?: (scenario: string) => Promise<unknown[]>;
-  /** Puts an earlier release back into the engine; `keyId` is who asked (auth.ts Principal.id), for the log. */
+  /** Puts an earlier release back into the engine; `keyId` is who asked (auth.ts Principal.id), for the log and the release. */
   rollback?: (scenario: string, body: unknown, keyId: string) => Promise<unknown>;
   /** Bounds how many scenarios there are (`reef.limits.max_scenarios`). @default null (unbounded) */
   scenarios?: ScenarioCap | null;
@@ -64,6 +64,16 @@ export function checkReport(body: unknown): [string | null, string] | null {
   return null;
 }
 
+/** A listing's `limit` and `order`, or the problem (its first word the parameter's name). */
+function pageQuery(query: { limit?: string; order?: string }): { limit: number; order: 'asc' | 'desc' } | string {
+  const limit = query.limit === undefined ? 50 : Number(query.limit);
+  if (!Number.isInteger(limit) || limit < 1 || limit > 1000) return 'limit must be an integer from 1 to 1000';
+  const order = query.order ?? 'asc';
+  // Any other value read as asc handed a client asking for the newest items the oldest ones.
+  if (order !== 'asc' && order !== 'desc') return `order must be asc or desc, got ${JSON.stringify(order)}`;
+  return { limit, order };
+}
+
 /**
  * A record as JSON: token payloads become plain arrays, top-K rows become [ids, logprobs] pairs.
  * Logprobs are written as `reef export` writes them (store/json-numbers.ts).
@@ -106,6 +116,7 @@ export function registerReefRoutes(app: FastifyInstance, deps: ReefRouteDeps, pr
         references: (b.references ?? []) as string[],
         metadata: (b.metadata ?? null) as Record<string, unknown> | null,
         clientId: (b.agent_record_id ?? null) as string | null,
+        keyId: principalOf(request).id,
       });
       return reply.code(created ? 201 : 200).header('x-reef-agent-record-id', report.clientId ?? report.id).send({ ...report, agent_record_id: report.clientId ?? report.id, created });
     } catch (err) {
@@ -139,14 +150,25 @@ export function registerReefRoutes(app: FastifyInstance, deps: ReefRouteDeps, pr
   app.get<{ Params: { s: string }; Querystring: { after?: string; limit?: string; order?: string } }>('/reef/scenarios/:s/records', async (request, reply) => {
     const { s } = request.params;
     if (!guard(request, reply, s)) return reply;
-    const limit = request.query.limit === undefined ? 50 : Number(request.query.limit);
-    if (!Number.isInteger(limit) || limit < 1 || limit > 1000) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'limit must be an integer from 1 to 1000', { param: 'limit' });
-    const order = request.query.order ?? 'asc';
-    // Any other value read as asc handed a client asking for the newest records the oldest ones.
-    if (order !== 'asc' && order !== 'desc') return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `order must be asc or desc, got ${JSON.stringify(order)}`, { param: 'order' });
+    const q = pageQuery(request.query);
+    if (typeof q === 'string') return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', q, { param: q.split(' ')[0]! });
     try {
-      const page = await deps.store.list({ scenario: s, after: request.query.after ?? null, limit, order });
+      const page = await deps.store.list({ scenario: s, after: request.query.after ?? null, ...q });
       return { data: page.items, next: page.next };
+    } catch (err) {
+      return fail(reply, err);
+    }
+  });
+
+  // The audit of reports: who filed what (keyId), oldest first by default, paged as records are.
+  app.get<{ Params: { s: string }; Querystring: { after?: string; limit?: string; order?: string } }>('/reef/scenarios/:s/reports', async (request, reply) => {
+    const { s } = request.params;
+    if (!guard(request, reply, s)) return reply;
+    const page = pageQuery(request.query);
+    if (typeof page === 'string') return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', page, { param: page.split(' ')[0]! });
+    try {
+      const got = await deps.store.listReports({ scenario: s, after: request.query.after ?? null, ...page });
+      return { data: got.items.map((r) => ({ ...r, agent_record_id: r.clientId ?? r.id })), next: got.next };
     } catch (err) {
       return fail(reply, err);
     }

@@ -90,7 +90,8 @@ describe('judged-turn log', () => {
     const a = await store.append(sampleRecord(1));
     await store.close();
     const db = new Database(join(dir, 'r.db'));
-    // Undo migrations 7, 6, 5, 4, 3 and 2, newest first.
+    // Undo migrations 8, 7, 6, 5, 4, 3 and 2, newest first.
+    db.exec('ALTER TABLE reports DROP COLUMN key_id');
     db.exec('ALTER TABLE records DROP COLUMN key_id');
     db.exec('DROP TABLE chunk_gc');
     db.exec('ALTER TABLE records DROP COLUMN chunk_ref_bytes');
@@ -109,6 +110,7 @@ describe('judged-turn log', () => {
     const before = (await store.get(a.id))!.request;
     await store.close();
     const db = new Database(join(dir, 'r.db'));
+    db.exec('ALTER TABLE reports DROP COLUMN key_id');
     db.exec('ALTER TABLE records DROP COLUMN key_id');
     db.exec('DROP TABLE chunk_gc');
     db.exec('ALTER TABLE records DROP COLUMN chunk_ref_bytes');

@@ -29,6 +29,7 @@ const report = (over: Partial<NewReport> = {}): NewReport => ({
   references: refs,
   metadata: { harness: 'h1' },
   clientId: 'r-1',
+  keyId: 'aaaa0001',
   ...over,
 });
 
@@ -46,6 +47,18 @@ describe('reports', () => {
     const again = await store.putReport(report({ feedback: { tags: ['polite'], text: 'good' } }));
     expect(again).toEqual({ report: first.report, created: false });
     expect((await store.listReports({ scenario: 'shop' })).items).toHaveLength(1);
+  });
+
+  it('keeps the filing key id; a retry by another key answers the first filer\'s report', async () => {
+    const first = await store.putReport(report());
+    expect(first.report.keyId).toBe('aaaa0001');
+    expect((await store.listReports({ scenario: 'shop' })).items.map((r) => r.keyId)).toEqual(['aaaa0001']);
+    const other = await store.putReport(report({ keyId: 'bbbb0002' }));
+    expect(other).toEqual({ report: first.report, created: false });
+    const second = await store.putReport(report({ clientId: 'r-2', keyId: 'bbbb0002' }));
+    expect(second.report.keyId).toBe('bbbb0002');
+    expect((await store.getReport(second.report.id))!.keyId).toBe('bbbb0002');
+    await expect(store.putReport(report({ clientId: 'r-3', keyId: 'has space' }))).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT', message: expect.stringContaining('report.keyId') });
   });
 
   it('answers a conflicting retry with REEF_ERR_CONFLICT (409)', async () => {

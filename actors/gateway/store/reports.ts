@@ -1,7 +1,7 @@
 import type Database from 'better-sqlite3';
 import { ReefError } from '../../runtime/errors.js';
 import { newId } from './ids.js';
-import { checkScenarioName, invalid, jsonText } from './rows.js';
+import { checkScenarioName, invalid, jsonText, keyId } from './rows.js';
 import type { NewReport, Page, Report } from './types.js';
 
 /**
@@ -20,6 +20,7 @@ interface ReportRow {
   refs: string;
   metadata: string;
   created_at: number;
+  key_id: string | null;
 }
 
 const isPlainObject = (v: unknown): v is Record<string, unknown> =>
@@ -45,6 +46,7 @@ function fromRow(row: ReportRow): Report {
     metadata: JSON.parse(row.metadata) as Report['metadata'],
     createdAt: row.created_at,
     clientId: row.client_id,
+    keyId: row.key_id,
   };
 }
 
@@ -66,6 +68,7 @@ function validate(input: NewReport): void {
   if (input.clientId !== null && (typeof input.clientId !== 'string' || input.clientId.length === 0 || input.clientId.length > 256)) {
     throw invalid('report id must be a string of 1 to 256 characters or null');
   }
+  keyId(input.keyId, 'report.keyId');
 }
 
 export class ReportTable {
@@ -82,7 +85,7 @@ export class ReportTable {
     this.byClient = db.prepare('SELECT * FROM reports WHERE scenario = ? AND client_id = ?');
     this.byId = db.prepare('SELECT * FROM reports WHERE id = ?');
     this.insert = db.prepare(
-      'INSERT INTO reports (id, scenario, client_id, score, feedback, refs, metadata, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING *',
+      'INSERT INTO reports (id, scenario, client_id, score, feedback, refs, metadata, created_at, key_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING *',
     );
     this.ensureScenario = db.prepare('INSERT OR IGNORE INTO scenarios (name, created_at, description) VALUES (?, ?, NULL)');
     this.page = {
@@ -130,6 +133,7 @@ export class ReportTable {
       JSON.stringify(input.references),
       JSON.stringify(input.metadata),
       now,
+      input.keyId,
     ) as ReportRow;
     return { report: fromRow(row), created: true };
   }

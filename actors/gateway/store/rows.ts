@@ -93,9 +93,9 @@ function text(value: unknown, field: string, nullable: boolean): string | null {
 /** Principal ids are short and printable (auth.ts); anything else is a caller's bug, not an id. */
 const KEY_ID_RE = /^[\x21-\x7e]{1,64}$/;
 
-function keyId(value: unknown): string | null {
+export function keyId(value: unknown, what = 'record.keyId'): string | null {
   if (value === null) return null;
-  if (typeof value !== 'string' || !KEY_ID_RE.test(value)) throw invalid('record.keyId must be 1 to 64 printable ASCII characters without spaces, or null');
+  if (typeof value !== 'string' || !KEY_ID_RE.test(value)) throw invalid(`${what} must be 1 to 64 printable ASCII characters without spaces, or null`);
   return value;
 }
 

@@ -40,6 +40,7 @@ describe('schema and settings', () => {
     // The file as version 6 left it: no key_id column.
     const db = new Database(path);
     db.exec('ALTER TABLE records DROP COLUMN key_id');
+    db.exec('ALTER TABLE reports DROP COLUMN key_id');
     db.pragma('user_version = 6');
     db.close();
 
@@ -51,6 +52,30 @@ describe('schema and settings', () => {
       expect((await store.get(fresh.id))!.keyId).toBe('ab12cd34');
       expect((await store.list({ scenario: 'default' })).items.map((r) => r.keyId)).toEqual([null, 'ab12cd34']);
       expect((await store.readFrom(0, 10)).map((r) => r.keyId)).toEqual([null, 'ab12cd34']);
+    } finally {
+      await store.close();
+    }
+  });
+
+  it('brings a version-7 store (reports without key ids) up to date: its reports read back with keyId null, new ones keep theirs', async () => {
+    const path = join(dir, 'r.db');
+    const writer = SqliteStore.open(path);
+    const rec = await writer.append(sampleRecord(1));
+    const report = { scenario: 'default', score: 1, feedback: null, references: [rec.id], metadata: null, clientId: null };
+    const old = await writer.putReport({ ...report, keyId: null });
+    await writer.close();
+    const db = new Database(path);
+    db.exec('ALTER TABLE reports DROP COLUMN key_id');
+    db.pragma('user_version = 7');
+    db.close();
+
+    const store = SqliteStore.open(path);
+    try {
+      expect(pragma(path, 'user_version')).toBe(SCHEMA_VERSION);
+      expect((await store.getReport(old.report.id))!.keyId).toBeNull();
+      const fresh = await store.putReport({ ...report, keyId: 'ab12cd34' });
+      expect((await store.listReports({ scenario: 'default' })).items.map((r) => r.keyId)).toEqual([null, 'ab12cd34']);
+      expect(fresh.report.keyId).toBe('ab12cd34');
     } finally {
       await store.close();
     }

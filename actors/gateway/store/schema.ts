@@ -128,6 +128,11 @@ const MIGRATIONS: readonly string[] = [
   `
   ALTER TABLE records ADD COLUMN key_id TEXT;
   `,
+  // 8: which API key filed the report, as step 7 for records: the audit of who rated what. NULL for
+  // reports filed before this step.
+  `
+  ALTER TABLE reports ADD COLUMN key_id TEXT;
+  `,
 ];
 
 export const SCHEMA_VERSION = MIGRATIONS.length;

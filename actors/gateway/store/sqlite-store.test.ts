@@ -129,7 +129,7 @@ describe('SqliteStore records', () => {
     cycle.self = cycle;
     const { id } = await store.append(sampleRecord(1));
     const turn = { turnRecordId: id, nextStateRecordId: id, scenario: 'default', sessionKey: 's', decision: 'anchor' as const, reward: 1, teacherCandidates: [null] };
-    const report = { scenario: 'default', score: 1, feedback: null, references: [], metadata: null, clientId: null };
+    const report = { scenario: 'default', score: 1, feedback: null, references: [], metadata: null, clientId: null, keyId: null };
     for (const bad of [10n ** 20n, cycle]) {
       const wrapped = { n: bad };
       for (const attempt of [

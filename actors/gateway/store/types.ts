@@ -132,6 +132,11 @@ export interface Report {
   createdAt: number;
   /** The client's idempotency key, unique per scenario; null when the client gave none. */
   clientId: string | null;
+  /**
+   * Which API key filed it (as a record's `keyId`): a retry under the same client id answers the
+   * stored report, so this stays the first filer's. null for reports stored before key ids were.
+   */
+  keyId: string | null;
 }
 
 export interface NewReport {
@@ -141,6 +146,8 @@ export interface NewReport {
   references: string[];
   metadata: Record<string, unknown> | null;
   clientId: string | null;
+  /** The principal id of the key filing it (auth.ts), or null when no key is known (tools, tests). */
+  keyId: string | null;
 }
 
 /** Prometheus-style histogram: `counts[i]` = observations ≤ `bounds[i]` (cumulative); +Inf = `count`. */
