@@ -124,7 +124,7 @@ describe("lockWait 'async'", () => {
     let lock = takeLock();
     const writes = track(Promise.all([
       store.createScenario('lockwait', null),
-      store.putReport({ scenario: 'default', score: 1, feedback: null, references: [], metadata: null, clientId: 'r1' }),
+      store.putReport({ scenario: 'default', score: 1, feedback: null, references: [], metadata: null, clientId: 'r1', keyId: null }),
       store.putState('k', { v: 1 }),
     ]));
     await tick(20);
@@ -147,7 +147,7 @@ describe("lockWait 'async'", () => {
 
   it("retention's deletes wait for the lock off the loop too", async () => {
     const store = open({ busyTimeoutMs: 3000 });
-    await store.putReport({ scenario: 'default', score: 1, feedback: null, references: [], metadata: null, clientId: null });
+    await store.putReport({ scenario: 'default', score: 1, feedback: null, references: [], metadata: null, clientId: null, keyId: null });
     const lock = takeLock();
     const run = track(store.retain({ maxAgeMs: 0 }, { now: () => Date.now() + 60_000 }));
     await tick(20);
