@@ -2,9 +2,9 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { recordDiff, sampleRecord } from './fixtures.js';
-import { logicalBytes } from './retention.js';
+import { logicalBytes, scheduleRetention } from './retention.js';
 import { SqliteStore } from './sqlite-store.js';
 import type { NewRecord } from './types.js';
 
@@ -171,5 +171,20 @@ describe('retention', () => {
       expect(r.vacuumed).toBe(0);
       expect(db().pragma('freelist_count', { simple: true })).toBeGreaterThan(0);
     });
+  });
+
+  it('the scheduled run says, naming the setting, when the store stays over the size bound because the consumers have not caught up', async () => {
+    vi.useFakeTimers();
+    try {
+      const lines: string[] = [];
+      const size = { before: 300 * 1048576, after: 200 * 1048576, bound: 100 * 1048576, over: 'unconsumed' as const };
+      const stop = scheduleRetention({ retain: async () => ({ records: 7, reports: 0, chunks: 3, size, vacuumed: 12 }) }, { maxBytes: size.bound }, 1000, (l) => lines.push(l));
+      await vi.advanceTimersByTimeAsync(1000);
+      stop();
+      expect(lines[0]).toBe('retention: deleted 7 record(s), 0 report(s) and 3 unreferenced chunk(s); gave 12 free page(s) back to the file system');
+      expect(lines[1]).toMatch(/holds 200\.0 MiB, over reef\.retention\.max_size_mb \(100\.0 MiB\).*not consumed yet/);
+    } finally {
+      vi.useRealTimers();
+    }
   });
 });
