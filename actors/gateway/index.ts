@@ -166,8 +166,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const pipeline = new PipelineStatus(store);
     await pipeline.start();
     metrics.addSection(() => pipeline.render());
-    const maxAgeDays = cfg.reef.retention.max_age_days;
-    const stopRetention = maxAgeDays === null ? () => {} : scheduleRetention(store, { maxAgeMs: maxAgeDays * 86_400_000 }, cfg.reef.retention.interval_s * 1000, (l) => opts.log?.(l));
+    const { max_age_days: maxAgeDays, max_size_mb: maxSizeMb } = cfg.reef.retention;
+    const policy = { maxAgeMs: maxAgeDays === null ? null : maxAgeDays * 86_400_000, maxBytes: maxSizeMb === null ? null : Math.floor(maxSizeMb * 1048576) };
+    const stopRetention = maxAgeDays === null && maxSizeMb === null ? () => {} : scheduleRetention(store, policy, cfg.reef.retention.interval_s * 1000, (l) => opts.log?.(l));
     stopPipeline = () => {
       pipeline.stop();
       stopRetention();

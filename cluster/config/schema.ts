@@ -153,6 +153,7 @@ export const reefSchema = section({
   durability: oneOf(['power', 'process']).default('power'),
   retention: section({
     max_age_days: positiveNumber().nullable().default(null),
+    max_size_mb: positiveNumber().nullable().default(null),
     interval_s: positiveInt().default(3600),
   }),
   default_scenario: scenarioName().default('default'),

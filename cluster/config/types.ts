@@ -68,6 +68,12 @@ export interface LimitsSection {
 export interface RetentionConfig {
   /** Records and reports finished longer ago are deleted; null keeps everything. @default null */
   readonly max_age_days: number | null;
+  /**
+   * MiB of the record store's pages in use past which the oldest records the judge and the
+   * trainer-controller are done with are deleted (then the chunks they alone referenced); null: no
+   * size bound. @default null
+   */
+  readonly max_size_mb: number | null;
   /** Seconds between runs (the first a minute after start, at most). @default 3600 */
   readonly interval_s: number;
 }

@@ -134,3 +134,40 @@ describe('reef up --detach interrupted while the stack starts', () => {
     expect(readRunFile(join(cfg.dir, 'data', 'run'))).toBeNull();
   });
 });
+
+describe('a foreground reef up whose terminal hangs up while it starts', () => {
+  const root = repoRoot();
+  const cfg = testConfig();
+  const shimDir = mkdtempSync(join(tmpdir(), 'reef-fake-shim-'));
+  const env = { REEF_PYTHON: join(shimDir, 'python'), FAKE_SHIM_DIR: shimDir };
+  const shims = (): number[] =>
+    existsSync(join(shimDir, 'events.jsonl'))
+      ? readFileSync(join(shimDir, 'events.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { pid: number; event: string }).filter((e) => e.event === 'spawned').map((e) => e.pid)
+      : [];
+  let upPid = 0;
+
+  afterAll(() => {
+    if (upPid > 0 && pidAlive(upPid)) process.kill(upPid, 'SIGKILL');
+    for (const pid of shims()) if (pidAlive(pid)) process.kill(pid, 'SIGKILL');
+    rmSync(shimDir, { recursive: true, force: true });
+    rmSync(cfg.dir, { recursive: true, force: true });
+  });
+
+  // SIGHUP's default action killed the supervisor alone: the shim, in a process group of its own,
+  // was left running. A foreground stack drains on it, as on SIGTERM; only a detached one reloads.
+  it('drains what it started and exits 130', async () => {
+    writeFileSync(env.REEF_PYTHON, `#!/bin/sh\nexec "${process.execPath}" "${join(root, 'test', 'fixtures', 'fake-shim.mjs')}" "$@"\n`);
+    chmodSync(env.REEF_PYTHON, 0o755);
+    writeFileSync(join(shimDir, 'hold-ready'), '');
+    const up = spawn(process.execPath, [join(root, 'bin', 'reef.js'), 'up', '-c', cfg.path, `--reef.port=${await freePort()}`], { cwd: root, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+    upPid = up.pid!;
+    let err = '';
+    up.stderr!.on('data', (d: Buffer) => (err += d.toString()));
+    const exited = new Promise<number | null>((resolve) => up.once('exit', (code) => resolve(code)));
+    await waitFor(() => shims().length > 0, { what: 'reef up to start the shim', timeoutMs: 60_000 });
+    up.kill('SIGHUP');
+    expect(await exited, err).toBe(130);
+    expect(err).toContain('[reef] SIGHUP: draining');
+    for (const pid of shims()) expect(pidAlive(pid)).toBe(false);
+  });
+});

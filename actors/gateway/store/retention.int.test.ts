@@ -30,11 +30,12 @@ interface Line {
   event: 'receipt' | 'protected' | 'gc';
   id?: string;
   seed?: number;
+  what?: string;
 }
 
-/** Runs the probe until it has printed `killAfter` committed retention steps, then kill -9s it. */
-async function gcThenKill(path: string, firstSeed: number, killAfter: number): Promise<Line[]> {
-  const child = spawn(process.execPath, [gcScript, path, String(firstSeed)], { stdio: ['ignore', 'pipe', 'pipe'] });
+/** Runs the probe until it has printed `killAfter` committed retention steps (of kind `what`, if given), then kill -9s it. */
+async function gcThenKill(path: string, firstSeed: number, killAfter: number, maxBytes: number | null = null, what: string | null = null): Promise<Line[]> {
+  const child = spawn(process.execPath, [gcScript, path, String(firstSeed), ...(maxBytes === null ? [] : [String(maxBytes)])], { stdio: ['ignore', 'pipe', 'pipe'] });
   let stderr = '';
   child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
   const exited = new Promise<NodeJS.Signals | number | null>((resolve) => child.on('exit', (code, signal) => resolve(signal ?? code)));
@@ -43,7 +44,7 @@ async function gcThenKill(path: string, firstSeed: number, killAfter: number): P
   for await (const text of createInterface({ input: child.stdout })) {
     const line = JSON.parse(text) as Line;
     lines.push(line);
-    if (line.event === 'gc' && ++steps === killAfter) child.kill('SIGKILL');
+    if (line.event === 'gc' && (what === null || line.what === what) && ++steps === killAfter) child.kill('SIGKILL');
   }
   const how = await exited;
   if (how !== 'SIGKILL') throw new Error(`retention probe ended with ${String(how)} before it was killed:\n${stderr}`);
@@ -113,6 +114,60 @@ describe('retention under kill -9', () => {
         const r = await store.get(id);
         if (r !== null) expect(recordDiff(r, gcRecord(Number(r.tags.seed)))).toEqual([]);
       }
+    } finally {
+      await store.close();
+    }
+  });
+
+  it('under a size bound, never deletes a record the judge has not read nor one its state holds, nor a referenced chunk, wherever it is killed', async () => {
+    const path = join(dir, 'size.db');
+    const bound = 384 * 1024;
+    const lines: Line[] = [];
+    // Killed in each phase: after a record deletion, a chunk sweep and a vacuum step.
+    for (const [round, [what, killAfter]] of ([['records', 3], ['chunks', 5], ['vacuum', 1], ['records', 8]] as const).entries()) {
+      lines.push(...(await gcThenKill(path, round * 100_000, killAfter, bound, what)));
+    }
+    const steps = lines.filter((l) => l.event === 'gc');
+    expect(new Set(steps.map((l) => l.what))).toEqual(new Set(['records', 'chunks', 'vacuum']));
+    const receipts = lines.filter((l) => l.event === 'receipt');
+    const lastProtected = lines.filter((l) => l.event === 'protected').at(-1)!.id!;
+
+    const check = new Database(path, { readonly: true });
+    expect(check.pragma('integrity_check', { simple: true })).toBe('ok');
+    expect(check.pragma('auto_vacuum', { simple: true })).toBe(2);
+    const below = (check.prepare("SELECT next_offset AS o FROM consumer_offsets WHERE consumer = 'judge'").get() as { o: number }).o;
+    const head = (check.prepare('SELECT MAX(seq) AS s FROM records').get() as { s: number }).s;
+    // Offsets are never reused, so a record taken at or past the judge's offset would leave a gap.
+    expect((check.prepare('SELECT COUNT(*) AS n FROM records WHERE seq >= ?').get(below) as { n: number }).n).toBe(head - below + 1);
+    check.close();
+
+    const store = SqliteStore.open(path);
+    try {
+      const stored = new Set<string>();
+      for (let from = 0; ; ) {
+        const page = await store.readFrom(from, 100);
+        if (page.length === 0) break;
+        for (const r of page) {
+          expect(recordDiff(r, gcRecord(Number(r.tags.seed))), `record ${r.id}`).toEqual([]);
+          stored.add(r.id);
+        }
+        from = page[page.length - 1]!.offset + 1;
+      }
+      expect(stored.has(lastProtected)).toBe(true);
+      // The size bound took records whatever their age, old and recent alike.
+      const gone = receipts.filter((r) => !stored.has(r.id!));
+      expect(gone.some((r) => r.seed! % 2 === 0) && gone.some((r) => r.seed! % 2 === 1)).toBe(true);
+
+      // A run to the end brings the store under the bound and leaves no unreferenced chunk.
+      const r = await store.retain({ maxBytes: bound });
+      expect(r.size!.over).toBeNull();
+      expect(r.size!.after).toBeLessThanOrEqual(bound);
+      const db = (store as unknown as { db: Database.Database }).db;
+      const refs = new Set<string>();
+      for (const row of db.prepare('SELECT request_chunks AS a, prompt_chunks AS b FROM records').iterate() as Iterable<{ a: Buffer | null; b: Buffer | null }>) {
+        for (const list of [row.a, row.b]) for (let o = 0; list !== null && o < list.length; o += 32) refs.add(list.toString('hex', o, o + 32));
+      }
+      expect((db.prepare('SELECT hex(hash) AS h FROM chunks').all() as { h: string }[]).filter(({ h }) => !refs.has(h.toLowerCase()))).toEqual([]);
     } finally {
       await store.close();
     }

@@ -2,8 +2,9 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { recordDiff, sampleRecord } from './fixtures.js';
+import { logicalBytes, scheduleRetention } from './retention.js';
 import { SqliteStore } from './sqlite-store.js';
 import type { NewRecord } from './types.js';
 
@@ -76,7 +77,7 @@ describe('retention', () => {
     expect(db().pragma('foreign_key_check')).toEqual([]);
 
     // A second run finds nothing more to do.
-    expect(await store.retain({ maxAgeMs: 30 * DAY }, { now: () => NOW })).toEqual({ records: 0, reports: 0, chunks: 0 });
+    expect(await store.retain({ maxAgeMs: 30 * DAY }, { now: () => NOW })).toMatchObject({ records: 0, reports: 0, chunks: 0, size: null });
   });
 
   it('collects unreferenced chunks, and a writer whose memo knew a collected chunk stores it again', async () => {
@@ -101,5 +102,89 @@ describe('retention', () => {
     const again = rec(10, 'Shared by a record about to go. '.repeat(600), 0);
     const { id } = await store.append(again);
     expect(recordDiff((await store.get(id))!, again)).toEqual([]);
+  });
+
+  describe('by size', () => {
+    /** Twelve records of ~20 KB each, every one with a system prompt of its own, finished now. */
+    async function fill(): Promise<string[]> {
+      const ids: string[] = [];
+      for (let i = 0; i < 12; i++) ids.push((await store.append(rec(100 + i, `System prompt number ${i}. `.repeat(700), 0))).id);
+      return ids;
+    }
+    const offsetOf = async (id: string) => (await store.get(id))!.offset;
+
+    it('deletes the oldest consumed records, and then their chunks, until the store is under the bound; unconsumed ones stay', async () => {
+      const ids = await fill();
+      const full = logicalBytes(db());
+      // The judge has read the first nine and still holds the third; the trainer has not batched
+      // the judged turn of the fourth; the last three are unread.
+      await store.commitConsumer('judge', await offsetOf(ids[9]!), 'judge.state', { correlator: { sessions: [{ last: ids[2] }] } });
+      const judged = { nextStateRecordId: ids[4]!, scenario: 'default', sessionKey: 'tag:a', decision: 'anchor' as const, reward: 1, teacherCandidates: [null], judgment: {} };
+      await store.appendJudgedTurn({ ...judged, turnRecordId: ids[3]! });
+      const bound = Math.floor(full * 0.7);
+
+      const r = await store.retain({ maxBytes: bound });
+      expect(r.size).toMatchObject({ before: expect.any(Number), bound, over: null });
+      expect(r.size!.after).toBeLessThanOrEqual(bound);
+      expect(logicalBytes(db())).toBe(r.size!.after);
+      expect(r.records).toBeGreaterThan(0);
+      expect(r.chunks).toBeGreaterThan(0);
+      const left = new Set<string>();
+      for (const id of ids) if ((await store.get(id)) !== null) left.add(id);
+      // The oldest went first, skipping what a consumer may still read; no age bound is needed.
+      const gone = ids.filter((id) => !left.has(id));
+      expect(gone).toEqual(ids.slice(0, 9).filter((id) => id !== ids[2] && id !== ids[3] && id !== ids[4]).slice(0, gone.length));
+      // Not every consumed record: only as many as the bound needed.
+      expect(gone.length).toBeLessThan(6);
+      for (const kept of [ids[2], ids[3], ids[4], ids[9], ids[10], ids[11]]) expect(left.has(kept!)).toBe(true);
+      // The pages freed went back to the file system (a new file has incremental auto-vacuum).
+      expect(db().pragma('auto_vacuum', { simple: true })).toBe(2);
+      expect(r.vacuumed).toBeGreaterThan(0);
+      expect(db().pragma('freelist_count', { simple: true })).toBe(0);
+      // Under the bound: the next run deletes nothing.
+      expect(await store.retain({ maxBytes: bound })).toMatchObject({ records: 0, chunks: 0, size: { over: null } });
+    });
+
+    it('stops over the bound, saying so, when only records a consumer may still read are left', async () => {
+      const ids = await fill();
+      await store.commitConsumer('judge', await offsetOf(ids[2]!), 'judge.state', {});
+      const r = await store.retain({ maxBytes: 64 * 1024 });
+      expect(r.records).toBe(2);
+      expect(r.size).toMatchObject({ over: 'unconsumed' });
+      expect(r.size!.after).toBeGreaterThan(64 * 1024);
+      for (const id of ids.slice(2)) expect(await store.get(id)).not.toBeNull();
+    });
+
+    it('in a file made without incremental auto-vacuum, leaves the freed pages for later writes', async () => {
+      await store.close();
+      const path = join(dir, 'old.db');
+      const old = new Database(path);
+      old.pragma('auto_vacuum = NONE');
+      old.exec('CREATE TABLE t (x)'); // the setting sticks once a table exists
+      old.close();
+      store = SqliteStore.open(path);
+      expect(db().pragma('auto_vacuum', { simple: true })).toBe(0);
+      const ids = await fill();
+      await store.commitConsumer('judge', await offsetOf(ids[11]!) + 1, 'judge.state', {});
+      const r = await store.retain({ maxBytes: Math.floor(logicalBytes(db()) / 2) });
+      expect(r.size!.over).toBeNull();
+      expect(r.vacuumed).toBe(0);
+      expect(db().pragma('freelist_count', { simple: true })).toBeGreaterThan(0);
+    });
+  });
+
+  it('the scheduled run says, naming the setting, when the store stays over the size bound because the consumers have not caught up', async () => {
+    vi.useFakeTimers();
+    try {
+      const lines: string[] = [];
+      const size = { before: 300 * 1048576, after: 200 * 1048576, bound: 100 * 1048576, over: 'unconsumed' as const };
+      const stop = scheduleRetention({ retain: async () => ({ records: 7, reports: 0, chunks: 3, size, vacuumed: 12 }) }, { maxBytes: size.bound }, 1000, (l) => lines.push(l));
+      await vi.advanceTimersByTimeAsync(1000);
+      stop();
+      expect(lines[0]).toBe('retention: deleted 7 record(s), 0 report(s) and 3 unreferenced chunk(s); gave 12 free page(s) back to the file system');
+      expect(lines[1]).toMatch(/holds 200\.0 MiB, over reef\.retention\.max_size_mb \(100\.0 MiB\).*not consumed yet/);
+    } finally {
+      vi.useRealTimers();
+    }
   });
 });

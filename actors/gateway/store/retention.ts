@@ -20,11 +20,23 @@ import { LEGACY_REF_BYTES, REF_BYTES } from './chunks.js';
  *   unreferenced chunks, which the next run collects.
  * Every write is a short IMMEDIATE transaction of at most `batch` rows, so the gateway's commits
  * wait for one batch at most, never for the whole run.
+ *
+ * The size bound (`maxBytes`) is on the store's logical size, the pages in use (page_count minus
+ * the free list, times the page size): what the data takes, whether or not the file has given its
+ * free pages back yet. Past it the oldest records a consumer is done with go, in order, with the
+ * same guard and transactions as the age bound, then the chunks they alone referenced; the size is
+ * measured again and, while still over, another round goes. Records a consumer may still read are
+ * never taken for size: when only those are left, the run stops over the bound and says so
+ * (`RetentionResult.size.over`, and the scheduler's log). Freed pages are given back to the file system by incremental
+ * vacuum, a few at a time, where the file was created with auto_vacuum=INCREMENTAL (sqlite-store.ts
+ * does for new files); in an older file they stay on the free list, which later writes reuse.
  */
 
 export interface RetentionPolicy {
-  /** Records (and reports) that finished longer ago than this are deleted. */
-  maxAgeMs: number;
+  /** Records (and reports) that finished longer ago than this are deleted; null: no age bound. @default null */
+  maxAgeMs?: number | null;
+  /** The logical size (bytes of pages in use) past which the oldest consumed records are deleted; null: no size bound. @default null */
+  maxBytes?: number | null;
 }
 
 export interface RetentionOptions {
@@ -35,7 +47,7 @@ export interface RetentionOptions {
   /** Awaited between transactions and scan pages, so the caller's event loop keeps running. */
   yield?: () => Promise<void>;
   /** Called after each committed write transaction (tests kill the process here). */
-  onCommit?: (what: 'records' | 'reports' | 'chunks', n: number) => void;
+  onCommit?: (what: 'records' | 'reports' | 'chunks' | 'vacuum', n: number) => void;
   /**
    * Runs each write transaction; the store passes its lock wait (lock-wait.ts), so that a gateway
    * waits for another process's lock on a timer. @default runs it at once
@@ -46,10 +58,24 @@ export interface RetentionOptions {
 const runNow = async <T>(_what: string, tx: () => T): Promise<T> => tx();
 
 export interface RetentionResult {
+  /** Records deleted, by age and by size. */
   records: number;
   reports: number;
   chunks: number;
+  /**
+   * With a size bound: the logical size before and after, and why it is still over, if it is:
+   * `unconsumed`, only records a consumer may still read are left; `rounds`, the run took its
+   * MAX_SIZE_ROUNDS and the next one goes on.
+   */
+  size: { before: number; after: number; bound: number; over: 'unconsumed' | 'rounds' | null } | null;
+  /** Pages given back to the file system (0 where the file has no incremental auto-vacuum). */
+  vacuumed: number;
 }
+
+/** Rounds of delete-then-collect a size run may take before it stops (each reads every record's chunk list). */
+const MAX_SIZE_ROUNDS = 8;
+/** Pages one incremental-vacuum transaction frees: 4 MiB at 4 KiB pages, so a commit waits for little. */
+const VACUUM_STEP_PAGES = 1024;
 
 const JUDGE = 'judge';
 const CONTROLLER = 'trainer-controller';
@@ -58,12 +84,21 @@ const ID_RE = /[0-9A-HJKMNP-TV-Z]{26}/g;
 
 const setImmediateYield = () => new Promise<void>((r) => setImmediate(r));
 
+/** The store's logical size: the bytes of the pages in use, free-list pages left out. */
+export function logicalBytes(db: Database.Database): number {
+  const pages = db.pragma('page_count', { simple: true }) as number;
+  const free = db.pragma('freelist_count', { simple: true }) as number;
+  return (pages - free) * (db.pragma('page_size', { simple: true }) as number);
+}
+
 export async function runRetention(db: Database.Database, policy: RetentionPolicy, opts: RetentionOptions = {}): Promise<RetentionResult> {
   const batch = opts.batch ?? 64;
   const pause = opts.yield ?? setImmediateYield;
   const write = opts.write ?? runNow;
-  const cutoff = (opts.now ?? Date.now)() - policy.maxAgeMs;
-  const result: RetentionResult = { records: 0, reports: 0, chunks: 0 };
+  const maxAgeMs = policy.maxAgeMs ?? null;
+  const maxBytes = policy.maxBytes ?? null;
+  const cutoff = maxAgeMs === null ? null : (opts.now ?? Date.now)() - maxAgeMs;
+  const result: RetentionResult = { records: 0, reports: 0, chunks: 0, size: null, vacuumed: 0 };
 
   // Records.
   const offsetOf = db.prepare<[string], number>('SELECT next_offset FROM consumer_offsets WHERE consumer = ?').pluck();
@@ -72,6 +107,13 @@ export async function runRetention(db: Database.Database, policy: RetentionPolic
     'SELECT turn_record_id AS turn, next_state_record_id AS next FROM judged_turns WHERE seq >= ?');
   const oldRecords = db.prepare<[number, number, number, number], { seq: number; id: string }>(
     'SELECT seq, id FROM records WHERE seq > ? AND seq < ? AND finished_at < ? ORDER BY seq LIMIT ?');
+  // A record's own bytes (octet_length reads a blob's length from its header, not its pages).
+  const oldestRecords = db.prepare<[number, number, number], { seq: number; id: string; bytes: number; request_chunks: Buffer | null; prompt_chunks: Buffer | null; chunk_ref_bytes: number }>(
+    `SELECT seq, id, request_chunks, prompt_chunks, chunk_ref_bytes, octet_length(request) + octet_length(response) + octet_length(prompt_ids) + octet_length(output_ids)
+       + octet_length(logprobs) + octet_length(topk_ids) + octet_length(topk_logprobs)
+       + coalesce(octet_length(request_chunks), 0) + coalesce(octet_length(prompt_chunks), 0) AS bytes
+     FROM records WHERE seq > ? AND seq < ? ORDER BY seq LIMIT ?`);
+  const chunkBytes = db.prepare<[Buffer], number>('SELECT octet_length(data) FROM chunks WHERE hash = ?').pluck();
   const delJudgment = db.prepare<[string]>('DELETE FROM judgments WHERE record_id = ?');
   const delJudged = db.prepare<[string]>('DELETE FROM judged_turns WHERE turn_record_id = ?');
   const delRecord = db.prepare<[number]>('DELETE FROM records WHERE seq = ?');
@@ -87,7 +129,6 @@ export async function runRetention(db: Database.Database, policy: RetentionPolic
     }
     return { below: judgeOffset ?? 0, keep };
   });
-  const { below, keep } = guard();
   const deleteRecords = db.transaction((rows: { seq: number; id: string }[]) => {
     for (const r of rows) {
       delJudgment.run(r.id);
@@ -95,36 +136,112 @@ export async function runRetention(db: Database.Database, policy: RetentionPolic
       delRecord.run(r.seq);
     }
   });
-  for (let after = 0; ; ) {
-    const page = oldRecords.all(after, below, cutoff, batch);
-    if (page.length === 0) break;
-    after = page[page.length - 1]!.seq;
-    const doomed = page.filter((r) => !keep.has(r.id));
-    if (doomed.length > 0) {
-      await write('deletion of old records', () => deleteRecords.immediate(doomed));
-      result.records += doomed.length;
-      opts.onCommit?.('records', doomed.length);
-    }
+  const remove = async (doomed: { seq: number; id: string }[]) => {
+    await write('deletion of old records', () => deleteRecords.immediate(doomed));
+    result.records += doomed.length;
+    opts.onCommit?.('records', doomed.length);
     await pause();
-  }
+  };
 
-  // Reports: nothing reads them by offset.
-  const oldReports = db.prepare<[number, number], number>('SELECT seq FROM reports WHERE created_at < ? ORDER BY seq LIMIT ?').pluck();
-  const delReport = db.prepare<[number]>('DELETE FROM reports WHERE seq = ?');
-  const deleteReports = db.transaction((seqs: number[]) => {
-    for (const s of seqs) delReport.run(s);
-  });
-  for (;;) {
-    const seqs = oldReports.all(cutoff, batch);
-    if (seqs.length === 0) break;
-    await write('deletion of old reports', () => deleteReports.immediate(seqs));
-    result.reports += seqs.length;
-    opts.onCommit?.('reports', seqs.length);
-    await pause();
+  if (cutoff !== null) {
+    const { below, keep } = guard();
+    for (let after = 0; ; ) {
+      const page = oldRecords.all(after, below, cutoff, batch);
+      if (page.length === 0) break;
+      after = page[page.length - 1]!.seq;
+      const doomed = page.filter((r) => !keep.has(r.id));
+      if (doomed.length > 0) await remove(doomed);
+      else await pause();
+    }
+
+    // Reports: nothing reads them by offset.
+    const oldReports = db.prepare<[number, number], number>('SELECT seq FROM reports WHERE created_at < ? ORDER BY seq LIMIT ?').pluck();
+    const delReport = db.prepare<[number]>('DELETE FROM reports WHERE seq = ?');
+    const deleteReports = db.transaction((seqs: number[]) => {
+      for (const s of seqs) delReport.run(s);
+    });
+    for (;;) {
+      const seqs = oldReports.all(cutoff, batch);
+      if (seqs.length === 0) break;
+      await write('deletion of old reports', () => deleteReports.immediate(seqs));
+      result.reports += seqs.length;
+      opts.onCommit?.('reports', seqs.length);
+      await pause();
+    }
   }
 
   result.chunks = await collectChunks(db, batch, pause, opts.onCommit, write);
+
+  if (maxBytes !== null) {
+    const before = logicalBytes(db);
+    let size = before;
+    let stuck = false;
+    for (let round = 0; size > maxBytes && round < MAX_SIZE_ROUNDS; round++) {
+      // Taken again each round: consumers only move on, so this keeps no less than the last one.
+      const { below, keep } = guard();
+      // A record is counted with its own bytes and those of each chunk it names that no record
+      // taken before it in this round named: a chunk that a record left behind also names does not
+      // go, so a round may take too few (the next round, measured, takes more), never too many.
+      // Counting its own bytes alone took every record there was where shared prompts fill the
+      // chunks, for a bound that needed a few.
+      let owed = size - maxBytes;
+      let deleted = 0;
+      const counted = new Set<string>();
+      for (let after = 0; owed > 0; ) {
+        const page = oldestRecords.all(after, below, batch);
+        if (page.length === 0) break;
+        after = page[page.length - 1]!.seq;
+        const doomed: { seq: number; id: string }[] = [];
+        for (const r of page) {
+          if (owed <= 0) break;
+          if (keep.has(r.id)) continue;
+          doomed.push({ seq: r.seq, id: r.id });
+          owed -= r.bytes;
+          const refs = new Set<string>();
+          addRefs(refs, r);
+          for (const h of refs) {
+            if (counted.has(h)) continue;
+            counted.add(h);
+            owed -= chunkBytes.get(Buffer.from(h, 'latin1')) ?? 0;
+          }
+        }
+        if (doomed.length > 0) {
+          await remove(doomed);
+          deleted += doomed.length;
+        } else await pause();
+      }
+      if (deleted === 0) {
+        stuck = true;
+        break;
+      }
+      result.chunks += await collectChunks(db, batch, pause, opts.onCommit, write);
+      size = logicalBytes(db);
+    }
+    result.size = { before, after: size, bound: maxBytes, over: size <= maxBytes ? null : stuck ? 'unconsumed' : 'rounds' };
+  }
+
+  result.vacuumed = await vacuum(db, pause, opts.onCommit, write);
   return result;
+}
+
+/**
+ * Gives free pages back to the file system, VACUUM_STEP_PAGES per transaction. Only a file created
+ * with auto_vacuum=INCREMENTAL (2) can; in any other the free pages stay for later writes to reuse.
+ */
+async function vacuum(db: Database.Database, pause: () => Promise<void>, onCommit: RetentionOptions['onCommit'], write: NonNullable<RetentionOptions['write']>): Promise<number> {
+  if (db.pragma('auto_vacuum', { simple: true }) !== 2) return 0;
+  let total = 0;
+  for (;;) {
+    const free = db.pragma('freelist_count', { simple: true }) as number;
+    if (free === 0) break;
+    await write('return of free pages', () => db.pragma(`incremental_vacuum(${Math.min(free, VACUUM_STEP_PAGES)})`));
+    const n = free - (db.pragma('freelist_count', { simple: true }) as number);
+    if (n <= 0) break;
+    total += n;
+    onCommit?.('vacuum', n);
+    await pause();
+  }
+  return total;
 }
 
 /** Every digest a record's chunk lists name, as latin1 strings (compact set keys). */
@@ -197,6 +314,8 @@ export async function collectChunks(db: Database.Database, batch: number, pause:
   return deleted;
 }
 
+const mib = (bytes: number): string => (bytes / 1048576).toFixed(1);
+
 /**
  * Runs `store.retain(policy)` soon after start and then every `intervalMs`, logging what each run
  * deleted; a failed run is logged and the next one tries again. Answers a stop function.
@@ -211,7 +330,11 @@ export function scheduleRetention(
   const run = async () => {
     try {
       const r = await store.retain(policy);
-      if (r.records + r.reports + r.chunks > 0) log(`retention: deleted ${r.records} record(s), ${r.reports} report(s) and ${r.chunks} unreferenced chunk(s)`);
+      if (r.records + r.reports + r.chunks > 0) log(`retention: deleted ${r.records} record(s), ${r.reports} report(s) and ${r.chunks} unreferenced chunk(s)${r.vacuumed > 0 ? `; gave ${r.vacuumed} free page(s) back to the file system` : ''}`);
+      // Said every run while it holds: the bound is not met, and only the consumers can change that.
+      if (r.size?.over === 'unconsumed') {
+        log(`retention: the record store holds ${mib(r.size.after)} MiB, over reef.retention.max_size_mb (${mib(r.size.bound)} MiB), and what is left is records the judge or the trainer-controller has not consumed yet (or still holds), which retention never deletes; it goes once they are consumed`);
+      }
     } catch (err) {
       if (!stopped) log(`retention: ${(err as Error).message}; trying again in ${Math.round(intervalMs / 1000)} s`);
     }

@@ -202,6 +202,10 @@ export class SqliteStore implements RecordStore {
     const synchronous = options.durability === 'process' ? 'NORMAL' : 'FULL';
     const background = options.checkpoint !== 'inline' && path !== ':memory:' && path !== '';
     try {
+      // Before the first table, the only time it takes: a file made now can give the pages
+      // retention frees back to the file system (retention.ts). In an existing file it does
+      // nothing until a VACUUM, which Reef never runs by itself.
+      db.pragma('auto_vacuum = INCREMENTAL');
       db.pragma('journal_mode = WAL');
       db.pragma(`synchronous = ${synchronous}`);
       db.pragma('foreign_keys = ON');
