@@ -1,10 +1,10 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { parseArgs } from 'node:util';
 import { startFakeEngine } from '../../test/helpers/fake-engine.js';
 import { seeded } from '../../test/helpers/seeded.js';
 import { powerRound, type Durability, type RoundResult } from './round.js';
+import { commandLine } from '../cli-args.js';
 
 const USAGE = `usage: npm run powerloss -- [--rounds 100] [--modes power,process] [--seed 1] [--clients 4] [--cut-ms 50-1500] [--keep]
 
@@ -16,32 +16,17 @@ round lost a logged receipt, any restored store is unsound (integrity_check, off
 'process' control never lost one (the harness then showed nothing); 2 on bad flags. --keep keeps
 the rounds' directories.`;
 
-function fail(message: string): never {
-  process.stderr.write(`powerloss: ${message}\n\n${USAGE}\n`);
-  process.exit(2);
-}
-
-const { values } = (() => {
-  try {
-    return parseArgs({
-      options: {
-        rounds: { type: 'string' },
-        modes: { type: 'string' },
-        seed: { type: 'string' },
-        clients: { type: 'string' },
-        'cut-ms': { type: 'string' },
-        keep: { type: 'boolean' },
-        help: { type: 'boolean' },
-      },
-    });
-  } catch (err) {
-    fail((err as Error).message);
-  }
-})();
-if (values.help) {
-  process.stdout.write(`${USAGE}\n`);
-  process.exit(0);
-}
+const cli = commandLine('powerloss', USAGE, {
+  rounds: { type: 'string' },
+  modes: { type: 'string' },
+  seed: { type: 'string' },
+  clients: { type: 'string' },
+  'cut-ms': { type: 'string' },
+  keep: { type: 'boolean' },
+});
+const values = cli.values;
+// Annotated, so that the compiler knows a call ends the program.
+const fail: (message: string) => never = cli.fail;
 
 const int = (name: string, v: string | undefined, dflt: number): number => {
   if (v === undefined) return dflt;

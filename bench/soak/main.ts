@@ -1,6 +1,6 @@
-import { parseArgs } from 'node:util';
 import { KINDS, type Kind } from './chaos.js';
 import { runSoak, SOAK_DEFAULTS, summaryLines } from './soak.js';
+import { commandLine } from '../cli-args.js';
 
 const USAGE = `usage: npm run soak -- [--minutes 30] [--seed 1] [--sessions 4] [--streamed 0.5] [--kill-every 5-60] [--kinds gateway,judge,prm,trainer-controller,shim] [--batch-size 4] [--drain-s 600]
 
@@ -8,34 +8,19 @@ Runs a stack on the tiny model with the rule PRM double, tagged client sessions,
 random actors and the shim; then drains and checks the invariants (docs/benchmarks.md). Exits 1 on
 any violation, 2 on bad flags.`;
 
-function fail(message: string): never {
-  process.stderr.write(`soak: ${message}\n\n${USAGE}\n`);
-  process.exit(2);
-}
-
-const { values } = (() => {
-  try {
-    return parseArgs({
-      options: {
-        minutes: { type: 'string' },
-        seed: { type: 'string' },
-        sessions: { type: 'string' },
-        streamed: { type: 'string' },
-        'kill-every': { type: 'string' },
-        kinds: { type: 'string' },
-        'batch-size': { type: 'string' },
-        'drain-s': { type: 'string' },
-        help: { type: 'boolean' },
-      },
-    });
-  } catch (err) {
-    fail((err as Error).message);
-  }
-})();
-if (values.help) {
-  process.stdout.write(`${USAGE}\n`);
-  process.exit(0);
-}
+const cli = commandLine('soak', USAGE, {
+  minutes: { type: 'string' },
+  seed: { type: 'string' },
+  sessions: { type: 'string' },
+  streamed: { type: 'string' },
+  'kill-every': { type: 'string' },
+  kinds: { type: 'string' },
+  'batch-size': { type: 'string' },
+  'drain-s': { type: 'string' },
+});
+const values = cli.values;
+// Annotated, so that the compiler knows a call ends the program.
+const fail: (message: string) => never = cli.fail;
 
 const positive = (name: string, v: string | undefined, dflt: number, integer = false): number => {
   if (v === undefined) return dflt;

@@ -1,6 +1,5 @@
 import { spawn } from 'node:child_process';
-import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { freePort } from '../../cluster/net.js';
@@ -9,6 +8,7 @@ import { readRunFile } from '../../cluster/run-file.js';
 import { pidAlive, waitFor } from '../helpers/wait.js';
 import { runReef, testConfig } from '../helpers/stack.js';
 import { testKey } from '../helpers/api-keys.js';
+import { fakeShimDir } from '../helpers/fake-shim-dir.js';
 import { parse, stringify } from 'yaml';
 
 /**
@@ -16,13 +16,12 @@ import { parse, stringify } from 'yaml';
  * (test/fixtures/fake-shim.mjs: the bridge protocol, no Ray, no engines behind the URLs).
  */
 describe('reef up --detach with the data dir moved by an override and reef.port 0', () => {
-  const root = repoRoot();
   const A = testKey('detached-a');
   const B = testKey('detached-b');
   const cfg = testConfig((c) => (c.reef.api_keys = [{ key: A }]));
-  const shimDir = mkdtempSync(join(tmpdir(), 'reef-fake-shim-'));
+  const shim = fakeShimDir();
   const dataDir = join(cfg.dir, 'elsewhere');
-  const env = { REEF_PYTHON: join(shimDir, 'python'), FAKE_SHIM_DIR: shimDir };
+  const env = shim.env;
   let gateway = '';
   let hint = '';
 
@@ -32,16 +31,12 @@ describe('reef up --detach with the data dir moved by an override and reef.port 
       await runReef(['down', '--data-dir', dataDir], { timeoutMs: 120_000 });
       if (pidAlive(rf.pid)) process.kill(rf.pid, 'SIGKILL');
     }
-    const events = join(shimDir, 'events.jsonl');
-    if (existsSync(events)) for (const l of readFileSync(events, 'utf8').trim().split('\n')) if (pidAlive((JSON.parse(l) as { pid: number }).pid)) process.kill((JSON.parse(l) as { pid: number }).pid, 'SIGKILL');
-    rmSync(shimDir, { recursive: true, force: true });
+    shim.remove();
     rmSync(cfg.dir, { recursive: true, force: true });
   });
 
   // It said "stop with `reef down -c FILE`", which looked in the config's data dir and found nothing.
   it('shows its start-up steps and the down command that stops it', async () => {
-    writeFileSync(env.REEF_PYTHON, `#!/bin/sh\nexec "${process.execPath}" "${join(root, 'test', 'fixtures', 'fake-shim.mjs')}" "$@"\n`);
-    chmodSync(env.REEF_PYTHON, 0o755);
     // Port 0: the stack picks one.
     const up = await runReef(['up', '-c', cfg.path, '--detach', '--reef.port=0', `--reef.data_dir=${dataDir}`], { timeoutMs: 300_000, env });
     expect(up.code, `${up.stdout}\n${up.stderr}`).toBe(0);
@@ -93,27 +88,20 @@ describe('reef up --detach with the data dir moved by an override and reef.port 
 describe('reef up --detach interrupted while the stack starts', () => {
   const root = repoRoot();
   const cfg = testConfig();
-  const shimDir = mkdtempSync(join(tmpdir(), 'reef-fake-shim-'));
-  const env = { REEF_PYTHON: join(shimDir, 'python'), FAKE_SHIM_DIR: shimDir };
-  const shims = (): number[] =>
-    existsSync(join(shimDir, 'events.jsonl'))
-      ? readFileSync(join(shimDir, 'events.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { pid: number; event: string }).filter((e) => e.event === 'spawned').map((e) => e.pid)
-      : [];
+  const shim = fakeShimDir();
+  const env = shim.env;
   let background = 0;
 
   afterAll(() => {
     if (background > 0 && pidAlive(background)) process.kill(background, 'SIGKILL');
-    for (const pid of shims()) if (pidAlive(pid)) process.kill(pid, 'SIGKILL');
-    rmSync(shimDir, { recursive: true, force: true });
+    shim.remove();
     rmSync(cfg.dir, { recursive: true, force: true });
   });
 
   // Ctrl-C killed only the waiting command: the background stack went on coming up with nobody
   // told, before a script's `trap 'reef down' EXIT` was even set (examples/openclawrl/run.sh).
   it('stops the background stack and exits 130', async () => {
-    writeFileSync(env.REEF_PYTHON, `#!/bin/sh\nexec "${process.execPath}" "${join(root, 'test', 'fixtures', 'fake-shim.mjs')}" "$@"\n`);
-    chmodSync(env.REEF_PYTHON, 0o755);
-    writeFileSync(join(shimDir, 'hold-ready'), ''); // the shim never gets ready: start-up waits
+    shim.holdReady(); // the shim never gets ready: start-up waits
     const up = spawn(process.execPath, [join(root, 'bin', 'reef.js'), 'up', '-c', cfg.path, '--detach', `--reef.port=${await freePort()}`], {
       cwd: root,
       env: { ...process.env, ...env },
@@ -125,12 +113,12 @@ describe('reef up --detach interrupted while the stack starts', () => {
     up.stderr!.on('data', (d: Buffer) => (err += d.toString()));
     const exited = new Promise<number | null>((resolve) => up.once('exit', (code) => resolve(code)));
     background = Number(await waitFor(() => /in the background \(pid (\d+)\)/.exec(out)?.[1], { what: 'the background pid', timeoutMs: 60_000 }));
-    await waitFor(() => shims().length > 0, { what: 'the background stack to start its shim', timeoutMs: 60_000 });
+    await waitFor(() => shim.spawned().length > 0, { what: 'the background stack to start its shim', timeoutMs: 60_000 });
     up.kill('SIGINT');
     expect(await exited, err).toBe(130);
     expect(err).toContain('[reef] stopped before it was up');
     expect(pidAlive(background)).toBe(false);
-    for (const pid of shims()) expect(pidAlive(pid)).toBe(false);
+    for (const pid of shim.spawned()) expect(pidAlive(pid)).toBe(false);
     expect(readRunFile(join(cfg.dir, 'data', 'run'))).toBeNull();
   });
 });
@@ -138,36 +126,29 @@ describe('reef up --detach interrupted while the stack starts', () => {
 describe('a foreground reef up whose terminal hangs up while it starts', () => {
   const root = repoRoot();
   const cfg = testConfig();
-  const shimDir = mkdtempSync(join(tmpdir(), 'reef-fake-shim-'));
-  const env = { REEF_PYTHON: join(shimDir, 'python'), FAKE_SHIM_DIR: shimDir };
-  const shims = (): number[] =>
-    existsSync(join(shimDir, 'events.jsonl'))
-      ? readFileSync(join(shimDir, 'events.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { pid: number; event: string }).filter((e) => e.event === 'spawned').map((e) => e.pid)
-      : [];
+  const shim = fakeShimDir();
+  const env = shim.env;
   let upPid = 0;
 
   afterAll(() => {
     if (upPid > 0 && pidAlive(upPid)) process.kill(upPid, 'SIGKILL');
-    for (const pid of shims()) if (pidAlive(pid)) process.kill(pid, 'SIGKILL');
-    rmSync(shimDir, { recursive: true, force: true });
+    shim.remove();
     rmSync(cfg.dir, { recursive: true, force: true });
   });
 
   // SIGHUP's default action killed the supervisor alone: the shim, in a process group of its own,
   // was left running. A foreground stack drains on it, as on SIGTERM; only a detached one reloads.
   it('drains what it started and exits 130', async () => {
-    writeFileSync(env.REEF_PYTHON, `#!/bin/sh\nexec "${process.execPath}" "${join(root, 'test', 'fixtures', 'fake-shim.mjs')}" "$@"\n`);
-    chmodSync(env.REEF_PYTHON, 0o755);
-    writeFileSync(join(shimDir, 'hold-ready'), '');
+    shim.holdReady();
     const up = spawn(process.execPath, [join(root, 'bin', 'reef.js'), 'up', '-c', cfg.path, `--reef.port=${await freePort()}`], { cwd: root, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
     upPid = up.pid!;
     let err = '';
     up.stderr!.on('data', (d: Buffer) => (err += d.toString()));
     const exited = new Promise<number | null>((resolve) => up.once('exit', (code) => resolve(code)));
-    await waitFor(() => shims().length > 0, { what: 'reef up to start the shim', timeoutMs: 60_000 });
+    await waitFor(() => shim.spawned().length > 0, { what: 'reef up to start the shim', timeoutMs: 60_000 });
     up.kill('SIGHUP');
     expect(await exited, err).toBe(130);
     expect(err).toContain('[reef] SIGHUP: draining');
-    for (const pid of shims()) expect(pidAlive(pid)).toBe(false);
+    for (const pid of shim.spawned()) expect(pidAlive(pid)).toBe(false);
   });
 });
