@@ -147,32 +147,27 @@ export function registerReefRoutes(app: FastifyInstance, deps: ReefRouteDeps, pr
     }
   });
 
-  app.get<{ Params: { s: string }; Querystring: { after?: string; limit?: string; order?: string } }>('/reef/scenarios/:s/records', async (request, reply) => {
+  type PageRequest = FastifyRequest<{ Params: { s: string }; Querystring: { after?: string; limit?: string; order?: string } }>;
+  /** A scenario's rows, a page of them, as `{data, next}`: records and reports are paged alike. */
+  const paged = async <T>(request: PageRequest, reply: FastifyReply, list: (o: { scenario: string; after: string | null; limit: number; order: 'asc' | 'desc' }) => Promise<{ items: T[]; next: string | null }>, show: (row: T) => unknown = (row) => row) => {
     const { s } = request.params;
     if (!guard(request, reply, s)) return reply;
     const q = pageQuery(request.query);
     if (typeof q === 'string') return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', q, { param: q.split(' ')[0]! });
     try {
-      const page = await deps.store.list({ scenario: s, after: request.query.after ?? null, ...q });
-      return { data: page.items, next: page.next };
+      const page = await list({ scenario: s, after: request.query.after ?? null, ...q });
+      return { data: page.items.map(show), next: page.next };
     } catch (err) {
       return fail(reply, err);
     }
-  });
+  };
+
+  app.get<{ Params: { s: string }; Querystring: { after?: string; limit?: string; order?: string } }>('/reef/scenarios/:s/records', (request, reply) =>
+    paged(request, reply, (o) => deps.store.list(o)));
 
   // The audit of reports: who filed what (keyId), oldest first by default, paged as records are.
-  app.get<{ Params: { s: string }; Querystring: { after?: string; limit?: string; order?: string } }>('/reef/scenarios/:s/reports', async (request, reply) => {
-    const { s } = request.params;
-    if (!guard(request, reply, s)) return reply;
-    const page = pageQuery(request.query);
-    if (typeof page === 'string') return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', page, { param: page.split(' ')[0]! });
-    try {
-      const got = await deps.store.listReports({ scenario: s, after: request.query.after ?? null, ...page });
-      return { data: got.items.map((r) => ({ ...r, agent_record_id: r.clientId ?? r.id })), next: got.next };
-    } catch (err) {
-      return fail(reply, err);
-    }
-  });
+  app.get<{ Params: { s: string }; Querystring: { after?: string; limit?: string; order?: string } }>('/reef/scenarios/:s/reports', (request, reply) =>
+    paged(request, reply, (o) => deps.store.listReports(o), (r) => ({ ...r, agent_record_id: r.clientId ?? r.id })));
 
   app.get<{ Params: { s: string; id: string } }>('/reef/scenarios/:s/records/:id', async (request, reply) => {
     const { s, id } = request.params;
