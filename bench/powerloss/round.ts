@@ -1,13 +1,12 @@
-import { spawn, type ChildProcess } from 'node:child_process';
 import { closeSync, fsyncSync, mkdirSync, openSync, readFileSync, writeFileSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
-import { createInterface } from 'node:readline';
 import Database from 'better-sqlite3';
 import YAML from 'yaml';
 import { SqliteStore } from '../../actors/gateway/store/sqlite-store.js';
-import { distEntry, tinyModelDir } from '../../cluster/paths.js';
+import { tinyModelDir } from '../../cluster/paths.js';
 import { CHAT, CPU_EXAMPLE } from '../../test/gateway/harness.js';
 import { cutPower, powercutEnv, watchedPids, type CutResult } from '../../test/helpers/powercut.js';
+import { spawnGateway } from '../../test/helpers/gateway-process.js';
 
 /**
  * One round of the power-loss emulation against the real gateway: a gateway process (as `reef up`
@@ -64,30 +63,6 @@ function writeConfig(dir: string, dataDir: string, durability: Durability): stri
   return path;
 }
 
-async function startGateway(configPath: string, engineUrl: string, env: Record<string, string>): Promise<{ child: ChildProcess; url: string; stderr: () => string }> {
-  // detached: its own process group, which the cut kills whole.
-  const child = spawn(process.execPath, [distEntry('actors/gateway/main')], {
-    env: {
-      ...process.env,
-      ...env,
-      REEF_ACTOR: JSON.stringify({ name: 'gateway', id: 'gateway-0', supervisor: null, configPath, overrides: {}, heartbeatMs: null }),
-      REEF_ENGINES: JSON.stringify({ rollout: engineUrl, prm: [], student: null }),
-    },
-    stdio: ['ignore', 'ignore', 'pipe'],
-    detached: true,
-  });
-  let stderr = '';
-  const url = await new Promise<string>((resolve, reject) => {
-    const lines = createInterface({ input: child.stderr! });
-    lines.on('line', (line) => {
-      stderr += line + '\n';
-      const m = /listening on (http:\/\/\S+)/.exec(line);
-      if (m) resolve(m[1]!);
-    });
-    child.on('exit', (code, signal) => reject(new Error(`gateway exited (${signal ?? code}) before listening:\n${stderr}`)));
-  });
-  return { child, url, stderr: () => stderr };
-}
 
 /** Posts completions until stopped; each receipt is appended to the log and fsynced before the next request. */
 async function client(url: string, log: number, stop: AbortSignal, onReceipt: (id: string) => void): Promise<void> {
@@ -149,7 +124,8 @@ export async function powerRound(o: RoundOptions): Promise<RoundResult> {
   const shadow = join(o.dir, 'durable');
   mkdirSync(dataDir, { recursive: true });
   const configPath = writeConfig(o.dir, dataDir, o.durability);
-  const gw = await startGateway(configPath, o.engineUrl, powercutEnv(dataDir, shadow));
+  // detached: its own process group, which the cut kills whole.
+  const gw = await spawnGateway({ configPath, engineUrl: o.engineUrl, env: powercutEnv(dataDir, shadow), detached: true });
   const logPath = join(o.dir, 'receipts.log');
   const log = openSync(logPath, 'a');
   const stop = new AbortController();

@@ -1,12 +1,12 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { request as httpRequest } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { createInterface } from 'node:readline';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { distEntry, tinyModelDir } from '../../cluster/paths.js';
+import { tinyModelDir } from '../../cluster/paths.js';
 import { startFakeEngine, type FakeEngine } from '../helpers/fake-engine.js';
+import { spawnGateway, type GatewayProcess } from '../helpers/gateway-process.js';
 import { pidAlive, waitFor } from '../helpers/wait.js';
 import { CHAT, CPU_EXAMPLE, ensureBuilt } from './harness.js';
 
@@ -16,7 +16,7 @@ import { CHAT, CPU_EXAMPLE, ensureBuilt } from './harness.js';
  * complete record.
  */
 
-interface Running { child: ChildProcess; url: string; exited: Promise<number | string | null>; stderr: () => string }
+type Running = GatewayProcess;
 
 describe('gateway durability across kill -9', () => {
   let engine: FakeEngine;
@@ -44,27 +44,9 @@ describe('gateway durability across kill -9', () => {
   });
 
   async function startGatewayProcess(): Promise<Running> {
-    const child = spawn(process.execPath, [distEntry('actors/gateway/main')], {
-      env: {
-        ...process.env,
-        REEF_ACTOR: JSON.stringify({ name: 'gateway', id: 'gateway-0', supervisor: null, configPath, overrides: {}, heartbeatMs: null }),
-        REEF_ENGINES: JSON.stringify({ rollout: engine.url, prm: [], student: null }),
-      },
-      stdio: ['ignore', 'ignore', 'pipe'],
-    });
-    children.push(child);
-    let stderr = '';
-    const exited = new Promise<number | string | null>((resolve) => child.on('exit', (code, signal) => resolve(signal ?? code)));
-    const url = await new Promise<string>((resolve, reject) => {
-      const lines = createInterface({ input: child.stderr! });
-      lines.on('line', (line) => {
-        stderr += line + '\n';
-        const m = /listening on (http:\/\/\S+)/.exec(line);
-        if (m) resolve(m[1]!);
-      });
-      void exited.then((how) => reject(new Error(`gateway exited (${String(how)}) before listening:\n${stderr}`)));
-    });
-    return { child, url, exited, stderr: () => stderr };
+    const g = await spawnGateway({ configPath, engineUrl: engine.url });
+    children.push(g.child);
+    return g;
   }
 
   /** Sends a completion and kill -9s the gateway as soon as `isReceipt` sees the receipt arrive. */
