@@ -321,7 +321,9 @@ class WeightPusher:
         sender.start()
         while sender.is_alive():
             why = call.failure()
-            if why is None and time.monotonic() > self._deadline:
+            # The call's own timeout is the time left to the push's deadline: timing out, it met
+            # the deadline, whichever of the two this loop saw first.
+            if (why is None and time.monotonic() > self._deadline) or isinstance(call.error, TimeoutError):
                 why = f"broadcast not done in {self.timeout_s:.0f} s"
             if why is not None:
                 self._abort()
