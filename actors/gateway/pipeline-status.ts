@@ -32,9 +32,9 @@ const JUDGE_PATHS = ['$.correlator.counters', '$.counters'];
 const TRAINER_PATHS = ['$.counters', '$.releaseCount', '$.recentReleases[#-1].weightVersion', '$.releases'];
 
 /**
- * Only the counters are read: the judge's state also holds the pending turns' ids and leases (up
- * to 2,304), and once held every open session (about 1 MB at 4,096), which went whole through
- * JSON.parse on the gateway's event loop every second.
+ * Only the counters are read: the judge's state once held every pending turn's id and lease (up
+ * to 2,304) and every open session (about 1 MB at 4,096), which went whole through JSON.parse on
+ * the gateway's event loop every second, and an old state may still.
  */
 export async function readPipelineCounters(store: RecordStore): Promise<PipelineCounters> {
   const [judge, trainer] = await Promise.all([store.getStateFields(JUDGE_STATE_KEY, JUDGE_PATHS), store.getStateFields(TRAINER_STATE_KEY, TRAINER_PATHS)]);

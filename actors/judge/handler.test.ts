@@ -6,7 +6,7 @@ import { conversation, interleave, reaction, replyText } from '../../test/judge/
 import { SqliteStore } from '../gateway/store/sqlite-store.js';
 import { MAX_FIELD_CHARS, renderPrompt } from '../../recipes/openclawrl/judge/prompts.js';
 import { JudgeCore, PENDING_PREFIX, STATE_KEY, type JudgeOptions } from './handler.js';
-import { SESSION_PREFIX, sessionRowKey } from './saved-state.js';
+import { type PendingRow, SESSION_PREFIX, sessionRowKey } from './saved-state.js';
 
 let dir: string;
 let store: SqliteStore;
@@ -61,9 +61,25 @@ function storeWith(over: Partial<JudgeOptions['store']>): JudgeOptions['store'] 
 
 type Lease = [id: string, leaseId: string | null, actorId: string | null];
 
+type V3 = { version: 3; correlator: object; pending: Lease[]; counters: unknown };
+
+/**
+ * Rewrites the saved state as a version 3 judge saved it: the pending turns' order and leases in
+ * the state, their rows the bare events. Returns the offset it was saved at.
+ */
+async function downgradeToV3(): Promise<{ v3: V3; offset: number }> {
+  const v4 = (await store.getState(STATE_KEY)) as { version: 4; correlator: object; counters: unknown };
+  expect(v4.version).toBe(4);
+  const rows = (await store.statesWithPrefix(PENDING_PREFIX)).map(([k, v]) => [k, v as PendingRow] as const).sort((x, y) => x[1].seq - y[1].seq);
+  const v3: V3 = { version: 3, correlator: v4.correlator, counters: v4.counters, pending: rows.map(([, r]) => [r.turn.turnRecordId, r.leaseId, r.actorId]) };
+  const offset = await store.getOffset('judge');
+  await store.commitConsumer('judge', offset, STATE_KEY, v3, { put: rows.map(([k, r]) => [k, r.turn]), delete: [] });
+  return { v3, offset };
+}
+
 /** The saved state (version 3) with its pending turns' events and its sessions, as a state saved whole held them. */
-async function savedWhole(): Promise<{ v3: { correlator: object; pending: Lease[]; counters: unknown }; evs: Map<string, unknown>; sessions: unknown[][] }> {
-  const v3 = (await store.getState(STATE_KEY)) as { correlator: object; pending: Lease[]; counters: unknown };
+async function savedWhole(): Promise<{ v3: V3; evs: Map<string, unknown>; sessions: unknown[][] }> {
+  const { v3 } = await downgradeToV3();
   const evs = new Map((await store.statesWithPrefix(PENDING_PREFIX)).map(([k, v]) => [k.slice(PENDING_PREFIX.length), v]));
   const sessions = (await store.statesWithPrefix(SESSION_PREFIX)).map(([, t]) => t as unknown[]).sort((x, y) => (x[16] as number) - (y[16] as number));
   return { v3, evs, sessions };
@@ -223,6 +239,57 @@ describe('JudgeCore', () => {
     expect(new Set([...leased])).toHaveProperty('size', 3);
   });
 
+  it('a released turn stays at the back of the line across a restart, and its lease and place are saved in its own row', async () => {
+    await write(conversation(1, 5));
+    const judge = await core();
+    await judge.pump();
+    const a = await judge.lease('prm-0', 0);
+    judge.release('prm-0', [a.leaseId!]);
+    const b = await judge.lease('prm-1', 0);
+    await judge.flush();
+    const rows = new Map((await store.statesWithPrefix(PENDING_PREFIX)).map(([k, v]) => [k.slice(PENDING_PREFIX.length), v as PendingRow]));
+    expect(rows.get(b.turn!.turnRecordId)).toMatchObject({ leaseId: b.leaseId, actorId: 'prm-1' });
+    expect(rows.get(a.turn!.turnRecordId)).toMatchObject({ leaseId: null, actorId: null });
+    expect(Math.max(...[...rows.values()].map((r) => r.seq))).toBe(rows.get(a.turn!.turnRecordId)!.seq);
+    expect(await store.getState(STATE_KEY)).not.toHaveProperty('pending');
+
+    const resumed = await core();
+    expect(resumed.renew('prm-1', [b.leaseId!])).toEqual({ renewed: [b.leaseId], lost: [] });
+    const order = [];
+    for (let i = 0; i < 3; i++) order.push((await resumed.lease('prm-2', 0)).turn!.turnRecordId);
+    expect(order).toHaveLength(3);
+    expect(order.at(-1)).toBe(a.turn!.turnRecordId);
+    expect(order).not.toContain(b.turn!.turnRecordId);
+  });
+
+  it('resumes a version 3 state (order and leases of every pending turn in it) with the same order and leases, and rewrites its turns as rows', async () => {
+    await write(conversation(1, 5));
+    const before = await core();
+    await before.pump();
+    const a = await before.lease('prm-0', 0);
+    const b = await before.lease('prm-0', 0);
+    before.release('prm-0', [a.leaseId!]);
+    await before.flush();
+    const { v3, offset } = await downgradeToV3();
+    expect(v3.pending.at(-1)).toEqual([a.turn!.turnRecordId, null, null]);
+    expect(v3.pending).toContainEqual([b.turn!.turnRecordId, b.leaseId, 'prm-0']);
+
+    const resumed = await core();
+    expect(resumed.stats()).toMatchObject({ next_offset: offset, pending: 4, leased: 1 });
+    await resumed.flush();
+    const state = (await store.getState(STATE_KEY)) as { version: number; nextSeq: number };
+    expect(state).toMatchObject({ version: 4, nextSeq: 4 });
+    expect(state).not.toHaveProperty('pending');
+    const rows = (await store.statesWithPrefix(PENDING_PREFIX)).map(([, v]) => v as PendingRow).sort((x, y) => x.seq - y.seq);
+    expect(rows.map((r) => [r.turn.turnRecordId, r.leaseId, r.actorId])).toEqual(v3.pending);
+    expect(rows.map((r) => r.seq)).toEqual([0, 1, 2, 3]);
+
+    const again = await core();
+    expect((await again.complete(done('prm-0', b.leaseId!, b.turn!.turnRecordId))).accepted).toBe(true);
+    const next = [(await again.lease('prm-1', 0)).turn!.turnRecordId, (await again.lease('prm-1', 0)).turn!.turnRecordId, (await again.lease('prm-1', 0)).turn!.turnRecordId];
+    expect(next.at(-1)).toBe(a.turn!.turnRecordId);
+  });
+
   it('keeps the saved state bounded with long next states (clipped to what the PRM prompt shows), and resumes the same turns', async () => {
     // 64 turns whose next state is 300k characters: 19 MB of next state, unclipped, in every commit.
     const N = 64;
@@ -250,14 +317,14 @@ describe('JudgeCore', () => {
     // Each pending turn holds at most MAX_FIELD_CHARS of next state, plus its ids and keys.
     expect(saved).toBeLessThan(N * (MAX_FIELD_CHARS + 1024));
     expect(saved).toBeGreaterThan(N * (MAX_FIELD_CHARS - 1024));
-    // The state row holds the turns' ids and leases, not their next states.
-    expect(state.length).toBeLessThan(N * 200 + 20_000);
+    // The state row is the head alone: nothing in it grows with the pending turns.
+    expect(state.length).toBeLessThan(2_000);
 
     const a = await first.lease('prm-0', 0);
-    // Later commits write what changed: a lease writes no turn row, a judged turn deletes its own.
+    // Later commits write what changed: a lease writes its own turn's row, a judged turn deletes it.
     await first.flush();
-    expect(written.at(-1)).toMatchObject({ put: 0, deleted: 0 });
-    expect(written.at(-1)!.chars).toBeLessThan(N * 200 + 20_000);
+    expect(written.at(-1)).toMatchObject({ put: 1, deleted: 0 });
+    expect(written.at(-1)!.chars).toBeLessThan(MAX_FIELD_CHARS + 4_000);
     const content = a.turn!.nextState.content;
     expect(content.length).toBeLessThanOrEqual(MAX_FIELD_CHARS);
     expect(content).toMatch(/^long tool output line\n/);
@@ -273,7 +340,7 @@ describe('JudgeCore', () => {
     const again = await second.lease('prm-1', 0);
     expect(again.turn!.nextState.content).toMatch(/characters left out …\]\n[\s\S]*end of output 1$/);
     const kept = new Map(await store.statesWithPrefix(PENDING_PREFIX));
-    expect((kept.get(PENDING_PREFIX + a.turn!.turnRecordId) as { nextState: unknown }).nextState).toEqual(a.turn!.nextState);
+    expect((kept.get(PENDING_PREFIX + a.turn!.turnRecordId) as PendingRow).turn.nextState).toEqual(a.turn!.nextState);
     expect((await second.complete(done('prm-0', a.leaseId!, a.turn!.turnRecordId))).accepted).toBe(true);
     await second.flush();
     expect(await store.statesWithPrefix(PENDING_PREFIX)).toHaveLength(N - 1);
@@ -294,7 +361,7 @@ describe('JudgeCore', () => {
     expect(resumed.stats()).toMatchObject({ next_offset: 6, pending: 3, bound: 3, open_sessions: 2 });
     expect(resumed.renew('prm-0', [a.leaseId!])).toEqual({ renewed: [a.leaseId], lost: [] });
     await resumed.flush();
-    expect((await store.getState(STATE_KEY)) as { version: number }).toMatchObject({ version: 3 });
+    expect((await store.getState(STATE_KEY)) as { version: number }).toMatchObject({ version: 4 });
     expect(await store.statesWithPrefix(PENDING_PREFIX)).toHaveLength(3);
     expect(await store.statesWithPrefix(SESSION_PREFIX)).toHaveLength(2);
     const again = await core();
@@ -408,7 +475,7 @@ describe('JudgeCore', () => {
     const resumed = await core();
     expect(resumed.stats()).toMatchObject({ next_offset: 5, open_sessions: 3, pending: 1 });
     await resumed.flush();
-    expect((await store.getState(STATE_KEY)) as { version: number; correlator: object }).toMatchObject({ version: 3, correlator: { clock: expect.any(Number) } });
+    expect((await store.getState(STATE_KEY)) as { version: number; correlator: object }).toMatchObject({ version: 4, correlator: { clock: expect.any(Number) } });
     expect((await store.getState(STATE_KEY)) as { correlator: object }).not.toHaveProperty('correlator.sessions');
     const rows = new Map(await store.statesWithPrefix(SESSION_PREFIX));
     expect([...rows.keys()].sort()).toEqual([1, 2, 3].map((c) => sessionRowKey(`default\u0000k1d0e5f7\u0000tag:conv-${c}`)).sort());

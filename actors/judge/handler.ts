@@ -6,7 +6,7 @@ import { ReefError } from '../runtime/errors.js';
 import type { LogFn } from '../runtime/log.js';
 import { Correlator, type CorrelationCounters, type CorrelatorOptions, type TurnFinished } from './correlate/index.js';
 import type { CompleteTurn, JudgeTurn } from './messages.js';
-import { byActivity, type SavedLease, type SavedPending, type SavedState, SESSION_PREFIX, sessionRowKey, zeroCounters } from './saved-state.js';
+import { byActivity, type PendingRow, type SavedPending, type SavedState, SESSION_PREFIX, sessionRowKey, zeroCounters } from './saved-state.js';
 import { contextOf, replyOf } from './turn-text.js';
 
 /**
@@ -15,8 +15,9 @@ import { contextOf, replyOf } from './turn-text.js';
  * state and pending turns (with their leases) are saved in ONE transaction, so after a crash the
  * judge resumes exactly where its last commit left it; a turn is judged once because the
  * judged-turn log refuses a second row for it (see store `appendJudgedTurn`). Each pending turn is
- * a state row of its own (`PENDING_PREFIX` + its id), written once when it is bound and deleted
- * once it is judged; the state itself keeps only their ids and leases, in order. Each open session
+ * a state row of its own (`PENDING_PREFIX` + its id) holding its lease and its place in line,
+ * written when it is bound and again when its lease or place changes, and deleted once it is
+ * judged; the state itself is the head alone (offset, counters, the next place). Each open session
  * is a row too (`SESSION_PREFIX`), written by the commits whose records touched it and deleted by
  * the one after it closed, so a commit writes the sessions that changed, not the up to 4096 open.
  */
@@ -49,6 +50,8 @@ interface Pending {
   leaseId: string | null;
   actorId: string | null;
   expiresAt: number;
+  /** Its place in line: turns are handed out in ascending order (the map's order, saved). */
+  seq: number;
   /** Leases this turn ran out of before it was dispatched again, with the actor each went to. */
   earlier?: Map<string, string>;
 }
@@ -69,6 +72,11 @@ export function boundTurn(ev: TurnFinished): TurnFinished {
   return { ...ev, nextState: { role: ev.nextState.role, content: clip(content, NEXT_STATE_CHARS) } };
 }
 
+/** A pending turn's saved row: a copy, so that a lease changed while the commit is written stays out of it. */
+function rowOf(p: Pending): PendingRow {
+  return { turn: p.ev, seq: p.seq, leaseId: p.leaseId, actorId: p.actorId };
+}
+
 export class JudgeCore {
   readonly leaseMs: number;
   private correlator!: Correlator;
@@ -76,8 +84,10 @@ export class JudgeCore {
   private readonly pending = new Map<string, Pending>();
   private readonly completing = new Map<string, Promise<{ accepted: boolean; offset: number | null }>>();
   private counters = zeroCounters();
-  /** Pending turns whose rows the next commit writes (turns resumed from a version 1 state). */
-  private unsaved = new Set<string>();
+  /** Pending turns whose rows the next commit writes: their lease or place changed, or they were resumed from an earlier version's state. */
+  private rewrite = new Set<string>();
+  /** The place in line the next bound or released turn gets. */
+  private nextSeq = 0;
   /** Turns no longer pending whose rows the next commit deletes. */
   private gone = new Set<string>();
   /** Session rows no session has (left beside a state of an earlier version), deleted by the next commit. */
@@ -101,7 +111,7 @@ export class JudgeCore {
     const log = this.opts.log;
     const corr = this.correlatorOptions();
     const sessionRows = await store.statesWithPrefix(SESSION_PREFIX);
-    if (saved?.version === 3) {
+    if (saved?.version === 3 || saved?.version === 4) {
       this.correlator = Correlator.fromJSON({ ...saved.correlator, sessions: byActivity(sessionRows) }, corr);
     } else {
       this.correlator = saved === null ? new Correlator(corr) : Correlator.fromJSON(saved.correlator, corr);
@@ -116,27 +126,37 @@ export class JudgeCore {
     }
     if (saved === null) return;
     this.counters = { ...zeroCounters(), ...saved.counters };
-    const rows = new Map((await store.statesWithPrefix(PENDING_PREFIX)).map(([k, ev]) => [k.slice(PENDING_PREFIX.length), ev as TurnFinished]));
-    const entries: SavedPending[] = [];
-    if (saved.version === 1) {
-      for (const [ev, leaseId, actorId] of saved.pending) entries.push([boundTurn(ev), leaseId, actorId]);
+    const rows = await store.statesWithPrefix(PENDING_PREFIX);
+    // Earlier versions' turns get their places in the order their state saved them.
+    const entries: PendingRow[] = [];
+    if (saved.version === 4) {
+      for (const [, row] of rows) entries.push(row as PendingRow);
+      entries.sort((a, b) => a.seq - b.seq);
+      this.nextSeq = Math.max(saved.nextSeq, (entries.at(-1)?.seq ?? -1) + 1);
+    } else if (saved.version === 1) {
+      for (const [ev, leaseId, actorId] of saved.pending) entries.push({ turn: boundTurn(ev), leaseId, actorId, seq: this.nextSeq++ });
     } else {
+      const events = new Map(rows.map(([k, ev]) => [k.slice(PENDING_PREFIX.length), ev as TurnFinished]));
       for (const [id, leaseId, actorId] of saved.pending) {
-        const ev = rows.get(id);
-        if (ev !== undefined) entries.push([ev, leaseId, actorId]);
+        const ev = events.get(id);
+        if (ev !== undefined) entries.push({ turn: ev, leaseId, actorId, seq: this.nextSeq++ });
       }
     }
-    const judged = await store.judgedTurnIds(entries.map(([ev]) => ev.turnRecordId));
+    const judged = await store.judgedTurnIds(entries.map((r) => r.turn.turnRecordId));
     const expiresAt = this.now() + this.leaseMs;
-    for (const [ev, leaseId, actorId] of entries) {
+    for (const { turn: ev, leaseId, actorId, seq } of entries) {
       if (judged.has(ev.turnRecordId)) continue;
       // A lease held before the restart stays valid for one more period, so its actor can finish.
-      this.pending.set(ev.turnRecordId, { ev, leaseId, actorId, expiresAt: leaseId === null ? 0 : expiresAt });
-      if (saved.version === 1) this.unsaved.add(ev.turnRecordId);
+      this.pending.set(ev.turnRecordId, { ev, leaseId, actorId, expiresAt: leaseId === null ? 0 : expiresAt, seq });
+      // An earlier version's row is the bare event: rewritten as a version 4 row.
+      if (saved.version !== 4) this.rewrite.add(ev.turnRecordId);
     }
     // Rows of turns judged since the last commit go with the next one.
-    for (const id of rows.keys()) if (!this.pending.has(id)) this.gone.add(id);
-    if (this.unsaved.size > 0 || this.gone.size > 0) this.dirty = true;
+    for (const [k] of rows) {
+      const id = k.slice(PENDING_PREFIX.length);
+      if (!this.pending.has(id)) this.gone.add(id);
+    }
+    if (this.rewrite.size > 0 || this.gone.size > 0) this.dirty = true;
     log(`resumed at offset ${this.nextOffset} with ${this.pending.size} pending turns (${judged.size} judged since the last commit)`);
   }
 
@@ -157,7 +177,7 @@ export class JudgeCore {
       try {
         for (const record of records) {
           for (const ev of this.correlator.observe(record)) {
-            if (ev.kind === 'turn-finished' && this.opts.mode === 'judge') fresh.push({ ev: boundTurn(ev), leaseId: null, actorId: null, expiresAt: 0 });
+            if (ev.kind === 'turn-finished' && this.opts.mode === 'judge') fresh.push({ ev: boundTurn(ev), leaseId: null, actorId: null, expiresAt: 0, seq: -1 });
           }
         }
         // Saved before they are handed out: a turn is never judged that a restart would not know.
@@ -213,6 +233,7 @@ export class JudgeCore {
             p.leaseId = null;
             p.actorId = null;
             p.expiresAt = 0;
+            this.rewrite.add(p.ev.turnRecordId);
             this.wake();
           }
           throw err;
@@ -264,6 +285,8 @@ export class JudgeCore {
       // failing on would otherwise be the next one leased, every time, to an actor of one credit.
       this.pending.delete(p.ev.turnRecordId);
       this.pending.set(p.ev.turnRecordId, p);
+      p.seq = this.nextSeq++;
+      this.rewrite.add(p.ev.turnRecordId);
       released.push(id);
     }
     if (released.length > 0) {
@@ -390,6 +413,7 @@ export class JudgeCore {
       p.leaseId = randomBytes(8).toString('hex');
       p.actorId = actorId;
       p.expiresAt = now + this.leaseMs;
+      this.rewrite.add(p.ev.turnRecordId);
       this.dirty = true;
       return p;
     }
@@ -417,45 +441,47 @@ export class JudgeCore {
   }
 
   /**
-   * Saves the offset, the correlator's head, the order and leases of the pending turns, the rows of
-   * turns new since the last commit and of sessions changed since, and the deletion of turns judged
-   * and sessions closed since, in one transaction: a commit writes what changed, not all of it.
+   * Saves the offset, the correlator's head, the rows of turns new since the last commit and of
+   * those whose lease or place changed, the rows of sessions changed since, and the deletion of
+   * turns judged and sessions closed since, in one transaction: a commit writes what changed, not
+   * all of it.
    */
   private async commit(fresh: readonly Pending[], offset: number): Promise<void> {
-    const pending: SavedLease[] = [];
     const put: [string, unknown][] = [];
-    for (const p of this.pending.values()) {
-      pending.push([p.ev.turnRecordId, p.leaseId, p.actorId]);
-      if (this.unsaved.has(p.ev.turnRecordId)) put.push([PENDING_PREFIX + p.ev.turnRecordId, p.ev]);
+    // Taken now: a lease handed out while this commit is written is the next commit's to save.
+    const rewriting = this.rewrite;
+    this.rewrite = new Set();
+    for (const id of rewriting) {
+      const p = this.pending.get(id);
+      if (p !== undefined) put.push([PENDING_PREFIX + id, rowOf(p)]);
     }
     const added = new Set<string>();
     for (const p of fresh) {
       if (this.pending.has(p.ev.turnRecordId) || added.has(p.ev.turnRecordId)) continue;
       added.add(p.ev.turnRecordId);
-      pending.push([p.ev.turnRecordId, null, null]);
-      put.push([PENDING_PREFIX + p.ev.turnRecordId, p.ev]);
+      p.seq = this.nextSeq++;
+      put.push([PENDING_PREFIX + p.ev.turnRecordId, rowOf(p)]);
     }
     // Deletes run after the writes: a turn pending again must keep its row.
     const gone = [...this.gone].filter((id) => !this.pending.has(id) && !added.has(id));
-    const unsaved = [...this.unsaved];
     const deletes = [...gone.map((id) => PENDING_PREFIX + id), ...this.strayRows];
     for (const [mapKey, session] of this.correlator.changes()) {
       if (session === null) deletes.push(sessionRowKey(mapKey));
       else put.push([sessionRowKey(mapKey), session]);
     }
-    const state: SavedState = { version: 3, correlator: this.correlator.head(), pending, counters: this.counters };
+    const state: SavedState = { version: 4, correlator: this.correlator.head(), nextSeq: this.nextSeq, counters: this.counters };
     this.dirty = false;
     try {
       await this.opts.store.commitConsumer(CONSUMER, offset, STATE_KEY, state, { put, delete: deletes });
     } catch (err) {
       this.dirty = true;
+      for (const id of rewriting) this.rewrite.add(id);
       throw err;
     }
     this.correlator.changesSaved();
     this.strayRows = [];
     const deleted = new Set(gone);
     for (const id of this.gone) if (deleted.has(id) || this.pending.has(id) || added.has(id)) this.gone.delete(id);
-    for (const id of unsaved) this.unsaved.delete(id);
   }
 
   private exclusive<T>(fn: () => Promise<T>): Promise<T> {

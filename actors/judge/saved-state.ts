@@ -15,18 +15,33 @@ export function sessionRowKey(mapKey: string): string {
 }
 
 export type SavedPending = [ev: TurnFinished, leaseId: string | null, actorId: string | null];
-/** From version 2: a pending turn by id, its event in its own row. */
+/** Versions 2 and 3: a pending turn by id, its event in its own row. */
 export type SavedLease = [turnRecordId: string, leaseId: string | null, actorId: string | null];
 
 /**
+ * Version 4: a pending turn's row, with its lease and its place in line (`seq`, ascending: the
+ * order turns are handed out in). Versions 2 and 3 kept the row to the event alone and the order
+ * and leases of all pending turns in the state, which every commit then wrote whole (up to 2,304
+ * entries, ~160 KB); now a commit writes the rows of the turns whose lease or place changed.
+ */
+export interface PendingRow {
+  turn: TurnFinished;
+  seq: number;
+  leaseId: string | null;
+  actorId: string | null;
+}
+
+/**
  * Version 1 held every pending turn's event, next state and all, and was written whole on every
- * commit; version 2 still held every open session. Both are read, and the first commit after
- * writes their turns and sessions as rows.
+ * commit; version 2 still held every open session; version 3 still held every pending turn's id
+ * and lease. All are read, and the first commit after writes their turns and sessions as rows.
+ * Version 4 holds the head only: `nextSeq` is the place the next turn in line gets.
  */
 export type SavedState =
   | { version: 1; correlator: CorrelatorState; pending: SavedPending[]; counters: JudgeCounters }
   | { version: 2; correlator: CorrelatorState; pending: SavedLease[]; counters: JudgeCounters }
-  | { version: 3; correlator: CorrelatorHead; pending: SavedLease[]; counters: JudgeCounters };
+  | { version: 3; correlator: CorrelatorHead; pending: SavedLease[]; counters: JudgeCounters }
+  | { version: 4; correlator: CorrelatorHead; nextSeq: number; counters: JudgeCounters };
 
 /** A saved session's activity sequence: the order the session table keeps them in. */
 const SEQ = 16;
