@@ -206,7 +206,7 @@ function renderReleases(releases) {
   if (releases.length === 0) body.append(row(el('td', { colspan: 5, class: 'muted' }, 'No releases yet.')));
   for (const [i, r] of releases.entries()) {
     const tr = el('tr', { 'data-release': r.id });
-    const what = r.rollbackOf ? `${r.id} (rollback to ${r.rollbackOf}${r.keyId ? `, key ${r.keyId}` : ''})` : `${r.id} (${(r.batchIds || []).length} batches)`;
+    const what = r.rollbackOf ? `${r.id} (rollback to ${r.rollbackOf}${r.keyId ? `, key ${r.keyId}` : ''})` : `${r.id} (${(r.batchIds || []).length} batch${(r.batchIds || []).length === 1 ? '' : 'es'})`;
     const metrics = Object.entries(r.metrics || {}).map(([k, v]) => `${k} ${fmtNum(v)}`).join(', ');
     tr.append(el('td', {}, what), el('td', {}, r.weightVersion), el('td', {}, fmtTime(r.createdAt)), el('td', {}, metrics));
     const cell = el('td', {});

@@ -1,0 +1,27 @@
+import { describe, expect, it } from 'vitest';
+import type { JudgedPoint } from '../store/types.js';
+import { curves, habitsOf } from './judged.js';
+
+const point = (offset: number, reward: number, reply: string | null, decision: JudgedPoint['decision'] = 'hint'): JudgedPoint => ({ offset, createdAt: 1000 + offset, decision, reward, reply });
+
+describe('habitsOf', () => {
+  it('finds the formatting the paper\'s student dislikes, as the recipe scores it, and nothing in code or plain prose', () => {
+    expect(habitsOf('**Answer:** 4\n- two\n- two')).toEqual(['bold', 'list']);
+    expect(habitsOf('## Steps\nTwo and two are four.')).toEqual(['header']);
+    // Other AI-looking features (\boxed, a final-answer line) are not what this student minds.
+    expect(habitsOf('The final answer: \\boxed{4}')).toEqual([]);
+    expect(habitsOf('Use `**x**` in markdown for bold.')).toEqual([]);
+    expect(habitsOf(null)).toEqual([]);
+  });
+});
+
+describe('curves', () => {
+  it('rolls the reward over trained turns only and the habit over turns with a reply, each over the last `window` points', () => {
+    const points = [point(1, -1, '**a**'), point(2, 0, 'b', 'dropped'), point(3, -1, '**c**'), point(4, 1, 'd'), point(5, 1, null, 'anchor')];
+    const c = curves(points, 2);
+    expect(c.reward.map((p) => [p.offset, p.value, p.rolling])).toEqual([[1, -1, -1], [3, -1, -1], [4, 1, 0], [5, 1, 1]]);
+    expect(c.habit.map((p) => [p.offset, p.value, p.rolling])).toEqual([[1, 1, 1], [2, 0, 0.5], [3, 1, 0.5], [4, 0, 0.5]]);
+    expect(c.reward[0]!.at).toBe(1001);
+    expect(curves([], 10)).toEqual({ reward: [], habit: [] });
+  });
+});
