@@ -265,7 +265,8 @@ function fillScenarios(list) {
   if (state.scenario !== null) select.value = state.scenario;
 }
 
-async function poll() {
+/** One round of requests; answers when to poll next (ms), or null to wait for a key. */
+async function pollOnce() {
   try {
     if (state.me === null) {
       state.me = await api('/reef/key');
@@ -293,15 +294,38 @@ async function poll() {
     $('updated').textContent = `updated ${new Date().toLocaleTimeString()}`;
     state.polls++;
     document.body.dataset.polls = String(state.polls);
-    schedule(POLL_MS);
+    return POLL_MS;
   } catch (err) {
     if (err instanceof HttpError && err.status === 401) {
       askForKey(storedKey() ? 'the gateway refused this key' : null);
-      return; // Polling resumes once a key is given.
+      return null;
     }
     showError(`could not reach the gateway: ${err.message}`);
-    schedule(err instanceof HttpError && err.retryAfter ? err.retryAfter * 1000 : POLL_MS);
+    return err instanceof HttpError && err.retryAfter ? err.retryAfter * 1000 : POLL_MS;
   }
+}
+
+// One round at a time: a round asked for while one runs (a new scenario, a rollback) follows it.
+let polling = false;
+let pollAgain = false;
+
+async function poll() {
+  if (polling) {
+    pollAgain = true;
+    return;
+  }
+  polling = true;
+  let next;
+  try {
+    next = await pollOnce();
+  } finally {
+    polling = false;
+  }
+  if (pollAgain) {
+    pollAgain = false;
+    next = 0;
+  }
+  if (next !== null) schedule(next);
 }
 
 function schedule(ms) {
