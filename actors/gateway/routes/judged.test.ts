@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import type { JudgedPoint } from '../store/types.js';
-import { curves, habitsOf } from './judged.js';
+import { curves, HABIT_CHARS, HabitCache, habitsOf } from './judged.js';
 
 const point = (offset: number, reward: number, reply: string | null, decision: JudgedPoint['decision'] = 'hint'): JudgedPoint => ({ offset, createdAt: 1000 + offset, decision, reward, reply });
 
@@ -12,6 +12,22 @@ describe('habitsOf', () => {
     expect(habitsOf('The final answer: \\boxed{4}')).toEqual([]);
     expect(habitsOf('Use `**x**` in markdown for bold.')).toEqual([]);
     expect(habitsOf(null)).toEqual([]);
+  });
+
+  it('reads only the first HABIT_CHARS of a reply (a reply built to make the patterns slow is cut there)', () => {
+    expect(habitsOf(`${'x'.repeat(HABIT_CHARS - 12)} **bold**`)).toEqual(['bold']);
+    expect(habitsOf(`${'x'.repeat(HABIT_CHARS)} **late bold**`)).toEqual([]);
+  });
+
+  it('HabitCache reads each offset once and keeps at most `max` of them', () => {
+    const cache = new HabitCache(2);
+    expect(cache.of(1, '**a**')).toEqual(['bold']);
+    // The offset's first answer stands: a turn's reply never changes.
+    expect(cache.of(1, 'plain')).toEqual(['bold']);
+    cache.of(2, 'plain');
+    cache.of(3, '- x');
+    expect(cache.size).toBe(2);
+    expect(cache.of(1, 'plain')).toEqual([]);
   });
 });
 

@@ -1,5 +1,5 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { checkReply, PLAIN_ANSWER_RULE, type Violation } from '../../../recipes/openclawrl/harness/scoring.js';
+import { formattingOf, PLAIN_ANSWER_RULE, type Violation } from '../../../recipes/openclawrl/harness/scoring.js';
 import { clip } from '../../../recipes/openclawrl/judge/prompts.js';
 import { type Principal } from '../auth.js';
 import { sendError } from '../http-errors.js';
@@ -15,9 +15,37 @@ import type { JudgedPoint, RecordStore } from '../store/types.js';
 /** The formatting the paper's student dislikes (bold, lists, headings): the habit the curves follow. */
 export const HABIT: readonly Violation[] = PLAIN_ANSWER_RULE.dislikes;
 
-/** The habits a reply shows, as the recipe's scoring reads them; [] for no reply. */
+/**
+ * How much of a reply is read for habits. The scoring's patterns take time quadratic in a reply
+ * crafted for them (16,000 characters of unclosed `__a` took 220 ms), and a reply is the model's
+ * output, which a prompt can steer; a habit shows in the first paragraphs anyway.
+ */
+export const HABIT_CHARS = 2000;
+
+/** The habits a reply shows, as the recipe's scoring reads them (its first HABIT_CHARS); [] for no reply. */
 export function habitsOf(reply: string | null): Violation[] {
-  return reply === null ? [] : checkReply(reply).violations.filter((v) => HABIT.includes(v));
+  return reply === null ? [] : formattingOf(reply.slice(0, HABIT_CHARS)).filter((v) => HABIT.includes(v));
+}
+
+/**
+ * Habits by judged-turn offset: a turn's reply never changes, and every open page asks for the
+ * same few hundred every 5 s. Bounded; the oldest entry goes first.
+ */
+export class HabitCache {
+  private readonly map = new Map<number, Violation[]>();
+  constructor(private readonly max = 20_000) {}
+  of(offset: number, reply: string | null): Violation[] {
+    let h = this.map.get(offset);
+    if (h === undefined) {
+      h = habitsOf(reply);
+      if (this.map.size >= this.max) this.map.delete(this.map.keys().next().value!);
+      this.map.set(offset, h);
+    }
+    return h;
+  }
+  get size(): number {
+    return this.map.size;
+  }
 }
 
 /** Texts shown in a listing are cut to this many characters (the record has them whole). */
@@ -36,7 +64,7 @@ export interface CurvePoint {
  * A scenario's curves. Reward: the trained turns (dropped ones have no reward to learn from).
  * Habit: every judged turn whose reply had text, 1 when it used formatting the student dislikes.
  */
-export function curves(points: readonly JudgedPoint[], window: number): { reward: CurvePoint[]; habit: CurvePoint[] } {
+export function curves(points: readonly JudgedPoint[], window: number, habits: HabitCache = new HabitCache()): { reward: CurvePoint[]; habit: CurvePoint[] } {
   const roll = (items: Array<{ offset: number; at: number; value: number }>): CurvePoint[] => {
     let sum = 0;
     return items.map((p, i) => {
@@ -47,7 +75,7 @@ export function curves(points: readonly JudgedPoint[], window: number): { reward
   };
   return {
     reward: roll(points.filter((p) => p.decision !== 'dropped').map((p) => ({ offset: p.offset, at: p.createdAt, value: p.reward }))),
-    habit: roll(points.filter((p) => p.reply !== null).map((p) => ({ offset: p.offset, at: p.createdAt, value: habitsOf(p.reply).length > 0 ? 1 : 0 }))),
+    habit: roll(points.filter((p) => p.reply !== null).map((p) => ({ offset: p.offset, at: p.createdAt, value: habits.of(p.offset, p.reply).length > 0 ? 1 : 0 }))),
   };
 }
 
@@ -71,6 +99,8 @@ export function registerJudgedRoutes(
   guard: (request: FastifyRequest, reply: FastifyReply, scenario: string) => boolean,
   fail: (reply: FastifyReply, err: unknown) => unknown,
 ): void {
+  // One per store: offsets name judged turns of this store only.
+  const habits = new HabitCache();
   // Who the page speaks for: it shows the rollback action only where the gateway would take it.
   app.get('/reef/key', async (request) => {
     const p = principalOf(request);
@@ -88,7 +118,7 @@ export function registerJudgedRoutes(
       const page = await deps.store.listJudgedTurns({ scenario: s, after: request.query.after ?? null, limit, order });
       const data = page.items.map((t) => ({
         ...t,
-        habits: habitsOf(t.reply),
+        habits: habits.of(t.offset, t.reply),
         reply: t.reply === null ? null : clip(t.reply, SHOWN_CHARS),
         nextState: t.nextState === null ? null : { role: t.nextState.role, content: clip(t.nextState.content, SHOWN_CHARS) },
       }));
@@ -106,7 +136,7 @@ export function registerJudgedRoutes(
     const window = intParam(request.query.window, 'window', 10, 1000);
     if (typeof window === 'string') return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', window, { param: 'window' });
     try {
-      return { window, habitRule: HABIT, ...curves(await deps.store.judgedSeries(s, limit), window) };
+      return { window, habitRule: HABIT, ...curves(await deps.store.judgedSeries(s, limit), window, habits) };
     } catch (err) {
       return fail(reply, err);
     }
