@@ -1,8 +1,9 @@
 import { describe, expect, it } from 'vitest';
+import type { Violation } from '../../../recipes/openclawrl/harness/scoring.js';
 import type { JudgedPoint } from '../store/types.js';
 import { curves, HABIT_CHARS, HabitCache, habitsOf } from './judged.js';
 
-const point = (offset: number, reward: number, reply: string | null, decision: JudgedPoint['decision'] = 'hint'): JudgedPoint => ({ offset, createdAt: 1000 + offset, decision, reward, reply });
+const point = (offset: number, reward: number, decision: JudgedPoint['decision'] = 'hint'): JudgedPoint => ({ offset, createdAt: 1000 + offset, decision, reward });
 
 describe('habitsOf', () => {
   it('finds the formatting the paper\'s student dislikes, as the recipe scores it, and nothing in code or plain prose', () => {
@@ -19,25 +20,28 @@ describe('habitsOf', () => {
     expect(habitsOf(`${'x'.repeat(HABIT_CHARS)} **late bold**`)).toEqual([]);
   });
 
-  it('HabitCache reads each offset once and keeps at most `max` of them', () => {
+  it('HabitCache checks each offset once, remembers a turn without reply text, and keeps at most `max` offsets', () => {
     const cache = new HabitCache(2);
-    expect(cache.of(1, '**a**')).toEqual(['bold']);
+    expect(cache.get(1)).toBeUndefined();
+    expect(cache.put(1, '**a**')).toEqual(['bold']);
     // The offset's first answer stands: a turn's reply never changes.
-    expect(cache.of(1, 'plain')).toEqual(['bold']);
-    cache.of(2, 'plain');
-    cache.of(3, '- x');
+    expect(cache.put(1, 'plain')).toEqual(['bold']);
+    expect(cache.put(2, null)).toBeNull();
+    expect(cache.get(2)).toBeNull();
+    cache.put(3, '- x');
     expect(cache.size).toBe(2);
-    expect(cache.of(1, 'plain')).toEqual([]);
+    expect(cache.get(1)).toBeUndefined();
   });
 });
 
 describe('curves', () => {
-  it('rolls the reward over trained turns only and the habit over turns with a reply, each over the last `window` points', () => {
-    const points = [point(1, -1, '**a**'), point(2, 0, 'b', 'dropped'), point(3, -1, '**c**'), point(4, 1, 'd'), point(5, 1, null, 'anchor')];
-    const c = curves(points, 2);
+  it('rolls the reward over trained turns only and the habit over turns with reply text, each over the last `window` points', () => {
+    const points = [point(1, -1), point(2, 0, 'dropped'), point(3, -1), point(4, 1), point(5, 1, 'anchor')];
+    const habits = new Map<number, Violation[] | null>([[1, ['bold']], [2, []], [3, ['list']], [4, []], [5, null]]);
+    const c = curves(points, 2, (o) => habits.get(o) ?? null);
     expect(c.reward.map((p) => [p.offset, p.value, p.rolling])).toEqual([[1, -1, -1], [3, -1, -1], [4, 1, 0], [5, 1, 1]]);
     expect(c.habit.map((p) => [p.offset, p.value, p.rolling])).toEqual([[1, 1, 1], [2, 0, 0.5], [3, 1, 0.5], [4, 0, 0.5]]);
     expect(c.reward[0]!.at).toBe(1001);
-    expect(curves([], 10)).toEqual({ reward: [], habit: [] });
+    expect(curves([], 10, () => null)).toEqual({ reward: [], habit: [] });
   });
 });

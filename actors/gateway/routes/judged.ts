@@ -28,19 +28,24 @@ export function habitsOf(reply: string | null): Violation[] {
 }
 
 /**
- * Habits by judged-turn offset: a turn's reply never changes, and every open page asks for the
- * same few hundred every 5 s. Bounded; the oldest entry goes first.
+ * Habits by judged-turn offset (null: the turn's reply had no text): a turn's reply never changes,
+ * and every open page asks for the same few hundred every 5 s, so each reply is read from the
+ * store and checked once. Bounded; the oldest entry goes first.
  */
 export class HabitCache {
-  private readonly map = new Map<number, Violation[]>();
+  private readonly map = new Map<number, Violation[] | null>();
   constructor(private readonly max = 20_000) {}
-  of(offset: number, reply: string | null): Violation[] {
-    let h = this.map.get(offset);
-    if (h === undefined) {
-      h = habitsOf(reply);
-      if (this.map.size >= this.max) this.map.delete(this.map.keys().next().value!);
-      this.map.set(offset, h);
-    }
+  /** The cached habits, or undefined when the offset is not known yet. */
+  get(offset: number): Violation[] | null | undefined {
+    return this.map.get(offset);
+  }
+  /** Checks `reply` (null: none) and keeps the answer for the offset, if it has none yet. */
+  put(offset: number, reply: string | null): Violation[] | null {
+    const known = this.map.get(offset);
+    if (known !== undefined) return known;
+    const h = reply === null ? null : habitsOf(reply);
+    if (this.map.size >= this.max) this.map.delete(this.map.keys().next().value!);
+    this.map.set(offset, h);
     return h;
   }
   get size(): number {
@@ -64,7 +69,7 @@ export interface CurvePoint {
  * A scenario's curves. Reward: the trained turns (dropped ones have no reward to learn from).
  * Habit: every judged turn whose reply had text, 1 when it used formatting the student dislikes.
  */
-export function curves(points: readonly JudgedPoint[], window: number, habits: HabitCache = new HabitCache()): { reward: CurvePoint[]; habit: CurvePoint[] } {
+export function curves(points: readonly JudgedPoint[], window: number, habitsAt: (offset: number) => Violation[] | null): { reward: CurvePoint[]; habit: CurvePoint[] } {
   const roll = (items: Array<{ offset: number; at: number; value: number }>): CurvePoint[] => {
     let sum = 0;
     return items.map((p, i) => {
@@ -75,7 +80,10 @@ export function curves(points: readonly JudgedPoint[], window: number, habits: H
   };
   return {
     reward: roll(points.filter((p) => p.decision !== 'dropped').map((p) => ({ offset: p.offset, at: p.createdAt, value: p.reward }))),
-    habit: roll(points.filter((p) => p.reply !== null).map((p) => ({ offset: p.offset, at: p.createdAt, value: habits.of(p.offset, p.reply).length > 0 ? 1 : 0 }))),
+    habit: roll(points.flatMap((p) => {
+      const h = habitsAt(p.offset);
+      return h === null ? [] : [{ offset: p.offset, at: p.createdAt, value: h.length > 0 ? 1 : 0 }];
+    })),
   };
 }
 
@@ -118,7 +126,7 @@ export function registerJudgedRoutes(
       const page = await deps.store.listJudgedTurns({ scenario: s, after: request.query.after ?? null, limit, order });
       const data = page.items.map((t) => ({
         ...t,
-        habits: habits.of(t.offset, t.reply),
+        habits: habits.put(t.offset, t.reply) ?? [],
         reply: t.reply === null ? null : clip(t.reply, SHOWN_CHARS),
         nextState: t.nextState === null ? null : { role: t.nextState.role, content: clip(t.nextState.content, SHOWN_CHARS) },
       }));
@@ -136,7 +144,10 @@ export function registerJudgedRoutes(
     const window = intParam(request.query.window, 'window', 10, 1000);
     if (typeof window === 'string') return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', window, { param: 'window' });
     try {
-      return { window, habitRule: HABIT, ...curves(await deps.store.judgedSeries(s, limit), window, habits) };
+      const points = await deps.store.judgedSeries(s, limit);
+      const unknown = points.filter((p) => habits.get(p.offset) === undefined).map((p) => p.offset);
+      if (unknown.length > 0) for (const [offset, text] of await deps.store.judgedReplies(unknown)) habits.put(offset, text);
+      return { window, habitRule: HABIT, ...curves(points, window, (o) => habits.get(o) ?? null) };
     } catch (err) {
       return fail(reply, err);
     }

@@ -49,7 +49,8 @@ describe('judged-turn log', () => {
     const rest = await store.listJudgedTurns({ scenario: 'default', order: 'desc', limit: 2, after: desc.next });
     expect(rest).toMatchObject({ items: [{ offset: 1, reply: 'reply 1' }], next: null });
     expect((await store.listJudgedTurns({ scenario: 'default' })).items.map((t) => t.offset)).toEqual([1, 3, 4]);
-    expect((await store.judgedSeries('default', 2)).map((p) => [p.offset, p.reward, p.reply])).toEqual([[3, -1, 'reply 3'], [4, 1, 'four']]);
+    expect((await store.judgedSeries('default', 2)).map((p) => [p.offset, p.reward, p.decision])).toEqual([[3, -1, 'hint'], [4, 1, 'hint']]);
+    expect(await store.judgedReplies([4, 1, 99])).toEqual(new Map([[1, 'reply 1'], [4, 'four']]));
     await expect(store.listJudgedTurns({ scenario: 'default', after: 'x' })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
     await expect(store.judgedSeries('default', 0)).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
   });

@@ -102,14 +102,17 @@ export class JudgedTurnTable {
   private readonly appendTx: (t: NewJudgedTurn) => { offset: number; created: boolean };
 
   private readonly inQueries = new Map<number, Database.Statement>();
+  private readonly replyQueries = new Map<number, Database.Statement>();
 
   constructor(private readonly db: Database.Database) {
     this.sql = {
       bySeq: db.prepare<[number, number], JudgedRow>('SELECT * FROM judged_turns WHERE seq >= ? ORDER BY seq LIMIT ?'),
       viewAsc: db.prepare<[string, number, number], ViewRow>(`SELECT ${VIEW_COLUMNS} FROM ${VIEW_FROM} WHERE t.scenario = ? AND t.seq > ? ORDER BY t.seq ASC LIMIT ?`),
       viewDesc: db.prepare<[string, number, number], ViewRow>(`SELECT ${VIEW_COLUMNS} FROM ${VIEW_FROM} WHERE t.scenario = ? AND t.seq < ? ORDER BY t.seq DESC LIMIT ?`),
-      series: db.prepare<[string, number], JudgedRow & { response: string | null }>(
-        'SELECT t.*, r.response AS response FROM judged_turns t LEFT JOIN records r ON r.id = t.turn_record_id WHERE t.scenario = ? ORDER BY t.seq DESC LIMIT ?'),
+      // Without the records: a reply is read once per turn (judgedReplies), never on every poll,
+      // since reaching a record's response column walks past its request, hundreds of KB for an
+      // OpenClaw turn.
+      series: db.prepare<[string, number], JudgedRow>('SELECT * FROM judged_turns WHERE scenario = ? ORDER BY seq DESC LIMIT ?'),
       byTurn: db.prepare<[string], { seq: number }>('SELECT seq FROM judged_turns WHERE turn_record_id = ?'),
       head: db.prepare<[], { head: number | null }>('SELECT MAX(seq) AS head FROM judged_turns'),
       recordExists: db.prepare<[string], { one: number }>('SELECT 1 AS one FROM records WHERE id = ?'),
@@ -154,7 +157,21 @@ export class JudgedTurnTable {
   /** The newest `limit` turns of a scenario, oldest first. */
   series(scenario: string, limit: number): JudgedPoint[] {
     return this.sql.series.all(scenario, Math.min(limit, MAX_SERIES)).reverse()
-      .map((r) => ({ offset: r.seq, createdAt: r.created_at, decision: r.decision, reward: r.reward, reply: replyText(r.response) }));
+      .map((r) => ({ offset: r.seq, createdAt: r.created_at, decision: r.decision, reward: r.reward }));
+  }
+
+  replies(offsets: readonly number[]): Map<number, string | null> {
+    const out = new Map<number, string | null>();
+    for (let i = 0; i < offsets.length; i += IDS_PER_QUERY) {
+      const chunk = offsets.slice(i, i + IDS_PER_QUERY);
+      let stmt = this.replyQueries.get(chunk.length);
+      if (stmt === undefined) {
+        stmt = this.db.prepare(`SELECT t.seq AS seq, r.response AS response FROM judged_turns t LEFT JOIN records r ON r.id = t.turn_record_id WHERE t.seq IN (${Array(chunk.length).fill('?').join(',')})`);
+        this.replyQueries.set(chunk.length, stmt);
+      }
+      for (const row of stmt.all(...chunk) as { seq: number; response: string | null }[]) out.set(row.seq, replyText(row.response));
+    }
+    return out;
   }
 
   head(): number {

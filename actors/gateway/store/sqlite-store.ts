@@ -559,6 +559,12 @@ export class SqliteStore implements RecordStore {
     return this.judged.series(checkScenarioName(scenario), limit);
   }
 
+  async judgedReplies(offsets: readonly number[]): Promise<Map<number, string | null>> {
+    this.live();
+    for (const o of offsets) checkOffset(o);
+    return this.judged.replies(offsets);
+  }
+
   /** Creates a scenario; REEF_ERR_CONFLICT when it exists (use ensureScenario to accept that). */
   async createScenario(name: string, description: string | null = null): Promise<Scenario> {
     this.live();

@@ -229,8 +229,6 @@ export interface JudgedPoint {
   createdAt: number;
   decision: JudgeDecision;
   reward: number;
-  /** As `JudgedTurnView.reply`. */
-  reply: string | null;
 }
 
 /** State keys a consumer's commit writes (`put`) and deletes besides its state. */
@@ -295,6 +293,8 @@ export interface RecordStore {
   listJudgedTurns(options: ListOptions): Promise<Page<JudgedTurnView>>;
   /** The newest `limit` judged turns of a scenario (at most 5000), oldest first: the points of its curves. */
   judgedSeries(scenario: string, limit: number): Promise<JudgedPoint[]>;
+  /** The reply texts (as `JudgedTurnView.reply`) of the judged turns at these offsets; an offset the log lacks is left out. */
+  judgedReplies(offsets: readonly number[]): Promise<Map<number, string | null>>;
 
   createScenario(name: string, description?: string | null): Promise<Scenario>;
   ensureScenario(name: string, description?: string | null): Promise<Scenario>;
