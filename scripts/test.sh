@@ -6,7 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || { echo "reef: set-up failed"; exit 1; }
 
-# test/gateway/browser.int.test.ts drives headless Chromium, and CI starts from a clean machine.
+# test/gateway/browser.int.test.ts and ui.int.test.ts drive headless Chromium, and CI starts from a clean machine.
 # Without one the test fails saying so; REEF_NO_BROWSER=1 skips it instead.
 has_chromium() { command -v chromium || command -v chromium-browser || command -v google-chrome || command -v google-chrome-stable; } >/dev/null 2>&1
 if [ "${REEF_NO_BROWSER:-}" != "1" ] && ! has_chromium; then

@@ -37,7 +37,7 @@ describe('PipelineStatus', () => {
     await store.putState(TRAINER_STATE_KEY, { releases: [{ weightVersion: 'v1' }, { weightVersion: 'v2' }], counters: { batches: 2 }, pending: [] });
     const { reads } = counting();
     const status = new PipelineStatus(store, 60_000);
-    expect(await status.refresh()).toEqual({ correlation: { tagged: 4 }, judge: { judged: 2 }, training: { releases: 2, weightVersion: 'v2', counters: { batches: 2 } } });
+    expect(await status.refresh()).toEqual({ correlation: { tagged: 4 }, correlationWarnings: [], judge: { judged: 2 }, training: { releases: 2, weightVersion: 'v2', counters: { batches: 2 } } });
     expect(reads()).toBe(2);
     // A write in the same ms as that read may have come after it: wait past it, then nothing is read.
     await new Promise((r) => setTimeout(r, 5));
@@ -48,6 +48,12 @@ describe('PipelineStatus', () => {
     expect(reads()).toBe(settled);
     await store.commitConsumer('judge', 4, JUDGE_STATE_KEY, { correlator: { counters: { tagged: 5 }, sessions }, counters: { judged: 3 } });
     expect((await status.refresh()).correlation).toEqual({ tagged: 5 });
+    // What the correlator saved of its warnings comes back as warnings, each saying what to do.
+    await store.commitConsumer('judge', 5, JUDGE_STATE_KEY, { correlator: { counters: { tagged: 5 }, warned: { untagged: true, evictions: false, unboundAt: 1234 } }, counters: {} });
+    expect((await status.refresh()).correlationWarnings).toEqual([
+      { code: 'untagged-traffic', at: null, message: expect.stringContaining('x-reef-tag-session') },
+      { code: 'unbound-turns', at: 1234, message: expect.stringContaining('reef correlate') },
+    ]);
     expect(reads()).toBeGreaterThan(settled);
     // A state deleted reads as none.
     await store.deleteState(TRAINER_STATE_KEY);

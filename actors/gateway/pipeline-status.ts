@@ -10,13 +10,23 @@ import type { RecordStore } from './store/types.js';
  * waits on the store and a stopped actor still shows its last persisted figures.
  */
 
+/** A warning the judge's correlator raised (correlate/correlator.ts), as its saved state keeps it. */
+export interface CorrelationWarning {
+  code: 'untagged-traffic' | 'evictions' | 'unbound-turns';
+  message: string;
+  /** When it was last raised (ms since the epoch, the correlator's clock), where the state keeps it. */
+  at: number | null;
+}
+
 export interface PipelineCounters {
   correlation: Record<string, number>;
+  /** The warnings raised so far; the judge's log has each in full. */
+  correlationWarnings: CorrelationWarning[];
   judge: Record<string, number>;
   training: { releases: number; weightVersion: string | null; counters: Record<string, number> };
 }
 
-const EMPTY: PipelineCounters = { correlation: {}, judge: {}, training: { releases: 0, weightVersion: null, counters: {} } };
+const EMPTY: PipelineCounters = { correlation: {}, correlationWarnings: [], judge: {}, training: { releases: 0, weightVersion: null, counters: {} } };
 
 function numbers(o: unknown): Record<string, number> {
   const out: Record<string, number> = {};
@@ -24,7 +34,20 @@ function numbers(o: unknown): Record<string, number> {
   return out;
 }
 
-const JUDGE_PATHS = ['$.correlator.counters', '$.counters'];
+const JUDGE_PATHS = ['$.correlator.counters', '$.counters', '$.correlator.warned'];
+
+/**
+ * The correlator saves only that it warned (a warning is raised once, the unbound one at most every
+ * 5 min), not the words: these say what each means and what to do, as its log line does.
+ */
+export function warningsOf(warned: unknown): CorrelationWarning[] {
+  const w = (warned && typeof warned === 'object' ? warned : {}) as { untagged?: unknown; evictions?: unknown; unboundAt?: unknown };
+  const out: CorrelationWarning[] = [];
+  if (w.untagged === true) out.push({ code: 'untagged-traffic', at: null, message: 'requests arrive without x-reef-tag-session: they are correlated by transcript, which history rewrites and identical conversations break; send one x-reef-tag-session value per conversation' });
+  if (w.evictions === true) out.push({ code: 'evictions', at: null, message: 'more sessions were open than max_open_sessions: the least recently active were evicted and their pending turns dropped; raise max_open_sessions or tag sessions so requests bind' });
+  if (typeof w.unboundAt === 'number') out.push({ code: 'unbound-turns', at: w.unboundAt, message: 'more turns were dropped without a next state than bound: sessions expire before any request extends them; check with `reef correlate` and send x-reef-tag-session' });
+  return out;
+}
 /**
  * The release count and the current version, without the releases: a state of version 2 has the
  * count and the newest releases, one of version 1 (no count) every release under `releases`.
@@ -38,12 +61,13 @@ const TRAINER_PATHS = ['$.counters', '$.releaseCount', '$.recentReleases[#-1].we
  */
 export async function readPipelineCounters(store: RecordStore): Promise<PipelineCounters> {
   const [judge, trainer] = await Promise.all([store.getStateFields(JUDGE_STATE_KEY, JUDGE_PATHS), store.getStateFields(TRAINER_STATE_KEY, TRAINER_PATHS)]);
-  const [correlation, judgeCounters] = judge?.values ?? [];
+  const [correlation, judgeCounters, warned] = judge?.values ?? [];
   const [trainerCounters, count, current, v1Releases] = trainer?.values ?? [];
   const list = Array.isArray(v1Releases) ? (v1Releases as Array<{ weightVersion?: unknown }>) : [];
   const last = typeof count === 'number' ? current : list.at(-1)?.weightVersion;
   return {
     correlation: numbers(correlation),
+    correlationWarnings: warningsOf(warned),
     judge: numbers(judgeCounters),
     training: { releases: typeof count === 'number' ? count : list.length, weightVersion: typeof last === 'string' ? last : null, counters: numbers(trainerCounters) },
   };

@@ -9,6 +9,7 @@ import { ReefError } from '../runtime/errors.js';
 import { errorBody, sendError, sendReefError } from './http-errors.js';
 import { parsedBodyProblem } from './body-checks.js';
 import { registerOpenAIRoutes } from './routes/openai.js';
+import { PUBLIC_UI_ROUTES, registerUiRoutes } from './routes/ui.js';
 import { NotUtf8Error } from './tokenize/utf8.js';
 import { DEFAULT_LIMITS, rateLimitMessage, type DiskGuard, type GatewayLimits, type ScenarioCap } from './limits.js';
 
@@ -142,6 +143,9 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
       sendReefError(reply, refused);
       return;
     }
+    // The live page's own files hold no data: they load without a key, so that the page can ask
+    // for one. Every call they make for data is authenticated below as any other.
+    if (PUBLIC_UI_ROUTES.has(request.routeOptions.url ?? '')) return done();
     // The socket's peer: behind a proxy that is the proxy, whose clients then share one bucket.
     const refusedFor = throttle?.refusedFor(request.ip) ?? 0;
     if (refusedFor > 0) {
@@ -256,6 +260,9 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
     return reply.type('text/plain; version=0.0.4; charset=utf-8').send(metrics.render(p.scenarios === null ? null : (s) => canSee(p, s)));
   });
   registerOpenAIRoutes(app, opts.chat, { defaultScenario: opts.defaultScenario, principalOf, disk: opts.disk ?? null, scenarios: opts.scenarios ?? null });
-  opts.registerReefRoutes?.(app, principalOf);
+  if (opts.registerReefRoutes) {
+    opts.registerReefRoutes(app, principalOf);
+    registerUiRoutes(app);
+  }
   return app;
 }

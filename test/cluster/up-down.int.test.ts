@@ -73,6 +73,13 @@ describe('reef up → status → scale → down', () => {
     });
     expect(res.status).toBe(200);
     expect(res.headers.get('x-reef-agent-record-id')).toMatch(/^[0-9A-Z]{26}$/);
+    // The gateway's /reef/status (and the live page that polls it) shows the same actors and
+    // engines, asked of the supervisor, without the actors' mailbox endpoints.
+    const gw = (await (await fetch(`http://127.0.0.1:${port}/reef/status`)).json()) as { actors: Array<Record<string, unknown>>; engines: Array<{ name: string }>; stackError: string | null };
+    expect(gw.stackError).toBeNull();
+    expect(gw.actors.map((a) => a.id).sort()).toEqual(['gateway-0', 'judge-0', 'prm-0', 'prm-1', 'trainer-controller-0']);
+    expect(gw.actors.every((a) => !('mailbox' in a))).toBe(true);
+    expect(gw.engines.map((e) => e.name)).toEqual(['rollout', 'prm-0']);
     tree = descendants(stackPid);
   });
 

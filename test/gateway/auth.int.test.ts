@@ -65,6 +65,10 @@ describe('gateway auth', () => {
     ['GET', '/reef/scenarios/beta/records'],
     ['GET', '/reef/scenarios/beta/records/x'],
     ['GET', '/reef/scenarios/beta/reports'],
+    ['GET', '/reef/scenarios/beta/judged'],
+    ['GET', '/reef/scenarios/beta/curves'],
+    ['GET', '/reef/key'],
+    ['POST', '/reef/ui'],
     ['GET', '/no/such/route'],
     ['HEAD', '/metrics'],
     ['HEAD', '/reef/status'],
@@ -73,7 +77,7 @@ describe('gateway auth', () => {
     ['POST', '/healthz'],
   ];
 
-  it('a missing or wrong key is 401 on every route but /healthz', async () => {
+  it('a missing or wrong key is 401 on every route but /healthz and the live page\'s own files', async () => {
     for (const [method, path] of routes) {
       for (const headers of [{}, { authorization: 'Bearer wrong' }, { 'x-api-key': 'wrong' }, { authorization: `Basic ${ADMIN}` }] as Array<Record<string, string>>) {
         const res = await fetch(`${s.url}${path}`, { method, headers: { 'content-type': 'application/json', ...headers }, ...(method === 'POST' ? { body: JSON.stringify(CHAT) } : {}) });
@@ -84,6 +88,8 @@ describe('gateway auth', () => {
     }
     expect((await fetch(`${s.url}/healthz`)).status).toBe(200);
     expect((await fetch(`${s.url}/healthz`, { method: 'HEAD' })).status).toBe(200);
+    // Code only, no data: the page loads so that it can ask for the key its data calls need.
+    for (const path of ['/reef/ui', '/reef/ui/app.js', '/reef/ui/app.css']) expect((await fetch(`${s.url}${path}`)).status, path).toBe(200);
   });
 
   it('/healthz with a query string still needs no key (regression: auth compared the raw URL)', async () => {

@@ -179,4 +179,64 @@ export class Page {
   origin(): Promise<string> {
     return this.evaluate<string>('location.origin');
   }
+
+  /** Resolves once `expression` is truthy in the page (checked every 20 ms), with its value; rejects after `timeoutMs`. */
+  waitUntil<T>(expression: string, what: string, timeoutMs = 10_000): Promise<T> {
+    return this.evaluate<T>(`new Promise((resolve, reject) => {
+      const deadline = Date.now() + ${timeoutMs};
+      const check = () => {
+        let v;
+        try { v = (${expression}); } catch (e) { v = undefined; }
+        if (v) return resolve(v);
+        if (Date.now() > deadline) return reject(new Error(${JSON.stringify(`timed out waiting for ${what}`)}));
+        setTimeout(check, 20);
+      };
+      check();
+    })`);
+  }
+
+  /** The CSS viewport size (and the size a screenshot has). */
+  async setViewport(width: number, height: number): Promise<void> {
+    await this.browser.send('Emulation.setDeviceMetricsOverride', { width, height, deviceScaleFactor: 1, mobile: false }, this.sessionId);
+  }
+
+  /**
+   * A real click, as a user's: the mouse pressed and released at the middle of the first element
+   * `selector` matches (scrolled into view), so the browser runs its own hit test and event path.
+   */
+  async click(selector: string): Promise<void> {
+    const box = await this.evaluate<{ x: number; y: number } | null>(`(() => {
+      const e = document.querySelector(${JSON.stringify(selector)});
+      if (!e) return null;
+      e.scrollIntoView({ block: 'center' });
+      const r = e.getBoundingClientRect();
+      return { x: r.left + r.width / 2, y: r.top + r.height / 2 };
+    })()`);
+    if (box === null) throw new Error(`click: nothing matches ${selector}`);
+    for (const type of ['mousePressed', 'mouseReleased']) {
+      await this.browser.send('Input.dispatchMouseEvent', { type, x: box.x, y: box.y, button: 'left', clickCount: 1 }, this.sessionId);
+    }
+  }
+
+  /** Types `text` into the focused element, as a keyboard would. */
+  async type(text: string): Promise<void> {
+    await this.browser.send('Input.insertText', { text }, this.sessionId);
+  }
+
+  /**
+   * Answers the page's next `alert`/`confirm`/`prompt` (accepting or dismissing it) and resolves
+   * with its message. Call before the action that opens it: a dialog blocks the page until answered.
+   */
+  nextDialog(accept: boolean): Promise<string> {
+    return this.browser.waitFor('Page.javascriptDialogOpening', this.sessionId).then(async (p) => {
+      await this.browser.send('Page.handleJavaScriptDialog', { accept }, this.sessionId);
+      return String(p.message);
+    });
+  }
+
+  /** A PNG of the viewport. */
+  async screenshot(): Promise<Buffer> {
+    const { data } = (await this.browser.send('Page.captureScreenshot', { format: 'png' }, this.sessionId)) as { data: string };
+    return Buffer.from(data, 'base64');
+  }
 }

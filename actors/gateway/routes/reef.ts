@@ -5,6 +5,7 @@ import { canSee, type Principal } from '../auth.js';
 import { sendError, sendReefError } from '../http-errors.js';
 import { logprobToJson } from '../store/json-numbers.js';
 import type { AgentRecord, RecordStore } from '../store/types.js';
+import { registerJudgedRoutes } from './judged.js';
 import { scenarioOf } from './openai.js';
 import type { DiskGuard, ScenarioCap } from '../limits.js';
 
@@ -214,4 +215,5 @@ export function registerReefRoutes(app: FastifyInstance, deps: ReefRouteDeps, pr
   });
 
   app.get('/reef/status', async () => ({ ...(await deps.status()), store: deps.store.stats() }));
+  registerJudgedRoutes(app, { store: deps.store, canRollback: deps.rollback !== undefined }, principalOf, guard, fail);
 }

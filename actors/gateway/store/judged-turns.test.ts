@@ -33,6 +33,28 @@ function turn(turnRecordId: string, over: Partial<NewJudgedTurn> = {}): NewJudge
 }
 
 describe('judged-turn log', () => {
+  it('lists a scenario\'s turns with their votes, hints, next state and reply, paged either way, and its curve points oldest first', async () => {
+    const ids: string[] = [];
+    for (const [i, scenario] of [[1, 'default'], [2, 'other'], [3, 'default'], [4, 'default']] as const) {
+      const r = await store.append({ ...sampleRecord(i, { scenario }), response: { role: 'assistant', content: i === 4 ? [{ type: 'text', text: 'four' }] : `reply ${i}`, tool_calls: null } });
+      ids.push(r.id);
+      const judgment = i === 3 ? 'not an object' : { score: { votes: [1, null, -1], outputs: ['long'] }, hint: { votes: [1], hints: [`hint ${i}`] }, nextState: { role: 'user', content: `next ${i}` } };
+      await store.appendJudgedTurn(turn(r.id, { scenario, judgment, reward: i === 3 ? -1 : 1 }));
+    }
+    const desc = await store.listJudgedTurns({ scenario: 'default', order: 'desc', limit: 2 });
+    expect(desc.items.map((t) => t.offset)).toEqual([4, 3]);
+    expect(desc.items[0]).toMatchObject({ turnRecordId: ids[3], votes: { score: [1, null, -1], hint: [1] }, hints: ['hint 4'], nextState: { role: 'user', content: 'next 4' }, reply: 'four' });
+    // A judgment without the parts (an older judge's) lists with none rather than failing the page.
+    expect(desc.items[1]).toMatchObject({ votes: { score: [], hint: [] }, hints: [], nextState: null, reply: 'reply 3' });
+    const rest = await store.listJudgedTurns({ scenario: 'default', order: 'desc', limit: 2, after: desc.next });
+    expect(rest).toMatchObject({ items: [{ offset: 1, reply: 'reply 1' }], next: null });
+    expect((await store.listJudgedTurns({ scenario: 'default' })).items.map((t) => t.offset)).toEqual([1, 3, 4]);
+    expect((await store.judgedSeries('default', 2)).map((p) => [p.offset, p.reward, p.decision])).toEqual([[3, -1, 'hint'], [4, 1, 'hint']]);
+    expect(await store.judgedReplies([4, 1, 99])).toEqual(new Map([[1, 'reply 1'], [4, 'four']]));
+    await expect(store.listJudgedTurns({ scenario: 'default', after: 'x' })).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
+    await expect(store.judgedSeries('default', 0)).rejects.toMatchObject({ code: 'REEF_ERR_INVALID_ARGUMENT' });
+  });
+
   it('appends with increasing offsets, stores the judgment, and reads back by offset', async () => {
     const a = await store.append(sampleRecord(1));
     const b = await store.append(sampleRecord(2));

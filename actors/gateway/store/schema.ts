@@ -133,6 +133,11 @@ const MIGRATIONS: readonly string[] = [
   `
   ALTER TABLE reports ADD COLUMN key_id TEXT;
   `,
+  // 9: a scenario's judged turns, newest first, for the live page (GET /reef/scenarios/{s}/judged):
+  // without it every page of them scanned the whole log.
+  `
+  CREATE INDEX IF NOT EXISTS judged_turns_by_scenario ON judged_turns(scenario, seq);
+  `,
 ];
 
 export const SCHEMA_VERSION = MIGRATIONS.length;

@@ -15,7 +15,7 @@ import {
 import { checkSchema, migrate } from './schema.js';
 import { NO_ROWS, type StateRows } from './types.js';
 import type {
-  AgentRecord, JudgedTurn, ListOptions, NewJudgedTurn, NewRecord, NewReport, Page, Receipt, RecordStore, RecordSummary, Report, Scenario, StagedPayloads, StoreStats,
+  AgentRecord, JudgedPoint, JudgedTurn, JudgedTurnView, ListOptions, NewJudgedTurn, NewRecord, NewReport, Page, Receipt, RecordStore, RecordSummary, Report, Scenario, StagedPayloads, StoreStats,
 } from './types.js';
 
 export interface SqliteStoreOptions extends Partial<Omit<GroupCommitOptions, 'lockWait'>> {
@@ -545,6 +545,24 @@ export class SqliteStore implements RecordStore {
   async judgedTurnIds(turnRecordIds: readonly string[]): Promise<Set<string>> {
     this.live();
     return this.judged.judgedIds(turnRecordIds);
+  }
+
+  async listJudgedTurns(options: ListOptions): Promise<Page<JudgedTurnView>> {
+    this.live();
+    const scenario = checkScenarioName(options.scenario);
+    return this.judged.list(scenario, parseCursor(options.after), pageLimit(options.limit), pageOrder(options.order));
+  }
+
+  async judgedSeries(scenario: string, limit: number): Promise<JudgedPoint[]> {
+    this.live();
+    if (!Number.isSafeInteger(limit) || limit < 1) throw invalid('limit must be a positive integer');
+    return this.judged.series(checkScenarioName(scenario), limit);
+  }
+
+  async judgedReplies(offsets: readonly number[]): Promise<Map<number, string | null>> {
+    this.live();
+    for (const o of offsets) checkOffset(o);
+    return this.judged.replies(offsets);
   }
 
   /** Creates a scenario; REEF_ERR_CONFLICT when it exists (use ensureScenario to accept that). */

@@ -208,6 +208,29 @@ export interface JudgedTurn extends Omit<NewJudgedTurn, 'judgment'> {
   createdAt: number;
 }
 
+/**
+ * A judged turn as the live page lists it (`listJudgedTurns`): the log's row with what the
+ * judgment says of it, and the texts of the reply and of the next state that judged it.
+ */
+export interface JudgedTurnView extends JudgedTurn {
+  /** The PRM's score votes and hint votes, as parsed (null: a reply without a valid verdict). */
+  votes: { score: (number | null)[]; hint: (number | null)[] };
+  /** The hints the judge accepted (its teachers), shortest first. */
+  hints: string[];
+  /** The message that judged the turn (the user's or a tool's next message); null when the judgment has none. */
+  nextState: { role: string; content: string } | null;
+  /** The assistant text the turn's record answered with; null when it had none (tool calls only) or the record is gone. */
+  reply: string | null;
+}
+
+/** One judged turn as a point of a scenario's curves (`judgedSeries`). */
+export interface JudgedPoint {
+  offset: number;
+  createdAt: number;
+  decision: JudgeDecision;
+  reward: number;
+}
+
 /** State keys a consumer's commit writes (`put`) and deletes besides its state. */
 export interface StateRows {
   put: readonly [key: string, value: unknown][];
@@ -266,6 +289,12 @@ export interface RecordStore {
   judgedHeadOffset(): Promise<number>;
   /** Which of these turn record ids are already in the judged-turn log. */
   judgedTurnIds(turnRecordIds: readonly string[]): Promise<Set<string>>;
+  /** A scenario's judged turns with their votes, hints and texts, paged as records are (`after` is an offset). */
+  listJudgedTurns(options: ListOptions): Promise<Page<JudgedTurnView>>;
+  /** The newest `limit` judged turns of a scenario (at most 5000), oldest first: the points of its curves. */
+  judgedSeries(scenario: string, limit: number): Promise<JudgedPoint[]>;
+  /** The reply texts (as `JudgedTurnView.reply`) of the judged turns at these offsets; an offset the log lacks is left out. */
+  judgedReplies(offsets: readonly number[]): Promise<Map<number, string | null>>;
 
   createScenario(name: string, description?: string | null): Promise<Scenario>;
   ensureScenario(name: string, description?: string | null): Promise<Scenario>;

@@ -97,8 +97,8 @@ function hasTable(lines: string[]): boolean {
   return lines.some((line, i) => TABLE_DELIMITER.test(line) && line.includes('|') && i > 0 && lines[i - 1]!.includes('|'));
 }
 
-/** Checks one reply against the rules; `gold` null skips the answer check. */
-export function checkReply(text: string, gold: number | null = null): ReplyCheck {
+/** The AI-looking formatting of a reply (the violations of `checkReply`), without counting its steps. */
+export function formattingOf(text: string): Violation[] {
   const prose = stripCode(text);
   const lines = prose.split('\n');
   const { header, rule } = headerOrRule(lines);
@@ -112,11 +112,16 @@ export function checkReply(text: string, gold: number | null = null): ReplyCheck
     rule,
     table: hasTable(lines),
   };
-  const violations = (Object.keys(found) as Violation[]).filter((k) => found[k]);
+  return (Object.keys(found) as Violation[]).filter((k) => found[k]);
+}
+
+/** Checks one reply against the rules; `gold` null skips the answer check. */
+export function checkReply(text: string, gold: number | null = null): ReplyCheck {
+  const violations = formattingOf(text);
   return {
     violations,
-    bold: found.bold,
-    list: found.list,
+    bold: violations.includes('bold'),
+    list: violations.includes('list'),
     steps: findEquations(text).length,
     hasAnswer: gold === null ? null : numberTokens(text).some((n) => Math.abs(n - gold) < 1e-9),
   };
