@@ -5,6 +5,7 @@ import { completeOnce, prepare, type ChatDeps } from '../chat.js';
 import { streamCompletion, type SseSink } from '../chat-stream.js';
 import { sendError, sendReefError } from '../http-errors.js';
 import { admitHook, chargeTokens, openEventStream, replyWithError, takeAdmitted, watchClient, type OpenAIRouteOptions } from './common.js';
+import { registerResponsesCreate, registerResponsesStore } from './responses.js';
 
 export { scenarioOf, replyWithError, watchClient, type OpenAIRouteOptions } from './common.js';
 
@@ -52,7 +53,9 @@ export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts:
         admitted.release();
       }
     });
+    if (opts.responses) registerResponsesCreate(scope, deps, opts, opts.responses);
   });
+  if (opts.responses) registerResponsesStore(app, opts, opts.responses);
 }
 
 /** What a body's reading starts with: an OpenClaw turn (~40 KB) fits, so most bodies are never copied. */
