@@ -53,7 +53,7 @@ export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts:
         admitted.release();
       }
     });
-    if (opts.responses) registerResponsesCreate(scope, deps, opts, opts.responses);
+    if (opts.responses) registerResponsesCreate(scope, deps, opts.responses);
   });
   if (opts.responses) registerResponsesStore(app, opts, opts.responses);
 }

@@ -55,7 +55,7 @@ async function sessionOf(store: ResponseStore, principal: Principal, tags: Recor
   return null;
 }
 
-export function registerResponsesCreate(scope: FastifyInstance, deps: ChatDeps, _opts: OpenAIRouteOptions, store: ResponseStore): void {
+export function registerResponsesCreate(scope: FastifyInstance, deps: ChatDeps, store: ResponseStore): void {
   scope.post('/v1/responses', async (request, reply) => {
     const admitted = takeAdmitted(request);
     const { principal, scenario } = admitted;
