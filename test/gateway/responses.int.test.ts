@@ -13,6 +13,7 @@ import { postChat, startStack, type Stack } from './harness.js';
 
 const KEY_A = 'responses-test-key-a-0123456789ab';
 const KEY_B = 'responses-test-key-b-0123456789ab';
+const KEY_ONE = 'responses-test-key-one-slot-0123456';
 const TOOL_CALL = ['<tool_call>', '\n{"name": "save", ', '"arguments": {"x": 1}}', '\n</tool_call>'];
 const THINKING = ['<think>', 'pondering', ' deeply', '</think>', '\n\n', 'The', ' answer', '.'];
 const SAVE = { type: 'function' as const, name: 'save', description: 'Saves x', parameters: { type: 'object', properties: { x: { type: 'number' } } }, strict: false };
@@ -26,7 +27,7 @@ describe('/v1/responses', () => {
 
   beforeAll(async () => {
     s = await startStack({
-      apiKeys: [{ key: KEY_A }, { key: KEY_B }],
+      apiKeys: [{ key: KEY_A }, { key: KEY_B }, { key: KEY_ONE, max_concurrency: 1 }],
       engine: { respond: () => script.shift() ?? { pieces: ['Hello', ' from', ' the', ' fake', ' engine', '.'] } },
     });
     a = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: KEY_A, maxRetries: 0 });
@@ -244,5 +245,22 @@ describe('/v1/responses', () => {
     expect(failed.status).toBe('failed');
     expect((await record(failed.id.slice(5))).status).toBe('failed');
     await expect(a.responses.retrieve(failed.id)).rejects.toMatchObject({ status: 404 });
+  });
+
+  it('ends a chain\'s session with x-session-done and no session header; without a session to end it is a 400', async () => {
+    const r1 = await a.responses.create({ model: 'tiny', input: 'hi' });
+    const r2 = await a.responses.create({ model: 'tiny', input: 'bye', previous_response_id: r1.id }, { headers: { 'x-session-done': 'true' } });
+    expect((await record(r2.id.slice(5))).tags).toEqual({ session: r1.id, 'session-done': 'true' });
+    const err = await a.responses.create({ model: 'tiny', input: 'x', store: false }, { headers: { 'x-session-done': 'true' } }).then(() => null, (e: unknown) => e);
+    expect(err).toMatchObject({ status: 400, param: 'x-session-done' });
+  });
+
+  it('gives its concurrency slot back whatever the answer: a key with one slot goes on after answers, refusals and streams', async () => {
+    const one = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: KEY_ONE, maxRetries: 0 });
+    await one.responses.create({ model: 'tiny', input: 'x' });
+    await expect(one.responses.create({ model: 'tiny', input: 'x', tools: [{ type: 'web_search' } as never] })).rejects.toMatchObject({ status: 400 });
+    await expect(one.responses.create({ model: 'tiny', input: 'x', previous_response_id: 'resp_gone' })).rejects.toMatchObject({ status: 400 });
+    for await (const _ of await one.responses.create({ model: 'tiny', input: 'x', stream: true })) void _;
+    expect((await one.responses.create({ model: 'tiny', input: 'still here' })).status).toBe('completed');
   });
 });

@@ -76,7 +76,8 @@ export function admit(request: FastifyRequest, reply: FastifyReply, deps: ChatDe
     sendReefError(reply, new ReefError('REEF_ERR_FORBIDDEN', { scenario }));
     return null;
   }
-  const read = sessionHeaders(request.headers);
+  // A response's session may come from its chain (routes/responses.ts), which the body names.
+  const read = sessionHeaders(request.headers, request.routeOptions.url === '/v1/responses');
   if ('error' in read) {
     sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', read.error, { param: read.param });
     return null;

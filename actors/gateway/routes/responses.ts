@@ -4,6 +4,7 @@ import { releaseBody } from '../../../cluster/generate-body.js';
 import { completeOnce, prepare, type ChatDeps, type Prepared } from '../chat.js';
 import { streamCompletion } from '../chat-stream.js';
 import { sendError } from '../http-errors.js';
+import { SESSION_DONE_WITHOUT_SESSION } from '../session-headers.js';
 import type { Principal } from '../auth.js';
 import type { ResponseStore, StoredResponse } from '../store/responses.js';
 import { responseEventSink } from '../responses/events.js';
@@ -87,6 +88,10 @@ export function registerResponsesCreate(scope: FastifyInstance, deps: ChatDeps, 
       const tags = { ...admitted.tags };
       const session = await sessionOf(store, principal, tags, req, previous);
       if (session !== null) tags['session'] = session;
+      // Checked here, not with the other headers: a chain's session is known only now.
+      if (tags['session-done'] === 'true' && session === null && !req.store) {
+        return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `${SESSION_DONE_WITHOUT_SESSION} (or continue a stored response: previous_response_id)`, { param: 'x-session-done' });
+      }
 
       // Instructions are the request's own: a continuation does not inherit the previous ones.
       const conversation = [...(previous?.conversation ?? []), ...req.messages];
