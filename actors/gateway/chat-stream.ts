@@ -17,6 +17,11 @@ export interface SseSink {
   sendDone(events?: readonly unknown[]): Promise<void>;
   /** Aborted when the client goes away. */
   readonly signal: AbortSignal;
+  /**
+   * Told the assistant message the record keeps, once the stream ended well, before its commit:
+   * a route that answers in another shape (the Responses API) stores the conversation with it.
+   */
+  recorded?(message: ReturnType<typeof assistantMessage>): void;
 }
 
 /**
@@ -100,6 +105,7 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
     await commit(deps, buildRecord(deps, p, last, 'aborted', 'client disconnected', message));
     return { recordId: p.id, status: 'aborted' };
   }
+  sink.recorded?.(message);
   // The closing events wait for the commit and leave together with the receipt: sent before it,
   // they cost the client a wake-up (and us a socket write) of their own for nothing it can use
   // earlier, since the answer is complete only with its receipt.

@@ -183,6 +183,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       scenarios,
       chat,
       auth,
+      responses: store,
       defaultScenario: cfg.reef.default_scenario,
       browser: browserOptions(cfg),
       registerReefRoutes: (a, principalOf) =>

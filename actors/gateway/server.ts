@@ -10,6 +10,7 @@ import { errorBody, sendError, sendReefError } from './http-errors.js';
 import { parsedBodyProblem } from './body-checks.js';
 import { registerOpenAIRoutes } from './routes/openai.js';
 import { PUBLIC_UI_ROUTES, registerUiRoutes } from './routes/ui.js';
+import type { ResponseStore } from './store/responses.js';
 import { NotUtf8Error } from './tokenize/utf8.js';
 import { DEFAULT_LIMITS, rateLimitMessage, type DiskGuard, type GatewayLimits, type ScenarioCap } from './limits.js';
 
@@ -31,6 +32,8 @@ export interface GatewayServerOptions {
   disk?: DiskGuard | null;
   /** Bounds how many scenarios there are; null = unbounded. @default null */
   scenarios?: ScenarioCap | null;
+  /** Where `/v1/responses` stores responses; null: the Responses API is not served. @default null */
+  responses?: ResponseStore | null;
 }
 
 /**
@@ -50,6 +53,15 @@ function socketTimeout(request: FastifyRequest, ms: number): void {
 /** Whether the request has body bytes that have not been read yet. */
 function bodyUnread(request: FastifyRequest): boolean {
   return !request.raw.complete && (request.headers['transfer-encoding'] !== undefined || Number(request.headers['content-length'] ?? 0) > 0);
+}
+
+/**
+ * The OpenAI SDKs delete a stored response with no body and no content type. DELETE is never a
+ * request a page may send without a preflight, whatever its content type, so this one route
+ * takes it as they send it.
+ */
+function bodylessDelete(request: FastifyRequest): boolean {
+  return request.method === 'DELETE' && request.routeOptions.url === '/v1/responses/:id' && request.headers['content-type'] === undefined && !bodyUnread(request) && request.headers['transfer-encoding'] === undefined;
 }
 
 const PRINCIPAL = Symbol('reef.principal');
@@ -172,7 +184,7 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
     // Before the body is read, so no handler runs: why JSON is required is at STATE_CHANGING. An
     // unknown route stays a 404.
     const contentType = request.headers['content-type'];
-    if (STATE_CHANGING.has(request.method) && request.routeOptions.url !== undefined && !isJsonContentType(contentType)) {
+    if (STATE_CHANGING.has(request.method) && request.routeOptions.url !== undefined && !isJsonContentType(contentType) && !bodylessDelete(request)) {
       sendError(reply, 'REEF_ERR_BODY', `${request.method} ${request.routeOptions.url} needs content-type: application/json, got ${contentType === undefined ? 'none' : JSON.stringify(contentType)} (send {} when there is nothing to say)`, { status: 415 });
       return;
     }
@@ -259,7 +271,7 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
     // other than ASCII, and text/plain without one is Latin-1 to clients that follow HTTP/1.1's default.
     return reply.type('text/plain; version=0.0.4; charset=utf-8').send(metrics.render(p.scenarios === null ? null : (s) => canSee(p, s)));
   });
-  registerOpenAIRoutes(app, opts.chat, { defaultScenario: opts.defaultScenario, principalOf, disk: opts.disk ?? null, scenarios: opts.scenarios ?? null });
+  registerOpenAIRoutes(app, opts.chat, { defaultScenario: opts.defaultScenario, principalOf, disk: opts.disk ?? null, scenarios: opts.scenarios ?? null, responses: opts.responses ?? null });
   if (opts.registerReefRoutes) {
     opts.registerReefRoutes(app, principalOf);
     registerUiRoutes(app);

@@ -31,9 +31,10 @@ function one(v: string | string[]): string {
  * The record's tags from a request's headers: every `x-reef-tag-<name>` (stored opaquely), plus
  * the aliases above. Refused (the error names the headers): an alias and its tag that disagree,
  * an `x-turn-type` that is neither `main` nor `side`, a session-done flag that is not a boolean,
- * and a session-done without the session it ends.
+ * and a session-done without the session it ends (unless `sessionMayFollow`: the route derives
+ * the session itself, and checks that flag once it has).
  */
-export function sessionHeaders(headers: IncomingHttpHeaders): SessionHeaders {
+export function sessionHeaders(headers: IncomingHttpHeaders, sessionMayFollow = false): SessionHeaders {
   const tags: Record<string, string> = {};
   for (const [k, v] of Object.entries(headers)) {
     if (!k.startsWith(TAG_PREFIX) || v === undefined) continue;
@@ -66,12 +67,14 @@ export function sessionHeaders(headers: IncomingHttpHeaders): SessionHeaders {
     }
     if (own === undefined) tags[tag] = value;
   }
-  if (tags['session-done'] === 'true' && !tags['session']) {
-    return { error: 'x-session-done needs the session it ends: send x-session-id (or x-reef-tag-session) with it', param: 'x-session-done' };
+  if (tags['session-done'] === 'true' && !tags['session'] && !sessionMayFollow) {
+    return { error: SESSION_DONE_WITHOUT_SESSION, param: 'x-session-done' };
   }
   if (tags['session-done'] === 'false') delete tags['session-done'];
   return { tags };
 }
+
+export const SESSION_DONE_WITHOUT_SESSION = 'x-session-done needs the session it ends: send x-session-id (or x-reef-tag-session) with it';
 
 function boolOf(v: string): boolean | null {
   const s = v.trim().toLowerCase();

@@ -1,106 +1,13 @@
 import { errorCodes, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { ReefError } from '../../runtime/errors.js';
-import { EngineRequestError } from '../../../cluster/engine-client.js';
 import { releaseBody } from '../../../cluster/generate-body.js';
 import { completeOnce, prepare, type ChatDeps } from '../chat.js';
 import { streamCompletion, type SseSink } from '../chat-stream.js';
 import { sendError, sendReefError } from '../http-errors.js';
-import { canSee, type Principal } from '../auth.js';
-import { SCENARIO_RE } from '../store/rows.js';
-import { sessionHeaders } from '../session-headers.js';
-import { rateLimitMessage, type DiskGuard, type ScenarioCap } from '../limits.js';
+import { admitHook, chargeTokens, openEventStream, replyWithError, takeAdmitted, watchClient, type OpenAIRouteOptions } from './common.js';
+import { registerResponsesCreate, registerResponsesStore } from './responses.js';
 
-export function scenarioOf(req: FastifyRequest, fallback: string): string {
-  const h = req.headers['x-reef-scenario'];
-  const s = (Array.isArray(h) ? h[0] : h)?.trim();
-  return s ? s : fallback;
-}
-
-
-export interface OpenAIRouteOptions {
-  defaultScenario: string;
-  principalOf: (req: FastifyRequest) => Principal;
-  disk?: DiskGuard | null;
-  scenarios?: ScenarioCap | null;
-}
-
-/** What the chat route's preParsing admitted, for its handler; null when it refused. */
-interface Admitted {
-  principal: Principal;
-  scenario: string;
-  /** The record's tags, from `x-reef-tag-*` and the OpenClaw headers (session-headers.ts). */
-  tags: Record<string, string>;
-  /** Gives the key's slot back, once; called by the handler, or by the response's close if none ran. */
-  release(): void;
-  handled: boolean;
-}
-const ADMITTED = Symbol('reef.admitted');
-type WithAdmitted = FastifyRequest & { [ADMITTED]?: Admitted };
-
-/**
- * Everything a chat completion can be refused for without its body, checked before the body is
- * read: a refused request never costs the gateway its upload, and `max_concurrency` bounds bodies
- * being received as well as generations. Answers and returns null, or returns what was admitted.
- */
-function admit(request: FastifyRequest, reply: FastifyReply, deps: ChatDeps, opts: OpenAIRouteOptions): Admitted | null {
-  const principal = opts.principalOf(request);
-  const scenario = scenarioOf(request, opts.defaultScenario);
-  if (!SCENARIO_RE.test(scenario)) {
-    sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `x-reef-scenario ${JSON.stringify(scenario)} is not a valid scenario name ([a-z0-9][a-z0-9._-]{0,63})`, { param: 'x-reef-scenario' });
-    return null;
-  }
-  if (!canSee(principal, scenario)) {
-    sendReefError(reply, new ReefError('REEF_ERR_FORBIDDEN', { scenario }));
-    return null;
-  }
-  const read = sessionHeaders(request.headers);
-  if ('error' in read) {
-    sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', read.error, { param: read.param });
-    return null;
-  }
-  // Before the engine generates: at a full disk the record's commit would fail after it.
-  const full = opts.disk?.check() ?? null;
-  if (full !== null) {
-    sendError(reply, full.code, full.message, { retryAfterS: 30 });
-    return null;
-  }
-  // A spent token budget is known before the body: the request's own cost is charged once it is
-  // tokenized (the handler).
-  const spent = principal.tokens?.emptyFor() ?? 0;
-  if (spent > 0) {
-    sendError(reply, 'REEF_ERR_RATE_LIMIT', rateLimitMessage(principal.tokens!.perMinute, 'tokens', `${principal.setting}tokens_per_minute`, '', spent), { retryAfterS: spent });
-    return null;
-  }
-  if (!principal.limiter.tryAcquire()) {
-    sendError(reply, 'REEF_ERR_RATE_LIMITED', new ReefError('REEF_ERR_RATE_LIMITED', { limit: principal.limiter.limit }).message, { retryAfterS: 1 });
-    return null;
-  }
-  // Last, after every refusal that does not count a scenario: a refused request must not use up
-  // a place under the cap.
-  const capped = opts.scenarios?.admit(scenario) ?? null;
-  if (capped !== null) {
-    principal.limiter.release();
-    sendReefError(reply, capped, 'x-reef-scenario');
-    return null;
-  }
-  let released = false;
-  const admitted: Admitted = {
-    principal,
-    scenario,
-    tags: read.tags,
-    handled: false,
-    release: () => {
-      if (released) return;
-      released = true;
-      principal.limiter.release();
-    },
-  };
-  // A body that never arrives whole (timeout, reset, too large) runs no handler to give the slot back.
-  reply.raw.once('close', () => {
-    if (!admitted.handled) admitted.release();
-  });
-  return admitted;
-}
+export { scenarioOf, replyWithError, watchClient, type OpenAIRouteOptions } from './common.js';
 
 export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts: OpenAIRouteOptions): void {
   const model = () => ({ id: deps.modelName, object: 'model', created: 0, owned_by: 'reef', max_model_len: deps.tokenizer.contextLength });
@@ -118,15 +25,9 @@ export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts:
   void app.register(async (scope) => {
     scope.removeContentTypeParser('application/json');
     scope.addContentTypeParser('application/json', (request, payload, done) => readSharedBody(request, payload, done));
-    scope.addHook('preParsing', (request, reply, payload, done) => {
-      const admitted = admit(request, reply, deps, opts);
-      if (admitted === null) return;
-      (request as WithAdmitted)[ADMITTED] = admitted;
-      done(null, payload);
-    });
+    scope.addHook('preParsing', admitHook(deps, opts));
     scope.post('/v1/chat/completions', async (request, reply) => {
-      const admitted = (request as WithAdmitted)[ADMITTED]!;
-      admitted.handled = true;
+      const admitted = takeAdmitted(request);
       const { principal, scenario, tags } = admitted;
       deps.metrics.inflightCount++;
       let lease: Int32Array | null = null;
@@ -139,17 +40,9 @@ export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts:
         const p = await prepare(deps, request.body, ctx);
         if (!('id' in p)) return sendError(reply, p.code, p.message, { param: p.param });
         lease = p.bodyLease;
-        // Charged whole before generating, as OpenAI counts max_tokens: a key cannot pass its
-        // budget by keeping long generations in flight, and what it is charged is known up front.
-        if (principal.tokens !== null) {
-          const cost = p.promptIds.length + p.maxNewTokens;
-          if (cost > principal.tokens.perMinute) {
-            return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `this request needs ${cost} tokens (${p.promptIds.length} in the prompt, ${p.maxNewTokens} of completion budget), more than ${principal.setting}tokens_per_minute (${principal.tokens.perMinute}) allows in a minute: lower max_tokens or shorten the messages`, { param: 'max_tokens' });
-          }
-          const wait = principal.tokens.take(cost);
-          if (wait > 0) return sendError(reply, 'REEF_ERR_RATE_LIMIT', rateLimitMessage(principal.tokens.perMinute, 'tokens', `${principal.setting}tokens_per_minute`, `, and this request needs ${cost}`, wait), { retryAfterS: wait });
-        }
-        if (p.stream) return await stream(deps, p, request, reply);
+        const refused = chargeTokens(principal, p, reply);
+        if (refused !== null) return refused;
+        if (p.stream) return await stream(deps, p, reply);
         return await once(deps, p, reply);
       } catch (err) {
         return replyWithError(reply, err);
@@ -160,7 +53,9 @@ export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts:
         admitted.release();
       }
     });
+    if (opts.responses) registerResponsesCreate(scope, deps, opts.responses);
   });
+  if (opts.responses) registerResponsesStore(app, opts, opts.responses);
 }
 
 /** What a body's reading starts with: an OpenClaw turn (~40 KB) fits, so most bodies are never copied. */
@@ -225,39 +120,6 @@ export function readSharedBody(request: FastifyRequest, payload: NodeJS.Readable
   payload.resume();
 }
 
-export function replyWithError(reply: FastifyReply, err: unknown): FastifyReply {
-  if (reply.sent || reply.raw.headersSent) {
-    reply.raw.end();
-    return reply;
-  }
-  if (err instanceof ReefError) {
-    if (err.code === 'REEF_ERR_ENGINE_DOWN') return sendError(reply, err.code, err.message, { retryAfterS: 2 });
-    return sendReefError(reply, err);
-  }
-  if (err instanceof EngineRequestError) {
-    // The engine refused the request itself (e.g. too long): the client's problem, not ours.
-    return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `engine rejected the request: ${err.body.slice(0, 500)}`, { status: err.statusCode < 500 ? 400 : 502 });
-  }
-  reply.log.error({ err }, 'chat completion failed');
-  return sendError(reply, 'REEF_ERR_HANDLER', `internal error: ${(err as Error).message}`, { status: 500 });
-}
-
-/**
- * A signal that aborts when the client's connection closes before its response is finished;
- * `stop()` ends the watch.
- */
-export function watchClient(res: FastifyReply['raw']): { signal: AbortSignal; stop(): void } {
-  const gone = new AbortController();
-  const onClose = () => {
-    if (!res.writableFinished) gone.abort(new Error('client disconnected'));
-  };
-  // A client that left while its body was prepared closed the response before this watch began:
-  // its 'close' will not come again, and the generation nobody reads held the key's slot to the end.
-  if (res.destroyed) onClose();
-  res.on('close', onClose);
-  return { signal: gone.signal, stop: () => res.off('close', onClose) };
-}
-
 /** A non-streamed completion, cut off (and recorded `aborted`) when the client leaves before its answer. */
 async function once(deps: ChatDeps, p: Parameters<typeof completeOnce>[1], reply: FastifyReply): Promise<FastifyReply> {
   const gone = watchClient(reply.raw);
@@ -273,62 +135,30 @@ async function once(deps: ChatDeps, p: Parameters<typeof completeOnce>[1], reply
   }
 }
 
-async function stream(deps: ChatDeps, p: Parameters<typeof streamCompletion>[1], request: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
-  const res = reply.raw;
-  const gone = watchClient(res);
-  // Headers go out with the first event, so that a failure before it (engine down, engine refusal,
-  // weight-swap wait timed out) can still answer with its own status.
-  let started = false;
-  /** Whether the client can still be written to; the headers go out before the first write. */
-  const writable = (): boolean => {
-    if (gone.signal.aborted || res.destroyed) return false;
-    if (started) return true;
-    started = true;
-    reply.hijack();
-    res.writeHead(200, {
-      'content-type': 'text/event-stream; charset=utf-8',
-      'cache-control': 'no-cache',
-      connection: 'keep-alive',
-      'x-accel-buffering': 'no',
-    });
-    return true;
-  };
-  const write = (s: string) =>
-    new Promise<void>((resolve) => {
-      if (!writable() || res.write(s)) return resolve();
-      // Backpressure: wait for the socket to drain, or for the client to leave.
-      const done = () => {
-        res.off('drain', done);
-        res.off('close', done);
-        resolve();
-      };
-      res.once('drain', done);
-      res.once('close', done);
-    });
+async function stream(deps: ChatDeps, p: Parameters<typeof streamCompletion>[1], reply: FastifyReply): Promise<FastifyReply> {
+  const sse = openEventStream(reply);
   const sink: SseSink = {
-    send: (data) => write(`data: ${JSON.stringify(data)}\n\n`),
+    send: (data) => sse.write(`data: ${JSON.stringify(data)}\n\n`),
     // Ended here rather than once the handler has unwound: the last write then goes out at once,
     // not after the promise chain back up to this route (~0.1 ms measured on an OpenClaw turn).
     sendDone: async (events = []) => {
       let text = '';
       for (const e of events) text += `data: ${JSON.stringify(e)}\n\n`;
-      if (writable()) res.end(`${text}data: [DONE]\n\n`);
+      sse.end(`${text}data: [DONE]\n\n`);
     },
-    signal: gone.signal,
+    signal: sse.signal,
   };
   try {
     await streamCompletion(deps, p, sink);
   } catch (err) {
     // A client that left before the first event needs no answer.
-    if (!started && gone.signal.aborted) {
+    if (!sse.started && sse.signal.aborted) {
       reply.hijack();
       return reply;
     }
     throw err;
   } finally {
-    gone.stop();
-    if (started && !res.destroyed && !res.writableEnded) res.end();
+    sse.close();
   }
-  void request;
   return reply;
 }

@@ -178,7 +178,7 @@ describe('retention', () => {
     try {
       const lines: string[] = [];
       const size = { before: 300 * 1048576, after: 200 * 1048576, bound: 100 * 1048576, over: 'unconsumed' as const };
-      const stop = scheduleRetention({ retain: async () => ({ records: 7, reports: 0, chunks: 3, size, vacuumed: 12 }) }, { maxBytes: size.bound }, 1000, (l) => lines.push(l));
+      const stop = scheduleRetention({ retain: async () => ({ records: 7, reports: 0, responses: 0, chunks: 3, size, vacuumed: 12 }) }, { maxBytes: size.bound }, 1000, (l) => lines.push(l));
       await vi.advanceTimersByTimeAsync(1000);
       stop();
       expect(lines[0]).toBe('retention: deleted 7 record(s), 0 report(s) and 3 unreferenced chunk(s); gave 12 free page(s) back to the file system');
@@ -186,5 +186,38 @@ describe('retention', () => {
     } finally {
       vi.useRealTimers();
     }
+  });
+
+  it('deletes a stored response in its record\'s transaction, and one whose record a consumer still holds by its own age', async () => {
+    const ids: string[] = [];
+    for (let i = 0; i < 4; i++) ids.push((await store.append(rec(10 + i, `prompt ${i}`, i < 3 ? 40 : 1))).id);
+    const response = (id: string, ageDays: number) => ({ id, keyId: 'k1', scenario: 'default', previousId: null, session: `resp_${id}`, createdAt: NOW - ageDays * DAY, conversation: [{ role: 'user', content: 'q' }], inputItems: [], response: { id: `resp_${id}` } });
+    // ids[2]: old, but the judge has not read it; ids[3]: fresh, its response written long ago
+    // (a clock that moved back) goes by its own age too.
+    for (const [i, id] of ids.entries()) await store.putResponse(response(id, 40));
+    await store.commitConsumer('judge', (await store.get(ids[2]!))!.offset, 'judge.state', { pending: [] });
+    const orphans = () => db().prepare('SELECT COUNT(*) AS n FROM responses r LEFT JOIN records c ON c.id = r.id WHERE c.id IS NULL').get() as { n: number };
+    const seen: number[] = [];
+    // After every committed write, as a kill there would leave the file: no response outlives its record.
+    const result = await store.retain({ maxAgeMs: 30 * DAY }, { now: () => NOW, batch: 1, onCommit: (what) => what === 'records' && seen.push(orphans().n) });
+    expect(seen).toEqual([0, 0]);
+    expect(result).toMatchObject({ records: 2, responses: 2 });
+    expect(await store.getResponse(ids[0]!, 'k1')).toBeNull();
+    expect(await store.getResponse(ids[1]!, 'k1')).toBeNull();
+    expect(await store.get(ids[2]!)).not.toBeNull();
+    expect(await store.getResponse(ids[2]!, 'k1')).toBeNull();
+    expect(await store.getResponse(ids[3]!, 'k1')).toBeNull();
+    expect(await store.get(ids[3]!)).not.toBeNull();
+  });
+
+  it('keeps a fresh stored response, and answers it to the key that made it only', async () => {
+    const id = (await store.append(rec(20, 'p', 1))).id;
+    await store.putResponse({ id, keyId: 'k1', scenario: 'default', previousId: null, session: null, createdAt: NOW - DAY, conversation: [{ role: 'user', content: 'q' }], inputItems: [{ type: 'message', role: 'user', content: 'q' }], response: { id: `resp_${id}` } });
+    expect(await store.retain({ maxAgeMs: 30 * DAY }, { now: () => NOW })).toMatchObject({ records: 0, responses: 0 });
+    expect((await store.getResponse(id, 'k1'))?.conversation).toEqual([{ role: 'user', content: 'q' }]);
+    expect(await store.getResponse(id, 'k2')).toBeNull();
+    expect(await store.deleteResponse(id, 'k2')).toBe(false);
+    expect(await store.deleteResponse(id, 'k1')).toBe(true);
+    expect(await store.getResponse(id, 'k1')).toBeNull();
   });
 });

@@ -2,8 +2,9 @@ import type Database from 'better-sqlite3';
 import { LEGACY_REF_BYTES, REF_BYTES } from './chunks.js';
 
 /**
- * Retention (`reef.retention`): deletes records older than a maximum age with their judgments and
- * judged turns, old reports, and then the chunks no record references any more.
+ * Retention (`reef.retention`): deletes records older than a maximum age with their judgments,
+ * judged turns and stored responses (`/v1/responses`), old reports and stored responses, and then
+ * the chunks no record references any more.
  *
  * What must hold whatever point a kill stops it at:
  * - No record the judge or the trainer-controller may still read is deleted. The judge reads
@@ -13,6 +14,9 @@ import { LEGACY_REF_BYTES, REF_BYTES } from './chunks.js';
  *   its state holds. Each saves offset and state in one commit, and a record below the judge's
  *   offset that neither state names never comes back into either: they read new records by offset
  *   only. A missing offset keeps everything it would guard.
+ * - A stored response goes with its record, in the record's transaction, so no response outlives
+ *   the record it continues from; one whose record stays (a consumer still holds it) goes by its
+ *   own age, as reports do: nothing reads stored responses by offset.
  * - No record points at a missing chunk. A record and its judgments go in one transaction; a chunk
  *   goes only in a transaction that first looks at every record committed since the scan that
  *   found it unreferenced, and that raises the chunk-GC generation, so a writer whose memo knew the
@@ -47,7 +51,7 @@ export interface RetentionOptions {
   /** Awaited between transactions and scan pages, so the caller's event loop keeps running. */
   yield?: () => Promise<void>;
   /** Called after each committed write transaction (tests kill the process here). */
-  onCommit?: (what: 'records' | 'reports' | 'chunks' | 'vacuum', n: number) => void;
+  onCommit?: (what: 'records' | 'reports' | 'responses' | 'chunks' | 'vacuum', n: number) => void;
   /**
    * Runs each write transaction; the store passes its lock wait (lock-wait.ts), so that a gateway
    * waits for another process's lock on a timer. @default runs it at once
@@ -61,6 +65,8 @@ export interface RetentionResult {
   /** Records deleted, by age and by size. */
   records: number;
   reports: number;
+  /** Stored responses deleted by their own age (those deleted with their records are not counted apart). */
+  responses: number;
   chunks: number;
   /**
    * With a size bound: the logical size before and after, and why it is still over, if it is:
@@ -98,7 +104,7 @@ export async function runRetention(db: Database.Database, policy: RetentionPolic
   const maxAgeMs = policy.maxAgeMs ?? null;
   const maxBytes = policy.maxBytes ?? null;
   const cutoff = maxAgeMs === null ? null : (opts.now ?? Date.now)() - maxAgeMs;
-  const result: RetentionResult = { records: 0, reports: 0, chunks: 0, size: null, vacuumed: 0 };
+  const result: RetentionResult = { records: 0, reports: 0, responses: 0, chunks: 0, size: null, vacuumed: 0 };
 
   // Records.
   const offsetOf = db.prepare<[string], number>('SELECT next_offset FROM consumer_offsets WHERE consumer = ?').pluck();
@@ -117,6 +123,7 @@ export async function runRetention(db: Database.Database, policy: RetentionPolic
   const delJudgment = db.prepare<[string]>('DELETE FROM judgments WHERE record_id = ?');
   const delJudged = db.prepare<[string]>('DELETE FROM judged_turns WHERE turn_record_id = ?');
   const delRecord = db.prepare<[number]>('DELETE FROM records WHERE seq = ?');
+  const delResponse = db.prepare<[string]>('DELETE FROM responses WHERE id = ?');
 
   const guard = db.transaction(() => {
     const judgeOffset = offsetOf.get(JUDGE);
@@ -133,6 +140,7 @@ export async function runRetention(db: Database.Database, policy: RetentionPolic
     for (const r of rows) {
       delJudgment.run(r.id);
       delJudged.run(r.id);
+      delResponse.run(r.id);
       delRecord.run(r.seq);
     }
   });
@@ -166,6 +174,19 @@ export async function runRetention(db: Database.Database, policy: RetentionPolic
       await write('deletion of old reports', () => deleteReports.immediate(seqs));
       result.reports += seqs.length;
       opts.onCommit?.('reports', seqs.length);
+      await pause();
+    }
+
+    const oldResponses = db.prepare<[number, number], string>('SELECT id FROM responses WHERE created_at < ? ORDER BY created_at LIMIT ?').pluck();
+    const deleteResponses = db.transaction((ids: string[]) => {
+      for (const id of ids) delResponse.run(id);
+    });
+    for (;;) {
+      const ids = oldResponses.all(cutoff, batch);
+      if (ids.length === 0) break;
+      await write('deletion of old stored responses', () => deleteResponses.immediate(ids));
+      result.responses += ids.length;
+      opts.onCommit?.('responses', ids.length);
       await pause();
     }
   }
@@ -330,7 +351,7 @@ export function scheduleRetention(
   const run = async () => {
     try {
       const r = await store.retain(policy);
-      if (r.records + r.reports + r.chunks > 0) log(`retention: deleted ${r.records} record(s), ${r.reports} report(s) and ${r.chunks} unreferenced chunk(s)${r.vacuumed > 0 ? `; gave ${r.vacuumed} free page(s) back to the file system` : ''}`);
+      if (r.records + r.reports + r.responses + r.chunks > 0) log(`retention: deleted ${r.records} record(s), ${r.reports} report(s)${r.responses > 0 ? `, ${r.responses} stored response(s)` : ''} and ${r.chunks} unreferenced chunk(s)${r.vacuumed > 0 ? `; gave ${r.vacuumed} free page(s) back to the file system` : ''}`);
       // Said every run while it holds: the bound is not met, and only the consumers can change that.
       if (r.size?.over === 'unconsumed') {
         log(`retention: the record store holds ${mib(r.size.after)} MiB, over reef.retention.max_size_mb (${mib(r.size.bound)} MiB), and what is left is records the judge or the trainer-controller has not consumed yet (or still holds), which retention never deletes; it goes once they are consumed`);

@@ -41,6 +41,7 @@ describe('schema and settings', () => {
     const db = new Database(path);
     db.exec('ALTER TABLE records DROP COLUMN key_id');
     db.exec('ALTER TABLE reports DROP COLUMN key_id');
+    db.exec('DROP TABLE responses');
     db.pragma('user_version = 6');
     db.close();
 
@@ -66,6 +67,7 @@ describe('schema and settings', () => {
     await writer.close();
     const db = new Database(path);
     db.exec('ALTER TABLE reports DROP COLUMN key_id');
+    db.exec('DROP TABLE responses');
     db.pragma('user_version = 7');
     db.close();
 
@@ -76,6 +78,9 @@ describe('schema and settings', () => {
       const fresh = await store.putReport({ ...report, keyId: 'ab12cd34' });
       expect((await store.listReports({ scenario: 'default' })).items.map((r) => r.keyId)).toEqual([null, 'ab12cd34']);
       expect(fresh.report.keyId).toBe('ab12cd34');
+      // Step 9 made the table /v1/responses stores in.
+      await store.putResponse({ id: rec.id, keyId: 'ab12cd34', scenario: 'default', previousId: null, session: null, createdAt: 1, conversation: [], inputItems: [], response: {} });
+      expect((await store.getResponse(rec.id, 'ab12cd34'))?.createdAt).toBe(1);
     } finally {
       await store.close();
     }

@@ -138,6 +138,24 @@ const MIGRATIONS: readonly string[] = [
   `
   CREATE INDEX IF NOT EXISTS judged_turns_by_scenario ON judged_turns(scenario, seq);
   `,
+  // 10: responses stored by /v1/responses (store.ts ResponseTable), so that a client continues a
+  // conversation by previous_response_id. The id is the id of the record that answered it (the
+  // API's id is resp_<id>); retention deletes the row with that record. The conversation is the
+  // chat messages (instructions left out) that the next turn extends, the reply last.
+  `
+  CREATE TABLE responses (
+    id TEXT PRIMARY KEY,
+    key_id TEXT NOT NULL,
+    scenario TEXT NOT NULL,
+    previous_id TEXT,
+    session TEXT,
+    created_at INTEGER NOT NULL,
+    conversation TEXT NOT NULL,
+    input_items TEXT NOT NULL,
+    response TEXT NOT NULL
+  ) STRICT;
+  CREATE INDEX responses_by_age ON responses(created_at);
+  `,
 ];
 
 export const SCHEMA_VERSION = MIGRATIONS.length;

@@ -7,6 +7,7 @@ import { newId } from './ids.js';
 import { JudgedTurnTable } from './judged-turns.js';
 import { type LockWait, lockBusyError, withWriteLock } from './lock-wait.js';
 import { ReportTable } from './reports.js';
+import { ResponseTable, type ResponseStore, type StoredResponse } from './responses.js';
 import { type RetentionOptions, type RetentionPolicy, type RetentionResult, runRetention } from './retention.js';
 import {
   FULL_COLUMNS, INSERT_CHUNK_SQL, INSERT_RECORD_SQL, SUMMARY_COLUMNS, checkScenarioName, chunkPayloads, invalid, jsonText, stagedChunks, toRecord, toRow, toSummary,
@@ -153,7 +154,7 @@ interface ScenarioRow {
 }
 const toScenario = (r: ScenarioRow): Scenario => ({ name: r.name, createdAt: r.created_at, description: r.description });
 
-export class SqliteStore implements RecordStore {
+export class SqliteStore implements RecordStore, ResponseStore {
   private closed = false;
   private closing: Promise<void> | null = null;
   private retaining: Promise<RetentionResult> | null = null;
@@ -161,6 +162,7 @@ export class SqliteStore implements RecordStore {
   private readonly committer: GroupCommitter<RecordRow>;
   private readonly chunkMemo = new ChunkMemo();
   private readonly reports: ReportTable;
+  private readonly responses: ResponseTable;
   private readonly judged: JudgedTurnTable;
   private readonly sql;
   /** getStateFields' statements, by the number of paths. */
@@ -274,6 +276,7 @@ export class SqliteStore implements RecordStore {
     });
     this.insertChunksTx = (chunks) => chunksTx.immediate(chunks);
     this.reports = new ReportTable(db);
+    this.responses = new ResponseTable(db);
     this.judged = new JudgedTurnTable(db);
     this.sql = {
       ensureScenario,
@@ -609,6 +612,21 @@ export class SqliteStore implements RecordStore {
     this.live();
     const scenario = checkScenarioName(options.scenario);
     return this.reports.list(scenario, parseCursor(options.after), pageLimit(options.limit), pageOrder(options.order));
+  }
+
+  async putResponse(row: StoredResponse): Promise<void> {
+    this.live();
+    await this.writing(`stored response ${row.id}`, () => this.responses.put(row));
+  }
+
+  async getResponse(id: string, keyId: string): Promise<StoredResponse | null> {
+    this.live();
+    return this.responses.get(id, keyId);
+  }
+
+  async deleteResponse(id: string, keyId: string): Promise<boolean> {
+    this.live();
+    return this.writing(`the deletion of stored response ${id}`, () => this.responses.delete(id, keyId));
   }
 
   /**

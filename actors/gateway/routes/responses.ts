@@ -1,0 +1,205 @@
+import { isUtf8 } from 'node:buffer';
+import type { FastifyInstance, FastifyReply } from 'fastify';
+import { releaseBody } from '../../../cluster/generate-body.js';
+import { completeOnce, prepare, type ChatDeps, type Prepared } from '../chat.js';
+import { streamCompletion } from '../chat-stream.js';
+import { sendError } from '../http-errors.js';
+import { SESSION_DONE_WITHOUT_SESSION } from '../session-headers.js';
+import type { Principal } from '../auth.js';
+import type { ResponseStore, StoredResponse } from '../store/responses.js';
+import { responseEventSink } from '../responses/events.js';
+import { outputItems, readResponsesRequest, responseObject, responseOfItem, storedIdOf, type AssistantMessage, type ResponsesRequest } from '../responses/translate.js';
+import { chargeTokens, openEventStream, replyWithError, takeAdmitted, watchClient, type OpenAIRouteOptions } from './common.js';
+
+/**
+ * `POST /v1/responses` (the OpenAI Responses API) and its stored responses. A request becomes the
+ * chat-completion body that asks the same (responses/translate.ts) and runs through the chat
+ * pipeline, so its record, receipt, correlation and training are those of a chat completion.
+ *
+ * The session tag of its record, first that applies:
+ * 1. the client's own (`x-session-id` or `x-reef-tag-session`);
+ * 2. the session of the response named by `previous_response_id`;
+ * 3. the session of the newest stored response an input item came from (by the item ids this
+ *    gateway gives: a client that resends the whole conversation with its items' ids, as the
+ *    OpenAI Agents SDK does, stays in one session);
+ * 4. with `store` (the default), `resp_<id>` of this response itself: it starts a conversation
+ *    that later turns continue under 1 to 3;
+ * 5. none (`store: false` with nothing above): the judge correlates it by its transcript, as an
+ *    untagged chat completion.
+ */
+
+/** A chat refusal's param in the Responses API's terms, where the fields differ. */
+function responsesParam(param: string | null): string | null {
+  if (param === null) return null;
+  if (param === 'max_tokens' || param === 'max_completion_tokens') return 'max_output_tokens';
+  if (param.startsWith('messages')) return 'input';
+  return param;
+}
+
+/** The bytes in shared memory, as the chat route reads its bodies: they cross to a tokenizer worker without a copy. */
+function sharedBytes(text: string): Uint8Array {
+  const n = Buffer.byteLength(text);
+  const out = Buffer.from(new SharedArrayBuffer(n));
+  out.write(text);
+  return out;
+}
+
+async function sessionOf(store: ResponseStore, principal: Principal, tags: Record<string, string>, req: ResponsesRequest, previous: StoredResponse | null): Promise<string | null> {
+  if (tags['session']) return tags['session'];
+  if (previous !== null) return previous.session;
+  for (let i = req.inputItems.length - 1; i >= 0; i--) {
+    const id = responseOfItem(req.inputItems[i]);
+    if (id === null) continue;
+    const row = await store.getResponse(id, principal.id);
+    if (row !== null) return row.session;
+  }
+  return null;
+}
+
+export function registerResponsesCreate(scope: FastifyInstance, deps: ChatDeps, store: ResponseStore): void {
+  scope.post('/v1/responses', async (request, reply) => {
+    const admitted = takeAdmitted(request);
+    const { principal, scenario } = admitted;
+    deps.metrics.inflightCount++;
+    let lease: Int32Array | null = null;
+    try {
+      const raw = request.body;
+      if (!(raw instanceof Uint8Array)) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'body: request body must be a JSON object');
+      if (!isUtf8(raw)) return sendError(reply, 'REEF_ERR_BODY', 'request body is not valid UTF-8');
+      let body: unknown;
+      try {
+        body = JSON.parse(Buffer.from(raw.buffer, raw.byteOffset, raw.byteLength).toString('utf8'));
+      } catch (err) {
+        return sendError(reply, 'REEF_ERR_BODY', `request body is not valid JSON: ${(err as Error).message}`);
+      }
+      const req = readResponsesRequest(body);
+      if ('error' in req) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', req.error, { param: req.param });
+
+      let previous: StoredResponse | null = null;
+      if (req.previousResponseId !== null) {
+        const id = storedIdOf(req.previousResponseId);
+        previous = id === null ? null : await store.getResponse(id, principal.id);
+        // OpenAI's answer, which clients recognise to retry with the whole conversation.
+        if (previous === null) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `Previous response with id '${req.previousResponseId}' not found.`, { param: 'previous_response_id' });
+        if (previous.scenario !== scenario) {
+          return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `previous response ${req.previousResponseId} belongs to scenario ${JSON.stringify(previous.scenario)}, not ${JSON.stringify(scenario)}: a conversation stays in one scenario`, { param: 'x-reef-scenario' });
+        }
+      }
+      const tags = { ...admitted.tags };
+      const session = await sessionOf(store, principal, tags, req, previous);
+      if (session !== null) tags['session'] = session;
+      // Checked here, not with the other headers: a chain's session is known only now.
+      if (tags['session-done'] === 'true' && session === null && !req.store) {
+        return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `${SESSION_DONE_WITHOUT_SESSION} (or continue a stored response: previous_response_id)`, { param: 'x-session-done' });
+      }
+
+      // Instructions are the request's own: a continuation does not inherit the previous ones.
+      const conversation = [...(previous?.conversation ?? []), ...req.messages];
+      const messages = req.instructions === null ? conversation : [{ role: 'system', content: req.instructions }, ...conversation];
+      const chatBody = { ...req.chat, messages, stream: req.stream, ...(req.stream ? { stream_options: { include_usage: true } } : {}) };
+      const sessionKey = session === null ? null : `${scenario}\u0000${principal.id}\u0000${session}`;
+      const ctx = { scenario, keyId: principal.id, tags, sessionKey, startedAt: Date.now() };
+      const p = await prepare(deps, sharedBytes(JSON.stringify(chatBody)), ctx);
+      if (!('id' in p)) return sendError(reply, p.code, p.message, { param: responsesParam(p.param) });
+      lease = p.bodyLease;
+      if (session === null && req.store) p.ctx.tags = { ...tags, session: `resp_${p.id}` };
+      const refused = chargeTokens(principal, p, reply, 'max_output_tokens');
+      if (refused !== null) return refused;
+
+      const model = p.model ?? deps.modelName;
+      const complete = async (message: AssistantMessage, response: Record<string, unknown>) => {
+        if (!req.store) return;
+        await store.putResponse({
+          id: p.id,
+          keyId: principal.id,
+          scenario,
+          previousId: previous?.id ?? null,
+          session: p.ctx.tags['session'] ?? null,
+          createdAt: p.ctx.startedAt,
+          conversation: [...conversation, message],
+          inputItems: req.inputItems,
+          response,
+        });
+      };
+      if (req.stream) return await streamed(deps, p, reply, req, model, complete);
+      return await once(deps, p, reply, req, model, complete);
+    } catch (err) {
+      return replyWithError(reply, err);
+    } finally {
+      releaseBody(lease);
+      deps.metrics.inflightCount--;
+      admitted.release();
+    }
+  });
+}
+
+type Complete = (message: AssistantMessage, response: Record<string, unknown>) => Promise<void>;
+
+async function once(deps: ChatDeps, p: Prepared, reply: FastifyReply, req: ResponsesRequest, model: string, complete: Complete): Promise<FastifyReply> {
+  const gone = watchClient(reply.raw);
+  try {
+    const done = await completeOnce(deps, p, gone.signal);
+    if (done === null) {
+      reply.hijack(); // nobody to answer
+      return reply;
+    }
+    const body = done.body as { choices: [{ message: AssistantMessage & { refusal?: unknown }; finish_reason: string }]; usage: { prompt_tokens: number; completion_tokens: number } };
+    const { refusal: _refusal, ...message } = body.choices[0].message;
+    const status = body.choices[0].finish_reason === 'length' ? 'incomplete' : 'completed';
+    const response = responseObject(req, { id: p.id, createdAt: p.ctx.startedAt, model, status, output: outputItems(p.id, message, status), usage: { prompt: body.usage.prompt_tokens, completion: body.usage.completion_tokens } });
+    await complete(message, response);
+    return reply.header('x-reef-agent-record-id', done.recordId).send(response);
+  } finally {
+    gone.stop();
+  }
+}
+
+async function streamed(deps: ChatDeps, p: Prepared, reply: FastifyReply, req: ResponsesRequest, model: string, complete: Complete): Promise<FastifyReply> {
+  const sse = openEventStream(reply);
+  const sink = responseEventSink(sse, {
+    responseId: p.id,
+    snapshot: (status, output, usage) => responseObject(req, { id: p.id, createdAt: p.ctx.startedAt, model, status, output, usage }),
+    complete,
+  });
+  try {
+    await streamCompletion(deps, p, sink);
+  } catch (err) {
+    if (!sse.started && sse.signal.aborted) {
+      reply.hijack();
+      return reply;
+    }
+    throw err;
+  } finally {
+    sse.close();
+  }
+  return reply;
+}
+
+/** GET and DELETE of stored responses, and their input items: reached by the key that made them only. */
+export function registerResponsesStore(app: FastifyInstance, opts: OpenAIRouteOptions, store: ResponseStore): void {
+  const find = async (apiId: string, keyId: string): Promise<StoredResponse | null> => {
+    const id = storedIdOf(apiId);
+    return id === null ? null : store.getResponse(id, keyId);
+  };
+  const notFound = (reply: FastifyReply, apiId: string) => sendError(reply, 'REEF_ERR_NOT_FOUND', `Response with id '${apiId}' not found.`, { param: 'response_id' });
+
+  app.get<{ Params: { id: string } }>('/v1/responses/:id', async (request, reply) => {
+    const row = await find(request.params.id, opts.principalOf(request).id);
+    return row === null ? notFound(reply, request.params.id) : row.response;
+  });
+  app.get<{ Params: { id: string }; Querystring: { order?: string } }>('/v1/responses/:id/input_items', async (request, reply) => {
+    const row = await find(request.params.id, opts.principalOf(request).id);
+    if (row === null) return notFound(reply, request.params.id);
+    const order = request.query.order ?? 'desc';
+    if (order !== 'asc' && order !== 'desc') return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `order must be asc or desc, got ${JSON.stringify(order)}`, { param: 'order' });
+    // Items without an id of their own get one that is stable for the stored response.
+    const items = row.inputItems.map((item, i) => ({ id: `in_${row.id}_${i}`, ...(item as Record<string, unknown>) }));
+    if (order === 'desc') items.reverse();
+    return { object: 'list', data: items, first_id: items[0]?.id ?? null, last_id: items[items.length - 1]?.id ?? null, has_more: false };
+  });
+  app.delete<{ Params: { id: string } }>('/v1/responses/:id', async (request, reply) => {
+    const id = storedIdOf(request.params.id);
+    const deleted = id !== null && (await store.deleteResponse(id, opts.principalOf(request).id));
+    return deleted ? { id: request.params.id, object: 'response', deleted: true } : notFound(reply, request.params.id);
+  });
+}
