@@ -113,6 +113,7 @@ describe('judged-turn log', () => {
     await store.close();
     const db = new Database(join(dir, 'r.db'));
     // Undo migrations 8, 7, 6, 5, 4, 3 and 2, newest first.
+    db.exec('DROP TABLE responses');
     db.exec('ALTER TABLE reports DROP COLUMN key_id');
     db.exec('ALTER TABLE records DROP COLUMN key_id');
     db.exec('DROP TABLE chunk_gc');
@@ -132,6 +133,7 @@ describe('judged-turn log', () => {
     const before = (await store.get(a.id))!.request;
     await store.close();
     const db = new Database(join(dir, 'r.db'));
+    db.exec('DROP TABLE responses');
     db.exec('ALTER TABLE reports DROP COLUMN key_id');
     db.exec('ALTER TABLE records DROP COLUMN key_id');
     db.exec('DROP TABLE chunk_gc');
