@@ -1,8 +1,9 @@
-import { errorCodes, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
+import { errorCodes, type FastifyInstance, type preParsingHookHandler, type FastifyReply, type FastifyRequest } from 'fastify';
 import { ReefError } from '../../runtime/errors.js';
 import { EngineRequestError } from '../../../cluster/engine-client.js';
 import { releaseBody } from '../../../cluster/generate-body.js';
-import { completeOnce, prepare, type ChatDeps } from '../chat.js';
+import { completeOnce, prepare, type ChatDeps, type Prepared } from '../chat.js';
+import type { RefusedChat } from '../tokenize/prepare.js';
 import { streamCompletion, type SseSink } from '../chat-stream.js';
 import { sendError, sendReefError } from '../http-errors.js';
 import { canSee, type Principal } from '../auth.js';
@@ -24,8 +25,8 @@ export interface OpenAIRouteOptions {
   scenarios?: ScenarioCap | null;
 }
 
-/** What the chat route's preParsing admitted, for its handler; null when it refused. */
-interface Admitted {
+/** What a generating route's preParsing admitted, for its handler; null when it refused. */
+export interface Admitted {
   principal: Principal;
   scenario: string;
   /** The record's tags, from `x-reef-tag-*` and the OpenClaw headers (session-headers.ts). */
@@ -37,12 +38,33 @@ interface Admitted {
 const ADMITTED = Symbol('reef.admitted');
 type WithAdmitted = FastifyRequest & { [ADMITTED]?: Admitted };
 
+/** What `admit` let through for this request (set by `admitHook`); the handler marks it handled. */
+export function admittedOf(request: FastifyRequest): Admitted {
+  const admitted = (request as WithAdmitted)[ADMITTED]!;
+  admitted.handled = true;
+  return admitted;
+}
+
+/**
+ * The preParsing hook of a route that takes its body as raw bytes after `admit`. `generates`
+ * false (token counting): nothing is generated or stored, so a full disk or a spent token budget
+ * does not refuse it; the scenario, the key's rate and its concurrency slot still apply.
+ */
+export function admitHook(deps: ChatDeps, opts: OpenAIRouteOptions, generates = true): preParsingHookHandler {
+  return (request, reply, payload, done) => {
+    const admitted = admit(request, reply, deps, opts, generates);
+    if (admitted === null) return;
+    (request as WithAdmitted)[ADMITTED] = admitted;
+    done(null, payload);
+  };
+}
+
 /**
  * Everything a chat completion can be refused for without its body, checked before the body is
  * read: a refused request never costs the gateway its upload, and `max_concurrency` bounds bodies
  * being received as well as generations. Answers and returns null, or returns what was admitted.
  */
-function admit(request: FastifyRequest, reply: FastifyReply, deps: ChatDeps, opts: OpenAIRouteOptions): Admitted | null {
+function admit(request: FastifyRequest, reply: FastifyReply, deps: ChatDeps, opts: OpenAIRouteOptions, generates: boolean): Admitted | null {
   const principal = opts.principalOf(request);
   const scenario = scenarioOf(request, opts.defaultScenario);
   if (!SCENARIO_RE.test(scenario)) {
@@ -59,14 +81,14 @@ function admit(request: FastifyRequest, reply: FastifyReply, deps: ChatDeps, opt
     return null;
   }
   // Before the engine generates: at a full disk the record's commit would fail after it.
-  const full = opts.disk?.check() ?? null;
+  const full = generates ? (opts.disk?.check() ?? null) : null;
   if (full !== null) {
     sendError(reply, full.code, full.message, { retryAfterS: 30 });
     return null;
   }
   // A spent token budget is known before the body: the request's own cost is charged once it is
   // tokenized (the handler).
-  const spent = principal.tokens?.emptyFor() ?? 0;
+  const spent = generates ? (principal.tokens?.emptyFor() ?? 0) : 0;
   if (spent > 0) {
     sendError(reply, 'REEF_ERR_RATE_LIMIT', rateLimitMessage(principal.tokens!.perMinute, 'tokens', `${principal.setting}tokens_per_minute`, '', spent), { retryAfterS: spent });
     return null;
@@ -118,49 +140,54 @@ export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts:
   void app.register(async (scope) => {
     scope.removeContentTypeParser('application/json');
     scope.addContentTypeParser('application/json', (request, payload, done) => readSharedBody(request, payload, done));
-    scope.addHook('preParsing', (request, reply, payload, done) => {
-      const admitted = admit(request, reply, deps, opts);
-      if (admitted === null) return;
-      (request as WithAdmitted)[ADMITTED] = admitted;
-      done(null, payload);
-    });
-    scope.post('/v1/chat/completions', async (request, reply) => {
-      const admitted = (request as WithAdmitted)[ADMITTED]!;
-      admitted.handled = true;
-      const { principal, scenario, tags } = admitted;
-      deps.metrics.inflightCount++;
-      let lease: Int32Array | null = null;
-      try {
-        // text/plain arrives as a string (fastify's text parser): not a request object.
-        if (!(request.body instanceof Uint8Array)) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'body: request body must be a JSON object');
-        // Keyed as the judge keys sessions: another key's request with the same tag is another session.
-        const sessionKey = tags['session'] ? `${scenario}\u0000${principal.id}\u0000${tags['session']}` : null;
-        const ctx = { scenario, keyId: principal.id, tags, sessionKey, startedAt: Date.now() };
-        const p = await prepare(deps, request.body, ctx);
-        if (!('id' in p)) return sendError(reply, p.code, p.message, { param: p.param });
-        lease = p.bodyLease;
-        // Charged whole before generating, as OpenAI counts max_tokens: a key cannot pass its
-        // budget by keeping long generations in flight, and what it is charged is known up front.
-        if (principal.tokens !== null) {
-          const cost = p.promptIds.length + p.maxNewTokens;
-          if (cost > principal.tokens.perMinute) {
-            return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `this request needs ${cost} tokens (${p.promptIds.length} in the prompt, ${p.maxNewTokens} of completion budget), more than ${principal.setting}tokens_per_minute (${principal.tokens.perMinute}) allows in a minute: lower max_tokens or shorten the messages`, { param: 'max_tokens' });
-          }
-          const wait = principal.tokens.take(cost);
-          if (wait > 0) return sendError(reply, 'REEF_ERR_RATE_LIMIT', rateLimitMessage(principal.tokens.perMinute, 'tokens', `${principal.setting}tokens_per_minute`, `, and this request needs ${cost}`, wait), { retryAfterS: wait });
-        }
-        if (p.stream) return await stream(deps, p, request, reply);
-        return await once(deps, p, reply);
-      } catch (err) {
-        return replyWithError(reply, err);
-      } finally {
-        // The engine request has ended either way: the session's next body may reuse this one's memory.
-        releaseBody(lease);
-        deps.metrics.inflightCount--;
-        admitted.release();
-      }
-    });
+    scope.addHook('preParsing', admitHook(deps, opts));
+    scope.post('/v1/chat/completions', async (request, reply) =>
+      serveChat(deps, request, reply, request.body, (p) => (p.stream ? stream(deps, p, reply) : once(deps, p, reply))),
+    );
   });
+}
+
+/**
+ * A generating route's handler around its pipeline: `body` (a chat-completions body, raw bytes) is
+ * prepared, charged to the key's token budget, then `run`; whatever fails answers as an error. The
+ * key's slot is given back at the end. `refused` may restate a refusal in the route's own terms.
+ */
+export async function serveChat(deps: ChatDeps, request: FastifyRequest, reply: FastifyReply, body: unknown, run: (p: Prepared) => Promise<FastifyReply>, refused: (r: RefusedChat) => RefusedChat = (r) => r): Promise<FastifyReply> {
+  const admitted = admittedOf(request);
+  const { principal, scenario, tags } = admitted;
+  deps.metrics.inflightCount++;
+  let lease: Int32Array | null = null;
+  try {
+    // text/plain arrives as a string (fastify's text parser): not a request object.
+    if (!(body instanceof Uint8Array)) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'body: request body must be a JSON object');
+    // Keyed as the judge keys sessions: another key's request with the same tag is another session.
+    const sessionKey = tags['session'] ? `${scenario}\u0000${principal.id}\u0000${tags['session']}` : null;
+    const ctx = { scenario, keyId: principal.id, tags, sessionKey, startedAt: Date.now() };
+    const p = await prepare(deps, body, ctx);
+    if (!('id' in p)) {
+      const r = refused(p);
+      return sendError(reply, r.code, r.message, { param: r.param });
+    }
+    lease = p.bodyLease;
+    // Charged whole before generating, as OpenAI counts max_tokens: a key cannot pass its
+    // budget by keeping long generations in flight, and what it is charged is known up front.
+    if (principal.tokens !== null) {
+      const cost = p.promptIds.length + p.maxNewTokens;
+      if (cost > principal.tokens.perMinute) {
+        return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', `this request needs ${cost} tokens (${p.promptIds.length} in the prompt, ${p.maxNewTokens} of completion budget), more than ${principal.setting}tokens_per_minute (${principal.tokens.perMinute}) allows in a minute: lower max_tokens or shorten the messages`, { param: 'max_tokens' });
+      }
+      const wait = principal.tokens.take(cost);
+      if (wait > 0) return sendError(reply, 'REEF_ERR_RATE_LIMIT', rateLimitMessage(principal.tokens.perMinute, 'tokens', `${principal.setting}tokens_per_minute`, `, and this request needs ${cost}`, wait), { retryAfterS: wait });
+    }
+    return await run(p);
+  } catch (err) {
+    return replyWithError(reply, err);
+  } finally {
+    // The engine request has ended either way: the session's next body may reuse this one's memory.
+    releaseBody(lease);
+    deps.metrics.inflightCount--;
+    admitted.release();
+  }
 }
 
 /** What a body's reading starts with: an OpenClaw turn (~40 KB) fits, so most bodies are never copied. */
@@ -259,7 +286,7 @@ export function watchClient(res: FastifyReply['raw']): { signal: AbortSignal; st
 }
 
 /** A non-streamed completion, cut off (and recorded `aborted`) when the client leaves before its answer. */
-async function once(deps: ChatDeps, p: Parameters<typeof completeOnce>[1], reply: FastifyReply): Promise<FastifyReply> {
+async function once(deps: ChatDeps, p: Prepared, reply: FastifyReply): Promise<FastifyReply> {
   const gone = watchClient(reply.raw);
   try {
     const done = await completeOnce(deps, p, gone.signal);
@@ -273,7 +300,24 @@ async function once(deps: ChatDeps, p: Parameters<typeof completeOnce>[1], reply
   }
 }
 
-async function stream(deps: ChatDeps, p: Parameters<typeof streamCompletion>[1], request: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
+/** How a stream's events are written: OpenAI's `data:` lines ending in `[DONE]`, or another API's. */
+export interface SseFraming {
+  /** The text of one event the pipeline sends (an OpenAI chunk, or an error body). */
+  event(data: unknown): string;
+  /** The text that ends the stream: its last events, then whatever closes it. */
+  end(events: readonly unknown[]): string;
+}
+
+const OPENAI_FRAMING: SseFraming = {
+  event: (data) => `data: ${JSON.stringify(data)}\n\n`,
+  end: (events) => {
+    let text = '';
+    for (const e of events) text += `data: ${JSON.stringify(e)}\n\n`;
+    return `${text}data: [DONE]\n\n`;
+  },
+};
+
+export async function stream(deps: ChatDeps, p: Prepared, reply: FastifyReply, framing: SseFraming = OPENAI_FRAMING): Promise<FastifyReply> {
   const res = reply.raw;
   const gone = watchClient(res);
   // Headers go out with the first event, so that a failure before it (engine down, engine refusal,
@@ -306,13 +350,15 @@ async function stream(deps: ChatDeps, p: Parameters<typeof streamCompletion>[1],
       res.once('close', done);
     });
   const sink: SseSink = {
-    send: (data) => write(`data: ${JSON.stringify(data)}\n\n`),
+    send: (data) => {
+      const text = framing.event(data);
+      return text ? write(text) : Promise.resolve();
+    },
     // Ended here rather than once the handler has unwound: the last write then goes out at once,
     // not after the promise chain back up to this route (~0.1 ms measured on an OpenClaw turn).
     sendDone: async (events = []) => {
-      let text = '';
-      for (const e of events) text += `data: ${JSON.stringify(e)}\n\n`;
-      if (writable()) res.end(`${text}data: [DONE]\n\n`);
+      const text = framing.end(events);
+      if (writable()) res.end(text);
     },
     signal: gone.signal,
   };
@@ -329,6 +375,5 @@ async function stream(deps: ChatDeps, p: Parameters<typeof streamCompletion>[1],
     gone.stop();
     if (started && !res.destroyed && !res.writableEnded) res.end();
   }
-  void request;
   return reply;
 }
