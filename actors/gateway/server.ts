@@ -9,6 +9,7 @@ import { ReefError } from '../runtime/errors.js';
 import { errorBody, sendError, sendReefError } from './http-errors.js';
 import { parsedBodyProblem } from './body-checks.js';
 import { registerOpenAIRoutes } from './routes/openai.js';
+import { registerAnthropicRoutes } from './routes/anthropic.js';
 import { NotUtf8Error } from './tokenize/utf8.js';
 import { DEFAULT_LIMITS, rateLimitMessage, type DiskGuard, type GatewayLimits, type ScenarioCap } from './limits.js';
 
@@ -255,7 +256,9 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
     // other than ASCII, and text/plain without one is Latin-1 to clients that follow HTTP/1.1's default.
     return reply.type('text/plain; version=0.0.4; charset=utf-8').send(metrics.render(p.scenarios === null ? null : (s) => canSee(p, s)));
   });
-  registerOpenAIRoutes(app, opts.chat, { defaultScenario: opts.defaultScenario, principalOf, disk: opts.disk ?? null, scenarios: opts.scenarios ?? null });
+  const routeOptions = { defaultScenario: opts.defaultScenario, principalOf, disk: opts.disk ?? null, scenarios: opts.scenarios ?? null };
+  registerOpenAIRoutes(app, opts.chat, routeOptions);
+  registerAnthropicRoutes(app, opts.chat, routeOptions);
   opts.registerReefRoutes?.(app, principalOf);
   return app;
 }
