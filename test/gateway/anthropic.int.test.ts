@@ -134,6 +134,28 @@ describe('Anthropic Messages API', () => {
     ]);
   });
 
+  it('a failed tool\'s result (is_error, string content) is served and recorded as a tool message; anthropic-version is not required', async () => {
+    const body = {
+      model: 'tiny',
+      max_tokens: 8,
+      messages: [
+        { role: 'user', content: 'save 1' },
+        { role: 'assistant', content: [{ type: 'tool_use', id: 'toolu_1', name: 'save', input: { x: 1 } }] },
+        { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_1', is_error: true, content: 'disk full' }, { type: 'text', text: 'try again?' }] },
+      ],
+      tools: TOOLS,
+    };
+    const res = await fetch(`${s.url}/v1/messages`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-api-key': KEY }, body: JSON.stringify(body) });
+    expect(res.status).toBe(200);
+    expect(await res.json()).toMatchObject({ type: 'message', content: [{ type: 'text', text: 'Hello from the fake engine.' }] });
+    const rec = await record(res.headers.get('x-reef-agent-record-id')!);
+    expect(rec.request.messages.slice(1)).toEqual([
+      { role: 'assistant', content: null, tool_calls: [{ id: 'toolu_1', type: 'function', function: { name: 'save', arguments: '{"x":1}' } }] },
+      { role: 'tool', tool_call_id: 'toolu_1', content: 'disk full', is_error: true },
+      { role: 'user', content: [{ type: 'text', text: 'try again?' }] },
+    ]);
+  });
+
   it('stop_reason stop_sequence names the sequence, streamed and not; max_tokens when the budget ran out', async () => {
     const stopping = { pieces: ['one', ' two', ' END', ' three'] };
     script.push(stopping);
