@@ -1,4 +1,7 @@
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
+import { repoRoot } from '../../../cluster/paths.js';
 import { anthropicErrorOf, isMessagesPath } from './errors.js';
 import { MessagesRequestError, restate, toChatRequest } from './request.js';
 
@@ -138,22 +141,16 @@ describe('Messages request → chat request', () => {
 });
 
 describe('Anthropic error statuses and types', () => {
-  it.each([
-    [400, 400, 'invalid_request_error'],
-    [401, 401, 'authentication_error'],
-    [403, 403, 'permission_error'],
-    [404, 404, 'not_found_error'],
-    [409, 409, 'conflict_error'],
-    [413, 413, 'request_too_large'],
-    [415, 415, 'invalid_request_error'],
-    [421, 421, 'invalid_request_error'],
-    [429, 429, 'rate_limit_error'],
-    [500, 500, 'api_error'],
-    [502, 500, 'api_error'],
-    [503, 529, 'overloaded_error'],
-    [504, 504, 'timeout_error'],
-  ])('Reef %i → %i %s', (reef, status, type) => {
-    expect(anthropicErrorOf(reef)).toEqual({ status, type });
+  // The table docs/errors.md shows (written by errors-doc.ts), checked against the mapping itself.
+  const doc = readFileSync(join(repoRoot(), 'docs/errors.md'), 'utf8');
+  const rows = [...doc.matchAll(/^\| (\d{3}|other [45]xx) \| (\d{3}|the same) \| (\w+) \|$/gm)].map((m) => [m[1]!, m[2]!, m[3]!] as const);
+
+  it('docs/errors.md shows the mapping the gateway answers with', () => {
+    expect(rows.length).toBe(11);
+    for (const [reef, status, type] of rows) {
+      const examples = reef === 'other 4xx' ? [402, 405, 415, 421, 431] : reef === 'other 5xx' ? [500, 501, 502] : [Number(reef)];
+      for (const n of examples) expect(anthropicErrorOf(n), `${n}`).toEqual({ status: status === 'the same' ? n : Number(status), type });
+    }
   });
 
   it('knows the Messages paths', () => {
