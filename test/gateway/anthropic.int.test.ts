@@ -1,5 +1,7 @@
 import Anthropic from '@anthropic-ai/sdk';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Correlator } from '../../actors/judge/correlate/correlator.js';
+import type { CorrelationEvent } from '../../actors/judge/correlate/types.js';
 import type { FakeGeneration } from '../helpers/fake-engine.js';
 import { postChat, startStack, type Stack } from './harness.js';
 
@@ -154,6 +156,25 @@ describe('Anthropic Messages API', () => {
       { role: 'tool', tool_call_id: 'toolu_1', content: 'disk full', is_error: true },
       { role: 'user', content: [{ type: 'text', text: 'try again?' }] },
     ]);
+  });
+
+  it('an untagged Messages conversation is bound by its transcript, as a chat one is: the tool result is the next state of the tool call', async () => {
+    const headers = { 'x-reef-scenario': 'transcript' };
+    script.push({ pieces: THINK_AND_CALL });
+    const first = await client.messages.create({ model: 'tiny', max_tokens: 64, tools: TOOLS, messages: [{ role: 'user', content: 'save 1' }] }, { headers });
+    const toolUse = first.content.find((b): b is Anthropic.ToolUseBlock => b.type === 'tool_use')!;
+    await client.messages.create({
+      model: 'tiny',
+      max_tokens: 64,
+      tools: TOOLS,
+      messages: [{ role: 'user', content: 'save 1' }, { role: 'assistant', content: first.content as Anthropic.ContentBlockParam[] }, { role: 'user', content: [{ type: 'tool_result', tool_use_id: toolUse.id, content: 'saved' }] }],
+    }, { headers });
+    const correlator = new Correlator({ sessionTtlS: 3600 });
+    const events: CorrelationEvent[] = [];
+    for (const rec of await s.gw.store.readFrom(0, 1000)) if (rec.scenario === 'transcript') events.push(...correlator.observe(rec));
+    const finished = events.filter((e) => e.kind === 'turn-finished');
+    expect(finished).toHaveLength(1);
+    expect(finished[0]).toMatchObject({ turnRecordId: first.id.slice('msg_'.length), nextState: { content: 'saved' } });
   });
 
   it('stop_reason stop_sequence names the sequence, streamed and not; max_tokens when the budget ran out', async () => {
