@@ -13,6 +13,10 @@ import { postChat, startStack, type Stack } from './harness.js';
  */
 
 const KEY = 'sk-reef-anthropic-test-key-0123456789abcdef';
+/** A key with a token budget of 100 a minute; one with one request at a time. */
+const SMALL = 'sk-reef-anthropic-small-key-0123456789abcdef';
+const ONE = 'sk-reef-anthropic-one-at-a-time-0123456789ab';
+const BODY_LIMIT = 256 * 1024;
 const DEFAULT: FakeGeneration = { pieces: ['Hello', ' from', ' the', ' fake', ' engine', '.'] };
 // Qwen3 markup, one token per piece, as the qwen3 parser reads it.
 const THINK_AND_CALL = ['<think>', 'I should', ' save it', '</think>', '\n\n', 'Saving', ' now.', '\n<tool_call>', '\n{"name": "save", ', '"arguments": {"x": 1, "tag": "a"}}', '\n</tool_call>'];
@@ -26,7 +30,7 @@ describe('Anthropic Messages API', () => {
   const script: FakeGeneration[] = [];
 
   beforeAll(async () => {
-    s = await startStack({ apiKeys: [{ key: KEY }], engine: { respond: () => script.shift() ?? DEFAULT } });
+    s = await startStack({ apiKeys: [{ key: KEY }, { key: SMALL, tokens_per_minute: 100 }, { key: ONE, max_concurrency: 1 }], limits: { body_bytes: BODY_LIMIT }, engine: { respond: () => script.shift() ?? DEFAULT } });
     // The SDK sends the key as x-api-key, as it does to Anthropic.
     client = new Anthropic({ apiKey: KEY, baseURL: s.url, maxRetries: 0 });
   });
@@ -238,6 +242,36 @@ describe('Anthropic Messages API', () => {
 
     const header = await client.messages.create({ model: 'tiny', max_tokens: 8, messages: [{ role: 'user', content: 'hi' }] }, { headers: { 'x-turn-type': 'heartbeat' } }).catch((e: unknown) => e);
     expect((header as Anthropic.APIError).apiMessage).toContain('x-turn-type "heartbeat" is neither main nor side');
+
+    // Past the body limit, refused on the declared length before the upload is read.
+    const big = await fetch(`${s.url}/v1/messages`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-api-key': KEY }, body: JSON.stringify({ model: 'tiny', max_tokens: 8, messages: [{ role: 'user', content: 'x'.repeat(BODY_LIMIT) }] }) });
+    expect(big.status).toBe(413);
+    expect(await big.json()).toMatchObject({ type: 'error', error: { type: 'request_too_large', message: `request body is larger than ${BODY_LIMIT} bytes (reef.limits.body_bytes)`, details: { error_code: 'REEF_ERR_TOO_LARGE' } } });
+
+    // A key's token budget: the first request takes most of it, the next is a 429 the SDK reads as RateLimitError.
+    const small = new Anthropic({ apiKey: SMALL, baseURL: s.url, maxRetries: 0 });
+    await small.messages.create({ model: 'tiny', max_tokens: 60, messages: [{ role: 'user', content: 'hi' }] });
+    const limited = await small.messages.create({ model: 'tiny', max_tokens: 60, messages: [{ role: 'user', content: 'hi' }] }).catch((e: unknown) => e);
+    expect(limited).toBeInstanceOf(Anthropic.RateLimitError);
+    expect(Number((limited as Anthropic.APIError).headers?.get('retry-after'))).toBeGreaterThan(0);
+    expect((limited as Anthropic.APIError).error).toMatchObject({ type: 'error', error: { type: 'rate_limit_error', details: { error_code: 'REEF_ERR_RATE_LIMIT' } } });
+
+    // A key's concurrency slot, taken before the body is read: a second request while one generates is a 429.
+    const one = new Anthropic({ apiKey: ONE, baseURL: s.url, maxRetries: 0 });
+    s.engine.options.delayMs = () => 30_000;
+    const leave = new AbortController();
+    try {
+      const generating = new Promise<void>((resolve) => s.engine.server.once('request', () => resolve()));
+      const first = one.messages.create({ model: 'tiny', max_tokens: 8, messages: [{ role: 'user', content: 'slow' }] }, { signal: leave.signal }).catch((e: unknown) => e);
+      await generating;
+      const second = await one.messages.create({ model: 'tiny', max_tokens: 8, messages: [{ role: 'user', content: 'hi' }] }).catch((e: unknown) => e);
+      expect(second).toBeInstanceOf(Anthropic.RateLimitError);
+      expect((second as Anthropic.APIError).error).toMatchObject({ type: 'error', error: { type: 'rate_limit_error', message: 'too many concurrent requests for this API key (limit 1)', details: { error_code: 'REEF_ERR_RATE_LIMITED' } } });
+      leave.abort();
+      expect(await first).toBeInstanceOf(Anthropic.APIUserAbortError);
+    } finally {
+      delete s.engine.options.delayMs;
+    }
 
     const batches = await fetch(`${s.url}/v1/messages/batches`, { headers: { 'x-api-key': KEY } });
     expect(batches.status).toBe(404);
