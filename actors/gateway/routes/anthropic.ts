@@ -69,6 +69,8 @@ function translated(request: FastifyRequest, reply: FastifyReply, generate: bool
     return toChatRequest(json, generate);
   } catch (err) {
     if (err instanceof MessagesRequestError) return refuse('REEF_ERR_INVALID_ARGUMENT', err.message);
+    // A fault of the translation itself: the handler's error answers, and the slot must not stay taken.
+    admittedOf(request).release();
     throw err;
   }
 }
