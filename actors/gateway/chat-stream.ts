@@ -68,6 +68,7 @@ export async function streamCompletion(deps: ChatDeps, p: Prepared, sink: SseSin
         await emit(parser.push(delta));
       }
     }
+    p.finish = last?.meta_info.finish_reason ?? null;
     if (last?.meta_info.finish_reason?.type === 'abort' && !sink.signal.aborted) throw engineAborted(deps, last);
     // Only the last event carries a finish_reason: a stream that ends (even with [DONE]) after one
     // without it was cut short, and answering `stop` would pass a truncated reply off as whole.

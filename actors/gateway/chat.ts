@@ -46,6 +46,11 @@ export interface Prepared extends Omit<PreparedChat, 'ok'> {
   staged?: StagedPayloads | null;
   /** The gateway's weight version when the request passed the generation gate. */
   admittedVersion?: string | null;
+  /**
+   * How the generation ended, as settled (`settleStop`), once it has: the Messages API names the
+   * stop sequence that ended a reply, which the chat-completions body has no field for.
+   */
+  finish?: GenerateResponse['meta_info']['finish_reason'];
 }
 
 /** Prepares a raw request body on a tokenizer worker; a refused request comes back as its error. */
@@ -193,6 +198,7 @@ export async function completeOnce(deps: ChatDeps, p: Prepared, signal?: AbortSi
     const pending = deps.engine.generate(p.engineBody, signal);
     stageRecord(deps, p);
     res = settleStop(await pending, p.stop);
+    p.finish = res.meta_info.finish_reason;
     if (res.meta_info.finish_reason?.type === 'abort') throw engineAborted(deps, res);
   } catch (err) {
     if (signal?.aborted) {

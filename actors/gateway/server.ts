@@ -11,6 +11,7 @@ import { parsedBodyProblem } from './body-checks.js';
 import { registerOpenAIRoutes } from './routes/openai.js';
 import { PUBLIC_UI_ROUTES, registerUiRoutes } from './routes/ui.js';
 import type { ResponseStore } from './store/responses.js';
+import { registerAnthropicRoutes } from './routes/anthropic.js';
 import { NotUtf8Error } from './tokenize/utf8.js';
 import { DEFAULT_LIMITS, rateLimitMessage, type DiskGuard, type GatewayLimits, type ScenarioCap } from './limits.js';
 
@@ -271,7 +272,9 @@ export function buildGatewayServer(opts: GatewayServerOptions): FastifyInstance 
     // other than ASCII, and text/plain without one is Latin-1 to clients that follow HTTP/1.1's default.
     return reply.type('text/plain; version=0.0.4; charset=utf-8').send(metrics.render(p.scenarios === null ? null : (s) => canSee(p, s)));
   });
-  registerOpenAIRoutes(app, opts.chat, { defaultScenario: opts.defaultScenario, principalOf, disk: opts.disk ?? null, scenarios: opts.scenarios ?? null, responses: opts.responses ?? null });
+  const routeOptions = { defaultScenario: opts.defaultScenario, principalOf, disk: opts.disk ?? null, scenarios: opts.scenarios ?? null };
+  registerOpenAIRoutes(app, opts.chat, { ...routeOptions, responses: opts.responses ?? null });
+  registerAnthropicRoutes(app, opts.chat, routeOptions);
   if (opts.registerReefRoutes) {
     opts.registerReefRoutes(app, principalOf);
     registerUiRoutes(app);

@@ -10,7 +10,7 @@ import { rateLimitMessage, type DiskGuard, type ScenarioCap } from '../limits.js
 import type { ResponseStore } from '../store/responses.js';
 
 /**
- * What the generating routes (chat completions, responses) share: admission before the body,
+ * What the generating routes (chat completions, responses, messages) share: admission before the body,
  * the token charge, error answers and the event stream.
  */
 
@@ -50,10 +50,14 @@ export function takeAdmitted(request: FastifyRequest): Admitted {
   return admitted;
 }
 
-/** Admits a request in a preParsing hook (`admit`), keeping what it admitted for the handler. */
-export function admitHook(deps: ChatDeps, opts: OpenAIRouteOptions): preParsingHookHandler {
+/**
+ * Admits a request in a preParsing hook (`admit`), keeping what it admitted for the handler.
+ * `generates` false (token counting): nothing is generated or stored, so a full disk or a spent
+ * token budget does not refuse it; the scenario, the key's rate and its concurrency slot still apply.
+ */
+export function admitHook(deps: ChatDeps, opts: OpenAIRouteOptions, generates = true): preParsingHookHandler {
   return (request, reply, payload, done) => {
-    const admitted = admit(request, reply, deps, opts);
+    const admitted = admit(request, reply, deps, opts, generates);
     if (admitted === null) return;
     (request as WithAdmitted)[ADMITTED] = admitted;
     done(null, payload);
@@ -65,7 +69,7 @@ export function admitHook(deps: ChatDeps, opts: OpenAIRouteOptions): preParsingH
  * read: a refused request never costs the gateway its upload, and `max_concurrency` bounds bodies
  * being received as well as generations. Answers and returns null, or returns what was admitted.
  */
-export function admit(request: FastifyRequest, reply: FastifyReply, deps: ChatDeps, opts: OpenAIRouteOptions): Admitted | null {
+export function admit(request: FastifyRequest, reply: FastifyReply, deps: ChatDeps, opts: OpenAIRouteOptions, generates = true): Admitted | null {
   const principal = opts.principalOf(request);
   const scenario = scenarioOf(request, opts.defaultScenario);
   if (!SCENARIO_RE.test(scenario)) {
@@ -83,14 +87,14 @@ export function admit(request: FastifyRequest, reply: FastifyReply, deps: ChatDe
     return null;
   }
   // Before the engine generates: at a full disk the record's commit would fail after it.
-  const full = opts.disk?.check() ?? null;
+  const full = generates ? (opts.disk?.check() ?? null) : null;
   if (full !== null) {
     sendError(reply, full.code, full.message, { retryAfterS: 30 });
     return null;
   }
   // A spent token budget is known before the body: the request's own cost is charged once it is
   // tokenized (the handler).
-  const spent = principal.tokens?.emptyFor() ?? 0;
+  const spent = generates ? (principal.tokens?.emptyFor() ?? 0) : 0;
   if (spent > 0) {
     sendError(reply, 'REEF_ERR_RATE_LIMIT', rateLimitMessage(principal.tokens!.perMinute, 'tokens', `${principal.setting}tokens_per_minute`, '', spent), { retryAfterS: spent });
     return null;

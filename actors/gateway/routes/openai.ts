@@ -1,7 +1,8 @@
 import { errorCodes, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { ReefError } from '../../runtime/errors.js';
 import { releaseBody } from '../../../cluster/generate-body.js';
-import { completeOnce, prepare, type ChatDeps } from '../chat.js';
+import { completeOnce, prepare, type ChatDeps, type Prepared } from '../chat.js';
+import type { RefusedChat } from '../tokenize/prepare.js';
 import { streamCompletion, type SseSink } from '../chat-stream.js';
 import { sendError, sendReefError } from '../http-errors.js';
 import { admitHook, chargeTokens, openEventStream, replyWithError, takeAdmitted, watchClient, type OpenAIRouteOptions } from './common.js';
@@ -26,36 +27,48 @@ export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts:
     scope.removeContentTypeParser('application/json');
     scope.addContentTypeParser('application/json', (request, payload, done) => readSharedBody(request, payload, done));
     scope.addHook('preParsing', admitHook(deps, opts));
-    scope.post('/v1/chat/completions', async (request, reply) => {
-      const admitted = takeAdmitted(request);
-      const { principal, scenario, tags } = admitted;
-      deps.metrics.inflightCount++;
-      let lease: Int32Array | null = null;
-      try {
-        // text/plain arrives as a string (fastify's text parser): not a request object.
-        if (!(request.body instanceof Uint8Array)) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'body: request body must be a JSON object');
-        // Keyed as the judge keys sessions: another key's request with the same tag is another session.
-        const sessionKey = tags['session'] ? `${scenario}\u0000${principal.id}\u0000${tags['session']}` : null;
-        const ctx = { scenario, keyId: principal.id, tags, sessionKey, startedAt: Date.now() };
-        const p = await prepare(deps, request.body, ctx);
-        if (!('id' in p)) return sendError(reply, p.code, p.message, { param: p.param });
-        lease = p.bodyLease;
-        const refused = chargeTokens(principal, p, reply);
-        if (refused !== null) return refused;
-        if (p.stream) return await stream(deps, p, reply);
-        return await once(deps, p, reply);
-      } catch (err) {
-        return replyWithError(reply, err);
-      } finally {
-        // The engine request has ended either way: the session's next body may reuse this one's memory.
-        releaseBody(lease);
-        deps.metrics.inflightCount--;
-        admitted.release();
-      }
-    });
+    scope.post('/v1/chat/completions', async (request, reply) =>
+      serveChat(deps, request, reply, request.body, (p) => (p.stream ? stream(deps, p, reply) : once(deps, p, reply))),
+    );
     if (opts.responses) registerResponsesCreate(scope, deps, opts.responses);
   });
   if (opts.responses) registerResponsesStore(app, opts, opts.responses);
+}
+
+/**
+ * A generating route's handler around the chat pipeline: `body` (a chat-completions body, raw
+ * bytes) is prepared, charged to the key's token budget, then `run`; whatever fails answers as an
+ * error, and the key's slot is given back at the end. `refused` may restate a refusal in the
+ * route's own terms (the Messages API's field names).
+ */
+export async function serveChat(deps: ChatDeps, request: FastifyRequest, reply: FastifyReply, body: unknown, run: (p: Prepared) => Promise<FastifyReply>, refused: (r: RefusedChat) => RefusedChat = (r) => r): Promise<FastifyReply> {
+  const admitted = takeAdmitted(request);
+  const { principal, scenario, tags } = admitted;
+  deps.metrics.inflightCount++;
+  let lease: Int32Array | null = null;
+  try {
+    // text/plain arrives as a string (fastify's text parser): not a request object.
+    if (!(body instanceof Uint8Array)) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'body: request body must be a JSON object');
+    // Keyed as the judge keys sessions: another key's request with the same tag is another session.
+    const sessionKey = tags['session'] ? `${scenario}\u0000${principal.id}\u0000${tags['session']}` : null;
+    const ctx = { scenario, keyId: principal.id, tags, sessionKey, startedAt: Date.now() };
+    const p = await prepare(deps, body, ctx);
+    if (!('id' in p)) {
+      const r = refused(p);
+      return sendError(reply, r.code, r.message, { param: r.param });
+    }
+    lease = p.bodyLease;
+    const charged = chargeTokens(principal, p, reply);
+    if (charged !== null) return charged;
+    return await run(p);
+  } catch (err) {
+    return replyWithError(reply, err);
+  } finally {
+    // The engine request has ended either way: the session's next body may reuse this one's memory.
+    releaseBody(lease);
+    deps.metrics.inflightCount--;
+    admitted.release();
+  }
 }
 
 /** What a body's reading starts with: an OpenClaw turn (~40 KB) fits, so most bodies are never copied. */
@@ -121,7 +134,7 @@ export function readSharedBody(request: FastifyRequest, payload: NodeJS.Readable
 }
 
 /** A non-streamed completion, cut off (and recorded `aborted`) when the client leaves before its answer. */
-async function once(deps: ChatDeps, p: Parameters<typeof completeOnce>[1], reply: FastifyReply): Promise<FastifyReply> {
+async function once(deps: ChatDeps, p: Prepared, reply: FastifyReply): Promise<FastifyReply> {
   const gone = watchClient(reply.raw);
   try {
     const done = await completeOnce(deps, p, gone.signal);
@@ -135,17 +148,33 @@ async function once(deps: ChatDeps, p: Parameters<typeof completeOnce>[1], reply
   }
 }
 
-async function stream(deps: ChatDeps, p: Parameters<typeof streamCompletion>[1], reply: FastifyReply): Promise<FastifyReply> {
+/** How a stream's events are written: OpenAI's `data:` lines ending in `[DONE]`, or another API's. */
+export interface SseFraming {
+  /** The text of one event the pipeline sends (an OpenAI chunk, or an error body); '' sends nothing. */
+  event(data: unknown): string;
+  /** The text that ends the stream: its last events, then whatever closes it. */
+  end(events: readonly unknown[]): string;
+}
+
+const OPENAI_FRAMING: SseFraming = {
+  event: (data) => `data: ${JSON.stringify(data)}\n\n`,
+  end: (events) => {
+    let text = '';
+    for (const e of events) text += `data: ${JSON.stringify(e)}\n\n`;
+    return `${text}data: [DONE]\n\n`;
+  },
+};
+
+export async function stream(deps: ChatDeps, p: Prepared, reply: FastifyReply, framing: SseFraming = OPENAI_FRAMING): Promise<FastifyReply> {
   const sse = openEventStream(reply);
   const sink: SseSink = {
-    send: (data) => sse.write(`data: ${JSON.stringify(data)}\n\n`),
+    send: (data) => {
+      const text = framing.event(data);
+      return text ? sse.write(text) : Promise.resolve();
+    },
     // Ended here rather than once the handler has unwound: the last write then goes out at once,
     // not after the promise chain back up to this route (~0.1 ms measured on an OpenClaw turn).
-    sendDone: async (events = []) => {
-      let text = '';
-      for (const e of events) text += `data: ${JSON.stringify(e)}\n\n`;
-      sse.end(`${text}data: [DONE]\n\n`);
-    },
+    sendDone: async (events = []) => sse.end(framing.end(events)),
     signal: sse.signal,
   };
   try {
