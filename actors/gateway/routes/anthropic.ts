@@ -1,12 +1,12 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { releaseBody } from '../../../cluster/generate-body.js';
 import { parsedBodyProblem } from '../body-checks.js';
-import { completeOnce, prepare, type ChatDeps, type Prepared } from '../chat.js';
+import { prepare, type ChatDeps, type Prepared } from '../chat.js';
 import { sendError } from '../http-errors.js';
 import { NotUtf8Error, utf8Text } from '../tokenize/utf8.js';
 import { MessagesRequestError, restate, toChatRequest, type TranslatedRequest } from '../anthropic/request.js';
 import { MessagesFraming, toMessage, type MessageContext } from '../anthropic/response.js';
-import { admitHook, replyWithError, takeAdmitted, watchClient, type OpenAIRouteOptions } from './common.js';
+import { admitHook, answerOnce, replyWithError, takeAdmitted, type OpenAIRouteOptions } from './common.js';
 import { readSharedBody, serveChat, stream } from './openai.js';
 
 /**
@@ -27,7 +27,7 @@ export function registerAnthropicRoutes(app: FastifyInstance, deps: ChatDeps, op
       const t = translated(request, reply, true);
       if (t === null) return reply;
       const chat = sharedJson(t.chat);
-      return serveChat(deps, request, reply, chat, (p) => (p.stream ? streamMessage(deps, p, reply) : once(deps, p, reply)), (r) => ({ ...r, message: restate(r.message, t.origins), param: r.param === null ? null : restate(r.param, t.origins) }));
+      return serveChat(deps, request, reply, chat, (p) => (p.stream ? streamMessage(deps, p, reply) : answerOnce(deps, p, reply, (body) => toMessage(body, contextOf(deps, p)))), (r) => ({ ...r, message: restate(r.message, t.origins), param: r.param === null ? null : restate(r.param, t.origins) }));
     });
 
     // Renders and tokenizes as a generation would, and counts: no engine, no record.
@@ -86,20 +86,6 @@ function sharedJson(value: unknown): Uint8Array {
 
 function contextOf(deps: ChatDeps, p: Prepared): MessageContext {
   return { id: p.id, model: p.model ?? deps.modelName, inputTokens: p.promptIds.length, stop: p.stop, finish: () => p.finish };
-}
-
-async function once(deps: ChatDeps, p: Prepared, reply: FastifyReply): Promise<FastifyReply> {
-  const gone = watchClient(reply.raw);
-  try {
-    const done = await completeOnce(deps, p, gone.signal);
-    if (done === null) {
-      reply.hijack(); // nobody to answer
-      return reply;
-    }
-    return reply.header('x-reef-agent-record-id', done.recordId).send(toMessage(done.body, contextOf(deps, p)));
-  } finally {
-    gone.stop();
-  }
 }
 
 function streamMessage(deps: ChatDeps, p: Prepared, reply: FastifyReply): Promise<FastifyReply> {

@@ -1,7 +1,9 @@
 import type { FastifyReply, FastifyRequest, preParsingHookHandler } from 'fastify';
 import { ReefError } from '../../runtime/errors.js';
 import { EngineRequestError } from '../../../cluster/engine-client.js';
-import type { ChatDeps, Prepared } from '../chat.js';
+import { releaseBody } from '../../../cluster/generate-body.js';
+import { completeOnce, type ChatDeps, type Prepared } from '../chat.js';
+import { streamCompletion, type SseSink } from '../chat-stream.js';
 import { sendError, sendReefError } from '../http-errors.js';
 import { canSee, type Principal } from '../auth.js';
 import { SCENARIO_RE } from '../store/rows.js';
@@ -240,4 +242,63 @@ export function openEventStream(reply: FastifyReply): EventStream {
       if (started && !res.destroyed && !res.writableEnded) res.end();
     },
   };
+}
+
+/**
+ * The frame of a generating route's handler: counts the request in flight, answers whatever `fn`
+ * throws as an error, and at the end gives back the body memory of the request `hold` was given
+ * (the session's next body may reuse it once its engine request has ended) and the key's slot.
+ */
+export async function generating(deps: ChatDeps, request: FastifyRequest, reply: FastifyReply, fn: (admitted: Admitted, hold: (p: Prepared) => void) => Promise<FastifyReply>): Promise<FastifyReply> {
+  const admitted = takeAdmitted(request);
+  deps.metrics.inflightCount++;
+  let lease: Int32Array | null = null;
+  try {
+    return await fn(admitted, (p) => {
+      lease = p.bodyLease;
+    });
+  } catch (err) {
+    return replyWithError(reply, err);
+  } finally {
+    releaseBody(lease);
+    deps.metrics.inflightCount--;
+    admitted.release();
+  }
+}
+
+/**
+ * A completion not streamed, cut off (and recorded `aborted`) when the client leaves before its
+ * answer; `shape` turns the chat-completions answer into the route's own (and may store it first).
+ */
+export async function answerOnce(deps: ChatDeps, p: Prepared, reply: FastifyReply, shape: (body: unknown) => unknown = (body) => body): Promise<FastifyReply> {
+  const gone = watchClient(reply.raw);
+  try {
+    const done = await completeOnce(deps, p, gone.signal);
+    if (done === null) {
+      reply.hijack(); // nobody to answer
+      return reply;
+    }
+    const answer = await shape(done.body);
+    return reply.header('x-reef-agent-record-id', done.recordId).send(answer);
+  } finally {
+    gone.stop();
+  }
+}
+
+/** A streamed completion: the pipeline's events go to the sink `sinkOf` makes on the reply's event stream. */
+export async function streamTo(deps: ChatDeps, p: Prepared, reply: FastifyReply, sinkOf: (sse: EventStream) => SseSink): Promise<FastifyReply> {
+  const sse = openEventStream(reply);
+  try {
+    await streamCompletion(deps, p, sinkOf(sse));
+  } catch (err) {
+    // A client that left before the first event needs no answer.
+    if (!sse.started && sse.signal.aborted) {
+      reply.hijack();
+      return reply;
+    }
+    throw err;
+  } finally {
+    sse.close();
+  }
+  return reply;
 }

@@ -1,11 +1,9 @@
 import { errorCodes, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { ReefError } from '../../runtime/errors.js';
-import { releaseBody } from '../../../cluster/generate-body.js';
-import { completeOnce, prepare, type ChatDeps, type Prepared } from '../chat.js';
+import { prepare, type ChatDeps, type Prepared } from '../chat.js';
 import type { RefusedChat } from '../tokenize/prepare.js';
-import { streamCompletion, type SseSink } from '../chat-stream.js';
 import { sendError, sendReefError } from '../http-errors.js';
-import { admitHook, chargeTokens, openEventStream, replyWithError, takeAdmitted, watchClient, type OpenAIRouteOptions } from './common.js';
+import { admitHook, answerOnce, chargeTokens, generating, streamTo, type OpenAIRouteOptions } from './common.js';
 import { registerResponsesCreate, registerResponsesStore } from './responses.js';
 
 export { scenarioOf, replyWithError, watchClient, type OpenAIRouteOptions } from './common.js';
@@ -28,7 +26,7 @@ export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts:
     scope.addContentTypeParser('application/json', (request, payload, done) => readSharedBody(request, payload, done));
     scope.addHook('preParsing', admitHook(deps, opts));
     scope.post('/v1/chat/completions', async (request, reply) =>
-      serveChat(deps, request, reply, request.body, (p) => (p.stream ? stream(deps, p, reply) : once(deps, p, reply))),
+      serveChat(deps, request, reply, request.body, (p) => (p.stream ? stream(deps, p, reply) : answerOnce(deps, p, reply))),
     );
     if (opts.responses) registerResponsesCreate(scope, deps, opts.responses);
   });
@@ -41,12 +39,8 @@ export function registerOpenAIRoutes(app: FastifyInstance, deps: ChatDeps, opts:
  * error, and the key's slot is given back at the end. `refused` may restate a refusal in the
  * route's own terms (the Messages API's field names).
  */
-export async function serveChat(deps: ChatDeps, request: FastifyRequest, reply: FastifyReply, body: unknown, run: (p: Prepared) => Promise<FastifyReply>, refused: (r: RefusedChat) => RefusedChat = (r) => r): Promise<FastifyReply> {
-  const admitted = takeAdmitted(request);
-  const { principal, scenario, tags } = admitted;
-  deps.metrics.inflightCount++;
-  let lease: Int32Array | null = null;
-  try {
+export function serveChat(deps: ChatDeps, request: FastifyRequest, reply: FastifyReply, body: unknown, run: (p: Prepared) => Promise<FastifyReply>, refused: (r: RefusedChat) => RefusedChat = (r) => r): Promise<FastifyReply> {
+  return generating(deps, request, reply, async ({ principal, scenario, tags }, hold) => {
     // text/plain arrives as a string (fastify's text parser): not a request object.
     if (!(body instanceof Uint8Array)) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'body: request body must be a JSON object');
     // Keyed as the judge keys sessions: another key's request with the same tag is another session.
@@ -57,18 +51,11 @@ export async function serveChat(deps: ChatDeps, request: FastifyRequest, reply: 
       const r = refused(p);
       return sendError(reply, r.code, r.message, { param: r.param });
     }
-    lease = p.bodyLease;
+    hold(p);
     const charged = chargeTokens(principal, p, reply);
     if (charged !== null) return charged;
-    return await run(p);
-  } catch (err) {
-    return replyWithError(reply, err);
-  } finally {
-    // The engine request has ended either way: the session's next body may reuse this one's memory.
-    releaseBody(lease);
-    deps.metrics.inflightCount--;
-    admitted.release();
-  }
+    return run(p);
+  });
 }
 
 /** What a body's reading starts with: an OpenClaw turn (~40 KB) fits, so most bodies are never copied. */
@@ -133,21 +120,6 @@ export function readSharedBody(request: FastifyRequest, payload: NodeJS.Readable
   payload.resume();
 }
 
-/** A non-streamed completion, cut off (and recorded `aborted`) when the client leaves before its answer. */
-async function once(deps: ChatDeps, p: Prepared, reply: FastifyReply): Promise<FastifyReply> {
-  const gone = watchClient(reply.raw);
-  try {
-    const done = await completeOnce(deps, p, gone.signal);
-    if (done === null) {
-      reply.hijack(); // nobody to answer
-      return reply;
-    }
-    return reply.header('x-reef-agent-record-id', done.recordId).send(done.body);
-  } finally {
-    gone.stop();
-  }
-}
-
 /** How a stream's events are written: OpenAI's `data:` lines ending in `[DONE]`, or another API's. */
 export interface SseFraming {
   /** The text of one event the pipeline sends (an OpenAI chunk, or an error body); '' sends nothing. */
@@ -165,9 +137,8 @@ const OPENAI_FRAMING: SseFraming = {
   },
 };
 
-export async function stream(deps: ChatDeps, p: Prepared, reply: FastifyReply, framing: SseFraming = OPENAI_FRAMING): Promise<FastifyReply> {
-  const sse = openEventStream(reply);
-  const sink: SseSink = {
+export function stream(deps: ChatDeps, p: Prepared, reply: FastifyReply, framing: SseFraming = OPENAI_FRAMING): Promise<FastifyReply> {
+  return streamTo(deps, p, reply, (sse) => ({
     send: (data) => {
       const text = framing.event(data);
       return text ? sse.write(text) : Promise.resolve();
@@ -176,18 +147,5 @@ export async function stream(deps: ChatDeps, p: Prepared, reply: FastifyReply, f
     // not after the promise chain back up to this route (~0.1 ms measured on an OpenClaw turn).
     sendDone: async (events = []) => sse.end(framing.end(events)),
     signal: sse.signal,
-  };
-  try {
-    await streamCompletion(deps, p, sink);
-  } catch (err) {
-    // A client that left before the first event needs no answer.
-    if (!sse.started && sse.signal.aborted) {
-      reply.hijack();
-      return reply;
-    }
-    throw err;
-  } finally {
-    sse.close();
-  }
-  return reply;
+  }));
 }

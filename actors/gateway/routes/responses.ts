@@ -1,15 +1,13 @@
 import { isUtf8 } from 'node:buffer';
 import type { FastifyInstance, FastifyReply } from 'fastify';
-import { releaseBody } from '../../../cluster/generate-body.js';
-import { completeOnce, prepare, type ChatDeps, type Prepared } from '../chat.js';
-import { streamCompletion } from '../chat-stream.js';
+import { prepare, type ChatDeps, type Prepared } from '../chat.js';
 import { sendError } from '../http-errors.js';
 import { SESSION_DONE_WITHOUT_SESSION } from '../session-headers.js';
 import type { Principal } from '../auth.js';
 import type { ResponseStore, StoredResponse } from '../store/responses.js';
 import { responseEventSink } from '../responses/events.js';
 import { outputItems, readResponsesRequest, responseObject, responseOfItem, storedIdOf, type AssistantMessage, type ResponsesRequest } from '../responses/translate.js';
-import { chargeTokens, openEventStream, replyWithError, takeAdmitted, watchClient, type OpenAIRouteOptions } from './common.js';
+import { answerOnce, chargeTokens, generating, streamTo, type OpenAIRouteOptions } from './common.js';
 
 /**
  * `POST /v1/responses` (the OpenAI Responses API) and its stored responses. A request becomes the
@@ -57,12 +55,9 @@ async function sessionOf(store: ResponseStore, principal: Principal, tags: Recor
 }
 
 export function registerResponsesCreate(scope: FastifyInstance, deps: ChatDeps, store: ResponseStore): void {
-  scope.post('/v1/responses', async (request, reply) => {
-    const admitted = takeAdmitted(request);
-    const { principal, scenario } = admitted;
-    deps.metrics.inflightCount++;
-    let lease: Int32Array | null = null;
-    try {
+  scope.post('/v1/responses', (request, reply) =>
+    generating(deps, request, reply, async (admitted, hold) => {
+      const { principal, scenario } = admitted;
       const raw = request.body;
       if (!(raw instanceof Uint8Array)) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'body: request body must be a JSON object');
       if (!isUtf8(raw)) return sendError(reply, 'REEF_ERR_BODY', 'request body is not valid UTF-8');
@@ -101,7 +96,7 @@ export function registerResponsesCreate(scope: FastifyInstance, deps: ChatDeps, 
       const ctx = { scenario, keyId: principal.id, tags, sessionKey, startedAt: Date.now() };
       const p = await prepare(deps, sharedBytes(JSON.stringify(chatBody)), ctx);
       if (!('id' in p)) return sendError(reply, p.code, p.message, { param: responsesParam(p.param) });
-      lease = p.bodyLease;
+      hold(p);
       if (session === null && req.store) p.ctx.tags = { ...tags, session: `resp_${p.id}` };
       const refused = chargeTokens(principal, p, reply, 'max_output_tokens');
       if (refused !== null) return refused;
@@ -121,58 +116,34 @@ export function registerResponsesCreate(scope: FastifyInstance, deps: ChatDeps, 
           response,
         });
       };
-      if (req.stream) return await streamed(deps, p, reply, req, model, complete);
-      return await once(deps, p, reply, req, model, complete);
-    } catch (err) {
-      return replyWithError(reply, err);
-    } finally {
-      releaseBody(lease);
-      deps.metrics.inflightCount--;
-      admitted.release();
-    }
-  });
+      if (req.stream) return streamed(deps, p, reply, req, model, complete);
+      return once(deps, p, reply, req, model, complete);
+    }),
+  );
 }
 
 type Complete = (message: AssistantMessage, response: Record<string, unknown>) => Promise<void>;
 
-async function once(deps: ChatDeps, p: Prepared, reply: FastifyReply, req: ResponsesRequest, model: string, complete: Complete): Promise<FastifyReply> {
-  const gone = watchClient(reply.raw);
-  try {
-    const done = await completeOnce(deps, p, gone.signal);
-    if (done === null) {
-      reply.hijack(); // nobody to answer
-      return reply;
-    }
-    const body = done.body as { choices: [{ message: AssistantMessage & { refusal?: unknown }; finish_reason: string }]; usage: { prompt_tokens: number; completion_tokens: number } };
+function once(deps: ChatDeps, p: Prepared, reply: FastifyReply, req: ResponsesRequest, model: string, complete: Complete): Promise<FastifyReply> {
+  return answerOnce(deps, p, reply, async (answer) => {
+    const body = answer as { choices: [{ message: AssistantMessage & { refusal?: unknown }; finish_reason: string }]; usage: { prompt_tokens: number; completion_tokens: number } };
     const { refusal: _refusal, ...message } = body.choices[0].message;
     const status = body.choices[0].finish_reason === 'length' ? 'incomplete' : 'completed';
     const response = responseObject(req, { id: p.id, createdAt: p.ctx.startedAt, model, status, output: outputItems(p.id, message, status), usage: { prompt: body.usage.prompt_tokens, completion: body.usage.completion_tokens } });
+    // Stored before the answer goes out: a client may continue from it at once.
     await complete(message, response);
-    return reply.header('x-reef-agent-record-id', done.recordId).send(response);
-  } finally {
-    gone.stop();
-  }
+    return response;
+  });
 }
 
-async function streamed(deps: ChatDeps, p: Prepared, reply: FastifyReply, req: ResponsesRequest, model: string, complete: Complete): Promise<FastifyReply> {
-  const sse = openEventStream(reply);
-  const sink = responseEventSink(sse, {
-    responseId: p.id,
-    snapshot: (status, output, usage) => responseObject(req, { id: p.id, createdAt: p.ctx.startedAt, model, status, output, usage }),
-    complete,
-  });
-  try {
-    await streamCompletion(deps, p, sink);
-  } catch (err) {
-    if (!sse.started && sse.signal.aborted) {
-      reply.hijack();
-      return reply;
-    }
-    throw err;
-  } finally {
-    sse.close();
-  }
-  return reply;
+function streamed(deps: ChatDeps, p: Prepared, reply: FastifyReply, req: ResponsesRequest, model: string, complete: Complete): Promise<FastifyReply> {
+  return streamTo(deps, p, reply, (sse) =>
+    responseEventSink(sse, {
+      responseId: p.id,
+      snapshot: (status, output, usage) => responseObject(req, { id: p.id, createdAt: p.ctx.startedAt, model, status, output, usage }),
+      complete,
+    }),
+  );
 }
 
 /** GET and DELETE of stored responses, and their input items: reached by the key that made them only. */
