@@ -131,6 +131,9 @@ describe.each(APIS)('with api %s', (api) => {
     expect(t.message.stopReason).toBe('stop');
     expect(t.message.usage).toMatchObject({ input: t.record.promptIds.length, output: HELLO.length });
     expect(t.record.response).toMatchObject({ role: 'assistant', content: 'Hello from the fake engine.' });
+    // OpenClaw's session id reaches a custom endpoint as the `session_id` header on Responses only
+    // (the other two send it only where session affinity is configured); Reef tags it as the session.
+    expect(t.record.tags).toEqual(api === 'openai-responses' ? { session: options.sessionId } : {});
     const chat = await viaChat([{ role: 'system', content: SYSTEM }, { role: 'user', content: 'Hello there' }], HELLO, false);
     expect(t.record.promptIds.length).toBeGreaterThan(20);
     expect(Array.from(t.record.promptIds)).toEqual(Array.from(chat.promptIds));
