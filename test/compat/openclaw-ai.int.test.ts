@@ -1,7 +1,7 @@
 import { createLlmRuntime, type AssistantMessage, type AssistantMessageEvent, type Context, type Model, type SimpleStreamOptions, type Tool } from '@openclaw/ai';
 import { registerBuiltInApiProviders } from '@openclaw/ai/providers';
 import { Type } from 'typebox';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import type { AgentRecord } from '../../actors/gateway/store/types.js';
 import type { FakeGeneration } from '../helpers/fake-engine.js';
 import { postChat, startStack, type Stack } from '../gateway/harness.js';
@@ -78,111 +78,115 @@ describe('@openclaw/ai against the gateway', () => {
   afterAll(async () => {
     await s?.close();
   });
-
-describe.each(APIS)('with api %s', (api) => {
-  const runtime = createLlmRuntime();
-  registerBuiltInApiProviders(runtime.registry);
-  /** The request bodies the library built, as it sent them. */
-  const payloads: Array<Record<string, any>> = [];
-  // What OpenClaw passes on an agent turn: its session, a thinking level ("minimal" keeps
-  // Anthropic's thinking budget, 1024, under max_tokens), the output cap.
-  const options: SimpleStreamOptions = {
-    apiKey: KEY,
-    sessionId: `oc-session-${api}`,
-    reasoning: 'minimal',
-    maxTokens: 256,
-    onPayload: (p) => {
-      payloads.push(p as Record<string, any>);
-      return undefined;
-    },
-  };
-  const model = () => reefModel(api, s.url);
-
-  async function turn(context: Context, pieces: string[]): Promise<Turn> {
-    script.push({ pieces });
-    const stream = runtime.streamSimple(model(), context, options);
-    const events: AssistantMessageEvent[] = [];
-    for await (const e of stream) events.push(e);
-    const message = await stream.result();
-    expect(message.errorMessage).toBeUndefined();
-    expect(message.responseId?.startsWith(ID_PREFIX[api])).toBe(true);
-    const record = (await s.gw.store.get(message.responseId!.slice(ID_PREFIX[api].length)))!;
-    expect(record.status).toBe('ok');
-    return { events, message, record };
-  }
-
-  /** The record of the same conversation sent to /v1/chat/completions with the same output. */
-  async function viaChat(messages: unknown[], pieces: string[], withTools = true): Promise<AgentRecord> {
-    script.push({ pieces });
-    const res = await postChat(s.url, { model: 'tiny', max_tokens: 256, ...(withTools ? { tools: chatTools(api) } : {}), messages }, { authorization: `Bearer ${KEY}` });
-    expect(res.status).toBe(200);
-    return (await s.gw.store.get(res.headers.get('x-reef-agent-record-id')!))!;
-  }
-
-  const kinds = (events: AssistantMessageEvent[]) => events.map((e) => e.type).filter((t, i, all) => t !== all[i - 1]);
-  const user = (content: string) => ({ role: 'user' as const, content, timestamp: Date.now() });
-
-  it('a text turn: streamed text, stop, usage, and the chat path\'s prompt ids', async () => {
-    const t = await turn({ systemPrompt: SYSTEM, messages: [user('Hello there')] }, HELLO);
-    expect(kinds(t.events)).toEqual(['start', 'text_start', 'text_delta', 'text_end', 'done']);
-    // What the library asked for, each in its API's terms: thinking on, a system prompt, a cap.
-    expect(payloads.at(-1)).toMatchObject(SENT[api]);
-    expect(t.message.content).toMatchObject([{ type: 'text', text: 'Hello from the fake engine.' }]);
-    expect(t.message.stopReason).toBe('stop');
-    expect(t.message.usage).toMatchObject({ input: t.record.promptIds.length, output: HELLO.length });
-    expect(t.record.response).toMatchObject({ role: 'assistant', content: 'Hello from the fake engine.' });
-    // OpenClaw's session id reaches a custom endpoint as the `session_id` header on Responses only
-    // (the other two send it only where session affinity is configured); Reef tags it as the session.
-    expect(t.record.tags).toEqual(api === 'openai-responses' ? { session: options.sessionId } : {});
-    const chat = await viaChat([{ role: 'system', content: SYSTEM }, { role: 'user', content: 'Hello there' }], HELLO, false);
-    expect(t.record.promptIds.length).toBeGreaterThan(20);
-    expect(Array.from(t.record.promptIds)).toEqual(Array.from(chat.promptIds));
+  // A turn that failed leaves its scripted reply unread: it must not become the next turn's.
+  beforeEach(() => {
+    script.length = 0;
   });
 
-  it('a tool round trip: the thinking, the parsed tool call, and the tool result sent back, each turn with the chat path\'s ids', async () => {
-    const context: Context = { systemPrompt: SYSTEM, messages: [user('save 1')], tools: [SAVE] };
-    const first = await turn(context, THINK_AND_CALL);
-    expect(first.message.stopReason).toBe('toolUse');
-    expect(first.message.content).toMatchObject([
-      { type: 'thinking', thinking: 'I should save it' },
-      { type: 'text', text: 'Saving now.' },
-      { type: 'toolCall', name: 'save', arguments: { x: 1, tag: 'a' } },
-    ]);
-    const ended = first.events.filter((e): e is Extract<AssistantMessageEvent, { type: 'toolcall_end' }> => e.type === 'toolcall_end');
-    expect(ended.map((e) => e.toolCall)).toMatchObject([{ name: 'save', arguments: { x: 1, tag: 'a' } }]);
-    expect(kinds(first.events)).toEqual(expect.arrayContaining(['thinking_start', 'thinking_delta', 'thinking_end', 'toolcall_start', 'toolcall_delta', 'toolcall_end']));
-    expect(first.record.response).toMatchObject({ reasoning_content: 'I should save it', content: 'Saving now.', tool_calls: [{ function: { name: 'save', arguments: '{"x":1,"tag":"a"}' } }] });
-    const call = first.message.content.find((b) => b.type === 'toolCall')!;
-    if (call.type !== 'toolCall') throw new Error('no tool call');
-    // The call id the library holds names the call Reef recorded (Responses joins call and item ids).
-    expect(call.id.split('|')[0]).toBe(first.record.response.tool_calls![0]!.id);
+  describe.each(APIS)('with api %s', (api) => {
+    const runtime = createLlmRuntime();
+    registerBuiltInApiProviders(runtime.registry);
+    /** The request bodies the library built, as it sent them. */
+    const payloads: Array<Record<string, any>> = [];
+    // What OpenClaw passes on an agent turn: its session, a thinking level ("minimal" keeps
+    // Anthropic's thinking budget, 1024, under max_tokens), the output cap.
+    const options: SimpleStreamOptions = {
+      apiKey: KEY,
+      sessionId: `oc-session-${api}`,
+      reasoning: 'minimal',
+      maxTokens: 256,
+      onPayload: (p) => {
+        payloads.push(p as Record<string, any>);
+        return undefined;
+      },
+    };
+    const model = () => reefModel(api, s.url);
 
-    const chatCall = { role: 'assistant', content: 'Saving now.', reasoning_content: 'I should save it', tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'save', arguments: '{"x":1,"tag":"a"}' } }] };
-    const chatFirst = await viaChat([{ role: 'system', content: SYSTEM }, { role: 'user', content: 'save 1' }], THINK_AND_CALL);
-    expect(Array.from(first.record.promptIds)).toEqual(Array.from(chatFirst.promptIds));
-    expect(Array.from(first.record.outputIds)).toEqual(Array.from(chatFirst.outputIds));
+    async function turn(context: Context, pieces: string[]): Promise<Turn> {
+      script.push({ pieces });
+      const stream = runtime.streamSimple(model(), context, options);
+      const events: AssistantMessageEvent[] = [];
+      for await (const e of stream) events.push(e);
+      const message = await stream.result();
+      expect(message.errorMessage).toBeUndefined();
+      expect(message.responseId?.startsWith(ID_PREFIX[api])).toBe(true);
+      const record = (await s.gw.store.get(message.responseId!.slice(ID_PREFIX[api].length)))!;
+      expect(record.status).toBe('ok');
+      return { events, message, record };
+    }
 
-    context.messages.push(first.message, { role: 'toolResult', toolCallId: call.id, toolName: 'save', content: [{ type: 'text', text: 'saved as #4' }], isError: false, timestamp: Date.now() });
-    const second = await turn(context, ANSWER);
-    expect(second.message.content).toMatchObject([{ type: 'text', text: 'It is saved.' }]);
-    expect(second.message.stopReason).toBe('stop');
-    const chatSecond = await viaChat([{ role: 'system', content: SYSTEM }, { role: 'user', content: 'save 1' }, chatCall, { role: 'tool', tool_call_id: 'call_1', content: 'saved as #4' }], ANSWER);
-    expect(Array.from(second.record.promptIds)).toEqual(Array.from(chatSecond.promptIds));
-    // The translation the ids came from: the thinking, the call and its result made the round trip.
-    expect(second.record.request.messages.at(-2)).toMatchObject({ role: 'assistant', reasoning_content: 'I should save it', tool_calls: [{ id: call.id.split('|')[0], function: { name: 'save' } }] });
-    expect(second.record.request.messages.at(-1)).toMatchObject({ role: 'tool', tool_call_id: call.id.split('|')[0] });
+    /** The record of the same conversation sent to /v1/chat/completions with the same output. */
+    async function viaChat(messages: unknown[], pieces: string[], withTools = true): Promise<AgentRecord> {
+      script.push({ pieces });
+      const res = await postChat(s.url, { model: 'tiny', max_tokens: 256, ...(withTools ? { tools: chatTools(api) } : {}), messages }, { authorization: `Bearer ${KEY}` });
+      expect(res.status).toBe(200);
+      return (await s.gw.store.get(res.headers.get('x-reef-agent-record-id')!))!;
+    }
+
+    const kinds = (events: AssistantMessageEvent[]) => events.map((e) => e.type).filter((t, i, all) => t !== all[i - 1]);
+    const user = (content: string) => ({ role: 'user' as const, content, timestamp: Date.now() });
+
+    it('a text turn: streamed text, stop, usage, and the chat path\'s prompt ids', async () => {
+      const t = await turn({ systemPrompt: SYSTEM, messages: [user('Hello there')] }, HELLO);
+      expect(kinds(t.events)).toEqual(['start', 'text_start', 'text_delta', 'text_end', 'done']);
+      // What the library asked for, each in its API's terms: thinking on, a system prompt, a cap.
+      expect(payloads.at(-1)).toMatchObject(SENT[api]);
+      expect(t.message.content).toMatchObject([{ type: 'text', text: 'Hello from the fake engine.' }]);
+      expect(t.message.stopReason).toBe('stop');
+      expect(t.message.usage).toMatchObject({ input: t.record.promptIds.length, output: HELLO.length });
+      expect(t.record.response).toMatchObject({ role: 'assistant', content: 'Hello from the fake engine.' });
+      // OpenClaw's session id reaches a custom endpoint as the `session_id` header on Responses only
+      // (the other two send it only where session affinity is configured); Reef tags it as the session.
+      expect(t.record.tags).toEqual(api === 'openai-responses' ? { session: options.sessionId } : {});
+      const chat = await viaChat([{ role: 'system', content: SYSTEM }, { role: 'user', content: 'Hello there' }], HELLO, false);
+      expect(t.record.promptIds.length).toBeGreaterThan(20);
+      expect(Array.from(t.record.promptIds)).toEqual(Array.from(chat.promptIds));
+    });
+
+    it('a tool round trip: the thinking, the parsed tool call, and the tool result sent back, each turn with the chat path\'s ids', async () => {
+      const context: Context = { systemPrompt: SYSTEM, messages: [user('save 1')], tools: [SAVE] };
+      const first = await turn(context, THINK_AND_CALL);
+      expect(first.message.stopReason).toBe('toolUse');
+      expect(first.message.content).toMatchObject([
+        { type: 'thinking', thinking: 'I should save it' },
+        { type: 'text', text: 'Saving now.' },
+        { type: 'toolCall', name: 'save', arguments: { x: 1, tag: 'a' } },
+      ]);
+      const ended = first.events.filter((e): e is Extract<AssistantMessageEvent, { type: 'toolcall_end' }> => e.type === 'toolcall_end');
+      expect(ended.map((e) => e.toolCall)).toMatchObject([{ name: 'save', arguments: { x: 1, tag: 'a' } }]);
+      expect(kinds(first.events)).toEqual(expect.arrayContaining(['thinking_start', 'thinking_delta', 'thinking_end', 'toolcall_start', 'toolcall_delta', 'toolcall_end']));
+      expect(first.record.response).toMatchObject({ reasoning_content: 'I should save it', content: 'Saving now.', tool_calls: [{ function: { name: 'save', arguments: '{"x":1,"tag":"a"}' } }] });
+      const call = first.message.content.find((b) => b.type === 'toolCall')!;
+      if (call.type !== 'toolCall') throw new Error('no tool call');
+      // The call id the library holds names the call Reef recorded (Responses joins call and item ids).
+      expect(call.id.split('|')[0]).toBe(first.record.response.tool_calls![0]!.id);
+
+      const chatCall = { role: 'assistant', content: 'Saving now.', reasoning_content: 'I should save it', tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'save', arguments: '{"x":1,"tag":"a"}' } }] };
+      const chatFirst = await viaChat([{ role: 'system', content: SYSTEM }, { role: 'user', content: 'save 1' }], THINK_AND_CALL);
+      expect(Array.from(first.record.promptIds)).toEqual(Array.from(chatFirst.promptIds));
+      expect(Array.from(first.record.outputIds)).toEqual(Array.from(chatFirst.outputIds));
+
+      context.messages.push(first.message, { role: 'toolResult', toolCallId: call.id, toolName: 'save', content: [{ type: 'text', text: 'saved as #4' }], isError: false, timestamp: Date.now() });
+      const second = await turn(context, ANSWER);
+      expect(second.message.content).toMatchObject([{ type: 'text', text: 'It is saved.' }]);
+      expect(second.message.stopReason).toBe('stop');
+      const chatSecond = await viaChat([{ role: 'system', content: SYSTEM }, { role: 'user', content: 'save 1' }, chatCall, { role: 'tool', tool_call_id: 'call_1', content: 'saved as #4' }], ANSWER);
+      expect(Array.from(second.record.promptIds)).toEqual(Array.from(chatSecond.promptIds));
+      // The translation the ids came from: the thinking, the call and its result made the round trip.
+      expect(second.record.request.messages.at(-2)).toMatchObject({ role: 'assistant', reasoning_content: 'I should save it', tool_calls: [{ id: call.id.split('|')[0], function: { name: 'save' } }] });
+      expect(second.record.request.messages.at(-1)).toMatchObject({ role: 'tool', tool_call_id: call.id.split('|')[0] });
+    });
+
+    it('a wrong API key ends the stream with the library\'s error, carrying the gateway\'s 401', async () => {
+      const before = s.engine.requests.length;
+      const stream = runtime.streamSimple(model(), { systemPrompt: SYSTEM, messages: [user('Hello there')] }, { ...options, apiKey: 'sk-not-a-reef-key-0123456789abcdef' });
+      const events: AssistantMessageEvent[] = [];
+      for await (const e of stream) events.push(e);
+      const message = await stream.result();
+      expect(events.at(-1)?.type).toBe('error');
+      expect(message.stopReason).toBe('error');
+      expect(message.errorMessage).toMatch(/401/);
+      expect(s.engine.requests.length).toBe(before);
+    });
   });
-
-  it('a wrong API key ends the stream with the library\'s error, carrying the gateway\'s 401', async () => {
-    const before = s.engine.requests.length;
-    const stream = runtime.streamSimple(model(), { systemPrompt: SYSTEM, messages: [user('Hello there')] }, { ...options, apiKey: 'sk-not-a-reef-key-0123456789abcdef' });
-    const events: AssistantMessageEvent[] = [];
-    for await (const e of stream) events.push(e);
-    const message = await stream.result();
-    expect(events.at(-1)?.type).toBe('error');
-    expect(message.stopReason).toBe('error');
-    expect(message.errorMessage).toMatch(/401/);
-    expect(s.engine.requests.length).toBe(before);
-  });
-});
 });
