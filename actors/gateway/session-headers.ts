@@ -67,6 +67,16 @@ export function sessionHeaders(headers: IncomingHttpHeaders, sessionMayFollow = 
     }
     if (own === undefined) tags[tag] = value;
   }
+  // OpenClaw's provider library (@openclaw/ai) sends OpenClaw's session id as `session_id`, the
+  // header OpenAI reads for cache affinity (on every Responses request, and on chat completions
+  // where session affinity is configured). It names the same conversation, so it tags the session
+  // too, but only when no header above does: it is a cache hint, not the agent's claim, so it never
+  // overrides or contradicts one, and an empty one is left out rather than refused.
+  const affinity = headers['session_id'];
+  if (tags['session'] === undefined && affinity !== undefined) {
+    const value = one(affinity).trim();
+    if (value !== '') tags['session'] = value;
+  }
   if (tags['session-done'] === 'true' && !tags['session'] && !sessionMayFollow) {
     return { error: SESSION_DONE_WITHOUT_SESSION, param: 'x-session-done' };
   }

@@ -129,6 +129,13 @@ describe('Messages request → chat request', () => {
     expect(refusal(body)).toContain(message);
   });
 
+  it('takes a tool\'s eager_input_streaming (OpenClaw sets it on every tool) and drops it; a non-boolean is refused', () => {
+    const tool = { name: 'save', description: 'Save', input_schema: { type: 'object' }, eager_input_streaming: true, cache_control: { type: 'ephemeral' } };
+    const { chat } = toChatRequest({ max_tokens: 8, messages: [user('hi')], tools: [tool] }, true);
+    expect(chat.tools).toEqual([{ type: 'function', function: { name: 'save', description: 'Save', parameters: { type: 'object' } } }]);
+    expect(refusal({ max_tokens: 8, messages: [user('hi')], tools: [{ ...tool, eager_input_streaming: 'yes' }] })).toContain('tools[0].eager_input_streaming: expected a boolean');
+  });
+
   it('restates a chat refusal in Messages terms', () => {
     const origins = ['system', 'messages[0]', 'messages[1].content[0]'];
     expect(restate('messages[1].content: expected a string', origins)).toBe('messages[0].content: expected a string');

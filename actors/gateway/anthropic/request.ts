@@ -15,7 +15,8 @@
  * - `tools` → functions with `input_schema` as `parameters`; `tool_choice` auto / any / tool /
  *   none → "auto" / "required" / the function / "none" (as on the chat path, not enforced on the
  *   generation); `stop_sequences` → `stop`; `thinking` → `chat_template_kwargs.enable_thinking`.
- * Ignored as harmless: `cache_control` (anywhere), `metadata`, `service_tier`,
+ * Ignored as harmless: `cache_control` (anywhere), `metadata`, `service_tier`, a tool's
+ * `eager_input_streaming` (tool input is streamed as the parser reads it either way),
  * `output_config.effort`, `thinking.budget_tokens`, a thinking block's `signature`. Anything
  * else Reef cannot honour is refused, naming the field, rather than dropped.
  */
@@ -45,7 +46,9 @@ const HANDLED = new Set(['model', 'messages', 'system', 'max_tokens', 'stop_sequ
 /** The longest stop list the chat path takes (OpenAI's limit). */
 const MAX_STOPS = 4;
 const TEXT_ONLY = 'this model takes text only';
-const TOOL_KEYS = new Set(['type', 'name', 'description', 'input_schema', 'cache_control', 'strict']);
+// `eager_input_streaming` asks for a tool's input to stream before it is whole JSON: it changes
+// delivery only, never what is generated, and OpenClaw sets it on every tool it declares.
+const TOOL_KEYS = new Set(['type', 'name', 'description', 'input_schema', 'cache_control', 'strict', 'eager_input_streaming']);
 
 function fail(param: string | null, message: string): never {
   throw new MessagesRequestError(param, param === null ? message : `${param}: ${message}`);
@@ -237,6 +240,7 @@ function translateTools(tools: unknown): Json[] | null {
     for (const key of Object.keys(t)) if (!TOOL_KEYS.has(key)) fail(`${at}.${key}`, 'this field is not supported by this gateway');
     if (typeof t.name !== 'string' || t.name === '') fail(`${at}.name`, 'expected a string');
     if (t.description !== undefined && typeof t.description !== 'string') fail(`${at}.description`, 'expected a string');
+    if (t.eager_input_streaming !== undefined && t.eager_input_streaming !== null && typeof t.eager_input_streaming !== 'boolean') fail(`${at}.eager_input_streaming`, 'expected a boolean');
     if (!isObject(t.input_schema)) fail(`${at}.input_schema`, t.input_schema === undefined ? 'field required' : 'expected a JSON schema object');
     return { type: 'function', function: { name: t.name, ...(t.description !== undefined ? { description: t.description } : {}), parameters: t.input_schema } };
   });

@@ -15,7 +15,8 @@ import { answerOnce, chargeTokens, generating, streamTo, type OpenAIRouteOptions
  * pipeline, so its record, receipt, correlation and training are those of a chat completion.
  *
  * The session tag of its record, first that applies:
- * 1. the client's own (`x-session-id` or `x-reef-tag-session`);
+ * 1. the client's own (`x-session-id` or `x-reef-tag-session`, else the `session_id` header
+ *    OpenClaw's provider library sends);
  * 2. the session of the response named by `previous_response_id`;
  * 3. the session of the newest stored response an input item came from (by the item ids this
  *    gateway gives: a client that resends the whole conversation with its items' ids, as the
