@@ -74,7 +74,7 @@ async function seed(store: SqliteStore): Promise<void> {
 async function putReleases(store: SqliteStore, at: number): Promise<void> {
   const release = (n: number, createdAt: number): Release => ({
     id: `release-${n}`, weightVersion: `v${n}`, parent: n === 1 ? null : `release-${n - 1}`, batchIds: [`default:openclawrl:${n}`],
-    metrics: { loss: 0.5 / n, reward_mean: n === 1 ? -0.6 : 0.4 }, createdAt, checkpointPath: `/ckpt/${n}`, rollbackOf: null, keyId: null, sync: 'disk',
+    metrics: { loss: 0.5 / n, reward_mean: n === 1 ? -0.6 : 0.4, lr: 1e-5 }, createdAt, checkpointPath: `/ckpt/${n}`, rollbackOf: null, keyId: null, sync: 'disk',
   });
   const r1 = release(1, at - 1000);
   const r2 = release(2, at);
@@ -227,6 +227,20 @@ if (CHROMIUM === null && NO_BROWSER) {
         mkdirSync(join(repoRoot(), 'docs'), { recursive: true });
         writeFileSync(join(repoRoot(), 'docs', 'ui.png'), png);
       }
+    });
+
+    it('opens the scenario a link names (#private), and shows a small metric in significant digits, not as 0.000', async () => {
+      const linked = await loaded(`${openUrl}/reef/ui#private`);
+      await polled(linked);
+      expect(await linked.evaluate<string>(`document.getElementById('scenario').value`)).toBe('private');
+      expect(await linked.evaluate<string>(`document.getElementById('turns').textContent`)).toContain('private hint 3');
+      // A name the gateway did not list is no scenario: the default opens.
+      const unknown = await loaded(`${openUrl}/reef/ui#%3Cimg%20src%3Dx%3E`);
+      await polled(unknown);
+      expect(await unknown.evaluate<string>(`document.getElementById('scenario').value`)).toBe('default');
+      const releases = await unknown.evaluate<string>(`document.getElementById('releases').textContent`);
+      expect(releases).toContain('lr 1.00e-5');
+      expect(releases).not.toContain('lr 0.000');
     });
 
     it('renders an injected hint, reply and next state as text, never as markup', async () => {

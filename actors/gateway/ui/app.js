@@ -68,7 +68,13 @@ async function api(path, init) {
 
 const enc = encodeURIComponent;
 const fmtTime = (ms) => (typeof ms === 'number' ? new Date(ms).toLocaleString() : '');
-const fmtNum = (n) => (typeof n === 'number' ? (Number.isInteger(n) ? String(n) : n.toFixed(3)) : String(n));
+// Three significant digits: a learning rate of 1e-5 must not read 0.000.
+const fmtNum = (n) => {
+  if (typeof n !== 'number') return String(n);
+  if (Number.isInteger(n) || !Number.isFinite(n)) return String(n);
+  if (Math.abs(n) >= 1000) return n.toFixed(0);
+  return Math.abs(n) < 1e-3 ? n.toExponential(2) : n.toPrecision(3);
+};
 
 function row(...cells) {
   const tr = el('tr', {});
@@ -257,7 +263,17 @@ function askForKey(message) {
 function fillScenarios(list) {
   const select = $('scenario');
   const names = list.map((s) => s.name);
-  if (state.scenario === null || !names.includes(state.scenario)) state.scenario = names.includes('default') ? 'default' : (names[0] ?? null);
+  if (state.scenario === null || !names.includes(state.scenario)) {
+    // A link may name the scenario (/reef/ui#homework); it is only ever compared with the names
+    // the gateway listed, never put in a page or a request as it is.
+    let linked = null;
+    try {
+      linked = decodeURIComponent(location.hash.slice(1));
+    } catch {
+      // A malformed escape names no scenario.
+    }
+    state.scenario = names.includes(linked) ? linked : names.includes('default') ? 'default' : (names[0] ?? null);
+  }
   const shown = [...select.options].map((o) => o.value);
   if (shown.join('\n') !== names.join('\n')) {
     select.replaceChildren(...names.map((n) => el('option', { value: n }, n)));
@@ -350,6 +366,7 @@ document.addEventListener('DOMContentLoaded', () => {
   });
   $('scenario').addEventListener('change', (event) => {
     state.scenario = event.target.value;
+    history.replaceState(null, '', `#${encodeURIComponent(state.scenario)}`);
     schedule(0);
   });
   schedule(0);
