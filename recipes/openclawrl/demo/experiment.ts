@@ -441,7 +441,7 @@ export async function runArm(o: ArmOptions): Promise<ArmSummary> {
     stack = await Stack.up({ config, configPath, overrides: [], log: (l) => o.log(`  [reef] ${l}`), ...(signal ? { signal } : {}) });
     signal?.throwIfAborted();
     lap('stack_up', t);
-    o.log(`stack up in ${timings.stack_up} s`);
+    o.log(`stack up in ${timings.stack_up} s; the live page: http://127.0.0.1:${port}/reef/ui#${SCENARIO} (curves, judged turns, releases, while the arm runs)`);
     const store = SqliteStore.open(join(paths.dataDir, 'records.sqlite'));
     stores.push(store);
     const gateway = `http://127.0.0.1:${port}`;
