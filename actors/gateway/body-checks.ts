@@ -1,3 +1,5 @@
+import { NotUtf8Error, utf8Text } from './tokenize/utf8.js';
+
 /** Deeper than any real request (tool schemas nest a few levels); well below the stack's limit. */
 export const MAX_JSON_DEPTH = 128;
 
@@ -29,4 +31,21 @@ export function parsedBodyProblem(value: unknown, depth = 1): string | null {
     }
   }
   return null;
+}
+
+/**
+ * A raw request body (UTF-8 bytes) as JSON, with the checks above: what the chat route's worker
+ * does with a body it has not seen before (tokenize/prepare.ts), and what the routes that
+ * translate a body on the event loop (Messages, Responses) do first. `problem` is the 400's
+ * message (REEF_ERR_BODY).
+ */
+export function parseJsonBody(body: Uint8Array): { json: unknown } | { problem: string } {
+  let json: unknown;
+  try {
+    json = JSON.parse(utf8Text(body));
+  } catch (err) {
+    return { problem: err instanceof NotUtf8Error ? err.message : `request body is not valid JSON: ${(err as Error).message}` };
+  }
+  const problem = parsedBodyProblem(json);
+  return problem === null ? { json } : { problem };
 }

@@ -220,6 +220,18 @@ describe('/v1/responses', () => {
     expect(await s.gw.store.headOffset()).toBe(head);
   });
 
+  it.each([
+    ['nested past the depth limit', `{"model":"tiny","input":"x","metadata":${'['.repeat(200)}${']'.repeat(200)}}`, 'nested more than 128 levels deep'],
+    ['with a prototype key', '{"model":"tiny","input":"x","__proto__":{"stream":true}}', 'forbidden prototype property'],
+    ['not UTF-8', Buffer.from([0x7b, 0xff, 0x7d]), 'not valid UTF-8'],
+  ])('refuses a body %s as the chat route does, with a 400 and nothing stored', async (_what, body, message) => {
+    const head = await s.gw.store.headOffset();
+    const res = await fetch(`${s.url}/v1/responses`, { method: 'POST', headers: { authorization: `Bearer ${KEY_A}`, 'content-type': 'application/json' }, body });
+    expect(res.status).toBe(400);
+    expect(((await res.json()) as { error: { message: string } }).error.message).toContain(message);
+    expect(await s.gw.store.headOffset()).toBe(head);
+  });
+
   it('is admitted as chat completions are, before its body: a bad scenario header is refused naming it', async () => {
     const err = await a.responses.create({ model: 'tiny', input: 'x' }, { headers: { 'x-reef-scenario': 'Not A Scenario' } }).then(() => null, (e: unknown) => e);
     expect(err).toMatchObject({ status: 400, param: 'x-reef-scenario' });

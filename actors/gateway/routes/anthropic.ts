@@ -1,12 +1,11 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { releaseBody } from '../../../cluster/generate-body.js';
-import { parsedBodyProblem } from '../body-checks.js';
+import { parseJsonBody } from '../body-checks.js';
 import { prepare, type ChatDeps, type Prepared } from '../chat.js';
 import { sendError } from '../http-errors.js';
-import { NotUtf8Error, utf8Text } from '../tokenize/utf8.js';
 import { MessagesRequestError, restate, toChatRequest, type TranslatedRequest } from '../anthropic/request.js';
 import { MessagesFraming, toMessage, type MessageContext } from '../anthropic/response.js';
-import { admitHook, answerOnce, replyWithError, takeAdmitted, type OpenAIRouteOptions } from './common.js';
+import { admitHook, answerOnce, replyWithError, sharedJson, takeAdmitted, type OpenAIRouteOptions } from './common.js';
 import { readSharedBody, serveChat, stream } from './openai.js';
 
 /**
@@ -58,30 +57,16 @@ function translated(request: FastifyRequest, reply: FastifyReply, generate: bool
   };
   // text/plain arrives as a string (fastify's text parser): not a request object.
   if (!(request.body instanceof Uint8Array)) return refuse('REEF_ERR_INVALID_ARGUMENT', 'request body must be a JSON object');
-  let json: unknown;
+  const parsed = parseJsonBody(request.body);
+  if ('problem' in parsed) return refuse('REEF_ERR_BODY', parsed.problem);
   try {
-    json = JSON.parse(utf8Text(request.body));
-  } catch (err) {
-    return refuse('REEF_ERR_BODY', err instanceof NotUtf8Error ? err.message : `request body is not valid JSON: ${(err as Error).message}`);
-  }
-  const problem = parsedBodyProblem(json);
-  if (problem !== null) return refuse('REEF_ERR_BODY', problem);
-  try {
-    return toChatRequest(json, generate);
+    return toChatRequest(parsed.json, generate);
   } catch (err) {
     if (err instanceof MessagesRequestError) return refuse('REEF_ERR_INVALID_ARGUMENT', err.message);
     // A fault of the translation itself: the handler's error answers, and the slot must not stay taken.
     takeAdmitted(request).release();
     throw err;
   }
-}
-
-/** JSON in shared memory: the tokenizer worker takes it without a copy, as it does a client's body. */
-function sharedJson(value: unknown): Uint8Array {
-  const bytes = Buffer.from(JSON.stringify(value));
-  const shared = new Uint8Array(new SharedArrayBuffer(bytes.length));
-  shared.set(bytes);
-  return shared;
 }
 
 function contextOf(deps: ChatDeps, p: Prepared): MessageContext {

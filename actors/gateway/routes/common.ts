@@ -245,6 +245,25 @@ export function openEventStream(reply: FastifyReply): EventStream {
 }
 
 /**
+ * A body a route made (a translated request) as the chat route's own bodies arrive: JSON bytes in
+ * shared memory, which cross to a tokenizer worker without a copy.
+ */
+export function sharedJson(value: unknown): Uint8Array {
+  const text = JSON.stringify(value);
+  const out = Buffer.from(new SharedArrayBuffer(Buffer.byteLength(text)));
+  out.write(text);
+  return out;
+}
+
+/**
+ * The key the tokenizer's body memory knows a session's requests by: a session tag is a client's
+ * word, so another key's request with the same tag is another session, as the judge keys them.
+ */
+export function sessionCacheKey(scenario: string, keyId: string, session: string | null | undefined): string | null {
+  return session ? `${scenario}\u0000${keyId}\u0000${session}` : null;
+}
+
+/**
  * The frame of a generating route's handler: counts the request in flight, answers whatever `fn`
  * throws as an error, and at the end gives back the body memory of the request `hold` was given
  * (the session's next body may reuse it once its engine request has ended) and the key's slot.

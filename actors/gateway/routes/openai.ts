@@ -3,7 +3,7 @@ import { ReefError } from '../../runtime/errors.js';
 import { prepare, type ChatDeps, type Prepared } from '../chat.js';
 import type { RefusedChat } from '../tokenize/prepare.js';
 import { sendError, sendReefError } from '../http-errors.js';
-import { admitHook, answerOnce, chargeTokens, generating, streamTo, type OpenAIRouteOptions } from './common.js';
+import { admitHook, answerOnce, chargeTokens, generating, sessionCacheKey, streamTo, type OpenAIRouteOptions } from './common.js';
 import { registerResponsesCreate, registerResponsesStore } from './responses.js';
 
 export { scenarioOf, replyWithError, watchClient, type OpenAIRouteOptions } from './common.js';
@@ -43,9 +43,7 @@ export function serveChat(deps: ChatDeps, request: FastifyRequest, reply: Fastif
   return generating(deps, request, reply, async ({ principal, scenario, tags }, hold) => {
     // text/plain arrives as a string (fastify's text parser): not a request object.
     if (!(body instanceof Uint8Array)) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'body: request body must be a JSON object');
-    // Keyed as the judge keys sessions: another key's request with the same tag is another session.
-    const sessionKey = tags['session'] ? `${scenario}\u0000${principal.id}\u0000${tags['session']}` : null;
-    const ctx = { scenario, keyId: principal.id, tags, sessionKey, startedAt: Date.now() };
+    const ctx = { scenario, keyId: principal.id, tags, sessionKey: sessionCacheKey(scenario, principal.id, tags['session']), startedAt: Date.now() };
     const p = await prepare(deps, body, ctx);
     if (!('id' in p)) {
       const r = refused(p);

@@ -1,4 +1,3 @@
-import { isUtf8 } from 'node:buffer';
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import { prepare, type ChatDeps, type Prepared } from '../chat.js';
 import { sendError } from '../http-errors.js';
@@ -7,7 +6,8 @@ import type { Principal } from '../auth.js';
 import type { ResponseStore, StoredResponse } from '../store/responses.js';
 import { responseEventSink } from '../responses/events.js';
 import { outputItems, readResponsesRequest, responseObject, responseOfItem, storedIdOf, type AssistantMessage, type ResponsesRequest } from '../responses/translate.js';
-import { answerOnce, chargeTokens, generating, streamTo, type OpenAIRouteOptions } from './common.js';
+import { answerOnce, chargeTokens, generating, sessionCacheKey, sharedJson, streamTo, type OpenAIRouteOptions } from './common.js';
+import { parseJsonBody } from '../body-checks.js';
 
 /**
  * `POST /v1/responses` (the OpenAI Responses API) and its stored responses. A request becomes the
@@ -35,14 +35,6 @@ function responsesParam(param: string | null): string | null {
   return param;
 }
 
-/** The bytes in shared memory, as the chat route reads its bodies: they cross to a tokenizer worker without a copy. */
-function sharedBytes(text: string): Uint8Array {
-  const n = Buffer.byteLength(text);
-  const out = Buffer.from(new SharedArrayBuffer(n));
-  out.write(text);
-  return out;
-}
-
 async function sessionOf(store: ResponseStore, principal: Principal, tags: Record<string, string>, req: ResponsesRequest, previous: StoredResponse | null): Promise<string | null> {
   if (tags['session']) return tags['session'];
   if (previous !== null) return previous.session;
@@ -61,14 +53,9 @@ export function registerResponsesCreate(scope: FastifyInstance, deps: ChatDeps, 
       const { principal, scenario } = admitted;
       const raw = request.body;
       if (!(raw instanceof Uint8Array)) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', 'body: request body must be a JSON object');
-      if (!isUtf8(raw)) return sendError(reply, 'REEF_ERR_BODY', 'request body is not valid UTF-8');
-      let body: unknown;
-      try {
-        body = JSON.parse(Buffer.from(raw.buffer, raw.byteOffset, raw.byteLength).toString('utf8'));
-      } catch (err) {
-        return sendError(reply, 'REEF_ERR_BODY', `request body is not valid JSON: ${(err as Error).message}`);
-      }
-      const req = readResponsesRequest(body);
+      const parsed = parseJsonBody(raw);
+      if ('problem' in parsed) return sendError(reply, 'REEF_ERR_BODY', parsed.problem);
+      const req = readResponsesRequest(parsed.json);
       if ('error' in req) return sendError(reply, 'REEF_ERR_INVALID_ARGUMENT', req.error, { param: req.param });
 
       let previous: StoredResponse | null = null;
@@ -93,9 +80,8 @@ export function registerResponsesCreate(scope: FastifyInstance, deps: ChatDeps, 
       const conversation = [...(previous?.conversation ?? []), ...req.messages];
       const messages = req.instructions === null ? conversation : [{ role: 'system', content: req.instructions }, ...conversation];
       const chatBody = { ...req.chat, messages, stream: req.stream, ...(req.stream ? { stream_options: { include_usage: true } } : {}) };
-      const sessionKey = session === null ? null : `${scenario}\u0000${principal.id}\u0000${session}`;
-      const ctx = { scenario, keyId: principal.id, tags, sessionKey, startedAt: Date.now() };
-      const p = await prepare(deps, sharedBytes(JSON.stringify(chatBody)), ctx);
+      const ctx = { scenario, keyId: principal.id, tags, sessionKey: sessionCacheKey(scenario, principal.id, session), startedAt: Date.now() };
+      const p = await prepare(deps, sharedJson(chatBody), ctx);
       if (!('id' in p)) return sendError(reply, p.code, p.message, { param: responsesParam(p.param) });
       hold(p);
       if (session === null && req.store) p.ctx.tags = { ...tags, session: `resp_${p.id}` };

@@ -1,12 +1,11 @@
 import type { GenerateRequest } from '../../../cluster/engine-client.js';
 import { generateBody, type IdText } from '../../../cluster/generate-body.js';
 import { ReefError, type ErrorCode } from '../../runtime/errors.js';
-import { parsedBodyProblem } from '../body-checks.js';
+import { parseJsonBody, parsedBodyProblem } from '../body-checks.js';
 import { isTopK, parseChatRequest, stopStrings } from '../openai-schema.js';
 import type { ChatTokenizer, EncodedPrompt, RenderOptions, RenderResult } from './chat-tokenizer.js';
 import { extendBody, rememberBody, type RememberedBody } from './body-memo.js';
 import { checkContextLength, normalizeMessages } from './normalize.js';
-import { NotUtf8Error, utf8Text } from './utf8.js';
 
 /**
  * A chat-completion request, from its raw body to what the gateway sends. This runs on a tokenizer
@@ -168,16 +167,10 @@ function parseBody(body: Uint8Array, sessionKey: string | null | undefined, late
     keep(extended.remember);
     return { json: extended.json };
   }
-  let json: unknown;
   bodyCounts.whole++;
-  try {
-    json = JSON.parse(utf8Text(body));
-  } catch (err) {
-    if (err instanceof NotUtf8Error) return refuse('REEF_ERR_BODY', err.message);
-    return refuse('REEF_ERR_BODY', `request body is not valid JSON: ${(err as Error).message}`);
-  }
-  const problem = parsedBodyProblem(json);
-  if (problem !== null) return refuse('REEF_ERR_BODY', problem);
+  const parsed = parseJsonBody(body);
+  if ('problem' in parsed) return refuse('REEF_ERR_BODY', parsed.problem);
+  const { json } = parsed;
   keep(() => rememberBody(body, json));
   return { json };
 }
