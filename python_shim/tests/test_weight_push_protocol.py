@@ -89,7 +89,7 @@ def test_a_push_runs_inside_one_update_session_and_closes_it(engine: FakeSGLang)
     finally:
         p.close()
     assert updates(engine) == ["begin_weight_update"] + ["update_weights_from_distributed"] * 4 + [
-        "end_weight_update"]
+        "flush_cache", "end_weight_update"]
     assert engine.state()["session"] is False
     assert received_all(engine)
 
@@ -101,7 +101,7 @@ def test_an_engine_without_update_sessions_takes_the_push(engine: FakeSGLang) ->
         p.push(WEIGHTS.items(), "v1")
     finally:
         p.close()
-    assert updates(engine) == ["begin_weight_update"] + ["update_weights_from_distributed"] * 4
+    assert updates(engine) == ["begin_weight_update"] + ["update_weights_from_distributed"] * 4 + ["flush_cache"]
     assert received_all(engine)
 
 
@@ -172,3 +172,29 @@ def test_a_push_hosts_its_rendezvous_on_its_master_address_alone(engine: FakeSGL
     finally:
         p.close()
     assert received_all(engine)
+
+
+def test_a_request_still_running_at_the_last_bucket_is_waited_out_and_the_version_is_the_new_one(
+        engine: FakeSGLang) -> None:
+    # 0.5.23 flushes the cache of an update only when nothing runs or waits; refused, it answers 400
+    # after loading the weights, and reports the old version. A push that asked the last bucket to
+    # flush read as failed (and fell back to disk, which flushes the same way), while the engine
+    # served the new weights under the old label.
+    engine.set(busy_s=1.0)
+    p = pusher(engine)
+    try:
+        p.push(WEIGHTS.items(), "v1")
+    finally:
+        p.close()
+    state = engine.state()
+    assert received_all(engine) and state["weight_version"] == "v1" and state["session"] is False
+    assert updates(engine)[-2:] == ["flush_cache", "end_weight_update"]
+
+
+def test_an_engine_that_never_goes_idle_fails_the_push_within_its_deadline(engine: FakeSGLang) -> None:
+    engine.set(busy_s=600.0)
+    p = pusher(engine, timeout_s=3.0)
+    with pytest.raises(WeightPushError, match="never went idle"):
+        p.push(WEIGHTS.items(), "v1")
+    p.close()
+    assert engine.state()["session"] is False

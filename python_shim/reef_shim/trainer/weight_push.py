@@ -5,6 +5,8 @@
     /begin_weight_update              opens the engine's update session (SGLang 0.5.17+, which
                                       refuses an update outside one; 404 on older releases)
     /update_weights_from_distributed  per bucket: names, dtypes, shapes; then one broadcast per tensor
+    /flush_cache?timeout=T            after the last bucket, inside the session: drops the cache the
+                                      old weights filled, waiting up to T s for the engine to go idle
     /end_weight_update                closes the session, after a failure too: a session left open
                                       makes the engine refuse every later `begin`
     /destroy_weights_update_group     when the push is over
@@ -45,6 +47,8 @@ from ..weight_group import broadcast, dtype_name, join_group, leave_group
 BUCKET_BYTES = 512 * 1024 * 1024
 # Each of the two calls that close a session (end the update, destroy the group) waits this long at most.
 CLOSE_TIMEOUT_S = 15.0
+# How long one `/flush_cache` waits for the engine to go idle, at most (and never past the push's deadline).
+FLUSH_WAIT_S = 30.0
 
 
 class WeightPushError(Exception):
@@ -155,6 +159,41 @@ def end_session(url: str) -> None:
         raise WeightPushError(f"end_weight_update: {type(e).__name__}: {e}") from e
     if answer.get("success") is not True:
         raise WeightPushError(f"end_weight_update: engine refused: {answer.get('message')}")
+
+
+def flush_cache(url: str, deadline: float) -> None:
+    """Drop the engine's prefix cache of the old weights, once the new ones are all in.
+
+    The buckets carry `flush_cache: false` and this runs after the last. SGLang 0.5.23 flushes an
+    update's cache only if no request is running or queued at that moment, and answers a refused
+    flush with `success: false` *after* it loaded the weights and recorded the scheduler's version
+    change, while the version the tokenizer manager reports stays the old one
+    (`srt/managers/scheduler_components/weight_updater.py:120-133, :222-227`;
+    `srt/managers/tokenizer_control_mixin.py:529-531`): a push that met one stray request read as
+    failed, and the engine served the new weights under the old label. `/flush_cache?timeout=T`
+    instead waits up to T s for the engine to go idle (`srt/entrypoints/http_server.py:1025-1040`,
+    `scheduler_components/flush_wrapper.py:22-61`) and answers in plain text, 200 or 400; a release
+    without the parameter (0.5.16) ignores it and refuses at once, so a refusal is asked again,
+    with a short pause, until the push's deadline."""
+    pause, last = 0.05, ""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise WeightPushError(f"flush_cache: the engine never went idle to drop the old weights' cache ({last.strip()})")
+        wait = min(FLUSH_WAIT_S, max(0.0, left - 1.0))
+        req = urllib.request.Request(f"{url}/flush_cache?timeout={wait:.1f}", data=b"", method="POST", headers=admin_headers())
+        try:
+            with urllib.request.urlopen(req, timeout=wait + 5.0) as r:
+                r.read()
+                return
+        except urllib.error.HTTPError as e:
+            last = e.read().decode("utf-8", "replace")[:300] or f"HTTP {e.code}"
+            if e.code not in (400, 503):
+                raise WeightPushError(f"flush_cache: HTTP {e.code}: {last.strip()}") from e
+        except OSError as e:
+            raise WeightPushError(f"flush_cache: {type(e).__name__}: {e}") from e
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 2, 1.0)
 
 
 class _Call(threading.Thread):
@@ -300,8 +339,9 @@ class WeightPusher:
                 size += sent_t.numel() * sent_t.element_size()
                 last = i == len(items) - 1
                 if size >= self.bucket_bytes or last:
-                    sent += self._bucket(bucket, weight_version if last else None, last)
+                    sent += self._bucket(bucket, weight_version if last else None)
                     bucket, size = [], 0
+            flush_cache(self.url, self._deadline)
         finally:
             if session:
                 end_session(self.url)
@@ -310,10 +350,10 @@ class WeightPusher:
     def _begin(self) -> bool:
         return begin_session(self.url, self._left("begin_weight_update"))
 
-    def _bucket(self, bucket: list[tuple[str, torch.Tensor]], weight_version: str | None, last: bool) -> int:
+    def _bucket(self, bucket: list[tuple[str, torch.Tensor]], weight_version: str | None) -> int:
         what = "update_weights_from_distributed"
         body = {"names": [n for n, _ in bucket], "dtypes": [dtype_name(t.dtype) for _, t in bucket],
-                "shapes": [list(t.shape) for _, t in bucket], "group_name": self.group_name, "flush_cache": last,
+                "shapes": [list(t.shape) for _, t in bucket], "group_name": self.group_name, "flush_cache": False,
                 "weight_version": weight_version}
         call = _Call(f"{self.url}/{what}", body, self._left(what))
         call.start()
@@ -406,12 +446,13 @@ class TensorPusher:
                 last = i == len(items) - 1
                 if size >= self.bucket_bytes or last:
                     status, answer = request(f"{self.url}/{what}", {
-                        "serialized_named_tensors": [serialize(bucket)], "flush_cache": last,
+                        "serialized_named_tensors": [serialize(bucket)], "flush_cache": False,
                         "weight_version": weight_version if last else None}, left(what))
                     if answer.get("success") is not True:
                         raise WeightPushError(f"{what}: engine refused: {answer.get('message')}")
                     sent += size
                     bucket, size = [], 0
+            flush_cache(self.url, deadline)
         finally:
             if session:
                 end_session(self.url)
