@@ -42,6 +42,27 @@ def dtype_of(name: str) -> torch.dtype:
     return dtype
 
 
+def backend_options(backend: str, timeout: timedelta) -> Any:
+    """NCCL options for the weight group: nonblocking communicator set-up; None for gloo.
+
+    Both ends build the communicator at the group's first collective (no `device_id`, so no eager
+    init). In NCCL's default blocking mode that call sits inside `ncclCommInitRank` until every
+    rank has joined, before torch has registered the communicator, so a pusher that gives up on an
+    engine that never joins cannot abort it: its broadcasting thread stays blocked until the
+    process exits. Nonblocking (`config.blocking = 0`, which torch prefers to the
+    TORCH_NCCL_USE_COMM_NONBLOCKING variable) registers the communicator at once and waits for it
+    to be ready afterwards, where `_abort_process_group` reaches it. Only this group is nonblocking;
+    the trainer's own groups are left as torch makes them."""
+    if backend != "nccl":
+        return None
+    from torch.distributed import ProcessGroupNCCL
+
+    opts = ProcessGroupNCCL.Options()
+    opts.config.blocking = 0
+    opts._timeout = timeout  # torch overrides it with the timeout argument, and warns when they differ
+    return opts
+
+
 def join_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str, backend: str,
                timeout_s: float, listener: socket.socket | None = None) -> Any:
     """Join (rank 0: host) the weight group; blocks until all `world_size` ranks have joined.
@@ -61,7 +82,8 @@ def join_group(master_address: str, master_port: int, rank: int, world_size: int
                                                   timeout=timeout))
     store.set_timeout(timeout)
     group, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), PrefixStore(group_name, store),
-                                         group_name=group_name, timeout=timeout)
+                                         group_name=group_name, timeout=timeout,
+                                         backend_options=backend_options(backend, timeout))
     # Collectives translate ranks through this table; a standalone world maps each rank to itself.
     _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
     return group
