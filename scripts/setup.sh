@@ -85,6 +85,27 @@ fi
 if [ -d .venv ] && [ ! -L .venv ]; then step "replacing the .venv directory with a link to $venv"; rm -rf .venv; fi
 ln -sfn "$venv" .venv
 
+# --- SGLang's source, for the tests of Reef's SGLang plugin (not an engine: nothing here serves) --
+# The wheel and the few modules its plugin loader and process-group helper import, beside the venv
+# (--target), keyed like it: python_shim/tests/test_sglang_plugin.py loads Reef's plugin through it.
+src_lock=python_shim/requirements-sglang-src.lock
+src_hash=$( (cat "$src_lock"; "$python" --version) | sha256sum | cut -c1-16)
+src="$cache_dir/sglang-src-$src_hash"
+mkdir -p .cache
+if [ -f "$src/.complete" ]; then
+  ln -sfn "$src" .cache/sglang-src
+else
+  step "SGLang 0.5.23's source for the plugin tests, from $src_lock (about 60 MB)"
+  rm -rf "$src"
+  if "$venv/bin/pip" install -q --no-deps --require-hashes --only-binary :all: --target "$src" -r "$src_lock"; then
+    touch "$src/.complete"
+    ln -sfn "$src" .cache/sglang-src
+  else
+    # Its wheels are CPython 3.11 on Linux x86_64 only; the rest of Reef does not need it.
+    echo "[setup] could not install $src_lock here: test_sglang_plugin.py will fail saying so" >&2
+  fi
+fi
+
 # --- TypeScript build ---------------------------------------------------------------------------
 step "building TypeScript"
 npx tsc -p tsconfig.json

@@ -78,8 +78,18 @@ def engine_command(module: str, model_path: str, host: str, port: int, extra_arg
     return [sys.executable, "-m", module, "--model-path", model_path, "--host", host, "--port", str(port), *extra_args]
 
 
+# Where Reef's SGLang plugin is found (`engines/sglang_plugin.py`): its dist-info directory, and
+# the directory `reef_shim` is imported from.
+SGLANG_PLUGIN_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sglang_plugins")
+_SHIM_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SGLANG_PLUGIN_NAME = "reef_weight_group_timeout"
+# How long SGLang's end of a weight-update group waits on it: a push's own bound (the trainer's
+# PUSH_TIMEOUT_S) and the minute the shim waits past it, instead of torch's 30 minutes.
+SGLANG_WEIGHT_GROUP_TIMEOUT_S = 360.0
+
+
 def engine_env(kind: str, base: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The environment an engine of `kind` is launched with: `base`, and for SGLang two settings.
+    """The environment an engine of `kind` is launched with: `base`, and for SGLang these settings.
 
     - SGLANG_RETURN_ORIGINAL_LOGPROB set true is refused: SGLang then reports the log-softmax of
       the raw logits (srt/layers/sampler.py:82,192,322; srt/layers/logprob_processor.py:417), not
@@ -90,6 +100,9 @@ def engine_env(kind: str, base: Mapping[str, str] = os.environ) -> dict[str, str
       (:218, :775-799). It still answers 503 until SGLang's own warm-up generation passed (:735-736,
       :2491-2502), so a start is seen healthy only once the engine can generate (unless it runs
       with --skip-server-warmup, :2589-2593).
+    - Reef's SGLang plugin on the path (`engines/sglang_plugin.py`), with its bound
+      REEF_SGLANG_WEIGHT_GROUP_TIMEOUT_S (SGLANG_WEIGHT_GROUP_TIMEOUT_S unless `base` sets it), and
+      named in SGLANG_PLUGINS where `base` limits the plugins SGLang loads to a list.
     """
     env = dict(base)
     if kind != "sglang":
@@ -100,6 +113,14 @@ def engine_env(kind: str, base: Mapping[str, str] = os.environ) -> dict[str, str
                         "SGLang report raw logprobs (the log-softmax of the logits before temperature), not the "
                         "tempered ones the trainer scores the records in: unset it before starting Reef")
     env.setdefault("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "0")
+    from .engines.sglang_plugin import ENV as PLUGIN_TIMEOUT_ENV
+
+    env.setdefault(PLUGIN_TIMEOUT_ENV, f"{SGLANG_WEIGHT_GROUP_TIMEOUT_S:g}")
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([SGLANG_PLUGIN_PATH, _SHIM_ROOT] + [p for p in paths if p not in (SGLANG_PLUGIN_PATH, _SHIM_ROOT)])
+    allowed = [p.strip() for p in env.get("SGLANG_PLUGINS", "").split(",") if p.strip()]
+    if allowed and SGLANG_PLUGIN_NAME not in allowed:
+        env["SGLANG_PLUGINS"] = ",".join(allowed + [SGLANG_PLUGIN_NAME])
     return env
 
 
