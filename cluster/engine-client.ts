@@ -533,8 +533,27 @@ export class EngineClient {
     return oneWeightVersion(this.name, parsed);
   }
 
+  /**
+   * Loads a checkpoint, with `flush_cache: false`: SGLang 0.5.23 flushes only when nothing runs or
+   * waits, and a refused flush fails the call after the weights were loaded
+   * (srt/managers/scheduler_components/weight_updater.py:137-160), so callers flush afterwards
+   * with `flushCache`, which waits for idle.
+   */
   updateWeightsFromDisk(modelPath: string, weightVersion: string | null): Promise<{ success: boolean; message: string; weight_version?: string | null }> {
-    return this.json('POST', '/update_weights_from_disk', { model_path: modelPath, weight_version: weightVersion });
+    return this.json('POST', '/update_weights_from_disk', { model_path: modelPath, weight_version: weightVersion, flush_cache: false });
+  }
+
+  /**
+   * Drops the engine's prefix cache, waiting up to `timeoutS` for it to go idle (SGLang 0.5.23
+   * `srt/entrypoints/http_server.py:1025-1040`, `scheduler_components/flush_wrapper.py:22-61`;
+   * older releases ignore the wait and refuse at once). Answered in plain text: true when flushed,
+   * false when refused; an engine that is gone throws.
+   */
+  async flushCache(timeoutS: number): Promise<{ flushed: boolean; message: string }> {
+    const { status, text } = await this.call('POST', `/flush_cache?timeout=${Math.max(0, timeoutS).toFixed(1)}`, '');
+    if (status === 200) return { flushed: true, message: text.trim() };
+    if (status === 400) return { flushed: false, message: text.trim() };
+    throw refusal(this.name, '/flush_cache', status, text);
   }
 
   /**

@@ -14,6 +14,7 @@ import { renderChat } from '../gateway/tokenize/prepare.js';
 import type { Task } from '../../recipes/openclawrl/record2task.js';
 import { TrainerController, type JudgedTurnRow, type Published, type SavedControllerState } from './controller.js';
 import { readRelease } from './releases.js';
+import { EngineWeights, type Weights } from './engine-weights.js';
 import { CONSUMER, STATE_KEY } from './messages.js';
 import { STATE_KEY as JUDGE_STATE_KEY } from '../judge/handler.js';
 
@@ -131,6 +132,9 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
   const checkpointDir = join(cfg.reef.data_dir, 'checkpoints');
   const tokenizer = ChatTokenizer.load(cfg.cluster.rollout.model_path);
   const engine = new EngineClient(w.rolloutUrl, { name: 'rollout', requestTimeoutMs: ENGINE_REQUEST_TIMEOUT_MS });
+  const weights = new EngineWeights(engine, w.log);
+  // What the engine served before a load: the current release's checkpoint, or the base model.
+  const lastGood = (): Weights => ({ path: controller.lastCheckpoint ?? cfg.cluster.rollout.model_path, version: controller.currentVersion ?? BASE_LABEL });
   let bridge: BridgeClient | null = null;
   const getBridge = async () => {
     if (!bridge || bridge.isDown) {
@@ -199,9 +203,8 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
       if (released) {
         await engine.resumeMemory();
         released = false;
-        const path = controller.lastCheckpoint ?? cfg.cluster.rollout.model_path;
-        const r = await engine.updateWeightsFromDisk(path, controller.currentVersion ?? BASE_LABEL);
-        if (!r.success) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: 'rollout', reason: `weight reload after a failed step refused: ${r.message}` });
+        // Nothing else to fall back to: these are the weights it served.
+        await weights.load(lastGood(), null);
       }
     } finally {
       await withGateway((gw) => gw.call({ type: 'resume-generation', weightVersion: null })).catch((err: unknown) =>
@@ -274,9 +277,11 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
           let published: Published = { sync: 'disk', fallback: null };
           if (pushes) published = await push(version);
           if (published.sync === 'disk') {
-            // The checkpoint holds the same weights: a failed (even part-way) push is made whole here.
-            const r = await engine.updateWeightsFromDisk(path, version);
-            if (!r.success) throw new ReefError('REEF_ERR_ENGINE_DOWN', { engine: 'rollout', reason: `weight update refused: ${r.message}` });
+            // The checkpoint holds the same weights: a failed (even part-way) push is made whole
+            // here. A restore loads what the engine should serve already: nothing before it to go back to.
+            await weights.load({ path, version }, kind === 'restore' ? null : lastGood());
+          } else {
+            weights.unknown = null;
           }
           if (gw) await gw.call({ type: 'resume-generation', weightVersion: version });
           return published;
@@ -292,7 +297,7 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
           await gw?.close();
         }
       },
-      servedVersion: async () => (await engine.modelInfo()).weight_version ?? null,
+      servedVersion: async () => weights.served((await engine.modelInfo()).weight_version ?? null),
       // The judge saves its correlator's head (with the cumulative counters) under this key
       // (actors/judge/handler.ts). Only the counters: beside them are every pending turn's lease.
       correlation: async () => ((await w.store.getStateFields(JUDGE_STATE_KEY, ['$.correlator.counters']))?.values[0] as Record<string, number> | null) ?? {},
@@ -314,9 +319,12 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
     try {
       await engine.resumeMemory();
       // It was released: the weights it held are gone.
-      const path = controller.lastCheckpoint ?? cfg.cluster.rollout.model_path;
-      const r = await engine.updateWeightsFromDisk(path, controller.currentVersion ?? BASE_LABEL);
-      w.log(`the rollout engine's memory was still given back to the trainer (a controller stopped mid-step): taken back, ${path} loaded${r.success ? '' : ` — refused: ${r.message}`}`);
+      const good = lastGood();
+      const loaded = await weights.load(good, null).then(
+        () => '',
+        (err: unknown) => ` — refused: ${(err as Error).message}`,
+      );
+      w.log(`the rollout engine's memory was still given back to the trainer (a controller stopped mid-step): taken back, ${good.path} loaded${loaded}`);
     } catch {
       // Not released (the usual case): nothing to take back.
     }
