@@ -49,6 +49,7 @@ class _Engine:
     started: bool = False  # start-engine saw it healthy; from then on every status probes it
     healthy: bool = False  # the answer of the latest probe
     weight_version: str | None = None  # as the engine last reported it
+    versions: dict[str, Any] | None = None  # the torch and NCCL of the interpreter it runs (`stack_versions`)
     probe_ref: Any = None  # the status probe still in flight (an ObjectRef), if any
 
 
@@ -92,7 +93,10 @@ class EngineActor:
         argv = engine_command(module, model_path, host, port, extra_args)
         self.engine = EngineProcess(self.name, argv, probe_host, port, log_path, env, scratch=scratch)
         pid = self.engine.start()
-        return {"pid": pid, "url": f"http://{public_host}:{port}", "log": log_path}
+        from .stack_versions import stack_versions
+
+        # The engine runs this actor's interpreter (engine_command: sys.executable), so its build is ours.
+        return {"pid": pid, "url": f"http://{public_host}:{port}", "log": log_path, "versions": stack_versions()}
 
     def probe(self) -> dict[str, Any]:
         if self.engine is None:
@@ -407,7 +411,7 @@ class RayDriver:
                 # actor is almost always still waiting for its bundle's resources.
                 raise self._no_room_error(spec, bundle, time.monotonic() - started) from e
             raise ShimError("REEF_ERR_ENGINE_START", f"engine {name} failed to start: {e}") from e
-        record = _Engine(spec, actor, launched["url"], launched["pid"])
+        record = _Engine(spec, actor, launched["url"], launched["pid"], versions=launched.get("versions"))
         with self._lock:
             self._engines[name] = record
         log.info("engine %s: pid %s, url %s, log %s", name, launched["pid"], launched["url"], launched["log"])
@@ -486,6 +490,11 @@ class RayDriver:
         return {"name": spec["name"], "role": spec["role"], "kind": spec["kind"], "url": record.url,
                 "pid": record.pid, "healthy": record.healthy, "weightVersion": record.weight_version,
                 "modelPath": spec["modelPath"], "group": spec["group"], "bundleIndex": spec["bundleIndex"]}
+
+    def engine_versions(self, url: str) -> dict[str, Any] | None:
+        """The torch and NCCL the engine at `url` runs with, as its actor read them at launch."""
+        with self._lock:
+            return next((rec.versions for rec in self._engines.values() if rec.url.rstrip("/") == url.rstrip("/")), None)
 
     def started_engine(self, url: str) -> bool:
         """Whether `url` is an engine this shim started: a push sends the whole model to whoever

@@ -97,7 +97,7 @@ class ShimServer:
         if not self.driver.started_engine(m["engineUrl"]):
             raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"trainer-push-weights: {m['engineUrl']} is not an engine "
                             "this shim started; weights are pushed only into those")
-        return self.trainer.push_weights(m["engineUrl"], m["weightVersion"])
+        return self.trainer.push_weights(m["engineUrl"], m["weightVersion"], self.driver.engine_versions(m["engineUrl"]))
 
     def wake(self) -> None:
         try:

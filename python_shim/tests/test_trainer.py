@@ -250,7 +250,14 @@ def test_a_trained_step_pushed_into_a_running_engine_serves_what_its_checkpoint_
             with pytest.raises(ShimError) as gone:
                 group.push_weights("http://127.0.0.1:9", "v1")
             assert gone.value.code == "REEF_ERR_WEIGHT_SYNC" and gone.value.retryable
-            again = group.push_weights(eng.url, "v1")
+            # An engine whose environment runs another torch is refused before any group forms.
+            from reef_shim.stack_versions import stack_versions
+
+            other = {**stack_versions(), "torch": "2.0.0"}
+            with pytest.raises(ShimError) as built:
+                group.push_weights(eng.url, "v1", other)
+            assert built.value.code == "REEF_ERR_WEIGHT_SYNC" and "2.0.0 in the engine's environment" in built.value.message
+            again = group.push_weights(eng.url, "v1", stack_versions())
         finally:
             group.stop()
         assert pushed["weightVersion"] == "v1" and pushed["backend"] == "gloo"

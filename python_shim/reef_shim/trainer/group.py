@@ -263,8 +263,10 @@ class TrainerGroup:
         log.info("trainer: loaded %s (%s); optimizer state reset", path, self._version)
         return {"weightVersion": self._version}
 
-    def push_weights(self, engine_url: str, weight_version: str) -> dict[str, Any]:
-        """Gather the policy's full weights and push them into the engine at `engine_url`."""
+    def push_weights(self, engine_url: str, weight_version: str,
+                     engine_versions: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Gather the policy's full weights and push them into the engine at `engine_url`, whose
+        torch and NCCL (`stack_versions`) rank 0 checks against its own first."""
         self._require()
         if weight_version != self._version:
             # The label must be what the ranks hold: after a restart they may hold an older release.
@@ -273,7 +275,8 @@ class TrainerGroup:
         colocated = self.driver.colocated
         if self._loopback and not colocated:
             self._check_on_our_node(engine_url)
-        refs = [r.push_weights.remote(engine_url, weight_version, PUSH_TIMEOUT_S, colocated) for r in self._ranks]
+        refs = [r.push_weights.remote(engine_url, weight_version, PUSH_TIMEOUT_S, colocated, engine_versions)
+                for r in self._ranks]
         first = self._gather(refs, f"trainer-push-weights {weight_version}", _Deadline(PUSH_TIMEOUT_S + 60))[0]
         if first["error"]:
             raise ShimError("REEF_ERR_WEIGHT_SYNC", f"weight sync into {engine_url} failed: {first['error']}")

@@ -313,7 +313,7 @@ class TrainerRank:
         return out
 
     def push_weights(self, engine_url: str, weight_version: str, timeout_s: float,
-                     colocated: bool = False) -> dict[str, Any]:
+                     colocated: bool = False, engine_versions: dict[str, Any] | None = None) -> dict[str, Any]:
         """Every rank helps gather the full weights; rank 0 pushes them into the engine
         (`weight_push.py`): over a weight group, or, colocated on one device (where NCCL refuses a
         group), in shared memory by `update_weights_from_tensor`. A failed push is reported, not
@@ -324,10 +324,16 @@ class TrainerRank:
             return {"error": None}
         from .weight_push import TensorPusher, WeightPusher, engine_server_info, push_backend, push_dtype
 
+        from ..stack_versions import mismatch, stack_versions
+
         info = engine_server_info(engine_url)
         dtype = push_dtype(info.get("dtype"), self._checkpoint_config())
+        backend = "ipc" if colocated else push_backend(self.device.type, info.get("device"))
+        # Before any group forms: ends that differ fail deep in a collective, or hang there.
+        refused = mismatch(stack_versions(), engine_versions, "nccl" if backend in ("nccl", "ipc") else backend)
+        if refused is not None:
+            return {"error": f"WeightPushError: {refused}", "backend": backend}
         if colocated:
-            backend = "ipc"
             try:
                 sent = TensorPusher(engine_url, self.device, timeout_s=timeout_s, dtype=dtype).push(state.items(),
                                                                                                    weight_version)
@@ -337,7 +343,6 @@ class TrainerRank:
         # Port 0: the pusher binds one when it connects, and only then tells the engine. A loopback
         # host is right because the driver pushes that way only into engines on this node
         # (TrainerGroup.push_weights).
-        backend = push_backend(self.device.type, info.get("device"))
         pusher = WeightPusher(engine_url, backend, (self.group_host(), 0), int(info.get("tp_size") or 1),
                               timeout_s=timeout_s, dtype=dtype)
         try:
