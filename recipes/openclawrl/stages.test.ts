@@ -19,7 +19,7 @@ describe('OpenClaw-RL stage schemas', () => {
       max_open_sessions: 4096,
     });
     expect(Record2TaskStage.defaults).toEqual({});
-    expect(Task2BatchStage.defaults).toEqual({ batch_size: 16, prm_record_file: null, max_staleness: 2 });
+    expect(Task2BatchStage.defaults).toEqual({ batch_size: 16, prm_record_file: null, max_staleness: 2, group_size: 8, group_timeout_s: 600, outcome_coef: 1, prm_coef: 1, outcome_discount: 1 });
     expect(OpenClawRLRecipe.stages).toEqual({ record2record: Record2RecordStage, record2task: Record2TaskStage, task2batch: Task2BatchStage });
   });
 
