@@ -89,6 +89,18 @@ describe('trainer-controller: agent steps', () => {
     expect(steps.map((ts) => ts.map((t) => [t.taskId, Math.sign(t.reward)]))).toEqual([[['a0', 1], ['b0', -1]]]);
   });
 
+  it('skips reports filed longer than the group timeout ago: none of their steps can still wait', async () => {
+    const { dir, w, reports, agentStep } = agentWorld();
+    const now = 100_000;
+    const o = { ...opts(dir), now: () => now, steps: { outcomeCoef: 1, prmCoef: 1, discount: 1, groupSize: 2, groupTimeoutMs: 5_000 } };
+    reports.push({ id: 'old', score: 1, references: ['o0', 'o1'], createdAt: now - 5_001 }, { id: 'new', score: 1, references: ['a0', 'a1'], createdAt: now - 10 });
+    agentStep('a0', 'g', 0, 1);
+    const c = new TrainerController(w.ports, o, 0, null);
+    await c.tick();
+    expect(c.counters).toMatchObject({ reports: 2, reports_too_old: 1 });
+    expect(Object.keys(w.durable.state!.batcher.agent!.episodes)).toEqual(['new']);
+  });
+
   it('trains chat turns without a group tag as before, beside agent steps', async () => {
     const { dir, w, steps, agentStep } = agentWorld();
     agentStep('a0', 'g', 0, 1);

@@ -468,6 +468,12 @@ export class TrainerController {
           this.bump('reports_invalid');
           continue;
         }
+        // Filed before any group still waiting began: the scenario's history of reports (read from
+        // its start when its first agent step comes), which would only fill the state until it timed out.
+        if (r.createdAt !== undefined && now - r.createdAt > this.batcher.steps.groupTimeoutMs) {
+          this.bump('reports_too_old');
+          continue;
+        }
         this.batcher.report(scenario, r, now);
       }
       // A last page is read again from the same cursor until it fills: its reports applied are kept to skip.

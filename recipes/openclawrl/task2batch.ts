@@ -90,6 +90,8 @@ export interface OutcomeReport {
   score: number;
   /** The episode's receipts, in the order they were made. */
   references: readonly string[];
+  /** When it was filed (ms since the epoch), when known. */
+  createdAt?: number;
 }
 
 /** Per-batch judge counters, as the record line reports them. */
