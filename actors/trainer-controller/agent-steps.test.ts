@@ -67,7 +67,7 @@ describe('trainer-controller: agent steps', () => {
     const [line] = readFileSync(join(dir, 'prm.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { steps: { turn: string; outcome: number }[]; judged: Record<string, number> });
     expect(line!.steps.map((s) => [s.turn, s.outcome])).toEqual([['a0', 1], ['b0', -1], ['a1', 1], ['b1', -1]]);
     expect(line!.judged).toMatchObject({ groups_complete: 1, step_buckets: 2 });
-    expect(c2.counters).toMatchObject({ reports: 2, step_batches: 1 });
+    expect(c2.counters).toMatchObject({ reports: 2, step_batches: 1, groups_complete: 1, step_buckets: 2 });
     await c2.tick();
     expect(steps).toHaveLength(1);
   });

@@ -444,7 +444,10 @@ export class TrainerController {
       if (batch) this.state.pending.push(batch);
     }
     const outcomes = await this.readOutcomes(now);
-    const flushed = this.batcher.flushGroups(now);
+    // Group and bucket counts go to the controller's counters too (the reef_training metrics).
+    const tally: Record<string, number> = {};
+    const flushed = this.batcher.flushGroups(now, tally);
+    for (const [name, n] of Object.entries(tally)) this.bump(name, n);
     for (const batch of flushed) this.state.pending.push(batch);
     if (flushed.length > 0) this.bump('step_batches', flushed.length);
     if (read > 0 || outcomes > 0 || flushed.length > 0) await this.persist();

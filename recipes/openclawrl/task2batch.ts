@@ -231,9 +231,10 @@ export class Batcher {
 
   /**
    * Batches the groups that are complete or timed out at `now`, and forgets reports whose steps
-   * never came within the timeout. Returns the batches their steps completed.
+   * never came within the timeout. Returns the batches their steps completed; `tally` (the
+   * controller's counters) gets the same group and bucket counts as the batches' `judged`.
    */
-  flushGroups(now: number): Batch[] {
+  flushGroups(now: number, tally: Record<string, number> = {}): Batch[] {
     const a = this.state.agent;
     if (a === undefined) return [];
     const out: Batch[] = [];
@@ -245,8 +246,9 @@ export class Batcher {
       if (!done && !late) continue;
       delete a.groups[key];
       this.dropEpisodes((ep) => ep.group === key);
-      this.count(g.scenario, [done ? 'groups_complete' : 'groups_timed_out']);
-      this.batchGroup(g);
+      const names = [done ? 'groups_complete' : 'groups_timed_out', ...this.batchGroup(g)];
+      this.count(g.scenario, names);
+      for (const n of names) tally[n] = (tally[n] ?? 0) + 1;
       for (let b = this.take(g.scenario); b !== null; b = this.take(g.scenario)) out.push(b);
     }
     // A report none of whose steps was read within the timeout names turns that are not agent
@@ -264,8 +266,8 @@ export class Batcher {
     for (const [turn, [rid]] of Object.entries(a.awaiting)) if (gone.has(rid)) delete a.awaiting[turn];
   }
 
-  /** The group's steps with their advantages join the scenario's tasks; all-equal buckets are dropped and counted. */
-  private batchGroup(g: GroupState): void {
+  /** The group's steps with their advantages join the scenario's tasks; all-equal buckets are dropped. Returns the counter names. */
+  private batchGroup(g: GroupState): string[] {
     const rewards = g.steps.map((s) => combinedReward(s.process, s.outcome === null ? null : { score: s.outcome, stepsFromEnd: s.stepsFromEnd ?? 0 }, this.steps));
     const { advantages, stats } = normaliseGroup(g.steps.map((s, i) => ({ index: s.index, reward: rewards[i]! })));
     const names: string[] = [];
@@ -277,7 +279,6 @@ export class Batcher {
     times('steps_all_equal_dropped', stats.stepsDropped);
     times('step_buckets_singleton', stats.singletons);
     times('steps_outcome_missing', g.steps.filter((s) => s.outcome === null).length);
-    this.count(g.scenario, names);
     const pending = (this.state.pending[g.scenario] ??= []);
     g.steps.forEach((s, i) => {
       const advantage = advantages[i];
@@ -289,6 +290,7 @@ export class Batcher {
         step: { group: g.group, index: s.index, process: s.process, outcome: s.outcome, stepsFromEnd: s.stepsFromEnd, combined: rewards[i]! },
       });
     });
+    return names;
   }
 
   /** Agent steps waiting in a group of `scenario`. */
