@@ -7,7 +7,7 @@ import type { LogFn } from '../runtime/log.js';
 import { Correlator, type CorrelationCounters, type CorrelatorOptions, type TurnFinished } from './correlate/index.js';
 import type { CompleteTurn, JudgeTurn } from './messages.js';
 import { byActivity, type PendingRow, type SavedPending, type SavedState, SESSION_PREFIX, sessionRowKey, zeroCounters } from './saved-state.js';
-import { contextOf, replyOf } from './turn-text.js';
+import { contextOf, replyOf, taskOf } from './turn-text.js';
 
 /**
  * The judge without sockets: reads records by offset into the Correlator, keeps the finished
@@ -434,6 +434,7 @@ export class JudgeCore {
       nextStateRecordId: ev.nextStateRecordId,
       scenario: ev.scenario,
       sessionKey: ev.sessionKey,
+      task: taskOf(record.request.messages),
       context: contextOf(record.request.messages),
       reply: replyOf(record.response),
       nextState: ev.nextState,

@@ -50,6 +50,8 @@ export const judgeTurnSchema = z.object({
   nextStateRecordId: z.string(),
   scenario: z.string(),
   sessionKey: z.string(),
+  /** The request's first user message: the task an agent works on ('' when there is none). */
+  task: z.string(),
   /** What the reply answered: the request's user/tool messages after its last assistant message, read as a next state is (system reminders skipped). */
   context: z.string(),
   /** The assistant's reply text, with its tool calls as JSON lines. */

@@ -24,6 +24,15 @@ export function contextOf(messages: readonly unknown[]): string {
   return asText(last.content);
 }
 
+/**
+ * The task an agent works on: the request's first user message (an agent loop resends it on each
+ * call), or '' without one. The step prompt shows it; a chat turn's prompts do not.
+ */
+export function taskOf(messages: readonly unknown[]): string {
+  const first = messages.find((m) => (m as { role?: unknown } | null)?.role === 'user') as { content?: unknown } | undefined;
+  return first === undefined ? '' : asText(first.content);
+}
+
 /** The assistant's reply: its text, then one line per tool call (`tool call: name(args)`). */
 export function replyOf(response: unknown): string {
   if (response === null || typeof response !== 'object') return '';

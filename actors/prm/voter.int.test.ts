@@ -24,6 +24,7 @@ const turn: JudgeTurn = {
   nextStateRecordId: 'T2',
   scenario: 'default',
   sessionKey: 'tag:a',
+  task: 'What is 2+2?',
   context: 'What is 2+2?',
   reply: '4',
   nextState: { role: 'user', content: 'Thanks!' },

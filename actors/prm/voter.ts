@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { renderPrompt, type PromptKind } from '../../recipes/openclawrl/judge/prompts.js';
+import { renderPrompt, scoreKindOf, type PromptKind } from '../../recipes/openclawrl/judge/prompts.js';
 import type { CallResult } from '../../recipes/openclawrl/judge/votes.js';
 import { ReefError } from '../runtime/errors.js';
 import type { JudgeTurn } from '../judge/messages.js';
@@ -67,6 +67,8 @@ export async function voteTurn(turn: JudgeTurn, prm: PrmCaller, m: number, limit
     }
   };
   const idx = Array.from({ length: m }, (_, i) => i);
-  const [scoreCalls, hintCalls] = await Promise.all([Promise.all(idx.map((i) => one('score', i))), Promise.all(idx.map((i) => one('hint', i)))]);
+  // An agent step's score votes ask whether the step advanced the task with a valid tool call.
+  const scoreKind = scoreKindOf(turn);
+  const [scoreCalls, hintCalls] = await Promise.all([Promise.all(idx.map((i) => one(scoreKind, i))), Promise.all(idx.map((i) => one('hint', i)))]);
   return { scoreCalls, hintCalls, url, unreachable: down === 2 * m };
 }

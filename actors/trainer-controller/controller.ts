@@ -4,7 +4,8 @@ import { dirname } from 'node:path';
 import { ReefError } from '../runtime/errors.js';
 import type { AgentRecord, StateRows } from '../gateway/store/types.js';
 import { isStale, recordToTask, releaseLineage, type Task, type TeacherRenderer } from '../../recipes/openclawrl/record2task.js';
-import { Batcher, batchId, recordLine, type Batch, type BatcherState, type TaskRef } from '../../recipes/openclawrl/task2batch.js';
+import { Batcher, batchId, recordLine, type Batch, type BatcherState, type OutcomeReport, type TaskRef } from '../../recipes/openclawrl/task2batch.js';
+import { DEFAULT_STEP_OPTIONS, groupOf, stepIndexOf, type StepRewardOptions } from '../../recipes/openclawrl/steps.js';
 import { releaseKey } from './releases.js';
 
 /**
@@ -90,6 +91,12 @@ export interface ControllerPorts {
   servedVersion(): Promise<string | null>;
   /** Cumulative correlation counters for the record line. */
   correlation(): Promise<Record<string, number>>;
+  /**
+   * A page of a scenario's outcome reports (`POST /reef/report`), oldest first, after the cursor
+   * (`RecordStore.listReports`). Absent: no outcome is ever read, and agent steps train on their
+   * process reward once their group times out.
+   */
+  readReports?(scenario: string, after: string | null, limit: number): Promise<{ items: OutcomeReport[]; next: string | null }>;
   log(line: string): void;
 }
 
@@ -120,7 +127,14 @@ export interface ControllerOptions {
    * @default true
    */
   train?: boolean;
+  /** Agent steps' reward combination and groups (`pipeline.task2batch.config`, stages.ts `stepRewardOptions`). @default DEFAULT_STEP_OPTIONS */
+  steps?: StepRewardOptions;
+  /** The clock group timeouts are read against (ms since the epoch). @default Date.now */
+  now?: () => number;
 }
+
+/** Outcome reports read per scenario and tick. */
+const REPORTS_PER_READ = 256;
 
 /** A batch given up on for good: it is never trained, and it no longer holds back the ones after it. */
 export interface DeadLetter {
@@ -283,7 +297,7 @@ export class TrainerController {
     // it, and the lineage a turn is checked against must reach `maxStaleness` steps back.
     this.window = Math.max(opts.recentReleases ?? RECENT_RELEASES, opts.keepCheckpoints + 1, opts.maxStaleness + 2);
     this.trimReleases();
-    this.batcher = new Batcher(opts.batchSize, this.state.batcher);
+    this.batcher = new Batcher(opts.batchSize, this.state.batcher, opts.steps ?? DEFAULT_STEP_OPTIONS);
     if (this.state.lastLine) this.writeRecordLine(this.state.lastLine);
     // A crash between a release's commit and its pruning left checkpoints that the next prune, once
     // that release has left the state, would no longer see.
@@ -387,20 +401,30 @@ export class TrainerController {
     // Releases change only between reads (trainNext and rollback take turns with this).
     const lineage = releaseLineage(this.state.recentReleases);
     let read = 0;
+    const now = (this.opts.now ?? Date.now)();
     for (const row of rows) {
       // Stopped where the cap is reached, mid-read too: the offset says where to go on from.
       if (this.state.pending.length >= MAX_PENDING_BATCHES) break;
       read++;
       this.batcher.count(row.scenario, row.counters);
       this.offset = row.offset + 1;
-      if (row.decision === 'dropped') continue;
+      // A dropped turn's record is read too: an agent step's counts toward its episode's report.
       const rec = await this.ports.getRecord(row.turnRecordId);
+      const group = rec ? groupOf(rec.tags) : null;
+      const skip = () => {
+        if (group !== null) this.batcher.addStep(row.scenario, group, row.turnRecordId, null, now);
+      };
+      if (row.decision === 'dropped') {
+        skip();
+        continue;
+      }
       if (!rec) {
         this.bump('missing_records');
         continue;
       }
       if (isStale(rec.weightVersion, lineage, this.opts.maxStaleness)) {
         this.bump('stale');
+        skip();
         continue;
       }
       const why = untrainable(rec);
@@ -408,12 +432,57 @@ export class TrainerController {
         // The trainer refuses such a task, and with it the whole batch: the other turns were dead-lettered too.
         this.bump('untrainable');
         this.ports.log(`turn ${row.turnRecordId} is not trained: ${why}`);
+        skip();
+        continue;
+      }
+      if (group !== null) {
+        // Waits in its group for the episode's outcome and the parallel rollouts (task2batch.ts).
+        this.batcher.addStep(row.scenario, group, row.turnRecordId, { process: row.reward, index: stepIndexOf(rec.request.messages), hints: row.hints }, now);
         continue;
       }
       const batch = this.batcher.add(row.scenario, { turnRecordId: row.turnRecordId, reward: row.reward, hints: row.hints });
       if (batch) this.state.pending.push(batch);
     }
-    if (read > 0) await this.persist();
+    const outcomes = await this.readOutcomes(now);
+    // Group and bucket counts go to the controller's counters too (the reef_training metrics).
+    const tally: Record<string, number> = {};
+    const flushed = this.batcher.flushGroups(now, tally);
+    for (const [name, n] of Object.entries(tally)) this.bump(name, n);
+    for (const batch of flushed) this.state.pending.push(batch);
+    if (flushed.length > 0) this.bump('step_batches', flushed.length);
+    if (read > 0 || outcomes > 0 || flushed.length > 0) await this.persist();
+    return read;
+  }
+
+  /**
+   * Reads the outcome reports of the scenarios that have agent steps into the batcher; their
+   * cursors are saved with it, so a report is applied once across crashes. Returns reports read.
+   */
+  private async readOutcomes(now: number): Promise<number> {
+    if (this.ports.readReports === undefined) return 0;
+    let read = 0;
+    for (const [scenario, at] of this.batcher.reportCursors()) {
+      const page = await this.ports.readReports(scenario, at.cursor, REPORTS_PER_READ);
+      const seen = new Set(at.seen);
+      for (const r of page.items) {
+        if (seen.has(r.id)) continue;
+        read++;
+        if (!Number.isFinite(r.score)) {
+          this.bump('reports_invalid');
+          continue;
+        }
+        // Filed before any group still waiting began: the scenario's history of reports (read from
+        // its start when its first agent step comes), which would only fill the state until it timed out.
+        if (r.createdAt !== undefined && now - r.createdAt > this.batcher.steps.groupTimeoutMs) {
+          this.bump('reports_too_old');
+          continue;
+        }
+        this.batcher.report(scenario, r, now);
+      }
+      // A last page is read again from the same cursor until it fills: its reports applied are kept to skip.
+      this.batcher.setReportCursor(scenario, page.next !== null ? { cursor: page.next, seen: [] } : { cursor: at.cursor, seen: page.items.map((r) => r.id) });
+    }
+    if (read > 0) this.bump('reports', read);
     return read;
   }
 

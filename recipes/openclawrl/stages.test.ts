@@ -1,5 +1,7 @@
 import { describe, expect, it } from 'vitest';
+import { ConfigError, formatIssue, resolveConfig } from '../../cluster/config/index.js';
 import { OpenClawRLRecipe, Record2RecordStage, Record2TaskStage, Task2BatchStage } from './recipe.js';
+import { stepRewardOptions } from './stages.js';
 
 describe('OpenClaw-RL stage schemas', () => {
   it('defaults follow ARCHITECTURE.md §3', () => {
@@ -19,7 +21,7 @@ describe('OpenClaw-RL stage schemas', () => {
       max_open_sessions: 4096,
     });
     expect(Record2TaskStage.defaults).toEqual({});
-    expect(Task2BatchStage.defaults).toEqual({ batch_size: 16, prm_record_file: null, max_staleness: 2 });
+    expect(Task2BatchStage.defaults).toEqual({ batch_size: 16, prm_record_file: null, max_staleness: 2, group_size: 8, group_timeout_s: 600, outcome_coef: 1, prm_coef: 1, outcome_discount: 1 });
     expect(OpenClawRLRecipe.stages).toEqual({ record2record: Record2RecordStage, record2task: Record2TaskStage, task2batch: Task2BatchStage });
   });
 
@@ -55,5 +57,23 @@ describe('OpenClaw-RL stage schemas', () => {
   it('record2task is strict and empty', () => {
     expect(Record2TaskStage.configSchema.safeParse({ x: 1 }).success).toBe(false);
     expect(Record2TaskStage.configSchema.safeParse({}).success).toBe(true);
+  });
+
+  it('task2batch step-reward keys: errors name the full key path; the resolved options in ms', async () => {
+    const raw = {
+      cluster: { rollout: { model_path: '/models/policy' }, prm: { model_path: '/models/prm' } },
+      pipeline: { task2batch: { config: { group_size: 0, group_timeout_s: 0, outcome_coef: -1, prm_coef: 'x', outcome_discount: 1.5 } } },
+    };
+    const err = await resolveConfig(raw, { baseDir: '/srv/reef', overrides: [] }).then(() => null, (e: unknown) => e);
+    expect(err).toBeInstanceOf(ConfigError);
+    const lines = (err as ConfigError).issues.map(formatIssue);
+    for (const line of [
+      'pipeline.task2batch.config.group_size: expected a positive integer, got 0',
+      'pipeline.task2batch.config.group_timeout_s: expected a positive number, got 0',
+      'pipeline.task2batch.config.outcome_coef: expected a number >= 0, got -1',
+      'pipeline.task2batch.config.prm_coef: expected a number >= 0, got "x"',
+      'pipeline.task2batch.config.outcome_discount: expected a number in [0, 1], got 1.5',
+    ]) expect(lines).toContain(line);
+    expect(stepRewardOptions(Task2BatchStage.defaults)).toEqual({ groupSize: 8, groupTimeoutMs: 600_000, outcomeCoef: 1, prmCoef: 1, discount: 1 });
   });
 });

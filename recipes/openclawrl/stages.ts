@@ -3,7 +3,8 @@
  * `pipeline.<stage>.config` with `configSchema` and knows no stage key itself.
  */
 import { z } from 'zod';
-import { nonEmptyString, oneOf, envName, positiveInt, positiveNumber, string, numberIn } from '../../cluster/config/kit.js';
+import { nonEmptyString, nonNegativeNumber, oneOf, envName, positiveInt, positiveNumber, string, numberIn } from '../../cluster/config/kit.js';
+import type { StepRewardOptions } from './steps.js';
 import type { PathKind } from '../../cluster/config/types.js';
 
 const always = { when: () => true };
@@ -106,8 +107,26 @@ const task2batchSchema = z.strictObject({
   prm_record_file: nonEmptyString().nullable().default(null),
   /** Drop tasks generated more than this many releases ago. @default 2 */
   max_staleness: z.int({ error: 'expected an integer >= 0' }).min(0, { error: 'expected an integer >= 0' }).default(2),
+  // Agent steps (records tagged `x-reef-tag-group`; docs/training.md "Agent episodes"). The
+  // defaults are the reference's: outcome plus 1.0 × the step's PRM score, undiscounted, in groups
+  // of 8 rollouts per task.
+  /** Outcome reports (episodes) that complete a group of parallel rollouts. @default 8 */
+  group_size: positiveInt().default(8),
+  /** A group incomplete this long after its first step is batched as it is; its steps without an outcome train on c_prm · p_t alone. @default 600 */
+  group_timeout_s: positiveNumber().default(600),
+  /** c_out: weight of the episode's reported outcome in a step's reward. @default 1 */
+  outcome_coef: nonNegativeNumber().default(1),
+  /** c_prm: weight of the step's process reward (the PRM's majority vote). @default 1 */
+  prm_coef: nonNegativeNumber().default(1),
+  /** γ: the outcome's discount per step from the episode's end. @default 1 */
+  outcome_discount: numberIn(0, 1, true).default(1),
 });
 export type Task2BatchConfig = z.output<typeof task2batchSchema>;
+
+/** The step-reward options of a `pipeline.task2batch.config`. */
+export function stepRewardOptions(c: Pick<Task2BatchConfig, 'group_size' | 'group_timeout_s' | 'outcome_coef' | 'prm_coef' | 'outcome_discount'>): StepRewardOptions {
+  return { groupSize: c.group_size, groupTimeoutMs: c.group_timeout_s * 1000, outcomeCoef: c.outcome_coef, prmCoef: c.prm_coef, discount: c.outcome_discount };
+}
 
 /** Groups tasks into batches with monotonic ids `{scenario}:openclawrl:{n}`. */
 export class Task2BatchStage {

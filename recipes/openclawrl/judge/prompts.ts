@@ -8,10 +8,17 @@ import { repoRoot } from '../../../cluster/paths.js';
  * itself contains `{{…}}` is never expanded a second time.
  */
 
-export type PromptKind = 'score' | 'hint';
+/**
+ * `score`: did the user (or tool) accept the reply; `step`: the score vote of an agent step, whose
+ * next state is a tool's output (did the step advance the task with a valid tool call); `hint`: the
+ * hindsight hint for a teacher prompt.
+ */
+export type PromptKind = 'score' | 'step' | 'hint';
 
 /** A finished turn as the PRM sees it. */
 export interface TurnText {
+  /** The first user message of the request: the task an agent works on. '' when it has none. */
+  task: string;
   /** The newest message of the request the assistant answered (the user's ask, or a tool result). */
   context: string;
   /** The assistant's reply: its text, plus its tool calls as JSON. */
@@ -50,9 +57,19 @@ export function fillTemplate(template: string, values: Record<string, string>): 
   return template.replace(/\{\{(\w+)\}\}/g, (whole, key: string) => (Object.hasOwn(values, key) ? values[key]! : whole));
 }
 
+/**
+ * Which prompt a turn's score votes use: a turn whose next state is a tool's output is an agent
+ * step (`step.md`), judged on whether its call was valid and moved the task on; any other turn is
+ * judged on whether the user accepted it (`score.md`).
+ */
+export function scoreKindOf(turn: Pick<TurnText, 'nextState'>): 'score' | 'step' {
+  return turn.nextState.role === 'tool' ? 'step' : 'score';
+}
+
 /** The PRM prompt for one vote, as the content of a single user message. */
 export function renderPrompt(kind: PromptKind, turn: TurnText, template = loadTemplate(kind)): string {
   return fillTemplate(template, {
+    task: clip(turn.task),
     context: clip(turn.context),
     reply: clip(turn.reply),
     next_role: turn.nextState.role,

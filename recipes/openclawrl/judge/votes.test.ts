@@ -115,11 +115,11 @@ describe('verdict', () => {
 });
 
 describe('prompts', () => {
-  const turn = { context: 'What is 2+2? {{reply}}', reply: '**4**', nextState: { role: 'user' as const, content: 'Thanks!' } };
+  const turn = { task: 'Sum it up {{reply}}', context: 'What is 2+2? {{reply}}', reply: '**4**', nextState: { role: 'user' as const, content: 'Thanks!' } };
   it('fill every placeholder once; turn text is never expanded again', () => {
-    for (const kind of ['score', 'hint'] as const) {
+    for (const kind of ['score', 'step', 'hint'] as const) {
       const text = renderPrompt(kind, turn);
-      expect(text).not.toMatch(/\{\{(context|next_role|next_state)\}\}/);
+      expect(text).not.toMatch(/\{\{(task|context|next_role|next_state)\}\}/);
       expect(text).toContain('What is 2+2? {{reply}}');
       expect(text).toContain('**4**');
       expect(text).toContain('(from the user)');
