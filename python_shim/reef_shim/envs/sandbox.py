@@ -25,6 +25,8 @@ import ctypes
 import dataclasses
 import errno
 import fcntl
+import itertools
+import logging
 import os
 import resource
 import selectors
@@ -36,6 +38,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+log = logging.getLogger("reef_shim.envs.sandbox")
 
 Isolation = Literal["bwrap", "uid", "rlimits"]
 ISOLATIONS: tuple[str, ...] = ("bwrap", "uid", "rlimits")
@@ -206,6 +210,9 @@ def _process_count(uid: int) -> int:
     return n
 
 
+_SLOT_TURN = itertools.count()
+
+
 class _UidSlot:
     """A uid from `UID_BASE…+UID_SLOTS` held by this process alone, by an flock on its lock file.
 
@@ -214,7 +221,9 @@ class _UidSlot:
 
     def __init__(self, lock_dir: str) -> None:
         os.makedirs(lock_dir, mode=0o700, exist_ok=True)
-        start = os.getpid() % UID_SLOTS  # spread the first tries, so workers rarely contend
+        # Spread the first tries so workers rarely contend, and move on with each sandbox: a fresh
+        # uid does not start with the process count of a tree still being torn down.
+        start = (os.getpid() * 7 + next(_SLOT_TURN)) % UID_SLOTS
         for i in range(UID_SLOTS):
             n = (start + i) % UID_SLOTS
             fd = os.open(os.path.join(lock_dir, f"uid-{n}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
@@ -267,6 +276,50 @@ def kill_uid(uid: int) -> int:
             return killed
         time.sleep(0.01)
     return killed
+
+
+def _uid_processes(uid: int) -> tuple[int, int]:
+    """(live, zombie) processes whose real uid is `uid`."""
+    live = zombies = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status", "rb") as f:
+                head = f.read(512)
+        except OSError:
+            continue
+        fields = dict(line.split(b":", 1) for line in head.splitlines() if b":" in line)
+        try:
+            if int(fields[b"Uid"].split()[0]) != uid:
+                continue
+        except (KeyError, ValueError, IndexError):
+            continue
+        if fields.get(b"State", b"").strip().startswith(b"Z"):
+            zombies += 1
+        else:
+            live += 1
+    return live, zombies
+
+
+def _wait_uid_gone(uid: int, processes: int, timeout_s: float = 5.0) -> None:
+    """Waits until no process of `uid` is alive and few zombies are left.
+
+    Orphans of a run go to the host's init, which may reap them only every few seconds; until
+    then they count against the uid's process limit. One or two (a pid namespace's init) do not
+    matter; a fork bomb's hundreds would make the next run fail to fork, so then it waits."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        live, zombies = _uid_processes(uid)
+        if live == 0 and zombies <= processes // 4:
+            return
+        if time.monotonic() > deadline:
+            log.warning("sandbox: uid %d still has %d live and %d unreaped processes %.0f s after the kill",
+                        uid, live, zombies, timeout_s)
+            return
+        if live:
+            kill_uid(uid)
+        time.sleep(0.02)
 
 
 @dataclass
@@ -443,7 +496,7 @@ class Sandbox:
                     timed_out = True  # it closed its output but kept running
         finally:
             sel.close()
-            self._kill(proc)
+            self._kill(proc, lim)
             proc.stdout.close()
             proc.stderr.close()
         rc = proc.returncode
@@ -461,16 +514,17 @@ class Sandbox:
             net_isolated=self.net_isolated,
         )
 
-    def _kill(self, proc: subprocess.Popen) -> None:
+    def _kill(self, proc: subprocess.Popen, lim: Limits) -> None:
         """Ends the run's whole tree: its process group, then (with a uid of its own) every
         process of that uid, which catches a child that left the group with `setsid`."""
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        proc.wait()
         if self.uid is not None:
             kill_uid(self.uid)
-        proc.wait()
+            _wait_uid_gone(self.uid, lim.processes)
 
     def close(self) -> None:
         if self._closed:
