@@ -10,6 +10,7 @@ import os
 import pytest
 
 from envs_fake_chat import FakeChat
+from reef_shim.envs.run import parse_headers, parse_tasks, summarize
 from reef_shim.envs.workers import EnvWorker, env_worker_actor, rollout_specs, run_parallel
 
 SHIM = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
@@ -64,8 +65,18 @@ def test_three_workers_run_grouped_rollouts_and_report_each(ray_local):
     assert len(chat.chats) == sum(len(r["steps"]) for r in results)
 
 
-def test_worker_options_are_checked():
+def test_worker_and_runner_options_are_checked():
     with pytest.raises(ValueError, match="unknown env"):
         EnvWorker("w", "http://127.0.0.1:1", "m", env_options={"gui": {}})
     with pytest.raises(ValueError, match="rollouts per task"):
         rollout_specs([("terminal", "write-file")], n=0, run_id="x")
+    assert parse_tasks("terminal:write-file, toolcall:all")[:2] == [("terminal", "write-file"), ("toolcall", "arith")]
+    for bad, says in [("gui:x", "env:task"), ("terminal:nope", "has no task"), ("terminal", "env:task"), (" , ", "no task")]:
+        with pytest.raises(ValueError, match=says):
+            parse_tasks(bad)
+    assert parse_headers(["X-Reef-Scenario: agents"]) == {"x-reef-scenario": "agents"}
+    with pytest.raises(ValueError, match="name:value"):
+        parse_headers(["novalue"])
+    s = summarize([{"env": "toolcall", "task": "arith", "success": True, "info": {}},
+                   {"env": "toolcall", "task": "arith", "success": False, "info": {}}])
+    assert s["per_task"]["toolcall:arith"] == {"episodes": 2, "successes": 1, "success_rate": 0.5}
