@@ -27,6 +27,7 @@ import errno
 import fcntl
 import itertools
 import logging
+import math
 import os
 import resource
 import selectors
@@ -89,7 +90,7 @@ class RunResult:
         """The text an agent gets back: exit status, then each stream, and what was cut or killed."""
         lines = []
         if self.timed_out:
-            lines.append(f"[killed: ran past the {self.wall_s:.0f} s limit]")
+            lines.append(f"[killed: still running after {self.wall_s:.1f} s, the time limit]")
         if self.truncated:
             lines.append("[output cut at the size limit; the command was stopped]")
         status = f"exit code {self.exit_code}" if self.exit_code is not None else f"killed by signal {self.signal}"
@@ -165,7 +166,8 @@ def _drop_to(uid: int | None, limits: Limits | None = None, unshare_net: bool = 
             for res, v in ((resource.RLIMIT_AS, limits.memory_bytes), (resource.RLIMIT_NPROC, limits.processes),
                            (resource.RLIMIT_FSIZE, limits.file_bytes), (resource.RLIMIT_CPU, limits.cpu_s),
                            (resource.RLIMIT_CORE, 0)):
-                resource.setrlimit(res, (int(v), int(v)))
+                n = max(1, math.ceil(v))  # a CPU limit of 0 s would kill the command at once
+                resource.setrlimit(res, (n, n))
         if unshare_net:
             # Before the uid drop: making a network namespace needs CAP_SYS_ADMIN. A failure
             # leaves the network on; the parent learns it through the result's `net_isolated`.
