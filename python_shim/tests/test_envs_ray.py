@@ -18,15 +18,20 @@ SHIM = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 @pytest.fixture
 def ray_local(monkeypatch):
+    """A local Ray head started and closed as the shim does it (RayDriver: loopback only, and its
+    leftover agents reaped at close)."""
     # Workers import reef_shim by module path; an absolute one, whatever their working directory.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (SHIM, os.environ.get("PYTHONPATH")) if p))
-    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    import ray
+    from reef_shim.ray_driver import RayDriver
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             object_store_memory=80 * 1024 * 1024, namespace="reef-envs-test")
-    yield ray
-    ray.shutdown()
+    d = RayDriver()
+    try:
+        d.init_ray(None, 2, None, None)
+        import ray
+
+        yield ray
+    finally:
+        d.close()
 
 
 def test_three_workers_run_grouped_rollouts_and_report_each(ray_local):

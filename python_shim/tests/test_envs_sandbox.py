@@ -50,6 +50,8 @@ def no_process_left(sb: Sandbox) -> bool:
 
 
 def test_escape_attempts_change_nothing_outside(sandbox, canary):
+    if sandbox.isolation == "rlimits":
+        pytest.skip("isolation rlimits (not root, no working bwrap) guards no writes, as docs/agents-envs.md says")
     before = snapshot(canary)
     c = str(canary)
     attempts = [
