@@ -30,6 +30,17 @@ if ! command -v cc >/dev/null 2>&1 && ! command -v gcc >/dev/null 2>&1; then
     || echo "[test] could not install gcc (apt-get install gcc libc6-dev): the power-loss tests will fail"
 fi
 
+# The agent environments' sandbox (python_shim/reef_shim/envs/sandbox.py) isolates with bubblewrap
+# where it runs; without it the tests run the weaker isolations only, and say so.
+if ! command -v bwrap >/dev/null 2>&1; then
+  echo "[test] installing bubblewrap"
+  as_root=""
+  if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then as_root="sudo -n"; fi
+  { $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null 2>&1 \
+    || { $as_root apt-get update -qq >/dev/null 2>&1 && $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null 2>&1; }; } \
+    || echo "[test] could not install bubblewrap (apt-get install bubblewrap): the sandbox tests run without it"
+fi
+
 mkdir -p .cache/test-results
 rm -f .cache/test-results/vitest.json .cache/test-results/pytest.xml
 

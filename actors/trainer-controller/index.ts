@@ -12,6 +12,8 @@ import type { SqliteStore } from '../gateway/store/sqlite-store.js';
 import { ChatTokenizer } from '../gateway/tokenize/index.js';
 import { renderChat } from '../gateway/tokenize/prepare.js';
 import type { Task } from '../../recipes/openclawrl/record2task.js';
+import { reportReader } from '../../recipes/openclawrl/outcomes.js';
+import { stepRewardOptions, type Task2BatchConfig } from '../../recipes/openclawrl/stages.js';
 import { TrainerController, type JudgedTurnRow, type Published, type SavedControllerState } from './controller.js';
 import { readRelease } from './releases.js';
 import { EngineWeights, type Weights } from './engine-weights.js';
@@ -302,6 +304,7 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
       // (actors/judge/handler.ts). Only the counters: beside them are every pending turn's lease.
       correlation: async () => ((await w.store.getStateFields(JUDGE_STATE_KEY, ['$.correlator.counters']))?.values[0] as Record<string, number> | null) ?? {},
       log: w.log,
+      readReports: reportReader(w.store),
     },
     {
       batchSize: t2b.batch_size,
@@ -311,6 +314,7 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
       baseModelPath: cfg.cluster.rollout.model_path,
       maxAttempts: 3,
       train: cfg.training.enabled,
+      steps: stepRewardOptions(cfg.pipeline.task2batch.config as Task2BatchConfig),
     },
     offset,
     (state as SavedControllerState | null) ?? null,

@@ -218,7 +218,7 @@ describe('resolved config', () => {
     expect(cfg.recipe).toEqual({ implementation: 'recipes.openclawrl.recipe:OpenClawRLRecipe', config: {} });
     expect(cfg.pipeline.record2record.config).toMatchObject({ prm_url: '', prm_api: 'sglang', prm_m: 3, prm_temperature: 0.6, prm_max_tokens: 8192, prm_timeout_s: 120, prm_concurrency: 8, prm_max_hint_candidates: 3, session_ttl_s: 900, max_open_sessions: 4096 });
     expect(cfg.pipeline.record2task.config).toEqual({});
-    expect(cfg.pipeline.task2batch.config).toEqual({ batch_size: 16, prm_record_file: null, max_staleness: 2 });
+    expect(cfg.pipeline.task2batch.config).toEqual({ batch_size: 16, prm_record_file: null, max_staleness: 2, group_size: 8, group_timeout_s: 600, outcome_coef: 1, prm_coef: 1, outcome_discount: 1 });
     expect(cfg.training).toMatchObject({ backend: 'fsdp2', options: [] });
   });
 
