@@ -20,8 +20,9 @@ import torch
 from .dist_weights import WeightGroups
 from .generation import GenState, Run, request_generator
 from .request import GenRequest
-from .sampling import sample_rows
+from .sampling import GREEDY_BELOW, sample_rows
 from .scheduler import Scheduler, Ticket
+from .scripted import Script
 from .weights import WeightError, load_checked_state_dict
 
 # `--dtype`: the weights' dtype. Logits are cast to fp32 before any softmax either way.
@@ -30,7 +31,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 class HFEngine:
     def __init__(self, model_path: str, weight_version: str = "default", seed: int | None = None,
-                 weight_sync_timeout_s: float = 300.0, dtype: str = "fp32") -> None:
+                 weight_sync_timeout_s: float = 300.0, dtype: str = "fp32", script: "Script | None" = None) -> None:
         from tokenizers import Tokenizer
         from transformers import AutoConfig, AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
@@ -54,6 +55,10 @@ class HFEngine:
         self.vocab_size = int(self.config.vocab_size)
         self.max_context_length = int(getattr(self.config, "max_position_embeddings", 4096))
         self.eos_ids = self._eos_ids(Path(model_path))
+        self.script = script
+        # A scripted reply ends with the chat template's end-of-turn token when it is an eos id.
+        im_end = self.tokenizer.token_to_id("<|im_end|>")
+        self.end_of_reply = im_end if im_end in self.eos_ids else min(self.eos_ids, default=None)
         self.tied = bool(getattr(self.config, "tie_word_embeddings", False))
         self.weight_groups = WeightGroups(weight_sync_timeout_s)
         self.scheduler: Scheduler | None = None
@@ -98,8 +103,13 @@ class HFEngine:
         gone, server stopping), or None: it then finishes with `abort` and that `message`, as
         SGLang's abort carries one."""
         prompt = req.input_ids if req.input_ids is not None else self.encode(req.text or "")
-        return Run(req, prompt, vocab_size=self.vocab_size, context=self.max_context_length, eos_ids=self.eos_ids,
-                   server_seed=self.seed, decode=self.decode, should_stop=should_stop)
+        run = Run(req, prompt, vocab_size=self.vocab_size, context=self.max_context_length, eos_ids=self.eos_ids,
+                  server_seed=self.seed, decode=self.decode, should_stop=should_stop)
+        if self.script is not None and req.sampling.temperature >= GREEDY_BELOW:
+            reply = self.script.reply_for(self.decode(prompt))
+            if reply is not None:
+                run.sampling.forced = self.encode(reply) + ([self.end_of_reply] if self.end_of_reply is not None else [])
+        return run
 
     def submit(self, req: GenRequest, should_stop: Callable[[], str | None]) -> Ticket:
         """Queue a request for the running batch (`start` first); read its states from the ticket."""

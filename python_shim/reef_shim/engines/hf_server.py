@@ -2,7 +2,7 @@
 
     python -m reef_shim.engines.hf_server --model-path DIR --host 127.0.0.1 --port P
         [--weight-version V] [--seed S] [--max-running N] [--max-batch B] [--dtype fp32|bf16]
-        [--threads T] [--weight-sync-timeout-s S]
+        [--threads T] [--weight-sync-timeout-s S] [--scripted-outputs FILE]
 
 Routes (docs/internals.md, "Engine HTTP API"): `POST /generate`, `GET /health`,
 `GET /model_info` (also `/get_model_info`), `GET /get_server_info` (tp_size and device only),
@@ -52,6 +52,10 @@ Behaviour a client can rely on:
   gets 503); `in_place` and `retract` keep them in SGLang, and here let them finish, as this engine
   cannot hold a request mid-way. `/health` stays 200 while paused (SGLang's does too, launched with
   `SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0`, as Reef launches it).
+- Scripted outputs (`--scripted-outputs FILE`, `scripted.py`): a stand-in for a policy in
+  examples and tests. A sampled request whose prompt matches a rule gets one of its replies, forced
+  token by token (then the end-of-turn token), with the model's own logprobs and top-K for each
+  forced token; greedy requests and prompts no rule matches are generated as usual.
 - Weights: every request's tokens come from one weight version, the `weight_version` of its reply.
   `/update_weights_from_disk {model_path, weight_version}` loads and checks the safetensors of a
   same-shaped checkpoint, then waits until no request is generating (the running batch drains;
@@ -128,6 +132,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "this process may use)")
     p.add_argument("--weight-sync-timeout-s", type=float, default=300.0,
                    help="how long a weight group join or transfer may wait for its peer")
+    p.add_argument("--scripted-outputs", default=None,
+                   help="a JSON script of replies forced on matching sampled requests (scripted.py): a stand-in "
+                        "for a policy, for examples and tests; greedy requests are never scripted")
     p.add_argument("--log-level", default="info")
     args = p.parse_args(argv)
     if args.max_batch < 1:
@@ -185,8 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from .hf_engine import HFEngine
 
+        from .scripted import Script
+
+        script = Script.load(args.scripted_outputs) if args.scripted_outputs else None
         engine = HFEngine(args.model_path, weight_version=args.weight_version, seed=args.seed,
-                          weight_sync_timeout_s=args.weight_sync_timeout_s, dtype=args.dtype)
+                          weight_sync_timeout_s=args.weight_sync_timeout_s, dtype=args.dtype, script=script)
+        if script is not None:
+            log.warning("scripted outputs from %s: %d rule(s) answer matching sampled requests; greedy ones are the "
+                        "model's own", args.scripted_outputs, len(script.rules))
         _set_threads(args.threads, engine)
         engine.start(args.max_batch)
         state.engine = engine

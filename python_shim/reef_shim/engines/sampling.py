@@ -100,6 +100,9 @@ class RowSampling:
     generator: torch.Generator | None = None
     logprob: bool = False
     top_n: int = 0  # K of the top-K (0: none)
+    # Tokens to emit instead of drawing, first to last (a scripted reply, `scripted.py`); the
+    # reported logprobs are still the model's own for each. Drawing resumes once it is empty.
+    forced: list[int] | None = None
 
 
 @dataclass
@@ -132,6 +135,9 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[Pick]:
             kept = support(z[i], rows[i].top_k, rows[i].top_p)
             u = torch.tensor([_uniform(rows[i].generator)], dtype=torch.float64)
             tokens[i] = int(kept[_draw(lp[i, kept].exp().unsqueeze(0), u)[0]])
+    for i, r in enumerate(rows):
+        if r.forced:
+            tokens[i] = r.forced.pop(0)
     picks = [Pick(tokens[i], None, []) for i in range(n)]
     wants = [i for i in range(n) if rows[i].logprob]
     if wants:
