@@ -75,6 +75,9 @@ def test_worker_and_runner_options_are_checked():
         EnvWorker("w", "http://127.0.0.1:1", "m", env_options={"gui": {}})
     with pytest.raises(ValueError, match="rollouts per task"):
         rollout_specs([("terminal", "write-file")], n=0, run_id="x")
+    # Measured episodes carry no group and file no report: nothing of theirs trains as an agent step.
+    measured = rollout_specs([("toolcall", "arith")], n=2, run_id="m", measure=True)
+    assert [(s.group, s.report, s.session) for s in measured] == [(None, False, "m-toolcall-arith-r0"), (None, False, "m-toolcall-arith-r1")]
     assert parse_tasks("terminal:write-file, toolcall:all")[:2] == [("terminal", "write-file"), ("toolcall", "arith")]
     for bad, says in [("gui:x", "env:task"), ("terminal:nope", "has no task"), ("terminal", "env:task"), (" , ", "no task")]:
         with pytest.raises(ValueError, match=says):

@@ -41,7 +41,7 @@ def test_terminal_checker_passes_right_and_fails_wrong(task):
     finally:
         env.close()
     assert right.success and right.score == 1.0, right.detail
-    assert not wrong.success and wrong.score == 0.0, wrong.detail
+    assert not wrong.success and wrong.score == -1.0, wrong.detail
 
 
 def test_a_link_to_the_right_content_outside_does_not_pass(tmp_path):
@@ -136,4 +136,4 @@ def test_an_episode_that_runs_out_of_steps_is_checked_and_reported():
     finally:
         chat.close()
     assert res.stopped == "max-steps" and len(res.steps) == 2 and not res.success
-    assert chat.reports[0]["body"]["score"] == 0.0 and len(chat.reports[0]["body"]["references"]) == 2
+    assert chat.reports[0]["body"]["score"] == -1.0 and len(chat.reports[0]["body"]["references"]) == 2

@@ -16,14 +16,15 @@ from typing import Any, Protocol
 
 @dataclass(frozen=True)
 class Outcome:
-    """An episode's verified result. `score` is what `/reef/report` carries: 1.0 pass, 0.0 fail."""
+    """An episode's verified result. `score` is what `/reef/report` carries: 1.0 pass, -1.0 fail, the
+    reference's 2·r − 1 of its checker's 1/0 (docs/training.md, "Agent episodes")."""
 
     success: bool
     detail: str  # why, in a sentence: what the checker saw
 
     @property
     def score(self) -> float:
-        return 1.0 if self.success else 0.0
+        return 1.0 if self.success else -1.0
 
 
 @dataclass(frozen=True)

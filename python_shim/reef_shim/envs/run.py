@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=None)
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--run-id", default=None, help="prefix of the session and group tags (default: a fresh one)")
+    ap.add_argument("--measure", action="store_true",
+                    help="no group tag and no outcome report: the episodes are measured, not trained as agent steps")
     ap.add_argument("--ray-address", default=None, help="a running cluster (default: a local head)")
     ap.add_argument("--out", default=None, help="write the results JSON here (default: stdout)")
     a = ap.parse_args(argv)
@@ -86,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         headers = parse_headers(a.header)
         if a.workers < 1:
             raise ValueError(f"--workers must be at least 1, got {a.workers}")
-        specs = rollout_specs(tasks, a.n, a.run_id or f"run-{uuid.uuid4().hex[:8]}", a.max_steps)
+        specs = rollout_specs(tasks, a.n, a.run_id or f"run-{uuid.uuid4().hex[:8]}", a.max_steps,
+                              measure=a.measure)
     except ValueError as e:
         ap.error(str(e))
     sampling = {k: v for k, v in (("temperature", a.temperature), ("max_tokens", a.max_tokens)) if v is not None}

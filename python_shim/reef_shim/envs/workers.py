@@ -45,23 +45,30 @@ class EpisodeSpec:
     env: str
     task: str
     session: str
-    group: str
+    group: str | None
     max_steps: int = 8
+    # False for a measuring run: the outcome is checked but not filed, so it trains nothing.
+    report: bool = True
 
     def to_json(self) -> dict[str, Any]:
-        return {"env": self.env, "task": self.task, "session": self.session, "group": self.group, "max_steps": self.max_steps}
+        return {"env": self.env, "task": self.task, "session": self.session, "group": self.group, "max_steps": self.max_steps,
+                "report": self.report}
 
 
-def rollout_specs(tasks: list[tuple[str, str]], n: int, run_id: str, max_steps: int = 8) -> list[EpisodeSpec]:
+def rollout_specs(tasks: list[tuple[str, str]], n: int, run_id: str, max_steps: int = 8,
+                  measure: bool = False) -> list[EpisodeSpec]:
     """`n` rollouts of each (env, task): one group per task, one session per rollout.
 
-    `run_id` keeps tags of one run apart from another's (a session tag must not be reused)."""
+    `run_id` keeps tags of one run apart from another's (a session tag must not be reused).
+    `measure`: no group tag and no outcome report, so the episodes are measured, never trained as
+    agent steps (an evaluation before and after training)."""
     if n < 1:
         raise ValueError(f"rollouts per task must be at least 1, got {n}")
     specs = []
     for env, task in tasks:
         group = f"{run_id}-{env}-{task}"
-        specs += [EpisodeSpec(env, task, f"{group}-r{i}", group, max_steps) for i in range(n)]
+        specs += [EpisodeSpec(env, task, f"{group}-r{i}", None if measure else group, max_steps, report=not measure)
+                  for i in range(n)]
     return specs
 
 
@@ -94,7 +101,7 @@ class EnvWorker:
         try:
             result = run_episode(self.base_url, self.model, env, s.task, session=s.session, group=s.group,
                                  headers=self.headers, max_steps=s.max_steps, timeout_s=self.timeout_s,
-                                 sampling=self.sampling)
+                                 sampling=self.sampling, report=s.report)
         finally:
             env.close()
         self.episodes += 1
