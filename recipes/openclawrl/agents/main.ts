@@ -1,6 +1,6 @@
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
-import { basename, join, resolve } from 'node:path';
+import { basename, join } from 'node:path';
 import { repoRoot } from '../../../cluster/paths.js';
 import { modelDirProblem } from '../demo/experiment.js';
 import { describeAgents, type AgentsSummary } from './report.js';

@@ -277,7 +277,8 @@ export async function runAgentArm(o: AgentArmOptions): Promise<ArmResult> {
         firstStep.push({ round: r, task: task.id, good: of('good'), bad: of('bad') });
       }
     }
-    const releases = (await readReleases(store)).filter((x) => x.rollbackOf === null).reverse();
+    // Oldest first, by number (`release-<n>`), whatever order the store lists them in.
+    const releases = (await readReleases(store)).filter((x) => x.rollbackOf === null).sort((a, b) => Number(a.id.split('-')[1]) - Number(b.id.split('-')[1]));
     const state = (await store.getState(TRAINER_STATE)) as TrainerState | null;
     return {
       arm: o.control ? 'control' : 'trained',
