@@ -17,8 +17,14 @@ from reef_shim.engines.scripted import Script, ScriptError
 CALL = '<tool_call>\n{"name": "run_shell", "arguments": {"command": "ls"}}\n</tool_call>'
 
 
+TINY = Path(__file__).resolve().parents[2] / ".cache" / "tiny-model"
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # The set-up's build when there is one (read only here); else a fresh build of the same.
+    if (TINY / "model.safetensors").exists():
+        return TINY
     out = tmp_path_factory.mktemp("tiny") / "model"
     tiny_model.build(out, seed=0, quiet=True)
     return out
@@ -31,9 +37,9 @@ def engine(model: Path) -> HFEngine:
     return HFEngine(str(model), weight_version="v0", seed=3, script=script)
 
 
-def generate(engine: HFEngine, prompt: str, temperature: float) -> dict:
+def generate(engine: HFEngine, prompt: str, temperature: float, max_new_tokens: int = 64) -> dict:
     req = parse_generate({"text": prompt, "return_logprob": True, "top_logprobs_num": 3, "rid": "r",
-                          "sampling_params": {"temperature": temperature, "max_new_tokens": 64}})
+                          "sampling_params": {"temperature": temperature, "max_new_tokens": max_new_tokens}})
     with engine.lock:
         *_, state = engine.generate(req, lambda: None)
     return {"ids": list(state.output_ids), "text": state.text, "lps": [lp[0] for lp in state.token_logprobs],
@@ -57,13 +63,18 @@ def test_forced_replies_in_turn_with_the_models_own_logprobs(engine: HFEngine) -
     assert generate(engine, follow, 0.7)["text"] == "Done."
 
 
-def test_greedy_and_unmatched_requests_are_the_models_own(engine: HFEngine, model: Path) -> None:
-    plain = HFEngine(str(model), weight_version="v0", seed=3)
-    for prompt, t in (("<|im_start|>user\nlist the files<|im_end|>\n<|im_start|>assistant\n", 0.0),
-                      ("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", 0.0)):
-        assert generate(engine, prompt, t)["ids"] == generate(plain, prompt, t)["ids"]
-    sampled = generate(engine, "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", 1.0)
-    assert sampled["text"] not in (CALL, "I cannot.", "Done.")
+def test_greedy_and_unmatched_requests_are_the_models_own(engine: HFEngine) -> None:
+    matched = "<|im_start|>user\nlist the files<|im_end|>\n<|im_start|>assistant\n"
+    unmatched = "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
+    scripted = [generate(engine, matched, 0.0, 12)["ids"], generate(engine, unmatched, 1.0, 12)["ids"]]
+    script, engine.script = engine.script, None
+    try:
+        own = [generate(engine, matched, 0.0, 12)["ids"], generate(engine, unmatched, 1.0, 12)["ids"]]
+    finally:
+        engine.script = script
+    # Same weights, same rid and seed: the same tokens with the script as without it.
+    assert scripted == own
+    assert engine.decode(scripted[0]) not in (CALL, "I cannot.", "Done.")
 
 
 @pytest.mark.parametrize("raw, where", [
