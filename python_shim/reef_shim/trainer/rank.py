@@ -483,15 +483,6 @@ class TrainerRank:
         self.adapters.load(*read)
         return None
 
-    def adapter_scenario(self, path: str) -> str | None:
-        """The scenario an adapter checkpoint belongs to (its meta file), or None."""
-        from .checkpoint import META
-
-        try:
-            return str(json.loads((Path(path) / META).read_text())["scenario"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
     def close(self) -> None:
         import torch.distributed as dist
 
