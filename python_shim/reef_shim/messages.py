@@ -128,8 +128,9 @@ class Nullable(Schema):
 
 
 class MayBeAbsent(Nullable):
-    """A key a sender may leave out (read as None): a field added to a message after senders that
-    do not know it, which must keep working. Every other key must be present."""
+    """A key a sender may leave out (handlers read it with `.get`, None when absent): a field added
+    to a message after senders that do not know it, which must keep working. Every other key must
+    be present."""
 
 
 class Bytes(Schema):
@@ -196,8 +197,7 @@ class Obj(Schema):
             raise _bad(path, "a map", value)
         for key, schema in self.fields.items():
             if key not in value and isinstance(schema, MayBeAbsent):
-                value[key] = None
-                continue
+                continue  # left absent, not added: a checked message must echo back as it came
             if key not in value:
                 raise ShimError("REEF_ERR_BAD_MESSAGE", f"malformed message: {path}.{key}: missing")
             value[key] = schema.check(value[key], f"{path}.{key}")

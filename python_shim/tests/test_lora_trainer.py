@@ -139,12 +139,16 @@ def test_a_bad_adapter_spec_names_its_key(bad: dict[str, object], where: str) ->
 
 def test_the_bridge_messages_take_the_adapter_and_scenario_and_still_take_old_callers(tmp_path: Path) -> None:
     old = {"type": "trainer-start", "requestId": "1", "spec": trainer_spec(str(TINY), str(tmp_path))}
-    assert validate_request(json.loads(json.dumps(old)))["spec"]["adapter"] is None
+    checked = validate_request(json.loads(json.dumps(old)))
+    assert checked == old and "adapter" not in checked["spec"]  # echoed unchanged (test/interop.int.test.ts)
     new = json.loads(json.dumps(old))
     new["spec"]["adapter"] = dict(SPEC)
     assert validate_request(new)["spec"]["adapter"]["r"] == SPEC["r"]
+    new["spec"]["adapter"]["r"] = "4"
+    with pytest.raises(ShimError, match=r"spec\.adapter\.r"):
+        validate_request(new)
     step = {"type": "trainer-step", "requestId": "2", "batchId": "b", "tasks": []}
-    assert validate_request(dict(step))["scenario"] is None
+    assert "scenario" not in validate_request(dict(step))
     assert validate_request({**step, "scenario": "s"})["scenario"] == "s"
     group = TrainerGroup(driver=None)
     group._spec, group._ledger, group._adapter = {"options": {}}, object(), dict(SPEC)  # type: ignore[assignment]
