@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import shutil
 import threading
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from lora_fixtures import TINY, adapter_rank, engine_tasks, sample, train
 from reef_shim.engines.hf_engine import HFEngine
@@ -111,12 +114,24 @@ def test_a_mixed_batch_serves_each_row_by_its_own_adapter(checkpoints: dict[str,
 def test_bad_adapter_requests_are_refused_with_the_reason(checkpoints: dict[str, Path], tmp_path: Path) -> None:
     eng = _engine()
     prompt = eng.encode(PROMPT_TEXT)
+    before = sample(eng, prompt, None)
     from reef_shim.engines.request import RequestError
 
     with pytest.raises(RequestError, match="no adapter of that name is loaded"):
         sample(eng, prompt, "nobody")
     with pytest.raises(AdapterError, match="no readable adapter_config.json"):
         eng.load_lora_adapter("X", str(tmp_path))
+    # An adapter for another base (a wider layer): refused before PEFT changes the model.
+    other = tmp_path / "other"
+    shutil.copytree(checkpoints["A3"], other)
+    tensors = load_file(str(other / "adapter_model.safetensors"))
+    key = next(k for k in tensors if k.endswith("lora_A.weight"))
+    tensors[key] = torch.zeros(tensors[key].shape[0], tensors[key].shape[1] * 2)
+    save_file(tensors, str(other / "adapter_model.safetensors"))
+    with pytest.raises(AdapterError, match="does not fit"):
+        eng.load_lora_adapter("X", str(other))
+    assert eng.adapters.peft is None and eng.adapters.listing() == {}
+    assert _same(sample(eng, prompt, None), before)
     eng.load_lora_adapter("A", str(checkpoints["A1"]))
     with pytest.raises(AdapterError, match="already loaded"):
         eng.load_lora_adapter("A", str(checkpoints["A3"]))

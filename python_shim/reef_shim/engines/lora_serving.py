@@ -101,6 +101,7 @@ class AdapterSet:
             if name in self.registered:
                 raise AdapterError(f"Failed to load LoRA adapter {name} because it is already loaded")
         check_adapter_dir(path)
+        self._check_fits(path)
         self._make_room(busy=set())
         self._load(name, path)
         with self._lock:
@@ -176,6 +177,37 @@ class AdapterSet:
         self.loaded[name] = None
         self.stats["loads"] += 1
         self.stats["load_s"] += time.monotonic() - started
+
+    def _check_fits(self, path: str) -> None:
+        """Every tensor of the adapter on a linear layer of this base, of its shape: checked before
+        PEFT touches the model (a refusal then leaves it as it was)."""
+        import torch
+        from safetensors import safe_open
+
+        modules = dict(self.model.named_modules())
+        try:
+            with safe_open(str(Path(path) / "adapter_model.safetensors"), framework="pt") as f:
+                shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        except Exception as e:  # a cut-short or foreign file
+            raise AdapterError(f"lora_path {path}: adapter_model.safetensors is unreadable: {e}") from e
+        for key, shape in shapes.items():
+            parts = key.split(".")
+            if len(parts) < 3 or parts[-1] != "weight" or parts[-2] not in ("lora_A", "lora_B"):
+                raise AdapterError(f"lora_path {path}: tensor {key} is not a LoRA A/B weight")
+            where = ".".join(parts[:-2])
+            for prefix in ("base_model.model.", ""):
+                if where.startswith(prefix):
+                    module = modules.get(where[len(prefix):])
+                    if module is not None:
+                        break
+            base = getattr(module, "base_layer", module)
+            if not isinstance(base, torch.nn.Linear):
+                raise AdapterError(f"lora_path {path}: tensor {key}: this base has no linear layer {where}")
+            want = base.in_features if parts[-2] == "lora_A" else base.out_features
+            have = shape[1] if parts[-2] == "lora_A" else shape[0]
+            if len(shape) != 2 or have != want:
+                raise AdapterError(f"lora_path {path}: tensor {key} has shape {list(shape)}, which does not fit "
+                                   f"{where} ({base.in_features} -> {base.out_features})")
 
     def _drop_partial(self, name: str) -> None:
         if self.peft is not None and peft_name(name) in self.peft.peft_config:
