@@ -36,7 +36,10 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         for name in ("B", "C"):
             r.adapters.ensure(name)
             r.adapters.save(name, out / name, {"weightVersion": "v0", "parent": None, "batchId": None})
-    return {"A1": out / "v1", "A3": out / "v3", "B": out / "B", "C": out / "C"}
+    with adapter_rank(r=2) as narrow:  # another shape: it cannot take a rank-4 adapter's slot
+        narrow.adapters.ensure("D")
+        narrow.adapters.save("D", out / "D", {"weightVersion": "v0", "parent": None, "batchId": None})
+    return {"A1": out / "v1", "A3": out / "v3", "B": out / "B", "C": out / "C", "D": out / "D"}
 
 
 def _engine(max_loaded: int = 8) -> HFEngine:
@@ -85,7 +88,15 @@ def test_the_lru_evicts_the_least_recently_used_and_reads_it_back_with_the_same_
     assert list(eng.adapters.loaded) == ["C", "B"] and eng.adapters.stats["evictions"] == 2
     again = sample(eng, prompt, "A")  # read back again
     assert _same(again, first) and again.adapter == "A"
-    assert eng.adapters.stats["loads"] == 5
+    assert eng.adapters.stats["loads"] == 5 and eng.adapters.stats["reused"] == 3  # copied into a freed slot
+    per_slot = eng.adapters.memory_bytes() // 2
+    base = sample(_engine(), prompt, None)
+    eng.load_lora_adapter("D", str(checkpoints["D"]))  # another shape: a new slot, the spare one deleted
+    assert list(eng.adapters.loaded) == ["A", "D"] and eng.adapters.memory_bytes() < 2 * per_slot
+    assert _same(sample(eng, prompt, "D"), base)
+    assert _same(sample(eng, prompt, "B"), base)  # B into A's freed slot
+    assert _same(sample(eng, prompt, "A"), first)  # D evicted, its slot of another shape: a new one for A
+    assert eng.adapters.memory_bytes() <= 2 * per_slot  # never more than max_loaded_adapters slots
 
 
 def test_a_mixed_batch_serves_each_row_by_its_own_adapter(checkpoints: dict[str, Path]) -> None:

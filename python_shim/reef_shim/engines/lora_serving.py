@@ -17,6 +17,12 @@ running request uses, and a request for an evicted one reads it back from its pa
 prefill (the same tensors, so the same tokens). SGLang bounds the same two things with
 `--max-loaded-loras` and `--max-loras-per-batch`.
 
+Memory is a set of PEFT adapter *slots*, at most `max_loaded_adapters`: an evicted adapter leaves
+its slot to the next one of the same shape (rank, alpha, target modules, tensor shapes), whose
+tensors are then copied into it. Injecting a new PEFT adapter instead walks every module of the
+model once per adapter already there (1-2 s per load for SmolLM2 with a few dozen adapters on
+this CPU, growing with their number); a copy costs the file read.
+
 A batch may mix adapters and the base: each row's name is handed to PEFT's mixed-batch LoRA
 forward (`adapter_names`), where a base row (`__base__`) gets the base layer's output and nothing
 added, so a request without an adapter is served exactly as with no adapter loaded.
@@ -24,7 +30,6 @@ added, so a request without an adapter is served exactly as with no adapter load
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import time
@@ -38,11 +43,6 @@ BASE_ROW = "__base__"  # PEFT's name for a row that takes no adapter (peft/tuner
 
 class AdapterError(Exception):
     """A refused load or unload, or a request for an adapter not registered; the message says why."""
-
-
-def peft_name(lora_name: str) -> str:
-    """PEFT's module-safe name for an adapter (a client's name may hold `.`, which a module name may not)."""
-    return "l" + hashlib.sha256(lora_name.encode()).hexdigest()[:16]
 
 
 def check_adapter_dir(path: str) -> dict[str, Any]:
@@ -75,11 +75,14 @@ class AdapterSet:
         self.max_loaded = max_loaded
         self.peft: Any = None  # the PeftModel around `model`, from the first load on
         self.registered: dict[str, str] = {}  # name -> path, in load order
-        self.loaded: OrderedDict[str, None] = OrderedDict()  # names in memory, least recently used first
+        self._shape: dict[str, Any] = {}  # name -> what a slot must be to take it (`_signature`)
+        self.loaded: OrderedDict[str, str] = OrderedDict()  # name -> its slot, least recently used first
+        self._spare: dict[str, Any] = {}  # slot -> its shape: slots no adapter holds, reused by the next load
+        self._slots = 0
         self._lock = threading.Lock()  # `registered` as handler threads read it
         self._rows: list[str] | None = None
         self._hooked: set[int] = set()
-        self.stats = {"loads": 0, "evictions": 0, "load_s": 0.0}
+        self.stats = {"loads": 0, "evictions": 0, "reused": 0, "load_s": 0.0}
 
     # --- registry (handler threads) ---------------------------------------------------------------
 
@@ -100,12 +103,14 @@ class AdapterSet:
         with self._lock:
             if name in self.registered:
                 raise AdapterError(f"Failed to load LoRA adapter {name} because it is already loaded")
-        check_adapter_dir(path)
-        self._check_fits(path)
+        config = check_adapter_dir(path)
+        shapes = self._check_fits(path)
         self._make_room(busy=set())
-        self._load(name, path)
+        signature = _signature(config, shapes)
+        self._load(name, path, signature)
         with self._lock:
             self.registered[name] = path
+            self._shape[name] = signature
 
     def unregister(self, name: str) -> None:
         """Forget an adapter (the caller holds the model: no request is using it)."""
@@ -113,8 +118,9 @@ class AdapterSet:
             if name not in self.registered:
                 raise AdapterError(f"LoRA adapter {name!r} is not loaded")
             del self.registered[name]
+            self._shape.pop(name, None)
         if name in self.loaded:
-            self._evict(name)
+            self._delete_slot(self.loaded.pop(name))  # its memory back now, not at the next load
 
     # --- the model thread -------------------------------------------------------------------------
 
@@ -128,12 +134,12 @@ class AdapterSet:
             self.loaded.move_to_end(name)
             return True
         with self._lock:
-            path = self.registered.get(name)
+            path, signature = self.registered.get(name), self._shape.get(name)
         if path is None:
             raise AdapterError(f"lora_path {name!r}: the adapter was unloaded before the request started")
         if not self._make_room(busy):
             return False
-        self._load(name, path)
+        self._load(name, path, signature)
         return True
 
     @contextmanager
@@ -143,7 +149,7 @@ class AdapterSet:
             assert all(n is None for n in names), "an adapter row with no adapter loaded"
             yield
             return
-        self._rows = [BASE_ROW if n is None else peft_name(n) for n in names]
+        self._rows = [BASE_ROW if n is None else self.loaded[n] for n in names]
         try:
             yield
         finally:
@@ -159,26 +165,53 @@ class AdapterSet:
             self._evict(victim)
         return True
 
-    def _load(self, name: str, path: str) -> None:
+    def _load(self, name: str, path: str, signature: Any) -> None:
+        """Into a spare slot of its shape (a copy), else into a new PEFT adapter (`_make_room` left
+        room for one: a spare of another shape is deleted first)."""
         started = time.monotonic()
+        slot = next((s for s, sig in self._spare.items() if sig == signature), None)
+        if slot is not None:
+            self._copy_into(slot, path)
+            del self._spare[slot]
+            self.stats["reused"] += 1
+        else:
+            if len(self.loaded) + len(self._spare) >= self.max_loaded:
+                self._delete_slot(next(iter(self._spare)))
+            slot = self._inject(path)
+        self.loaded[name] = slot
+        self.stats["loads"] += 1
+        self.stats["load_s"] += time.monotonic() - started
+
+    def _inject(self, path: str) -> str:
+        self._slots += 1
+        slot = f"slot{self._slots}"
         try:
             if self.peft is None:
                 from peft import PeftModel
 
-                self.peft = PeftModel.from_pretrained(self.model, path, adapter_name=peft_name(name),
-                                                      is_trainable=False)
+                self.peft = PeftModel.from_pretrained(self.model, path, adapter_name=slot, is_trainable=False)
             else:
-                self.peft.load_adapter(path, adapter_name=peft_name(name), is_trainable=False)
+                self.peft.load_adapter(path, adapter_name=slot, is_trainable=False)
         except Exception as e:  # PEFT's ValueError/KeyError/RuntimeError for a directory that does not fit
-            self._drop_partial(name)
+            self._drop_partial(slot)
             raise AdapterError(f"lora_path {path}: cannot load it on this base: {type(e).__name__}: {e}") from e
         self.model.eval()
         self._hook_new_layers()
-        self.loaded[name] = None
-        self.stats["loads"] += 1
-        self.stats["load_s"] += time.monotonic() - started
+        return slot
 
-    def _check_fits(self, path: str) -> None:
+    def _copy_into(self, slot: str, path: str) -> None:
+        """The adapter's tensors into a slot of its shape (its scaling is the slot's: same r and alpha)."""
+        import torch
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(Path(path) / "adapter_model.safetensors"))
+        params = {n: p for n, p in self.peft.named_parameters() if f".{slot}." in n}
+        with torch.no_grad():
+            for key, t in tensors.items():
+                target = params[_slot_key(key, slot)]
+                target.copy_(t.to(target.dtype))
+
+    def _check_fits(self, path: str) -> dict[str, tuple[int, ...]]:
         """Every tensor of the adapter on a linear layer of this base, of its shape: checked before
         PEFT touches the model (a refusal then leaves it as it was)."""
         import torch
@@ -192,6 +225,8 @@ class AdapterSet:
             raise AdapterError(f"lora_path {path}: adapter_model.safetensors is unreadable: {e}") from e
         for key, shape in shapes.items():
             parts = key.split(".")
+            if not key.startswith("base_model.model."):
+                raise AdapterError(f"lora_path {path}: tensor {key} is not in PEFT's key format (base_model.model.…)")
             if len(parts) < 3 or parts[-1] != "weight" or parts[-2] not in ("lora_A", "lora_B"):
                 raise AdapterError(f"lora_path {path}: tensor {key} is not a LoRA A/B weight")
             where = ".".join(parts[:-2])
@@ -208,24 +243,31 @@ class AdapterSet:
             if len(shape) != 2 or have != want:
                 raise AdapterError(f"lora_path {path}: tensor {key} has shape {list(shape)}, which does not fit "
                                    f"{where} ({base.in_features} -> {base.out_features})")
+        return shapes
 
-    def _drop_partial(self, name: str) -> None:
-        if self.peft is not None and peft_name(name) in self.peft.peft_config:
+    def _drop_partial(self, slot: str) -> None:
+        if self.peft is not None and slot in self.peft.peft_config:
             try:
-                self.peft.delete_adapter(peft_name(name))
+                self.peft.delete_adapter(slot)
             except Exception:  # nothing of it was injected
                 pass
 
     def _evict(self, name: str) -> None:
+        """Out of memory as far as requests go: its slot stays, spare, for the next adapter of its shape."""
+        with self._lock:
+            signature = self._shape.get(name)
+        self._spare[self.loaded.pop(name)] = signature
+        self.stats["evictions"] += 1
+
+    def _delete_slot(self, slot: str) -> None:
         import warnings
 
+        self._spare.pop(slot, None)
         with warnings.catch_warnings():
             # PEFT warns that another adapter became "active": rows name their adapters here, and
-            # the active one is never used (`_inject`).
+            # the active one is never used (`_inject_rows`).
             warnings.filterwarnings("ignore", message=".*was active which is now deleted.*")
-            self.peft.delete_adapter(peft_name(name))
-        del self.loaded[name]
-        self.stats["evictions"] += 1
+            self.peft.delete_adapter(slot)
 
     def _hook_new_layers(self) -> None:
         """Every LoRA layer reads its rows' adapters from `rows` (the base, outside it)."""
@@ -233,10 +275,10 @@ class AdapterSet:
 
         for module in self.model.modules():
             if isinstance(module, LoraLayer) and id(module) not in self._hooked:
-                module.register_forward_pre_hook(self._inject, with_kwargs=True)
+                module.register_forward_pre_hook(self._inject_rows, with_kwargs=True)
                 self._hooked.add(id(module))
 
-    def _inject(self, _module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    def _inject_rows(self, _module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         x = args[0] if args else kwargs["x"]
         names = self._rows if self._rows is not None else [BASE_ROW] * len(x)
         return args, {**kwargs, "adapter_names": names}
@@ -248,4 +290,23 @@ class AdapterSet:
         return sum(p.numel() * p.element_size() for n, p in self.model.named_parameters() if "lora_" in n)
 
 
-__all__ = ["AdapterError", "AdapterSet", "BASE_ROW", "check_adapter_dir", "peft_name"]
+# adapter_config.json keys that change what a slot computes; the rest (paths, dropout, which is off
+# at inference, versions) do not.
+_SHAPE_KEYS = ("r", "lora_alpha", "target_modules", "use_rslora", "use_dora", "fan_in_fan_out", "bias",
+               "modules_to_save", "layers_to_transform", "layers_pattern", "rank_pattern", "alpha_pattern",
+               "exclude_modules", "lora_bias")
+
+
+def _signature(config: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> str:
+    """What two adapters must share for one to take the other's slot."""
+    cfg = {k: sorted(v) if isinstance(v, list) else v for k, v in config.items() if k in _SHAPE_KEYS}
+    return json.dumps([cfg, sorted((k, list(v)) for k, v in shapes.items())], sort_keys=True, default=str)
+
+
+def _slot_key(key: str, slot: str) -> str:
+    """`base_model.model.<module>.lora_A.weight` → the slot's parameter name in the PeftModel."""
+    head, kind, tail = key.rsplit(".", 2)
+    return f"{head}.{kind}.{slot}.{tail}"
+
+
+__all__ = ["AdapterError", "AdapterSet", "BASE_ROW", "check_adapter_dir"]
