@@ -127,6 +127,12 @@ class Nullable(Schema):
         return f"{self.inner.describe()} or null"
 
 
+class MayBeAbsent(Nullable):
+    """A key a sender may leave out (handlers read it with `.get`, None when absent): a field added
+    to a message after senders that do not know it, which must keep working. Every other key must
+    be present."""
+
+
 class Bytes(Schema):
     """Raw bytes (msgpack bin): large numeric arrays travel this way, little-endian."""
 
@@ -190,6 +196,8 @@ class Obj(Schema):
         if not isinstance(value, dict):
             raise _bad(path, "a map", value)
         for key, schema in self.fields.items():
+            if key not in value and isinstance(schema, MayBeAbsent):
+                continue  # left absent, not added: a checked message must echo back as it came
             if key not in value:
                 raise ShimError("REEF_ERR_BAD_MESSAGE", f"malformed message: {path}.{key}: missing")
             value[key] = schema.check(value[key], f"{path}.{key}")
@@ -266,6 +274,8 @@ TRAINING_OPTIONS = Obj({
     "clipGrad": Num(), "topK": Int(), "dtype": Lit("fp32", "bf16"), "microBatchTokens": Int(),
     "gradCheckpointing": Lit("off", "on"),
 })
+# `trainer-start.spec.adapter` (trainer/adapters.py): one LoRA adapter per scenario on a frozen base.
+ADAPTER_SPEC = Obj({"type": Lit("lora"), "r": Int(), "alpha": Num(), "dropout": Num(), "targetModules": ListOf(Str())})
 TRAINER_SPEC = Obj({
     "modelPath": Str(),
     "ranks": Int(),
@@ -276,6 +286,8 @@ TRAINER_SPEC = Obj({
     "checkpointDir": Str(),
     "seed": Int(),
     "group": Lit("reef-trainer"),  # as bridge/messages.ts: the ranks need the STRICT_PACK trainer group
+    # Absent or null: full-weight training. The TS bridge does not send it yet (issue 22).
+    "adapter": MayBeAbsent(ADAPTER_SPEC),
 })
 TRAIN_TASK = Obj({
     "taskId": Str(),
@@ -308,7 +320,8 @@ REQUEST_FIELDS: dict[str, dict[str, Schema]] = {
     "status": {},
     "shutdown": {},
     "trainer-start": {"spec": TRAINER_SPEC},
-    "trainer-step": {"batchId": Str(), "tasks": ListOf(TRAIN_TASK)},
+    # `scenario`: whose adapter the batch trains; required with `spec.adapter`, else ignored.
+    "trainer-step": {"batchId": Str(), "tasks": ListOf(TRAIN_TASK), "scenario": MayBeAbsent(Str())},
     "trainer-load": {"checkpointPath": Str()},
     "trainer-push-weights": {"engineUrl": Str(), "weightVersion": Str()},
     "trainer-stop": {},

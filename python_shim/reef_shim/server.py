@@ -80,7 +80,7 @@ class ShimServer:
             "status": lambda m: self.driver.status(),
             "shutdown": lambda m: {},
             "trainer-start": lambda m: self._allowed("trainer", m["spec"]) or self.trainer.start(m["spec"]),
-            "trainer-step": lambda m: self.trainer.step(m["batchId"], m["tasks"]),
+            "trainer-step": lambda m: self.trainer.step(m["batchId"], m["tasks"], m.get("scenario")),
             "trainer-load": lambda m: self._allowed("checkpoint", m["checkpointPath"]) or self.trainer.load(m["checkpointPath"]),
             "trainer-push-weights": self._push_weights,
             "trainer-stop": lambda m: self.trainer.stop(),

@@ -35,11 +35,14 @@ class GenState:
     stable: bool = True
     # The weights every token came from (a swap waits until no request is generating).
     weight_version: str = "default"
+    # The LoRA adapter (its `/load_lora_adapter` name) the tokens came from; None: the base.
+    adapter: str | None = None
 
     def snapshot(self) -> "GenState":
         """A copy that later tokens do not change (for another thread to send)."""
         return GenState(self.rid, self.prompt_tokens, list(self.output_ids), list(self.token_logprobs),
-                        list(self.top_logprobs), self.text, self.finish, self.stable, self.weight_version)
+                        list(self.top_logprobs), self.text, self.finish, self.stable, self.weight_version,
+                        self.adapter)
 
 
 def request_generator(req: GenRequest, server_seed: int | None) -> torch.Generator:

@@ -31,7 +31,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 class HFEngine:
     def __init__(self, model_path: str, weight_version: str = "default", seed: int | None = None,
-                 weight_sync_timeout_s: float = 300.0, dtype: str = "fp32", script: "Script | None" = None) -> None:
+                 weight_sync_timeout_s: float = 300.0, dtype: str = "fp32", script: "Script | None" = None,
+                 max_loaded_adapters: int = 8) -> None:
         from tokenizers import Tokenizer
         from transformers import AutoConfig, AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
@@ -66,6 +67,10 @@ class HFEngine:
         # back, while they are; then the names still to be sent before it may generate again.
         self.released: dict[str, torch.Size] | None = None
         self.unset: set[str] = set()
+        from .lora_serving import AdapterSet
+
+        # LoRA adapters served beside the base (`lora_serving.py`), at most this many in memory.
+        self.adapters = AdapterSet(self.model, max_loaded_adapters)
 
     def start(self, max_batch: int) -> None:
         """Start the model thread that serves `submit`, at most `max_batch` requests per step."""
@@ -103,6 +108,8 @@ class HFEngine:
         gone, server stopping), or None: it then finishes with `abort` and that `message`, as
         SGLang's abort carries one."""
         prompt = req.input_ids if req.input_ids is not None else self.encode(req.text or "")
+        if req.lora_path is not None:
+            self._check_adapter(req.lora_path)
         run = Run(req, prompt, vocab_size=self.vocab_size, context=self.max_context_length, eos_ids=self.eos_ids,
                   server_seed=self.seed, decode=self.decode, should_stop=should_stop)
         if self.script is not None and req.sampling.temperature >= GREEDY_BELOW:
@@ -123,11 +130,13 @@ class HFEngine:
 
         run = self.prepare(req, should_stop)
         run.state.weight_version = self.weight_version
+        run.state.adapter = req.lora_path
         if run.finished:
             yield run.state
             return
         kv = KVBatch(self.model)
-        with torch.inference_mode():
+        self._acquire_adapter(req.lora_path, set())
+        with torch.inference_mode(), self.adapters.rows([req.lora_path]):
             logits, cache = kv.prefill(run.prompt)
             while True:
                 run.accept(sample_rows(logits.unsqueeze(0), [run.sampling])[0])
@@ -138,9 +147,52 @@ class HFEngine:
                     kv.merge([cache])
                 logits = kv.step([run.last_token])[0]
 
+    # --- LoRA adapters (lora_serving.py) ------------------------------------------------------------
+
+    def _check_adapter(self, name: str) -> None:
+        from .lora_serving import AdapterError
+        from .request import RequestError
+
+        try:
+            self.adapters.check_known(name)
+        except AdapterError as e:
+            raise RequestError(str(e), "REEF_ERR_NOT_FOUND", 400) from e
+
+    def _acquire_adapter(self, name: str | None, busy: set[str]) -> bool:
+        from .lora_serving import AdapterError
+        from .request import RequestError
+
+        try:
+            return self.adapters.acquire(name, busy)
+        except AdapterError as e:
+            raise RequestError(str(e), "REEF_ERR_NOT_FOUND", 400) from e
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> None:
+        """SGLang's `/load_lora_adapter`: register and read an adapter, with no request generating
+        (a running batch finishes first; new requests wait). Raises lora_serving.AdapterError."""
+        self._require_memory()
+        hold = self.scheduler.exclusive() if self.scheduler is not None else self.lock
+        with hold:
+            self.adapters.register(lora_name, lora_path)
+
+    def unload_lora_adapter(self, lora_name: str) -> None:
+        """SGLang's `/unload_lora_adapter`: the requests using it finish first. Raises AdapterError."""
+        hold = self.scheduler.exclusive() if self.scheduler is not None else self.lock
+        with hold:
+            self.adapters.unregister(lora_name)
+
+    def _refuse_with_adapters(self) -> None:
+        # PEFT has wrapped the adapted layers (their weights are now `<layer>.base_layer.weight`),
+        # and adapters are trained against a frozen base: a base update would silently change
+        # every adapter's outputs.
+        if self.adapters.peft is not None:
+            raise WeightError("LoRA adapters are loaded on this engine: its base weights are frozen "
+                              "(restart the engine to serve other base weights)")
+
     def update_weights_from_disk(self, model_path: str, weight_version: str | None) -> None:
         """Load safetensors from `model_path` into the running model; raises WeightError."""
         self._require_memory()
+        self._refuse_with_adapters()
         state = load_checked_state_dict(Path(model_path), self.config, self.model)
         self._swap(state, weight_version)
         self.model_path = str(Path(model_path).resolve())
@@ -244,6 +296,7 @@ class HFEngine:
         # Everything that can fail was checked before this point: the copy itself does not. The copy
         # casts into the served dtype (an fp32 trainer's weights into a bf16 engine).
         self._require_memory()
+        self._refuse_with_adapters()
         hold = self.scheduler.exclusive() if self.scheduler is not None else self.lock
         with hold, torch.inference_mode():
             params = dict(self.model.named_parameters(remove_duplicate=False))

@@ -127,6 +127,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-running", type=int, default=256, help="requests admitted at once, queued or running")
     p.add_argument("--max-batch", type=int, default=32, help="requests generating at once, in one batch")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="the weights' dtype")
+    p.add_argument("--max-loaded-adapters", type=int, default=8,
+                   help="LoRA adapters held in memory at once; more registered ones are read back on demand")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: 1 for models under 50M parameters, else one per CPU "
                         "this process may use)")
@@ -196,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
 
         script = Script.load(args.scripted_outputs) if args.scripted_outputs else None
         engine = HFEngine(args.model_path, weight_version=args.weight_version, seed=args.seed,
-                          weight_sync_timeout_s=args.weight_sync_timeout_s, dtype=args.dtype, script=script)
+                          weight_sync_timeout_s=args.weight_sync_timeout_s, dtype=args.dtype, script=script,
+                          max_loaded_adapters=args.max_loaded_adapters)
         if script is not None:
             log.warning("scripted outputs from %s: %d rule(s) answer matching sampled requests; greedy ones are the "
                         "model's own", args.scripted_outputs, len(script.rules))

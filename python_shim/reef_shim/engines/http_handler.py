@@ -114,6 +114,9 @@ def reply_body(state: GenState, req: GenRequest) -> dict[str, Any]:
             "output_top_logprobs": list(state.top_logprobs) if req.return_logprob else None,
             # The version the tokens came from, not the engine's now: a swap may follow the last token.
             "weight_version": state.weight_version,
+            # The LoRA adapter that served it (its /load_lora_adapter name), null for the base. SGLang's
+            # meta_info has no such key: the hf engine's addition (lora_serving.py).
+            "lora_path": state.adapter,
         },
     }
 
@@ -143,6 +146,16 @@ DISTRIBUTED_ROUTES: dict[str, dict[str, tuple[Any, Any]]] = {
     },
     "/release_memory_occupation": {"tags": (("list[str]", type(None)), None)},
     "/resume_memory_occupation": {"tags": (("list[str]", type(None)), None)},
+}
+
+
+# SGLang 0.5.23's bodies (srt/managers/io_struct.py:2516-2539). `pinned` keeps an adapter in SGLang's
+# GPU pool; here every registered adapter may be evicted from memory and read back, so it is taken
+# and changes nothing.
+LORA_ROUTES: dict[str, dict[str, tuple[Any, Any]]] = {
+    "/load_lora_adapter": {"lora_name": (str, REQUIRED), "lora_path": (str, REQUIRED), "pinned": (bool, False),
+                           "lora_id": ((str, type(None)), None)},
+    "/unload_lora_adapter": {"lora_name": (str, REQUIRED), "lora_id": ((str, type(None)), None)},
 }
 
 
@@ -333,7 +346,9 @@ class EngineHandler(BaseHTTPRequestHandler):
             engine = self._engine()
             if engine is None:
                 return
-            if path == "/update_weights_from_disk":
+            if path in LORA_ROUTES:
+                self._lora_route(engine, path, body)
+            elif path == "/update_weights_from_disk":
                 self._update_weights(engine, body)
             elif path in DISTRIBUTED_ROUTES:
                 self._distributed(engine, path, body)
@@ -417,6 +432,26 @@ class EngineHandler(BaseHTTPRequestHandler):
             return
         log.info("%s: %s (weight_version %s)", path, message, engine.weight_version)
         self._send_json(200, {"success": True, "message": message, "weight_version": engine.weight_version})
+
+    def _lora_route(self, engine: HFEngine, path: str, body: Any) -> None:
+        """SGLang's `/load_lora_adapter` and `/unload_lora_adapter` (lora_serving.py cites them): its
+        LoRAUpdateOutput, 200 on success, 400 when refused (the adapters unchanged)."""
+        from .lora_serving import AdapterError
+
+        args = _fields(body, LORA_ROUTES[path], path)
+        try:
+            if path == "/load_lora_adapter":
+                engine.load_lora_adapter(args["lora_name"], args["lora_path"])
+            else:
+                engine.unload_lora_adapter(args["lora_name"])
+        except (AdapterError, WeightError) as e:
+            log.warning("%s %s failed: %s", path, args["lora_name"], e)
+            self._send_json(400, {"success": False, "error_message": str(e),
+                                  "loaded_adapters": engine.adapters.listing()})
+            return
+        log.info("%s %s: %d adapter(s) registered, %d in memory", path, args["lora_name"],
+                 len(engine.adapters.listing()), len(engine.adapters.loaded))
+        self._send_json(200, {"success": True, "error_message": None, "loaded_adapters": engine.adapters.listing()})
 
     def _generate(self, body: Any) -> None:
         req = parse_generate(body)

@@ -46,6 +46,8 @@ class GenRequest:
     top_logprobs_num: int
     stream: bool
     rid: str | None
+    # The LoRA adapter's name (SGLang's `lora_path`, srt/managers/io_struct.py:276-277); None: the base.
+    lora_path: str | None = None
 
     @property
     def sampling_seed(self) -> int | None:
@@ -151,5 +153,19 @@ def parse_generate(body: Any) -> GenRequest:
         input_ids=None if input_ids is None else _int_list(input_ids, "input_ids"), text=text,
         sampling=parse_sampling(body.get("sampling_params")),
         return_logprob=_get(body, "return_logprob", bool, False), top_logprobs_num=top_k,
-        stream=_get(body, "stream", bool, False), rid=rid,
+        stream=_get(body, "stream", bool, False), rid=rid, lora_path=_lora_path(body.get("lora_path")),
     )
+
+
+def _lora_path(value: Any) -> str | None:
+    """SGLang takes a name or one per input (io_struct.py:635-643); this engine takes one input, so a
+    one-item list is that item."""
+    if isinstance(value, list):
+        if len(value) != 1:
+            raise RequestError(f"lora_path: one input takes one adapter name, got a list of {len(value)}")
+        value = value[0]
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise RequestError("lora_path: expected an adapter name (a non-empty string) or null")
+    return value

@@ -123,6 +123,7 @@ class Scheduler:
         ticket = Ticket(run)
         if run.finished:  # nothing to generate (a zero budget)
             run.state.weight_version = self.engine.weight_version
+            run.state.adapter = run.req.lora_path
             ticket.publish()
             return ticket
         with self._cond:
@@ -172,7 +173,7 @@ class Scheduler:
                     self.engine.lock.acquire()
                     holding = True
                 try:
-                    running += self._admit(kv, taken)
+                    running += self._admit(kv, taken, running)
                     if running:
                         running = self._step(kv, running)
                 except Exception as e:  # a bug or a model failure: fail the batch, keep serving
@@ -195,19 +196,35 @@ class Scheduler:
                 t.fail(NotStarted("the engine is stopping"))
             self._queue.clear()
 
-    def _admit(self, kv: KVBatch, taken: list[Ticket]) -> list[Ticket]:
-        """Prefill the newcomers, draw their first tokens, merge the unfinished into `kv`."""
+    def _admit(self, kv: KVBatch, taken: list[Ticket], running: list[Ticket] | None = None) -> list[Ticket]:
+        """Prefill the newcomers, draw their first tokens, merge the unfinished into `kv`. A newcomer
+        whose LoRA adapter cannot be brought into memory now (every loaded one is in use by a
+        running row: `lora_serving.AdapterSet.acquire`) goes back to the head of the queue."""
         joined: list[Ticket] = []
         caches = []
+        deferred: list[Ticket] = []
+        busy = {t.run.req.lora_path for t in running or [] if t.run.req.lora_path is not None}
         for t in taken:
             why = "the client left" if t.cancelled else t.run.should_stop()
             if why is not None:
                 t.fail(NotStarted(why))
                 continue
             run = t.run
-            run.state.weight_version = self.engine.weight_version
+            name = run.req.lora_path
             try:
-                logits, cache = kv.prefill(run.prompt)
+                if not self.engine._acquire_adapter(name, busy):
+                    deferred.append(t)
+                    continue
+            except Exception as e:  # unloaded since the request was checked
+                t.fail(e)
+                continue
+            if name is not None:
+                busy.add(name)
+            run.state.weight_version = self.engine.weight_version
+            run.state.adapter = name
+            try:
+                with self.engine.adapters.rows([name]):
+                    logits, cache = kv.prefill(run.prompt)
                 run.accept(sample_rows(logits.unsqueeze(0), [run.sampling])[0])
             except Exception as e:
                 log.exception("request %s failed in its prefill", run.state.rid)
@@ -218,11 +235,15 @@ class Scheduler:
                 joined.append(t)
                 caches.append(cache)
         kv.merge(caches)
+        if deferred:
+            with self._cond:
+                self._queue.extendleft(reversed(deferred))
         return joined
 
     def _step(self, kv: KVBatch, running: list[Ticket]) -> list[Ticket]:
         """One decode step for every row; returns the rows still running (and cuts the rest from `kv`)."""
-        logits = kv.step([t.run.last_token for t in running])
+        with self.engine.adapters.rows([t.run.req.lora_path for t in running]):
+            logits = kv.step([t.run.last_token for t in running])
         picks = sample_rows(logits, [t.run.sampling for t in running])
         keep = []
         for i, (t, pick) in enumerate(zip(running, picks)):

@@ -5,6 +5,10 @@ waits for all of them while watching for a dead rank: the first failure kills ev
 survivors would block in a collective for minutes) and fails the call with the retryable
 REEF_ERR_TRAINER_RANK; the caller then sends trainer-start, trainer-load and the same batch again.
 Steps are idempotent by batch id through the ledger in the checkpoint directory.
+
+With `spec.adapter` (adapters.py) each step names its scenario and trains that scenario's LoRA
+adapter; the weight versions stay one sequence over every scenario (one ledger), and each scenario
+descends from its own last version, `v0` (the base) for a scenario not trained yet.
 """
 
 from __future__ import annotations
@@ -70,6 +74,8 @@ class TrainerGroup:
         self._version = BASE_VERSION
         self._broken: str | None = None
         self._loopback = False  # the ranks' groups listen on 127.0.0.1 alone (rank.py, dist_net)
+        self._adapter: dict[str, Any] | None = None  # the checked adapter spec, when adapters are on
+        self._scenario_versions: dict[str, str] = {}  # with adapters: each scenario's version held
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -82,6 +88,7 @@ class TrainerGroup:
         if not (Path(spec["modelPath"]) / "config.json").is_file():
             raise ShimError("REEF_ERR_NOT_FOUND", f"model {spec['modelPath']} (its config.json) not found")
         cfg = _objective_config(spec["options"])  # invalid options fail here, before any process starts
+        adapter = _adapter_spec(spec)
         pg, planned = self.driver.placement_group(spec["group"])
         bundles = planned["bundles"]
         if not 1 <= spec["ranks"] <= len(bundles):
@@ -122,12 +129,13 @@ class TrainerGroup:
             self.stop()  # ranks on different devices would wait in their first collective for minutes
             raise ShimError("REEF_ERR_TRAINER", mixed)
         master = self._gather([self._ranks[0].rendezvous.remote()], "rendezvous", deadline)[0]
-        options = {**spec["options"], "engineLogprobs": spec["engineLogprobs"]}
+        options = {**spec["options"], "engineLogprobs": spec["engineLogprobs"], "adapter": adapter}
         infos = self._gather([r.setup.remote(master, spec["modelPath"], options) for r in self._ranks],
                              "setup", deadline)
         self._spec, self._info, self._cfg = spec, infos[0], cfg
         self._ledger, self._dir, self._version, self._broken = ledger, directory, BASE_VERSION, None
         self._loopback = loopback
+        self._adapter, self._scenario_versions = adapter, {}
         log.info("trainer: %d rank(s) on %s (%s) ready in %.1f s, pids %s, rendezvous at %s", world, infos[0]["device"],
                  infos[0]["backend"], time.monotonic() - started, [i["pid"] for i in infos], master[0])
         return {"worldSize": world, "device": infos[0]["device"], "pids": [i["pid"] for i in infos],
@@ -155,8 +163,21 @@ class TrainerGroup:
             raise ShimError("REEF_ERR_TRAINER_RANK", f"trainer rank {self._broken}; send trainer-start again")
         return self._spec
 
-    def step(self, batch_id: str, raw_tasks: list[dict[str, Any]]) -> dict[str, Any]:
-        fingerprint = batch_fingerprint(raw_tasks)
+    def _held(self, scenario: str | None) -> str:
+        """The version the step descends from: the scenario's adapter's with adapters, else the weights'."""
+        if self._adapter is None:
+            return self._version
+        return self._scenario_versions.get(scenario or "", BASE_VERSION)
+
+    def step(self, batch_id: str, raw_tasks: list[dict[str, Any]], scenario: str | None = None) -> dict[str, Any]:
+        """Train one batch. `scenario`: the batch's scenario, required with adapters (whose adapter
+        the step trains), ignored without (every scenario trains the one set of weights)."""
+        if self._adapter is not None and not scenario:
+            raise ShimError("REEF_ERR_INVALID_ARGUMENT", "trainer-step.scenario: required when "
+                            "trainer-start.spec.adapter is set (each scenario trains its own adapter)")
+        if self._adapter is None:
+            scenario = None
+        fingerprint = batch_fingerprint(raw_tasks) + (f":{scenario}" if scenario else "")
         if self._ledger is not None and (done := self._ledger.get(batch_id)) is not None:
             # An entry written before fingerprints were kept has none: answered by id, as then.
             if done.get("fingerprint") not in (None, fingerprint):
@@ -164,7 +185,7 @@ class TrainerGroup:
                                 f"{done.get('weightVersion')}, on other tasks (fingerprint {str(done['fingerprint'])[:12]}, "
                                 f"these {fingerprint[:12]}): the controller's state is older than the ledger (its store "
                                 "lost commits, or was restored); give this batch a new id")
-            if self._answers(done):
+            if self._answers(done, scenario):
                 log.info("trainer-step %s: already trained as %s; not training it again", batch_id, done["weightVersion"])
                 return {**{k: v for k, v in done.items() if k not in ("parent", "fingerprint")}, "trained": False}
             # Trained from weights the group does not descend from: a rollback came between the
@@ -172,7 +193,7 @@ class TrainerGroup:
             # rollback took back into the engine, as a child of the rollback; that training was
             # never released, so the batch trains now, once, on the weights held.
             log.warning("trainer-step %s: trained before as %s from %s, which the weights held (%s) do not descend "
-                        "from; training it on these", batch_id, done["weightVersion"], done["parent"], self._version)
+                        "from; training it on these", batch_id, done["weightVersion"], done["parent"], self._held(scenario))
         self._require()
         assert self._ledger is not None
         started = time.monotonic()
@@ -185,8 +206,11 @@ class TrainerGroup:
         totals = {"tokens": float(sum(t.T for t in tasks))}
         version = next_version(self._dir, self._ledger)
         out = self._dir / version
-        meta = {"weightVersion": version, "parent": self._version, "batchId": batch_id}
-        refs = [rank.step.remote(batch_id, [tasks[i] for i in shards[r]], totals, str(out) if r == 0 else None, meta)
+        meta = {"weightVersion": version, "parent": self._held(scenario), "batchId": batch_id}
+        # The scenario goes to the ranks only with adapters: ranks of an older shim take 5 arguments.
+        extra = (scenario,) if scenario is not None else ()
+        refs = [rank.step.remote(batch_id, [tasks[i] for i in shards[r]], totals, str(out) if r == 0 else None, meta,
+                                 *extra)
                 for r, rank in enumerate(self._ranks)]
         results = self._gather(refs, f"trainer-step {batch_id}", _Deadline(STEP_TIMEOUT_S, started), raised_by_step=True)
         failed = next((r["error"] for r in results if r["error"]), None)
@@ -217,21 +241,25 @@ class TrainerGroup:
             self._broken = f"0 failed: the ledger could not be written ({e})"
             raise ShimError("REEF_ERR_TRAINER_RANK", f"trainer: batch {batch_id}: trained, but the ledger could not "
                             f"be written ({e}); send trainer-start again") from e
-        self._version = version
+        if scenario is not None:
+            self._scenario_versions[scenario] = version
+        else:
+            self._version = version
         log.info("trainer-step %s → %s: loss %.4g, |Δℓ| %.2g, %d tokens, %.0f ms (save %.0f ms)", batch_id, version,
                  metrics["loss"], metrics["train_rollout_logprob_abs_diff"], metrics["tokens"], result["stepMs"],
                  metrics["save_ms"])
         return {**result, "trained": True}
 
-    def _answers(self, done: dict[str, Any]) -> bool:
+    def _answers(self, done: dict[str, Any], scenario: str | None = None) -> bool:
         """Whether a ledger entry is the answer to its batch for the weights held: they are the ones
         it was trained from (a retry), or descend from its checkpoint (the batch is in them)."""
         assert self._ledger is not None
-        if done.get("parent") is None or done["parent"] == self._version:  # no parent: written before it was kept
+        held = self._held(scenario)
+        if done.get("parent") is None or done["parent"] == held:  # no parent: written before it was kept
             return True
         trained_from = {e["weightVersion"]: e.get("parent") for e in self._ledger.batches.values()}
         seen: set[str] = set()
-        v: str | None = self._version
+        v: str | None = held
         while v is not None and v not in seen:
             if v == done["weightVersion"]:
                 return True
@@ -243,8 +271,12 @@ class TrainerGroup:
         return self._spec["options"] if self._spec else {}
 
     def load(self, checkpoint_path: str) -> dict[str, Any]:
+        """Weights from a checkpoint. With adapters: one scenario's adapter and its optimizer state
+        (the scenario is in the checkpoint), which is how a restarted trainer resumes each adapter."""
         spec = self._require()
         path = Path(checkpoint_path)
+        if self._adapter is not None:
+            return self._load_adapter(path)
         _check_checkpoint(path, Path(spec["modelPath"]))
         errors = self._gather([r.load.remote(str(path)) for r in self._ranks], f"trainer-load {path}",
                               _Deadline(SETUP_TIMEOUT_S))
@@ -263,11 +295,42 @@ class TrainerGroup:
         log.info("trainer: loaded %s (%s); optimizer state reset", path, self._version)
         return {"weightVersion": self._version}
 
+    def _load_adapter(self, path: Path) -> dict[str, Any]:
+        from .adapters import ADAPTER_CONFIG
+        from .checkpoint import META
+
+        if not (path / ADAPTER_CONFIG).is_file():
+            what = "a full-weight checkpoint" if (path / "config.json").is_file() else "not an adapter checkpoint"
+            raise ShimError("REEF_ERR_INVALID_ARGUMENT" if path.is_dir() else "REEF_ERR_NOT_FOUND",
+                            f"checkpoint {path}: {what if path.is_dir() else 'not found'} (the trainer trains "
+                            f"LoRA adapters: trainer-load takes a step's adapter checkpoint, with its {ADAPTER_CONFIG})")
+        try:
+            scenario = str(json.loads((path / META).read_text())["scenario"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"checkpoint {path}: its {META} names no scenario ({e})") from e
+        errors = self._gather([r.load.remote(str(path)) for r in self._ranks], f"trainer-load {path}",
+                              _Deadline(SETUP_TIMEOUT_S))
+        failed = [(rank, e) for rank, e in enumerate(errors) if e]
+        if failed:
+            from .rank import PEER_FAILED
+
+            rank, why = next(((r, e) for r, e in failed if e != PEER_FAILED), failed[0])
+            where = f" (rank {rank} of {len(errors)})" if len(errors) > 1 else ""
+            raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"checkpoint {path}{where}: {why}")
+        version = checkpoint_version(path)
+        self._scenario_versions[scenario] = version
+        log.info("trainer: loaded scenario %r's adapter %s (%s) with its optimizer state", scenario, path, version)
+        return {"weightVersion": version}
+
     def push_weights(self, engine_url: str, weight_version: str,
                      engine_versions: dict[str, Any] | None = None) -> dict[str, Any]:
         """Gather the policy's full weights and push them into the engine at `engine_url`, whose
         torch and NCCL (`stack_versions`) rank 0 checks against its own first."""
         self._require()
+        if self._adapter is not None:
+            raise ShimError("REEF_ERR_INVALID_ARGUMENT", "trainer-push-weights: the trainer trains LoRA adapters and "
+                            "never changes the base; load a step's checkpointPath into the engine with "
+                            "/load_lora_adapter instead")
         if weight_version != self._version:
             # The label must be what the ranks hold: after a restart they may hold an older release.
             raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"trainer-push-weights: the trainer holds {self._version}, "
@@ -360,6 +423,19 @@ def _failures(ray: Any, refs: list[Any], ready: list[Any]) -> list[tuple[int, Ex
         except Exception as e:
             out.append((refs.index(ref), e))
     return out
+
+
+def _adapter_spec(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """`spec.adapter`, checked (absent: full-weight training, as before adapters existed)."""
+    raw = spec.get("adapter")
+    if raw is None:
+        return None
+    from .adapters import AdapterError, check_spec
+
+    try:
+        return check_spec(raw)
+    except AdapterError as e:
+        raise ShimError("REEF_ERR_INVALID_ARGUMENT", str(e)) from e
 
 
 def _check_checkpoint(path: Path, base: Path) -> None:

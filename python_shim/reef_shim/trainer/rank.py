@@ -5,6 +5,11 @@ a full, frozen copy of the base model as the teacher (inference only, so it need
 ranks may run different numbers of teacher forwards). Every rank runs exactly one policy forward
 and backward per step, also with no task (a one-token dummy whose loss is multiplied by 0), so the
 FSDP all-gathers and reduce-scatters of all ranks pair up.
+
+With an adapter spec (`options["adapter"]`, adapters.py) a rank instead holds the base once, frozen
+and unsharded, with one LoRA adapter per scenario in it; the teacher is that base with the adapters
+off. The adapters are small, so each rank keeps them whole and their gradients are averaged with
+one all-reduce per step (what FSDP's reduce-scatter does for the full weights).
 """
 
 from __future__ import annotations
@@ -74,6 +79,8 @@ class TrainerRank:
         self.bf16 = False
         self.tied = False  # lm_head shares the embedding's storage: gathered, saved and pushed once
         self._host: dict[str, torch.Tensor] = {}  # rank 0 on a GPU: pinned copies of the full weights
+        self.seed = seed
+        self.adapters: Any = None  # adapters.Adapters when the spec has an adapter
 
     def device_name(self) -> str:
         return str(self.device)
@@ -115,17 +122,39 @@ class TrainerRank:
         # teacher is held in bf16 and the policy computes in bf16 over fp32 master weights, which
         # the optimizer updates and checkpoints keep; gradients are reduced in fp32.
         self.bf16 = options.get("dtype") == "bf16"
-        self.teacher = self._load(model_path, torch.bfloat16 if self.bf16 else torch.float32).eval().requires_grad_(False)
-        self.policy = self._shard(self._load(model_path, torch.float32))
-        if options.get("gradCheckpointing") == "on":
-            checkpoint_layers(self.policy)
+        if options.get("adapter") is not None:
+            self._setup_adapters(model_path, options)
+        else:
+            self.teacher = self._load(model_path, torch.bfloat16 if self.bf16 else torch.float32).eval().requires_grad_(False)
+            self.policy = self._shard(self._load(model_path, torch.float32))
+            if options.get("gradCheckpointing") == "on":
+                checkpoint_layers(self.policy)
+            self._new_optimizer()
         self.tied = bool(getattr(self.teacher.config, "tie_word_embeddings", False))
         self.cfg = objective_from_options(options)
-        self._new_optimizer()
         return {"pid": os.getpid(), "device": str(self.device), "backend": backend,
                 "vocab": int(self.teacher.config.vocab_size),
                 "maxLen": int(getattr(self.teacher.config, "max_position_embeddings", 1 << 30)),
                 "tied": self.tied}
+
+    def _setup_adapters(self, model_path: str, options: dict[str, Any]) -> None:
+        """One frozen base (bf16 with `dtype: bf16`, as the full-weight teacher; the adapters are
+        fp32 either way) shared by the policy (with the active adapter) and the teacher (without)."""
+        from .adapters import Adapters, BaseView, check_spec
+
+        spec = check_spec(options["adapter"])
+        o = options
+
+        def make_optimizer(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(params, lr=o["lr"], weight_decay=o["weightDecay"], betas=(o["betas"][0], o["betas"][1]))
+
+        base = self._load(model_path, torch.bfloat16 if self.bf16 else torch.float32)
+        self.adapters = Adapters(base, spec, model_path, self.seed, make_optimizer)
+        self.policy = self.adapters.model
+        if options.get("gradCheckpointing") == "on":
+            checkpoint_layers(self.policy)
+        self.teacher = BaseView(self.policy)
+        self.optimizer = None  # set per step: the scenario's adapter's own
 
     def _load(self, path: str, dtype: torch.dtype) -> Any:
         from transformers import AutoModelForCausalLM
@@ -176,11 +205,17 @@ class TrainerRank:
             os._exit(17)
 
     def step(self, batch_id: str, tasks: list[TrainTask], totals: dict[str, float], out_dir: str | None,
-             meta: dict[str, Any]) -> dict[str, Any]:
+             meta: dict[str, Any], scenario: str | None = None) -> dict[str, Any]:
         """Forward, loss and backward per micro-batch (the gradients accumulate), the global norm
         clipped, AdamW; then every rank helps gather the full weights and rank 0 saves them to
-        `out_dir`. Returns this rank's metric sums (and, on rank 0, save timing)."""
+        `out_dir`. Returns this rank's metric sums (and, on rank 0, save timing). With adapters,
+        `scenario` names the adapter the step trains (its own optimizer) and rank 0 saves that
+        adapter alone."""
         started = time.monotonic()
+        if self.adapters is not None:
+            if scenario is None:
+                raise ValueError("a step with adapters needs the batch's scenario")
+            _, self.optimizer = self.adapters.activate(scenario)
         self.optimizer.zero_grad(set_to_none=True)
         plan = micro_batches(tasks, int(self.options.get("microBatchTokens", 0)))
         # Every rank runs as many forward/backward passes as the rank with the most micro-batches,
@@ -206,6 +241,8 @@ class TrainerRank:
                 return {"error": "non-finite loss: the batch was not applied", "sums": add_sums(parts)}
             loss.backward()
             del loss
+        if self.adapters is not None:
+            self._average_adapter_grads()
         sums = add_sums(parts)
         sums["micro_batches"] = float(len(plan))
         # A finite loss can still give a non-finite gradient (an overflow in backward); AdamW would
@@ -219,6 +256,8 @@ class TrainerRank:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         forward_backward_s = time.monotonic() - started
+        if self.adapters is not None:
+            return self._save_adapter(scenario or "", out_dir, meta, sums, forward_backward_s)
         state = self._full_state()
         save_s = 0.0
         if self.rank == 0 and out_dir is not None:
@@ -233,6 +272,46 @@ class TrainerRank:
                 return {"error": f"the checkpoint {out_dir} could not be saved: {type(e).__name__}: {e}",
                         "applied": True, "sums": sums}
         return {"error": None, "sums": sums, "train_s": forward_backward_s, "save_s": save_s}
+
+    def _save_adapter(self, scenario: str, out_dir: str | None, meta: dict[str, Any], sums: dict[str, float],
+                      train_s: float) -> dict[str, Any]:
+        """Rank 0 writes the scenario's adapter (and its optimizer); every rank holds it whole."""
+        save_s = 0.0
+        if self.rank == 0 and out_dir is not None:
+            from safetensors import SafetensorError
+
+            try:
+                save_s = self.adapters.save(scenario, Path(out_dir), meta)
+            except (OSError, SafetensorError) as e:  # as for full weights: applied, the group must not train on
+                return {"error": f"the checkpoint {out_dir} could not be saved: {type(e).__name__}: {e}",
+                        "applied": True, "sums": sums}
+        return {"error": None, "sums": sums, "train_s": train_s, "save_s": save_s}
+
+    def _trainable(self) -> list[torch.nn.Parameter]:
+        """The parameters a step updates: the active adapter's, or the sharded policy's."""
+        if self.adapters is not None:
+            return [p for group in self.optimizer.param_groups for p in group["params"]]
+        return list(self.policy.parameters())
+
+    def _average_adapter_grads(self) -> None:
+        """Each rank's gradient of the whole adapter averaged over the ranks, in one all-reduce (a
+        parameter no task reached has a zero gradient, not none, so every rank sends as many)."""
+        import torch.distributed as dist
+
+        params = self._trainable()
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if self.world == 1:
+            return
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat)
+        flat /= self.world
+        at = 0
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[at:at + n].view_as(p.grad))
+            at += n
 
     def _max_over_ranks(self, n: int) -> int:
         """The largest `n` of any rank (one all-reduce)."""
@@ -250,7 +329,7 @@ class TrainerRank:
         if limit <= 0 or norm <= limit:
             return False
         scale = limit / (norm + 1e-6)
-        for p in self.policy.parameters():
+        for p in self._trainable():
             if p.grad is not None:
                 p.grad.mul_(scale)
         return True
@@ -270,11 +349,13 @@ class TrainerRank:
         # FSDP2 grads are DTensors sharded on dim 0: the squares of the local shards add up to the
         # total, and a non-finite value may sit in any one rank's shard.
         acc = torch.zeros(2, device=self.device)  # [sum of squares, non-finite entries]
-        for p in self.policy.parameters():
+        for p in self._trainable():
             if p.grad is not None:
                 g = (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).float()
                 acc[0] += g.pow(2).sum()
                 acc[1] += (~torch.isfinite(g)).sum()
+        if self.adapters is not None:
+            return float(acc[0].sqrt()), bool(acc[1].item() == 0)  # averaged already: every rank holds it whole
         dist.all_reduce(acc)
         return float(acc[0].sqrt()), bool(acc[1].item() == 0)
 
@@ -319,6 +400,9 @@ class TrainerRank:
         group), in shared memory by `update_weights_from_tensor`. A failed push is reported, not
         raised: it breaks no rank."""
         started = time.monotonic()
+        if self.adapters is not None:
+            return {"error": "the trainer trains LoRA adapters: an engine loads a step's checkpointPath with "
+                    "/load_lora_adapter, and the base weights never change"}
         state = self._full_state()
         if self.rank != 0:
             return {"error": None}
@@ -368,6 +452,8 @@ class TrainerRank:
 
         from ..engines.weights import WeightError, load_checked_state_dict
 
+        if self.adapters is not None:
+            return self._load_adapter(Path(path))
         # Checked against the unsharded teacher (same architecture) so a wrong checkpoint fails
         # before any rank has changed a weight. Reported, not raised: the driver takes a raise for
         # a broken rank and kills the group, which a bad file is not.
@@ -384,6 +470,22 @@ class TrainerRank:
             state["lm_head.weight"] = state["model.embed_tokens.weight"]
         set_model_state_dict(self.policy, state, options=StateDictOptions(full_state_dict=True))
         self._new_optimizer()
+        return None
+
+    def _load_adapter(self, path: Path) -> str | None:
+        """A scenario's adapter and its optimizer state from its checkpoint: every other adapter,
+        and this one on a refusal, is left as it was. Returns why it cannot be used, or None."""
+        from .adapters import AdapterError
+
+        why, read = None, None
+        try:
+            read = self.adapters.read(path)
+        except AdapterError as e:
+            why = str(e)
+        if self._any_rank(why is not None):
+            return why or PEER_FAILED
+        assert read is not None
+        self.adapters.load(*read)
         return None
 
     def close(self) -> None:
