@@ -7,9 +7,8 @@ import type { Release } from '../trainer-controller/controller.js';
  * A release is *tainted* when it trained on one of the records' batches, when the weights it was
  * trained from (its parent version) were tainted, or, for a rollback, when the release it put back
  * was. The weights of an untainted release never saw the records. The rollback target is the newest
- * untainted release ('base' when none is): the last release before that data in the chain the
- * weights actually took, which after an earlier rollback may be newer than the first release that
- * trained on it.
+ * untainted release, in the order releases were served ('base' when none is), or for a rollback the
+ * release it put back: the last weights served before that data.
  */
 
 export interface LineageBatch {
@@ -54,9 +53,10 @@ export function lineageOf(batchesByTurn: ReadonlyMap<string, readonly string[]>,
   const servingTrained = current !== null && taintedIds.has(current.id);
   let rollbackTo: string | null = null;
   if (servingTrained) {
-    // A trained release, not a rollback: the rollback route takes the release whose checkpoint it loads.
-    const clean = [...releases].reverse().find((r) => r.rollbackOf === null && !taintedIds.has(r.id));
-    rollbackTo = clean?.id ?? 'base';
+    // The newest release that never saw the data, in the order they were served; for a rollback,
+    // the release (or base) it put back, which is what the rollback route loads.
+    const clean = [...releases].reverse().find((r) => !taintedIds.has(r.id));
+    rollbackTo = clean === undefined ? 'base' : (clean.rollbackOf ?? clean.id);
   }
   return {
     batches: [...turnsOf].map(([batchId, turns]) => ({ batchId, turns, release: trainedBy.get(batchId) ?? null })),

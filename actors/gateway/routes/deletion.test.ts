@@ -33,6 +33,11 @@ describe('lineageOf', () => {
     expect(l).toMatchObject({ tainted: ['release-1', 'release-2', 'release-3', 'release-4', 'release-5'], servingTrained: true, rollbackTo: 'base' });
   });
 
+  it('after a rollback to the base, a release trained on the data goes back to the base: the weights served just before it', () => {
+    const l = lineageOf(new Map([['T', ['s:openclawrl:3']]]), [rel(1, 'base', ['s:openclawrl:1']), rel(2, 'v1', ['s:openclawrl:2']), rel(3, 'v2', [], 'base', 'base'), rel(4, 'base', ['s:openclawrl:3'])]);
+    expect(l).toMatchObject({ tainted: ['release-4'], servingTrained: true, rollbackTo: 'base' });
+  });
+
   it('a batch formed but not trained has no release, and taints nothing', () => {
     const l = lineageOf(new Map([['T', ['s:openclawrl:9']], ['U', ['s:openclawrl:9']]]), chain);
     expect(l).toEqual({ batches: [{ batchId: 's:openclawrl:9', turns: ['T', 'U'], release: null }], tainted: [], current: 'release-5', servingTrained: false, rollbackTo: null });

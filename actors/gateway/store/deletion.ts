@@ -52,6 +52,8 @@ export function targetIds(db: Database.Database, t: DeletionTarget): string[] {
   return db.prepare<[string, string], string>("SELECT id FROM records WHERE scenario = ? AND json_extract(tags, '$.session') = ? ORDER BY seq").pluck().all(t.scenario, t.session);
 }
 
+/** Tries of the WAL truncation, 50 ms apart, before the answer says it is not truncated yet. */
+const WAL_TRIES = 100;
 /** Rows per delete transaction: the gateway's own commits wait for one batch at most. */
 const BATCH = 64;
 
@@ -115,7 +117,14 @@ export async function scrub(
       vacuumed += n;
     }
   }
-  return { chunks, vacuumed, walTruncated: truncateWal(db) };
+  // The judge and the controller read the store every 100 ms or so, and a reader's snapshot holds
+  // the checkpoint back; the gateway's connection does not wait in SQLite's busy handler, so it tries again here.
+  let walTruncated = truncateWal(db);
+  for (let i = 0; !walTruncated && i < WAL_TRIES; i++) {
+    await new Promise((r) => setTimeout(r, 50));
+    walTruncated = truncateWal(db);
+  }
+  return { chunks, vacuumed, walTruncated };
 }
 
 /**
@@ -125,8 +134,14 @@ export async function scrub(
  */
 export function truncateWal(db: Database.Database): boolean {
   if (db.pragma('journal_mode', { simple: true }) !== 'wal') return true;
-  const [r] = db.pragma('wal_checkpoint(TRUNCATE)') as { busy: number; log: number; checkpointed: number }[];
-  return r !== undefined && r.busy === 0 && r.log === 0;
+  try {
+    const [r] = db.pragma('wal_checkpoint(TRUNCATE)') as { busy: number; log: number; checkpointed: number }[];
+    return r !== undefined && r.busy === 0 && r.log === 0;
+  } catch (err) {
+    // SQLITE_BUSY: another connection holds the lock the checkpoint needs; the caller tries again.
+    if (String((err as { code?: unknown }).code ?? '').startsWith('SQLITE_BUSY')) return false;
+    throw err;
+  }
 }
 
 /** Runs `fn` with `secure_delete = ON` on this connection (freed overflow pages zeroed too), then puts FAST back. */
