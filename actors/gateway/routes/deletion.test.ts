@@ -3,6 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Fastify from 'fastify';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { ReefError } from '../../runtime/errors.js';
 import type { Release } from '../../trainer-controller/controller.js';
 import { ConcurrencyLimiter, type Principal } from '../auth.js';
 import { lineageOf } from '../lineage.js';
@@ -117,6 +118,23 @@ describe('deletion routes', () => {
     await session('bob');
     await a.inject({ method: 'DELETE', url: '/reef/scenarios/default/sessions/bob?rollback=true' });
     expect(rollbacks).toHaveLength(1);
+    await a.close();
+  });
+
+  it('a rollback that fails after the data is gone is reported with its target, not as a failed deletion', async () => {
+    const ids = await session('alice');
+    await store.putBatchTurns('default:openclawrl:1', 'default', [ids[0]!]);
+    const a = Fastify();
+    registerReefRoutes(a, {
+      store, defaultScenario: 'default', status: () => ({}),
+      rollback: async () => {
+        throw new ReefError('REEF_ERR_NOT_FOUND', { what: 'checkpoint /ck/v0 (pruned by retention)' });
+      },
+      deletion: { deleteRecords: async (t) => ({ ...(await store.deleteRecords(t, async () => {})), forgotten: null }), recordIdsOf: (t) => store.recordIdsOf(t), batchesOf: (x) => store.batchesOf(x), releases: async () => [rel(1, 'base', ['default:openclawrl:1'])] },
+    }, () => open);
+    const res = await a.inject({ method: 'DELETE', url: '/reef/scenarios/default/sessions/alice?rollback=true' });
+    expect(res.statusCode).toBe(200);
+    expect(res.json()).toMatchObject({ deleted: { records: 2 }, rollback: { release_id: 'base', error: { code: 'REEF_ERR_NOT_FOUND', retryable: false } } });
     await a.close();
   });
 

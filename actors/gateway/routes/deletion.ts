@@ -74,7 +74,16 @@ export function registerDeletionRoutes(app: FastifyInstance, deps: DeletionDeps,
       // An interrupted earlier run may have found more ids than are left: their lineage counts too.
       const l = done.ids.length > before.length ? lineageOf(await deps.batchesOf(done.ids), await deps.releases()) : lineage;
       let rolledBack: unknown = null;
-      if (rollback && l.rollbackTo !== null) rolledBack = await deps.rollback!(target.scenario, { release_id: l.rollbackTo }, principalOf(request).id);
+      if (rollback && l.rollbackTo !== null) {
+        try {
+          rolledBack = await deps.rollback!(target.scenario, { release_id: l.rollbackTo }, principalOf(request).id);
+        } catch (err) {
+          // The data is gone by now and a retry finds nothing to trace: the answer says what the
+          // rollback should have been, for the rollback route, rather than failing the deletion.
+          if (!(err instanceof ReefError)) throw err;
+          rolledBack = { error: { code: err.code, message: err.message, retryable: err.retryable }, release_id: l.rollbackTo };
+        }
+      }
       return {
         scenario: target.scenario,
         session: target.session,
