@@ -647,4 +647,19 @@ describe('JudgeCore', () => {
     // The held lease's completion is answered as of an unknown turn.
     expect(await judge.complete(done('prm-0', held.leaseId!, held.turn!.turnRecordId))).toEqual({ accepted: false, offset: null });
   });
+
+  it('a pending turn whose record was deleted while the judge was not told is dropped at its lease, with its row, instead of failing every lease', async () => {
+    await write(interleave([conversation(1, 2), conversation(2, 2)]));
+    const judge = await core();
+    await judge.pump();
+    expect(judge.stats()).toMatchObject({ pending: 2 });
+    // The judge was not running: nobody called forget.
+    await store.deleteRecords({ scenario: 'default', session: 'conv-1' }, async () => {});
+    const a = await judge.lease('prm-0', 0);
+    expect(a.turn!.sessionKey).toBe('tag:conv-2');
+    expect(judge.stats()).toMatchObject({ pending: 1 });
+    expect((await judge.lease('prm-1', 0)).turn).toBeNull();
+    await judge.flush();
+    expect((await store.statesWithPrefix(PENDING_PREFIX)).map(([, r]) => (r as PendingRow).turn.sessionKey)).toEqual(['tag:conv-2']);
+  });
 });

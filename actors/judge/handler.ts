@@ -262,6 +262,17 @@ export class JudgeCore {
         try {
           return { turn: await this.turnOf(p.ev), leaseId, leaseMs: this.leaseMs };
         } catch (err) {
+          // Its record was deleted on request while this judge was not told (it was restarting):
+          // retention keeps every record a pending turn names, so nothing else takes one. The turn
+          // goes, with its row, rather than failing every lease on it.
+          if (err instanceof ReefError && err.code === 'REEF_ERR_NOT_FOUND' && this.pending.get(p.ev.turnRecordId) === p) {
+            this.pending.delete(p.ev.turnRecordId);
+            this.rewrite.delete(p.ev.turnRecordId);
+            this.gone.add(p.ev.turnRecordId);
+            this.dirty = true;
+            this.opts.log(`turn ${p.ev.turnRecordId} dropped: its record was deleted`);
+            continue;
+          }
           // The actor gets an error, not the lease: held, the turn would wait out leaseMs and then
           // count as redispatched.
           if (p.leaseId === leaseId) {
