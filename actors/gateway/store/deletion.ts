@@ -52,6 +52,8 @@ export function targetIds(db: Database.Database, t: DeletionTarget): string[] {
   return db.prepare<[string, string], string>("SELECT id FROM records WHERE scenario = ? AND json_extract(tags, '$.session') = ? ORDER BY seq").pluck().all(t.scenario, t.session);
 }
 
+/** Pages one incremental-vacuum step frees (as retention.ts). */
+const VACUUM_STEP_PAGES = 1024;
 /** Tries of the WAL truncation, 50 ms apart, before the answer says it is not truncated yet. */
 const WAL_TRIES = 100;
 /** Rows per delete transaction: the gateway's own commits wait for one batch at most. */
@@ -111,10 +113,12 @@ export async function scrub(
     for (;;) {
       const free = db.pragma('freelist_count', { simple: true }) as number;
       if (free === 0) break;
-      await write('return of free pages', () => db.pragma(`incremental_vacuum(${free})`));
+      // A step at a time, as retention does, so a chat completion's commit waits for one step at most.
+      await write('return of free pages', () => db.pragma(`incremental_vacuum(${Math.min(free, VACUUM_STEP_PAGES)})`));
       const n = free - (db.pragma('freelist_count', { simple: true }) as number);
       if (n <= 0) break;
       vacuumed += n;
+      await pause();
     }
   }
   // The judge and the controller read the store every 100 ms or so, and a reader's snapshot holds
