@@ -26,6 +26,7 @@ import { ChatTokenizer, defaultTokenizerThreads, prepareChat, TokenizerPool } fr
 import { PipelineStatus } from './pipeline-status.js';
 import type { Release } from '../trainer-controller/controller.js';
 import { readReleases } from '../trainer-controller/releases.js';
+import { type Forgotten, resumeDeletionsLater } from './forget-rpc.js';
 
 /**
  * The gateway, wired: store + tokenizer pool + engine client + HTTP server + generation gate.
@@ -57,6 +58,11 @@ export interface GatewayOptions {
   reloadConfig?: () => Promise<ReefConfig>;
   /** Puts an earlier release back (asks the trainer-controller); absent when no training runs. */
   rollback?: (scenario: string, releaseId: string | null, keyId: string) => Promise<unknown>;
+  /**
+   * Deletion on request: has the judge and the trainer-controller drop what they hold of these
+   * records (forget-rpc.ts). @default null: none runs beside this gateway (tests, a gateway alone)
+   */
+  forget?: ((recordIds: string[]) => Promise<Forgotten>) | null;
   log?: (line: string) => void;
 }
 
@@ -169,9 +175,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const { max_age_days: maxAgeDays, max_size_mb: maxSizeMb } = cfg.reef.retention;
     const policy = { maxAgeMs: maxAgeDays === null ? null : maxAgeDays * 86_400_000, maxBytes: maxSizeMb === null ? null : Math.floor(maxSizeMb * 1048576) };
     const stopRetention = maxAgeDays === null && maxSizeMb === null ? () => {} : scheduleRetention(store, policy, cfg.reef.retention.interval_s * 1000, (l) => opts.log?.(l));
+    const forget = opts.forget ?? null;
+    const stopResume = resumeDeletionsLater(store, forget, (l) => opts.log?.(l));
     stopPipeline = () => {
       pipeline.stop();
       stopRetention();
+      stopResume();
     };
     const limits = limitsFromConfig(cfg);
     const auth = new Authenticator(keys, limits.principals);
@@ -194,6 +203,19 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           disk,
           status: async () => ({ gateway: { weightVersion: gate.weightVersion, paused: gate.isPaused, inflight: gate.inflight }, ...(await pipeline.refresh()), ...(await opts.status?.()) }),
           releases: async (scenario) => releasesOf(await readReleases(store), scenario),
+          deletion: {
+            deleteRecords: async (target) => {
+              let forgotten: Forgotten | null = null;
+              const counts = await store.deleteRecords(target, async (ids) => {
+                forgotten = forget ? await forget(ids) : null;
+              });
+              opts.log?.(`deletion on request: ${counts.records} record(s) of ${target.session === null ? `scenario ${target.scenario}` : `a session of scenario ${target.scenario}`} and what quotes them`);
+              return { ...counts, forgotten };
+            },
+            recordIdsOf: (target) => store.recordIdsOf(target),
+            batchesOf: (ids) => store.batchesOf(ids),
+            releases: () => readReleases(store),
+          },
           ...(opts.rollback
             ? {
                 rollback: (scenario: string, body: unknown, keyId: string) => {

@@ -6,6 +6,7 @@ import { lookupMailbox } from '../../cluster/lookup.js';
 import { startGateway, type Gateway } from './index.js';
 import { gatewayMessages } from './messages.js';
 import { callRollback } from './rollback-rpc.js';
+import { callForget } from './forget-rpc.js';
 import { HANDOFF_DIR_ENV } from '../../cluster/held-listener.js';
 import { statusReply } from '../../cluster/supervisor-messages.js';
 import { RpcClient } from '../runtime/rpc.js';
@@ -36,6 +37,7 @@ await runActor({
       handoff: process.env[HANDOFF_DIR_ENV] ? { socketDir: process.env[HANDOFF_DIR_ENV] } : null,
       reloadConfig: () => loadConfig(ctx.configPath!, ctx.overrides),
       ...(stack ? { status: async () => ({ ...(await stack()) }) } : {}),
+      ...(supervisor ? { forget: (ids: string[]) => callForget((actor) => lookupMailbox(supervisor, actor, { running: true }), ids) } : {}),
       ...(supervisor
         ? {
             rollback: async (scenario: string, releaseId: string | null, keyId: string) => {

@@ -625,4 +625,41 @@ describe('JudgeCore', () => {
     expect((await store.readJudgedTurns(0, 5))[0]).toMatchObject({ decision: 'dropped', reward: 0, teacherCandidates: [] });
     expect(judge.stats()).toMatchObject({ judged: 1, dropped: 1, votes_failed: 6 });
   });
+
+  it('forget (deletion on request) drops the deleted session\'s pending turns, its rows stay deleted after the next commit, and a later record of that session makes no deleted turn pending', async () => {
+    const one = conversation(1, 4);
+    await write(interleave([one.slice(0, 3), conversation(2, 3)]));
+    const judge = await core();
+    await judge.pump();
+    expect(judge.stats()).toMatchObject({ pending: 4 });
+    // A lease on one of the doomed turns is outstanding while the deletion runs.
+    let held = await judge.lease('prm-0', 0);
+    while (held.turn!.sessionKey !== 'tag:conv-1') held = await judge.lease('prm-0', 0);
+    const counts = await store.deleteRecords({ scenario: 'default', session: 'conv-1' }, async (ids) => void (await judge.forget(ids)));
+    expect(counts).toMatchObject({ records: 3, pendingJudgments: 2 });
+    expect(judge.stats()).toMatchObject({ pending: 2 });
+    await judge.flush();
+    expect((await store.statesWithPrefix(PENDING_PREFIX)).map(([, r]) => (r as PendingRow).turn.sessionKey)).toEqual(['tag:conv-2', 'tag:conv-2']);
+    // The user goes on in the same session: the turn it finishes was deleted, so nothing is judged.
+    await write([one[3]!]);
+    await judge.pump();
+    expect(judge.stats()).toMatchObject({ pending: 2 });
+    // The held lease's completion is answered as of an unknown turn.
+    expect(await judge.complete(done('prm-0', held.leaseId!, held.turn!.turnRecordId))).toEqual({ accepted: false, offset: null });
+  });
+
+  it('a pending turn whose record was deleted while the judge was not told is dropped at its lease, with its row, instead of failing every lease', async () => {
+    await write(interleave([conversation(1, 2), conversation(2, 2)]));
+    const judge = await core();
+    await judge.pump();
+    expect(judge.stats()).toMatchObject({ pending: 2 });
+    // The judge was not running: nobody called forget.
+    await store.deleteRecords({ scenario: 'default', session: 'conv-1' }, async () => {});
+    const a = await judge.lease('prm-0', 0);
+    expect(a.turn!.sessionKey).toBe('tag:conv-2');
+    expect(judge.stats()).toMatchObject({ pending: 1 });
+    expect((await judge.lease('prm-1', 0)).turn).toBeNull();
+    await judge.flush();
+    expect((await store.statesWithPrefix(PENDING_PREFIX)).map(([, r]) => (r as PendingRow).turn.sessionKey)).toEqual(['tag:conv-2']);
+  });
 });

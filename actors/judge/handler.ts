@@ -26,6 +26,8 @@ export type JudgeStore = Pick<RecordStore, 'readFrom' | 'headOffset' | 'get' | '
 
 export const CONSUMER = 'judge';
 export const STATE_KEY = 'judge/state';
+/** Deleted record ids a judge keeps in memory (`forget`): a session goes on after its deletion for minutes, not for 100,000 deletions. */
+const FORGOTTEN_MAX = 100_000;
 /** Where the pending turns' rows are: one key per turn, its turn record id after the prefix. */
 export const PENDING_PREFIX = 'judge/pending/';
 export interface JudgeOptions {
@@ -97,6 +99,8 @@ export class JudgeCore {
   private waiters = new Set<() => void>();
   private closed = false;
   private readonly now: () => number;
+  /** Record ids deleted on request (`forget`), newest last, at most FORGOTTEN_MAX. */
+  private readonly forgotten = new Set<string>();
 
   constructor(private readonly opts: JudgeOptions) {
     this.leaseMs = opts.leaseMs ?? 15_000;
@@ -180,6 +184,8 @@ export class JudgeCore {
             if (ev.kind === 'turn-finished' && this.opts.mode === 'judge') fresh.push({ ev: boundTurn(ev), leaseId: null, actorId: null, expiresAt: 0, seq: -1 });
           }
         }
+        // A deleted turn that a later record of its session finished is not judged: its record is gone.
+        if (this.forgotten.size > 0) fresh.splice(0, fresh.length, ...fresh.filter((p) => !this.forgotten.has(p.ev.turnRecordId) && !this.forgotten.has(p.ev.nextStateRecordId)));
         // Saved before they are handed out: a turn is never judged that a restart would not know.
         await this.commit(fresh, next);
       } catch (err) {
@@ -218,6 +224,35 @@ export class JudgeCore {
     });
   }
 
+  /**
+   * Deletion on request (gateway store deletion.ts): drops the pending turns these records are the
+   * turn or the next state of, and keeps the ids, so that a later record of the same session does
+   * not make a deleted turn pending again. Their rows are the gateway's to delete (zeroed, in the
+   * deletion's own transactions, which run again after this), so no commit writes them again.
+   * Answers how many pending turns were dropped. A lease held on one is answered as unknown.
+   */
+  forget(ids: readonly string[]): Promise<number> {
+    return this.exclusive(async () => {
+      for (const id of ids) {
+        this.forgotten.delete(id);
+        this.forgotten.add(id);
+      }
+      for (const id of this.forgotten) {
+        if (this.forgotten.size <= FORGOTTEN_MAX) break;
+        this.forgotten.delete(id);
+      }
+      let dropped = 0;
+      for (const [id, p] of [...this.pending]) {
+        if (!this.forgotten.has(id) && !this.forgotten.has(p.ev.nextStateRecordId)) continue;
+        this.pending.delete(id);
+        this.rewrite.delete(id);
+        this.gone.delete(id);
+        dropped++;
+      }
+      return dropped;
+    });
+  }
+
   async lease(actorId: string, waitMs: number): Promise<{ turn: JudgeTurn | null; leaseId: string | null; leaseMs: number }> {
     const deadline = this.now() + waitMs;
     for (;;) {
@@ -227,6 +262,17 @@ export class JudgeCore {
         try {
           return { turn: await this.turnOf(p.ev), leaseId, leaseMs: this.leaseMs };
         } catch (err) {
+          // Its record was deleted on request while this judge was not told (it was restarting):
+          // retention keeps every record a pending turn names, so nothing else takes one. The turn
+          // goes, with its row, rather than failing every lease on it.
+          if (err instanceof ReefError && err.code === 'REEF_ERR_NOT_FOUND' && this.pending.get(p.ev.turnRecordId) === p) {
+            this.pending.delete(p.ev.turnRecordId);
+            this.rewrite.delete(p.ev.turnRecordId);
+            this.gone.add(p.ev.turnRecordId);
+            this.dirty = true;
+            this.opts.log(`turn ${p.ev.turnRecordId} dropped: its record was deleted`);
+            continue;
+          }
           // The actor gets an error, not the lease: held, the turn would wait out leaseMs and then
           // count as redispatched.
           if (p.leaseId === leaseId) {

@@ -94,6 +94,7 @@ export async function startJudge(opts: StartJudgeOptions): Promise<Judge> {
     'renew-lease': (msg) => ({ ...core.renew(msg.actorId, msg.leaseIds), leaseMs: core.leaseMs }),
     'release-lease': (msg) => ({ released: core.release(msg.actorId, msg.leaseIds) }),
     'complete-turn': (msg) => core.complete(msg),
+    'forget-records': async (msg) => ({ dropped: await core.forget(msg.recordIds) }),
   };
 
   return {

@@ -40,7 +40,10 @@ export const completeTurn = z.object({
   finishedAt: z.number(),
 });
 
-export const judgeMessages = z.discriminatedUnion('type', [judgeStatus, leaseTurn, renewLease, releaseLease, completeTurn]);
+/** Deletion on request (the gateway): drop the pending turns of these records. Replies `{dropped}`. */
+export const forgetRecords = z.object({ type: z.literal('forget-records'), requestId: z.string(), recordIds: z.array(z.string()) });
+
+export const judgeMessages = z.discriminatedUnion('type', [judgeStatus, leaseTurn, renewLease, releaseLease, completeTurn, forgetRecords]);
 export type JudgeMessage = z.output<typeof judgeMessages>;
 export type CompleteTurn = z.output<typeof completeTurn>;
 

@@ -2,6 +2,7 @@ import { Agent, request } from 'undici';
 import { ENGINE_KEEP_ALIVE_MS } from '../../cluster/engine-client.js';
 import { ChatTokenizer, normalizeMessages } from '../gateway/tokenize/index.js';
 import { ReefError } from '../runtime/errors.js';
+import { Redactor } from './redact.js';
 import type { PrmSettings } from './settings.js';
 
 /**
@@ -32,12 +33,16 @@ export class PrmClient implements PrmCaller {
   private readonly agent: Agent;
   private readonly tokenizer: ChatTokenizer | null;
   private readonly apiKey: string | null;
+  /** Masks prompts before they leave (redact.ts); null where `reef.redaction` does not apply to this PRM. */
+  private readonly redactor: Redactor | null;
   private next = 0;
 
   constructor(private readonly s: PrmSettings) {
     if (s.urls.length === 0) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: 'no PRM URL: set pipeline.record2record.config.prm_url or cluster.prm.replicas' });
     this.api = s.api;
     this.model = s.model;
+    const redactor = s.redaction ? new Redactor(s.redaction) : null;
+    this.redactor = redactor?.appliesTo(s.api) ? redactor : null;
     this.agent = new Agent({ connections: Math.max(4, s.concurrency * 2), keepAliveTimeout: ENGINE_KEEP_ALIVE_MS });
     if (s.api === 'sglang') {
       if (s.tokenizerPath === null) throw new ReefError('REEF_ERR_CONFIG_INVALID', { details: `${STAGE}.prm_api sglang needs ${STAGE}.prm_tokenizer_path (the PRM's chat template)` });
@@ -58,7 +63,8 @@ export class PrmClient implements PrmCaller {
   async call(prompt: string, opts: { rid: string; signal?: AbortSignal }): Promise<{ text: string; url: string }> {
     const deadline = AbortSignal.timeout(this.s.timeoutMs);
     const signal = opts.signal === undefined ? deadline : AbortSignal.any([deadline, opts.signal]);
-    const messages = [{ role: 'user', content: prompt }];
+    // Only the prompt on the wire is masked: the judgment keeps the PRM's reply, the record the original.
+    const messages = [{ role: 'user', content: this.redactor === null ? prompt : this.redactor.redact(prompt).text }];
     const rendered = this.api === 'sglang' ? this.tokenizer!.render(normalizeMessages(messages), null) : null;
     // A template that opens the reasoning block in the prompt (Qwen3 Thinking, R1-style) has the
     // reply continue it: without its `<think>` in front, reasoning cut off at max_new_tokens would

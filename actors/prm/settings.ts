@@ -1,5 +1,6 @@
 import type { ReefConfig } from '../../cluster/config/types.js';
 import type { StackEngines } from '../../cluster/stack-env.js';
+import type { RedactionSettings } from './redact.js';
 import { asOpenClawRL, type Record2RecordConfig } from '../../recipes/openclawrl/recipe.js';
 
 /**
@@ -23,6 +24,8 @@ export interface PrmSettings {
   concurrency: number;
   maxHintCandidates: number;
   stage: Readonly<Record2RecordConfig>;
+  /** What is masked in the prompts (`reef.redaction`). @default null: nothing */
+  redaction?: RedactionSettings | null;
 }
 
 export function prmSettings(cfg: ReefConfig, engines: StackEngines | null): PrmSettings {
@@ -44,5 +47,6 @@ export function prmSettings(cfg: ReefConfig, engines: StackEngines | null): PrmS
     concurrency: stage.prm_concurrency,
     maxHintCandidates: stage.prm_max_hint_candidates,
     stage,
+    redaction: { builtin: cfg.reef.redaction.builtin, patterns: cfg.reef.redaction.patterns, applyTo: cfg.reef.redaction.apply_to },
   };
 }

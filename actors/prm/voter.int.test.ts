@@ -9,6 +9,7 @@ import { tinyModelDir } from '../../cluster/paths.js';
 import { startFakeEngine, type FakeEngine } from '../../test/helpers/fake-engine.js';
 import { copyTinyModel } from '../../test/helpers/long-context-model.js';
 import type { JudgeTurn } from '../judge/messages.js';
+import { ChatTokenizer } from '../gateway/tokenize/index.js';
 import { PrmClient } from './prm-client.js';
 import type { PrmSettings } from './settings.js';
 import { Semaphore, voteTurn } from './voter.js';
@@ -99,6 +100,28 @@ describe('voteTurn with PrmClient', () => {
     expect(votes.scoreCalls).toEqual([{ output: 'ok \\boxed{-1}', error: null }]);
     expect(engine.requests[0]).toMatchObject({ model: 'judge-model', temperature: 0.6, max_tokens: 32, messages: [{ role: 'user' }] });
   });
+  it("reef.redaction: an external PRM's prompt has the e-mail, phone, card and key masked; the stack's own PRM (sglang) gets it whole under apply_to openai", async () => {
+    const engine = await startFakeEngine({ respond: () => ({ pieces: ['\\boxed{1}'] }) });
+    engines.push(engine);
+    process.env.REEF_TEST_VOTER_KEY = 'k';
+    const secret = { ...turn, nextState: { role: 'user' as const, content: 'mail jane@example.com, call +1 415 555 0142, card 4111 1111 1111 1111, key sk-proj-Ab3dEf6hIj9kLm2nOp5q' } };
+    const redaction = { builtin: ['email', 'phone', 'card', 'api_key'] as const, patterns: [], applyTo: 'openai' as const };
+    const external = new PrmClient(settings(engine.url, { api: 'openai', model: 'judge-model', apiKeyEnv: 'REEF_TEST_VOTER_KEY', tokenizerPath: null, redaction }));
+    await voteTurn(secret, external, 1, new Semaphore(1), new AbortController().signal);
+    await external.close();
+    const sent = JSON.stringify(engine.requests.map((r) => r.messages));
+    expect(sent).toContain('mail [EMAIL], call [PHONE], card [CARD], key [API_KEY]');
+    for (const s of ['jane@example.com', '555 0142', '4111', 'sk-proj']) expect(sent).not.toContain(s);
+    const own = new PrmClient(settings(engine.url, { redaction }));
+    const n = engine.requests.length;
+    await voteTurn(secret, own, 1, new Semaphore(1), new AbortController().signal);
+    await own.close();
+    // The sglang path sends token ids: the masks would be in the ids, the address is not masked.
+    expect(engine.requests.slice(n).every((r) => Array.isArray(r.input_ids))).toBe(true);
+    const tok = ChatTokenizer.load(tinyModelDir());
+    expect(tok.decode(engine.requests[n]!.input_ids as number[])).toContain('jane@example.com');
+  });
+
   it('sglang: a template that opens <think> in the prompt has the reply read as continuing it', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'reef-prm-think-'));
     try {

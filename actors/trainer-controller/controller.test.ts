@@ -435,17 +435,39 @@ describe('TrainerController', () => {
     expect(c.counters).toMatchObject({ dead_letters: 1, trainer_restarts: 2 });
   });
 
-  it('dead-letters a batch whose record is gone instead of failing every tick on it', async () => {
+  it('a turn whose record is gone (deleted on request) is left out of its batch, which trains on the rest, instead of failing every tick or dead-lettering the other turns', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'tc-'));
     const w = world(dir);
     for (const id of ['a', 'b', 'c', 'd']) w.add(id, 1);
+    const noted: [string, string[]][] = [];
+    w.ports.noteBatchTurns = async (b, _s, turns) => void noted.push([b, turns]);
     const c = new TrainerController(w.ports, opts(dir), 0, null);
     const getRecord = w.ports.getRecord;
     // Present when the batch formed, gone when it is trained.
     w.ports.getRecord = async (id) => (id === 'b' && w.durable.state !== null ? null : getRecord(id));
     await c.tick();
-    expect(c.deadLetters.map((d) => [d.batch.batchId, d.code, d.attempts])).toEqual([['s:openclawrl:1', 'REEF_ERR_NOT_FOUND', 0]]);
-    expect(w.stepsRun).toEqual(['s:openclawrl:2']);
+    expect(c.deadLetters).toEqual([]);
+    expect(w.stepsRun).toEqual(['s:openclawrl:1', 's:openclawrl:2']);
+    expect(c.counters).toMatchObject({ turns_deleted: 1 });
+    // Lineage is noted before each step, with the turns it trains on.
+    expect(noted).toEqual([['s:openclawrl:1', ['a']], ['s:openclawrl:2', ['c', 'd']]]);
+  });
+
+  it('forget drops deleted turns from the unbatched tasks and the batches formed but not trained, and saves that', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'tc-'));
+    const w = world(dir);
+    for (const id of ['a', 'b', 'c']) w.add(id, 1);
+    w.failNext(1_000_000);
+    const c = new TrainerController(w.ports, opts(dir), 0, null);
+    await expect(c.tick()).rejects.toThrow();
+    // Batch 1 (a, b) waits for a trainer that is down; c waits unbatched.
+    expect(w.durable.state!.pending.map((b) => b.tasks.map((t) => t.turnRecordId))).toEqual([['a', 'b']]);
+    expect(await c.forget(['b', 'c', 'zz'])).toBe(2);
+    expect(w.durable.state!.pending.map((b) => b.tasks.map((t) => t.turnRecordId))).toEqual([['a']]);
+    expect(Object.values(w.durable.state!.batcher.pending).flat()).toEqual([]);
+    expect(await c.forget(['a'])).toBe(1);
+    expect(w.durable.state!.pending).toEqual([]);
+    expect(await c.forget(['a'])).toBe(0);
   });
 
   it('stops reading judged turns while MAX_PENDING_BATCHES wait (a trainer down for good), and reads on where it stopped once they train', async () => {

@@ -98,6 +98,8 @@ export interface ControllerPorts {
    */
   readReports?(scenario: string, after: string | null, limit: number): Promise<{ items: OutcomeReport[]; next: string | null }>;
   log(line: string): void;
+  /** Notes which turns a batch id trains on (store `putBatchTurns`, for lineage); idempotent. Absent: no lineage is kept. */
+  noteBatchTurns?(batchId: string, scenario: string, turnRecordIds: string[]): Promise<void>;
 }
 
 export interface ControllerOptions {
@@ -269,7 +271,7 @@ export function upgradeState(saved: SavedControllerState | null): { state: Contr
 }
 
 export class TrainerController {
-  private readonly batcher: Batcher;
+  private batcher: Batcher;
   private state: ControllerState;
   /** Releases whose rows the next commit writes: the new one, or every release of a version 1 state. */
   private readonly unsaved: [n: number, release: Release][];
@@ -520,6 +522,52 @@ export class TrainerController {
     return this.state.recentReleases.find((r) => r.id === id) ?? this.unsaved.find(([, r]) => r.id === id)?.[1] ?? (await this.ports.getRelease(id));
   }
 
+  /**
+   * The turns of a batch with their records. A turn whose record is gone was deleted on request
+   * (retention keeps every record a batch may still train) and is left out, counted as
+   * `turns_deleted`: dead-lettering the batch for it took the other users' turns out of training.
+   */
+  private async presentTurns(batch: Batch): Promise<{ ref: TaskRef; record: AgentRecord }[]> {
+    const turns: { ref: TaskRef; record: AgentRecord }[] = [];
+    for (const ref of batch.tasks) {
+      const record = await this.ports.getRecord(ref.turnRecordId);
+      if (record) turns.push({ ref, record });
+    }
+    if (turns.length < batch.tasks.length) this.bump('turns_deleted', batch.tasks.length - turns.length);
+    return turns;
+  }
+
+  /**
+   * Deletion on request (the gateway's `forget-records`): these turns leave the batcher's unbatched
+   * tasks and the formed batches not trained yet, and the change is saved. It takes its turn after
+   * the batch being trained. Answers how many tasks were dropped. A batch trained already is not
+   * undone: its release is in the lineage, and rolling back is the operator's choice.
+   */
+  async forget(ids: readonly string[]): Promise<number> {
+    const doomed = new Set(ids);
+    return this.exclusive(async () => {
+      const saved = this.batcher.toJSON();
+      let dropped = 0;
+      for (const [scenario, refs] of Object.entries(saved.pending)) {
+        const kept = refs.filter((r) => !doomed.has(r.turnRecordId));
+        dropped += refs.length - kept.length;
+        saved.pending[scenario] = kept;
+      }
+      const batches: Batch[] = [];
+      for (const b of this.state.pending) {
+        const kept = b.tasks.filter((r) => !doomed.has(r.turnRecordId));
+        dropped += b.tasks.length - kept.length;
+        if (kept.length > 0) batches.push(kept.length === b.tasks.length ? b : { ...b, tasks: kept });
+      }
+      if (dropped === 0) return 0;
+      this.batcher = new Batcher(this.opts.batchSize, saved, this.opts.steps ?? DEFAULT_STEP_OPTIONS);
+      this.state.pending = batches;
+      this.bump('turns_deleted', dropped);
+      await this.persist();
+      return dropped;
+    });
+  }
+
   /** Restarts the group from the last release; only a restart that succeeded makes it ready. */
   private async restartTrainer(): Promise<void> {
     this.trainerReady = false;
@@ -562,12 +610,10 @@ export class TrainerController {
     if (this.opts.train === false) return this.setAside(batch);
     const tasks: Task[] = [];
     try {
-      const turns: { ref: TaskRef; record: AgentRecord }[] = [];
-      for (const ref of batch.tasks) {
-        const record = await this.ports.getRecord(ref.turnRecordId);
-        if (!record) throw new ReefError('REEF_ERR_NOT_FOUND', { what: `record ${ref.turnRecordId} of batch ${batch.batchId}` });
-        turns.push({ ref, record });
-      }
+      const turns = await this.presentTurns(batch);
+      const present = await this.narrowFirst(batch, turns.map((t) => t.ref), 'every turn of it was deleted on request');
+      if (present === null) return true;
+      batch = present;
       // Staleness again, now that the batch is about to train: a backlog read in one tick forms
       // many batches, and the last of them trains many releases after the read found its turns
       // fresh; a rollback since then may also have put their weights aside.
@@ -607,6 +653,9 @@ export class TrainerController {
         // running holds, nor can one whose last restart, step or rollback failed: start it from the
         // last release. Training on without it trained the next batch on the base weights.
         if (!this.trainerReady) await this.restartTrainer();
+        // Lineage (GET /reef/scenarios/{s}/lineage): which turns this batch id trains on, noted
+        // before it trains; the release that trains it names the id. Idempotent across retries.
+        await this.ports.noteBatchTurns?.(batch.batchId, batch.scenario, batch.tasks.map((t) => t.turnRecordId));
         stage = 'step';
         const r = await this.ports.trainer.step(batch.batchId, tasks);
         stage = 'load';

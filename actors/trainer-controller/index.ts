@@ -240,6 +240,7 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
         return rows;
       },
       getRecord: (id) => w.store.get(id),
+      noteBatchTurns: (batchId, scenario, turns) => w.store.putBatchTurns(batchId, scenario, turns),
       commit: (next, s, rows) => w.store.commitConsumer(CONSUMER, next, STATE_KEY, s, rows),
       getRelease: (id) => readRelease(w.store, id),
       // As the gateway rendered the turn's own prompt, so that the hint is the only difference.

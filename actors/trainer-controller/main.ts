@@ -55,6 +55,8 @@ await runActor({
       'trainer-status': () => ({ weightVersion: c.currentVersion, releases: c.releaseCount, deadLetters: c.counters.dead_letters ?? 0, counters: { ...c.counters }, failures }),
       // Runs while the loop ticks: the controller makes it wait for the batch being trained.
       rollback: async (msg) => ({ release: await c.rollback(msg.releaseId, msg.keyId) }),
+      // As a rollback: it waits for the batch being trained.
+      'forget-records': async (msg) => ({ dropped: await c.forget(msg.recordIds) }),
     };
   },
   onDrain: async () => {

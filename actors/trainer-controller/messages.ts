@@ -1,6 +1,6 @@
 import { z } from 'zod';
 
-/** The trainer-controller's mailbox: status, releases, rollback. */
+/** The trainer-controller's mailbox: status, releases, rollback, deletion. */
 export const trainerStatus = z.object({ type: z.literal('trainer-status'), requestId: z.string() });
 
 /** Puts an earlier release back (`releaseId` null = the one before the current; 'base' = the base model). */
@@ -13,7 +13,10 @@ export const rollbackRequest = z.object({
   keyId: z.string().nullable(),
 });
 
-export const trainerControllerMessages = z.discriminatedUnion('type', [trainerStatus, rollbackRequest]);
+/** Deletion on request (the gateway): drop these turns from unbatched tasks and untrained batches. Replies `{dropped}`. */
+export const forgetRecords = z.object({ type: z.literal('forget-records'), requestId: z.string(), recordIds: z.array(z.string()) });
+
+export const trainerControllerMessages = z.discriminatedUnion('type', [trainerStatus, rollbackRequest, forgetRecords]);
 export type TrainerControllerMessage = z.output<typeof trainerControllerMessages>;
 
 /** Where the controller keeps its state in the store's kv table (with its judged-turn offset). */

@@ -44,6 +44,11 @@ describe('errors name the full path', () => {
     { name: 'durability', raw: { ...minimal(), reef: { durability: 'disk' } }, line: 'reef.durability: expected one of power, process, got "disk"' },
     { name: 'retention age', raw: { ...minimal(), reef: { retention: { max_age_days: 0 } } }, line: 'reef.retention.max_age_days: expected a positive number, got 0' },
     { name: 'retention size', raw: { ...minimal(), reef: { retention: { max_size_mb: -5 } } }, line: 'reef.retention.max_size_mb: expected a positive number, got -5' },
+    { name: 'redaction builtin', raw: { ...minimal(), reef: { redaction: { builtin: ['email', 'ssn'] } } }, line: 'reef.redaction.builtin[1]: expected one of email, phone, card, api_key, got "ssn"' },
+    { name: 'redaction pattern that does not compile', raw: { ...minimal(), reef: { redaction: { patterns: [{ name: 'emp', regex: 'EMP-\\d{6}' }, { name: 'bad', regex: '(EMP' }] } } }, line: 'reef.redaction.patterns[1].regex: expected a regular expression (JavaScript syntax): Invalid regular expression: /(EMP/gu: Unterminated group, got "(EMP"' },
+    { name: 'redaction pattern that matches nothing', raw: { ...minimal(), reef: { redaction: { patterns: [{ name: 'any', regex: 'x*' }] } } }, line: 'reef.redaction.patterns[0].regex: matches the empty string, so it would mask nothing' },
+    { name: 'redaction pattern name', raw: { ...minimal(), reef: { redaction: { patterns: [{ name: 'has space', regex: 'x' }] } } }, line: 'reef.redaction.patterns[0].name: expected a name of letters, digits and _ (at most 40, a letter first), got "has space"' },
+    { name: 'redaction apply_to', raw: { ...minimal(), reef: { redaction: { apply_to: 'sglang' } } }, line: 'reef.redaction.apply_to: expected one of openai, all, got "sglang"' },
     { name: 'api key item', raw: { ...minimal(), reef: { api_keys: [{ key: KEY, key_env: 'K' }] } }, line: 'reef.api_keys[0]: set exactly one of key and key_env' },
     // Names the store would refuse on every request, and a key no client could present.
     { name: 'default scenario the store refuses', raw: { ...minimal(), reef: { default_scenario: 'Prod' } }, line: 'reef.default_scenario: expected a scenario name (lower-case letters, digits, ".", "_" and "-", starting with a letter or digit, at most 64), got "Prod"' },
@@ -204,7 +209,7 @@ describe('overrides', () => {
 describe('resolved config', () => {
   it('applies defaults', async () => {
     const cfg = await ok(minimal());
-    expect(cfg.reef).toEqual({ host: '127.0.0.1', port: 8600, api_keys: [], allowed_hosts: [], allowed_origins: [], data_dir: '/srv/reef/.reef', durability: 'power', retention: { max_age_days: null, max_size_mb: null, interval_s: 3600 }, default_scenario: 'default', default_max_tokens: 1024, log_level: 'info',
+    expect(cfg.reef).toEqual({ host: '127.0.0.1', port: 8600, api_keys: [], allowed_hosts: [], allowed_origins: [], data_dir: '/srv/reef/.reef', durability: 'power', retention: { max_age_days: null, max_size_mb: null, interval_s: 3600 }, redaction: { builtin: ['email', 'phone', 'card', 'api_key'], patterns: [], apply_to: 'openai' }, default_scenario: 'default', default_max_tokens: 1024, log_level: 'info',
       limits: {
         request_timeout_s: 120, headers_timeout_s: 30, body_idle_timeout_s: 30, keep_alive_timeout_s: 75, engine_timeout_s: 300, max_connections: 1024,
         body_bytes: 64 * 1024 * 1024, reef_body_bytes: 4 * 1024 * 1024, reef_concurrency: 8, page_bytes: 8 * 1024 * 1024, max_scenarios: 1000,

@@ -7,6 +7,7 @@ import { z } from 'zod';
 import { SCENARIO_RE, SCENARIO_RULE } from '../../actors/runtime/scenario-name.js';
 import { isPlainObject } from './keys.js';
 import { boolean, envName, nonEmptyString, nonNegativeInt, nonNegativeNumber, oneOf, port, positiveInt, positiveNumber, section, stringList } from './kit.js';
+import { BUILTIN_NAMES, type BuiltinName, patternProblem } from '../../actors/prm/redact.js';
 
 /** Runs an object-level check even when some of its fields failed, so all errors are collected. */
 const always = { when: () => true };
@@ -143,6 +144,28 @@ const limits = section({
   }),
 );
 
+/**
+ * Redaction before the judge (actors/prm/redact.ts): built-in rules and patterns of one's own,
+ * masked in the prompts a PRM actor sends to an external PRM.
+ */
+const redaction = section({
+  builtin: z.array(oneOf(BUILTIN_NAMES as unknown as [BuiltinName, ...BuiltinName[]]), { error: 'expected a list' }).default([...BUILTIN_NAMES]),
+  patterns: z.array(
+    z.strictObject({
+      // Upper-cased into the mask ([EMPLOYEE_ID]): letters, digits and _ keep the mask one word.
+      name: z.string({ error: 'expected a string' }).regex(/^[A-Za-z][A-Za-z0-9_]{0,39}$/, { error: 'expected a name of letters, digits and _ (at most 40, a letter first)' }),
+      regex: nonEmptyString().check(
+        z.superRefine((r: string, ctx) => {
+          const problem = r === '' ? null : patternProblem(r);
+          if (problem !== null) ctx.addIssue({ code: 'custom', message: problem });
+        }),
+      ),
+    }, { error: 'expected a mapping with name and regex' }),
+    { error: 'expected a list' },
+  ).default([]),
+  apply_to: oneOf(['openai', 'all']).default('openai'),
+});
+
 export const reefSchema = section({
   host: nonEmptyString().default('127.0.0.1'),
   port: port().default(8600),
@@ -156,6 +179,7 @@ export const reefSchema = section({
     max_size_mb: positiveNumber().nullable().default(null),
     interval_s: positiveInt().default(3600),
   }),
+  redaction,
   default_scenario: scenarioName().default('default'),
   default_max_tokens: positiveInt().nullable().default(1024),
   log_level: oneOf(['debug', 'info', 'warn', 'error']).default('info'),

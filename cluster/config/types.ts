@@ -65,6 +65,16 @@ export interface LimitsSection {
   readonly auth_failure_addresses: number;
 }
 
+/** Redaction before the judge (actors/prm/redact.ts). */
+export interface RedactionConfig {
+  /** Built-in rules: `email`, `phone`, `card`, `api_key`. @default all four */
+  readonly builtin: readonly ('email' | 'phone' | 'card' | 'api_key')[];
+  /** Patterns of one's own, each masked as `[NAME]`. @default [] */
+  readonly patterns: readonly { readonly name: string; readonly regex: string }[];
+  /** `openai`: prompts to an external OpenAI-API PRM (`prm_api: openai`); `all`: every PRM's. @default 'openai' */
+  readonly apply_to: 'openai' | 'all';
+}
+
 export interface RetentionConfig {
   /** Records and reports finished longer ago are deleted; null keeps everything. @default null */
   readonly max_age_days: number | null;
@@ -99,6 +109,8 @@ export interface ReefSection {
   readonly durability: 'power' | 'process';
   /** Deletion of old records, judgments and reports, and of chunks no record references. */
   readonly retention: RetentionConfig;
+  /** What is masked in the prompts sent to an external PRM; the records keep the original. */
+  readonly redaction: RedactionConfig;
   /** @default 'default' */
   readonly default_scenario: string;
   /** New tokens for a request that sets neither max_tokens nor max_completion_tokens; null = the rest of the context. @default 1024 */

@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { freePort } from '../../cluster/net.js';
 import { readRunFile } from '../../cluster/run-file.js';
@@ -136,7 +136,56 @@ describe('judged turns → batches → training → release → rollback', () =>
     const listed = await releases();
     expect(listed[0]).toMatchObject({ rollbackOf: 'base', weightVersion: 'base', sync: 'disk' });
 
+    // A user takes their data back. Their session (a unique marker in what they wrote) is judged,
+    // batched with another session's turn and trained into a release; the lineage names that
+    // release, and the deletion with rollback=true puts back the weights served before it (the
+    // base, after the rollback above).
+    const MARK = 'Zx7MarkerForgetMe';
+    const talk = async (session: string, words: string) => {
+      const msgs = [{ role: 'user', content: words }];
+      const r = await chat(session, msgs);
+      await chat(session, [...msgs, { role: 'assistant', content: r.content }, { role: 'user', content: `${words} Please redo that.` }]);
+    };
+    await talk('forget-me', `My name is ${MARK} and I live on ${MARK} street.`);
+    await talk('keep-me', 'Count to three for me.');
+    const mine = await waitFor(async () => {
+      const l = (await (await fetch(`${base()}/reef/scenarios/default/lineage?session=forget-me`)).json()) as { records: number; batches: { release_id: string | null }[]; releases: string[]; rollback_to: string | null };
+      return l.batches.some((b) => b.release_id !== null) ? l : null;
+    }, { what: 'a release trained on the session to delete', timeoutMs: 300_000, intervalMs: 1000 });
+    expect(mine).toMatchObject({ records: 2, serving_trained: true, rollback_to: 'base' });
+    const holding = (dir: string, marker: string): string[] => {
+      const out: string[] = [];
+      const walk = (d: string) => {
+        for (const e of readdirSync(d, { withFileTypes: true })) {
+          const p = join(d, e.name);
+          if (e.isDirectory()) walk(p);
+          else if (e.isFile() && readFileSync(p).includes(Buffer.from(marker))) out.push(p);
+        }
+      };
+      walk(dir);
+      return out;
+    };
+    expect(holding(join(cfg.dir, 'data'), MARK).some((p) => p.endsWith('records.sqlite') || p.endsWith('-wal'))).toBe(true);
+    const del = await fetch(`${base()}/reef/scenarios/default/sessions/forget-me?rollback=true`, { method: 'DELETE', headers: { 'content-type': 'application/json' }, body: '{}' });
+    const gone = (await del.json()) as { deleted: Record<string, unknown>; lineage: { releases: string[]; rollback_to: string }; rollback: { release: { rollbackOf: string } } | null };
+    expect(del.status, JSON.stringify(gone)).toBe(200);
+    expect(gone.deleted).toMatchObject({ records: 2, wal_truncated: true });
+    expect(gone.lineage.releases).toEqual(mine.releases);
+    expect(gone.rollback).toMatchObject({ release: { rollbackOf: 'base' } });
+    expect(await probe()).toEqual(before);
+    // While the stack runs: no byte of it in the store, its WAL, its shared memory, the logs, the
+    // checkpoints, or the batch record file; nor in an export of the scenario.
+    expect(holding(cfg.dir, MARK)).toEqual([]);
+    const out = join(cfg.dir, 'export.jsonl');
+    const exported = await runReef(['export', 'records', '--scenario', 'default', '--out', out, '-c', cfg.path], { timeoutMs: 60_000 });
+    expect(exported.code, exported.stderr).toBe(0);
+    expect(readFileSync(out, 'utf8')).toContain('Count to three for me.');
+    expect(holding(cfg.dir, MARK)).toEqual([]);
+
     const down = await runReef(['down', '-c', cfg.path], { timeoutMs: 180_000 });
     expect(down.code, down.stderr).toBe(0);
-  });
+    expect(holding(cfg.dir, MARK)).toEqual([]);
+    // Its own bound, not the suite's 120 s: on 2 loaded cores the two trained batches, the
+    // rollback and the deletion's trained batch and rollback together come near that.
+  }, 300_000);
 });

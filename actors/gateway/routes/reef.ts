@@ -5,6 +5,7 @@ import { canSee, type Principal } from '../auth.js';
 import { sendError, sendReefError } from '../http-errors.js';
 import { logprobToJson } from '../store/json-numbers.js';
 import type { AgentRecord, RecordStore } from '../store/types.js';
+import { type DeletionDeps, registerDeletionRoutes } from './deletion.js';
 import { registerJudgedRoutes } from './judged.js';
 import { scenarioOf } from './openai.js';
 import type { DiskGuard, ScenarioCap } from '../limits.js';
@@ -24,6 +25,8 @@ export interface ReefRouteDeps {
   scenarios?: ScenarioCap | null;
   /** Refuses writes when the data dir's disk is nearly full. @default null */
   disk?: DiskGuard | null;
+  /** Deletion on request and lineage (routes/deletion.ts); absent: those routes are not served. @default null */
+  deletion?: Omit<DeletionDeps, 'rollback'> | null;
 }
 
 function isPlainObject(v: unknown): v is Record<string, unknown> {
@@ -216,4 +219,5 @@ export function registerReefRoutes(app: FastifyInstance, deps: ReefRouteDeps, pr
 
   app.get('/reef/status', async () => ({ ...(await deps.status()), store: deps.store.stats() }));
   registerJudgedRoutes(app, { store: deps.store, canRollback: deps.rollback !== undefined }, principalOf, guard, fail);
+  if (deps.deletion) registerDeletionRoutes(app, { ...deps.deletion, ...(deps.rollback ? { rollback: deps.rollback } : {}) }, principalOf, guard, fail);
 }

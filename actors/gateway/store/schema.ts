@@ -156,6 +156,20 @@ const MIGRATIONS: readonly string[] = [
   ) STRICT;
   CREATE INDEX responses_by_age ON responses(created_at);
   `,
+  // 11 (IF NOT EXISTS: a test rebuilds older files by dropping what later steps add, not this): lineage (deletion.ts, GET /reef/scenarios/{s}/lineage): which turns each batch was formed
+  // from, written by the trainer-controller before the batch trains; the release that trained a
+  // batch names it in its batchIds. Ids only, no text, so it outlives the records (retention and
+  // deletion leave it): what a release was trained on stays answerable after the data is gone.
+  `
+  CREATE TABLE IF NOT EXISTS batch_turns (
+    batch_id TEXT NOT NULL,
+    scenario TEXT NOT NULL,
+    turn_record_id TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (batch_id, turn_record_id)
+  ) STRICT, WITHOUT ROWID;
+  CREATE INDEX IF NOT EXISTS batch_turns_by_turn ON batch_turns(turn_record_id);
+  `,
 ];
 
 export const SCHEMA_VERSION = MIGRATIONS.length;

@@ -14,6 +14,7 @@ import {
   type FullRowShape, type RecordRow, type SummaryRowShape,
 } from './rows.js';
 import { checkSchema, migrate } from './schema.js';
+import { DELETION_PREFIX, type DeletionCounts, type DeletionTarget, deleteRows, scrub, secureDeleting, targetIds, truncateWal, zeroCounts } from './deletion.js';
 import { NO_ROWS, type StateRows } from './types.js';
 import type {
   AgentRecord, JudgedPoint, JudgedTurn, JudgedTurnView, ListOptions, NewJudgedTurn, NewRecord, NewReport, Page, Receipt, RecordStore, RecordSummary, Report, Scenario, StagedPayloads, StoreStats,
@@ -169,6 +170,7 @@ export class SqliteStore implements RecordStore, ResponseStore {
   private readonly fieldStatements = new Map<number, Database.Statement>();
   private readonly commitConsumerTx: (consumer: string, offset: number, key: string, value: string, puts: readonly [string, string][], deletes: readonly string[]) => void;
   private readonly putJudgmentTx: (recordId: string, judgment: string) => void;
+  private readonly putBatchTurnsTx: (batchId: string, scenario: string, turns: readonly string[], now: number) => void;
   /** Inserts chunks; answers the GC generation they are known stored at. */
   private readonly insertChunksTx: (chunks: Chunk[]) => number;
 
@@ -211,6 +213,10 @@ export class SqliteStore implements RecordStore, ResponseStore {
       db.pragma('journal_mode = WAL');
       db.pragma(`synchronous = ${synchronous}`);
       db.pragma('foreign_keys = ON');
+      // A deleted or rewritten row's cell is zeroed in its page, at no extra I/O: deletion on request
+      // (deletion.ts) must leave no byte of what it deleted, and the judge and the controller rewrite
+      // rows that quote conversations on every commit.
+      db.pragma('secure_delete = FAST');
       db.pragma(`busy_timeout = ${busyMs}`);
       // With background checkpoints the automatic one (64 MB of WAL) only catches a stalled worker.
       if (background) db.pragma(`wal_autocheckpoint = ${WAL_SAFETY_PAGES}`);
@@ -321,6 +327,17 @@ export class SqliteStore implements RecordStore, ResponseStore {
       sql.putJudgment.run(recordId, judgment, Date.now());
     });
     this.putJudgmentTx = (r, j) => judgmentTx.immediate(r, j);
+    if (!db.readonly) {
+      const insertBatchTurn = db.prepare<[string, string, string, number]>('INSERT OR IGNORE INTO batch_turns (batch_id, scenario, turn_record_id, created_at) VALUES (?, ?, ?, ?)');
+      const batchTx = db.transaction((batchId: string, scenario: string, turns: readonly string[], now: number) => {
+        for (const t of turns) insertBatchTurn.run(batchId, scenario, t, now);
+      });
+      this.putBatchTurnsTx = (b, sc, t, n) => batchTx.immediate(b, sc, t, n);
+    } else {
+      this.putBatchTurnsTx = () => {
+        throw new ReefError('REEF_ERR_STORE', { reason: 'the store is open read-only' });
+      };
+    }
   }
 
   private live(): void {
@@ -627,6 +644,89 @@ export class SqliteStore implements RecordStore, ResponseStore {
   async deleteResponse(id: string, keyId: string): Promise<boolean> {
     this.live();
     return this.writing(`the deletion of stored response ${id}`, () => this.responses.delete(id, keyId));
+  }
+
+  /**
+   * Deletes a session's records (or a scenario's) and everything that holds their text
+   * (deletion.ts). `forget` is called with the ids after their rows are gone, to have the judge and
+   * the trainer-controller drop what they hold in memory; the rows are deleted again after it
+   * (what an actor wrote meanwhile), then the chunks, free pages and WAL are scrubbed. The ids are
+   * kept in an intent row from the start to the end, so a run stopped midway is finished by
+   * `resumeDeletions` or by asking again. Answers the counts (summed over this run).
+   */
+  async deleteRecords(target: DeletionTarget, forget: (ids: string[]) => Promise<void>, jobId?: string): Promise<DeletionCounts & { ids: string[] }> {
+    this.live();
+    checkScenarioName(target.scenario);
+    if (target.session !== null && (typeof target.session !== 'string' || target.session.length === 0)) throw invalid('session tag must be a non-empty string');
+    const key = DELETION_PREFIX + (jobId ?? JSON.stringify([target.scenario, target.session]));
+    const earlier = (await this.getState(key)) as { ids?: string[] } | null;
+    // The ids an interrupted run found (their records may be gone already) and those there are now.
+    const ids = [...new Set([...(earlier?.ids ?? []), ...targetIds(this.db, target)])];
+    await this.putState(key, { scenario: target.scenario, session: target.session, ids, startedAt: Date.now() });
+    const write = <T>(what: string, tx: () => T) => this.writing(what, tx);
+    const pause = async () => {
+      await new Promise<void>((r) => setImmediate(r));
+      this.live();
+    };
+    const counts = zeroCounts();
+    const add = (c: Partial<DeletionCounts>) => {
+      const into = counts as unknown as Record<string, number>;
+      for (const [k, v] of Object.entries(c)) if (typeof v === 'number') into[k] = (into[k] ?? 0) + v;
+    };
+    await secureDeleting(this.db, async () => {
+      add(await deleteRows(this.db, target.scenario, ids, write, pause));
+      await forget(ids);
+      add(await deleteRows(this.db, target.scenario, ids, write, pause));
+      await this.deleteState(key);
+      const s = await scrub(this.db, write, pause);
+      add(s);
+      counts.walTruncated = s.walTruncated;
+    });
+    return { ...counts, ids };
+  }
+
+  /** Finishes every deletion an earlier run left (its intent row still there); answers how many. */
+  async resumeDeletions(forget: (ids: string[]) => Promise<void>): Promise<number> {
+    this.live();
+    const left = await this.statesWithPrefix(DELETION_PREFIX);
+    for (const [k, v] of left) {
+      const t = v as { scenario: string; session: string | null };
+      await this.deleteRecords({ scenario: t.scenario, session: t.session }, forget, k.slice(DELETION_PREFIX.length));
+    }
+    return left.length;
+  }
+
+  /** Checkpoints the WAL and truncates it (deletion.ts truncateWal); false when a reader kept it from the end. */
+  truncateWal(): boolean {
+    this.live();
+    return truncateWal(this.db);
+  }
+
+  /** The ids of a session's records (or a scenario's, with `session` null), oldest first. */
+  async recordIdsOf(target: DeletionTarget): Promise<string[]> {
+    this.live();
+    checkScenarioName(target.scenario);
+    return targetIds(this.db, target);
+  }
+
+  /** Notes which turns a batch is formed from (lineage); idempotent. */
+  async putBatchTurns(batchId: string, scenario: string, turnRecordIds: readonly string[]): Promise<void> {
+    this.live();
+    checkKey(batchId, 'batch id');
+    const now = Date.now();
+    await this.writing(`the lineage of batch ${batchId}`, () => this.putBatchTurnsTx(batchId, scenario, turnRecordIds, now));
+  }
+
+  /** The batches each of these turn record ids went into: turn id → batch ids (turns in none are left out). */
+  async batchesOf(turnRecordIds: readonly string[]): Promise<Map<string, string[]>> {
+    this.live();
+    const out = new Map<string, string[]>();
+    const q = this.db.prepare<[string], string>('SELECT batch_id FROM batch_turns WHERE turn_record_id = ? ORDER BY batch_id').pluck();
+    for (const id of turnRecordIds) {
+      const b = q.all(id);
+      if (b.length > 0) out.set(id, b);
+    }
+    return out;
   }
 
   /**
