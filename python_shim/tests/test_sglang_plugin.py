@@ -55,8 +55,8 @@ def probe(env: dict[str, str]) -> dict[str, object]:
         pytest.fail(f"SGLang's source is not at {SGLANG_SRC}: run scripts/setup.sh (it installs "
                     "python_shim/requirements-sglang-src.lock there)")
     env = {**env, "PYTHONPATH": os.pathsep.join([env.get("PYTHONPATH", ""), str(SGLANG_SRC)]).strip(os.pathsep)}
-    r = subprocess.run([sys.executable, str(PROBE), str(pick_free_port("127.0.0.1"))], env=env, capture_output=True,
-                       text=True, timeout=120)
+    ports = [str(pick_free_port("127.0.0.1")) for _ in range(2)]
+    r = subprocess.run([sys.executable, str(PROBE), *ports], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -64,9 +64,6 @@ def probe(env: dict[str, str]) -> dict[str, object]:
 def test_through_sglangs_own_loader_a_weight_group_gets_reefs_bound_instead_of_30_minutes() -> None:
     base = {k: v for k, v in os.environ.items() if k != sglang_plugin.ENV}
     base["PYTHONPATH"] = str(ROOT / "python_shim")
-    launched = probe(engine_env("sglang", base))
-    assert launched == {"timeout_s": SGLANG_WEIGHT_GROUP_TIMEOUT_S, "early_binding_patched": True,
-                        "plugins": [SGLANG_PLUGIN_NAME]}
-    # Without the plugin's path (what an engine launched by hand gets) torch's default stands.
-    alone = probe(base)
-    assert alone["timeout_s"] == 1800.0 and alone["plugins"] == []
+    # Before the plugins load, torch's default of 30 minutes; after, Reef's bound.
+    assert probe(engine_env("sglang", base)) == {"before_s": 1800.0, "timeout_s": SGLANG_WEIGHT_GROUP_TIMEOUT_S,
+                                                  "early_binding_patched": True, "plugins": [SGLANG_PLUGIN_NAME]}
