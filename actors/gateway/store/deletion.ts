@@ -1,5 +1,5 @@
 import type Database from 'better-sqlite3';
-import { collectChunks } from './retention.js';
+import { collectChunks, vacuum } from './retention.js';
 
 /**
  * Deletion on request (`DELETE /reef/scenarios/{s}/sessions/{tag}`, `DELETE /reef/scenarios/{s}/records`):
@@ -53,7 +53,6 @@ export function targetIds(db: Database.Database, t: DeletionTarget): string[] {
 }
 
 /** Pages one incremental-vacuum step frees (as retention.ts). */
-const VACUUM_STEP_PAGES = 1024;
 /** Tries of the WAL truncation, 50 ms apart, before the answer says it is not truncated yet. */
 const WAL_TRIES = 100;
 /** Rows per delete transaction: the gateway's own commits wait for one batch at most. */
@@ -108,19 +107,8 @@ export async function scrub(
   pause: () => Promise<void>,
 ): Promise<Pick<DeletionCounts, 'chunks' | 'vacuumed' | 'walTruncated'>> {
   const chunks = await collectChunks(db, BATCH, pause, undefined, write);
-  let vacuumed = 0;
-  if (db.pragma('auto_vacuum', { simple: true }) === 2) {
-    for (;;) {
-      const free = db.pragma('freelist_count', { simple: true }) as number;
-      if (free === 0) break;
-      // A step at a time, as retention does, so a chat completion's commit waits for one step at most.
-      await write('return of free pages', () => db.pragma(`incremental_vacuum(${Math.min(free, VACUUM_STEP_PAGES)})`));
-      const n = free - (db.pragma('freelist_count', { simple: true }) as number);
-      if (n <= 0) break;
-      vacuumed += n;
-      await pause();
-    }
-  }
+  // A step at a time, as retention does, so a chat completion's commit waits for one step at most.
+  const vacuumed = await vacuum(db, pause, undefined, write);
   // The judge and the controller read the store every 100 ms or so, and a reader's snapshot holds
   // the checkpoint back; the gateway's connection does not wait in SQLite's busy handler, so it tries again here.
   let walTruncated = truncateWal(db);

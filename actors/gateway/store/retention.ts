@@ -249,7 +249,7 @@ export async function runRetention(db: Database.Database, policy: RetentionPolic
  * Gives free pages back to the file system, VACUUM_STEP_PAGES per transaction. Only a file created
  * with auto_vacuum=INCREMENTAL (2) can; in any other the free pages stay for later writes to reuse.
  */
-async function vacuum(db: Database.Database, pause: () => Promise<void>, onCommit: RetentionOptions['onCommit'], write: NonNullable<RetentionOptions['write']>): Promise<number> {
+export async function vacuum(db: Database.Database, pause: () => Promise<void>, onCommit: RetentionOptions['onCommit'], write: NonNullable<RetentionOptions['write']>): Promise<number> {
   if (db.pragma('auto_vacuum', { simple: true }) !== 2) return 0;
   let total = 0;
   for (;;) {

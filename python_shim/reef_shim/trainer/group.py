@@ -278,10 +278,16 @@ class TrainerGroup:
         if self._adapter is not None:
             return self._load_adapter(path)
         _check_checkpoint(path, Path(spec["modelPath"]))
+        self._load_on_ranks(path)
+        self._version = checkpoint_version(path)
+        log.info("trainer: loaded %s (%s); optimizer state reset", path, self._version)
+        return {"weightVersion": self._version}
+
+    def _load_on_ranks(self, path: Path) -> None:
+        """Every rank loads `path`. Only the tensors are read there (the driver holds no model); a
+        file they cannot use fails the load like one checked here, and the ranks keep what they held."""
         errors = self._gather([r.load.remote(str(path)) for r in self._ranks], f"trainer-load {path}",
                               _Deadline(SETUP_TIMEOUT_S))
-        # Only the tensors are read on the ranks (the driver holds no model); a file they cannot
-        # use fails the load like one checked here, and the ranks keep the weights they held.
         failed = [(rank, e) for rank, e in enumerate(errors) if e]
         if failed:
             from .rank import PEER_FAILED
@@ -291,9 +297,6 @@ class TrainerGroup:
             rank, why = next(((r, e) for r, e in failed if e != PEER_FAILED), failed[0])
             where = f" (rank {rank} of {len(errors)})" if len(errors) > 1 else ""
             raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"checkpoint {path}{where}: {why}")
-        self._version = checkpoint_version(path)
-        log.info("trainer: loaded %s (%s); optimizer state reset", path, self._version)
-        return {"weightVersion": self._version}
 
     def _load_adapter(self, path: Path) -> dict[str, Any]:
         from .adapters import ADAPTER_CONFIG
@@ -308,15 +311,7 @@ class TrainerGroup:
             scenario = str(json.loads((path / META).read_text())["scenario"])
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"checkpoint {path}: its {META} names no scenario ({e})") from e
-        errors = self._gather([r.load.remote(str(path)) for r in self._ranks], f"trainer-load {path}",
-                              _Deadline(SETUP_TIMEOUT_S))
-        failed = [(rank, e) for rank, e in enumerate(errors) if e]
-        if failed:
-            from .rank import PEER_FAILED
-
-            rank, why = next(((r, e) for r, e in failed if e != PEER_FAILED), failed[0])
-            where = f" (rank {rank} of {len(errors)})" if len(errors) > 1 else ""
-            raise ShimError("REEF_ERR_INVALID_ARGUMENT", f"checkpoint {path}{where}: {why}")
+        self._load_on_ranks(path)
         version = checkpoint_version(path)
         self._scenario_versions[scenario] = version
         log.info("trainer: loaded scenario %r's adapter %s (%s) with its optimizer state", scenario, path, version)
