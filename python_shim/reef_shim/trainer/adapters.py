@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,7 +28,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .checkpoint import META, _fsync
+from .checkpoint import META, publish_dir
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -155,7 +153,7 @@ class Adapters:
 
     def save(self, scenario: str, out: Path, meta: dict[str, Any]) -> float:
         """Write the scenario's adapter and optimizer as one directory at `out`, atomically (a
-        hidden temporary directory renamed into place, every file fsynced as save_checkpoint does)."""
+        hidden temporary directory renamed into place: `checkpoint.publish_dir`)."""
         from safetensors.torch import save_file
 
         started = time.monotonic()
@@ -163,27 +161,16 @@ class Adapters:
         params = self.params(name)
         weights = {k: p.detach().to("cpu").contiguous().clone() for k, p in params.items()}
         opt_tensors, opt_meta = _optimizer_state(self.optimizers[name], params)
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        try:
+
+        def write(tmp: Path) -> None:
             save_file(weights, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
             save_file(opt_tensors, str(tmp / OPTIMIZER), metadata={"format": "pt"})
             self.config.save_pretrained(str(tmp))  # adapter_config.json
             (tmp / META).write_text(json.dumps({**meta, "scenario": scenario, "adapter": self.spec,
                                                 "optimizer": opt_meta, "createdAt": int(time.time() * 1000)},
                                                indent=1, sort_keys=True))
-            for f in tmp.iterdir():
-                _fsync(f)
-            _fsync(tmp)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if out.exists():
-            shutil.rmtree(out)
-        os.rename(tmp, out)
-        _fsync(out.parent)
+
+        publish_dir(out, write)
         return time.monotonic() - started
 
     def read(self, path: Path) -> tuple[str, dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:

@@ -23,7 +23,7 @@ import shutil
 import struct
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import ShimError
 
@@ -40,7 +40,7 @@ _VERSION = re.compile(r"^v(\d+)$")
 # it has not committed, so the newest entry is the one a retry can hit; the rest is margin. Without
 # a bound the file, rewritten and fsynced on every step, grew with every batch of the deployment.
 LEDGER_KEEP = 1024
-_PARTIAL = re.compile(r"^\.v\d+\.\d+\.tmp$")  # save_checkpoint's temporary directory
+_PARTIAL = re.compile(r"^\.v\d+\.\d+\.tmp$")  # publish_dir's temporary directory
 
 
 def _fsync(path: Path) -> None:
@@ -157,13 +157,9 @@ def next_version(checkpoint_dir: Path, ledger: Ledger) -> str:
     return f"v{max(seen) + 1}"
 
 
-def save_checkpoint(state: dict[str, Any], base_model: Path, out: Path, meta: dict[str, Any]) -> float:
-    """Write `state` (full tensors, CPU) as an HF directory at `out`; returns the seconds it took.
-    A tied lm_head must not be in `state` (safetensors refuses tensors that share storage): the
-    rank's gather leaves it out, and loading puts the embedding back in its place."""
-    from safetensors.torch import save_file
-
-    started = time.monotonic()
+def publish_dir(out: Path, write: Callable[[Path], None]) -> None:
+    """Write a checkpoint directory atomically: `write` fills a hidden temporary directory beside
+    `out`, every file and the directory are fsynced, and it is renamed into place."""
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     # A rank that died mid-save (OOM, a killed group) left its temporary directory, as large as the
     # model, under another pid: nothing else would ever remove it. One trainer writes here at a time.
@@ -173,12 +169,7 @@ def save_checkpoint(state: dict[str, Any], base_model: Path, out: Path, meta: di
                 shutil.rmtree(p, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        for name in COPIED:
-            if (base_model / name).is_file():
-                shutil.copyfile(base_model / name, tmp / name)
-        (tmp / META).write_text(json.dumps({**meta, "createdAt": int(time.time() * 1000)}, indent=1, sort_keys=True))
+        write(tmp)
         # The directory's fsync covers its entries, not the files' contents: without these a crash
         # after the rename could leave `v<n>` complete by name with empty or short files.
         for f in tmp.iterdir():
@@ -193,6 +184,25 @@ def save_checkpoint(state: dict[str, Any], base_model: Path, out: Path, meta: di
         shutil.rmtree(out)  # a leftover of a step that crashed after its rename but before the ledger
     os.rename(tmp, out)
     _fsync(out.parent)  # the rename: the ledger written next must not name a `v<n>` a crash could lose
+
+
+def save_checkpoint(state: dict[str, Any], base_model: Path, out: Path, meta: dict[str, Any]) -> float:
+    """Write `state` (full tensors, CPU) as an HF directory at `out`; returns the seconds it took.
+    A tied lm_head must not be in `state` (safetensors refuses tensors that share storage): the
+    rank's gather leaves it out, and loading puts the embedding back in its place."""
+    from safetensors.torch import save_file
+
+    started = time.monotonic()
+
+    def write(tmp: Path) -> None:
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for name in COPIED:
+            if (base_model / name).is_file():
+                shutil.copyfile(base_model / name, tmp / name)
+        (tmp / META).write_text(json.dumps({**meta, "createdAt": int(time.time() * 1000)}, indent=1, sort_keys=True))
+
+    publish_dir(out, write)
     return time.monotonic() - started
 
 
