@@ -71,18 +71,18 @@ export class EngineWeights {
     throw failed;
   }
 
+  /** A push put every weight in: they are the pushed release's again. */
+  pushed(): void {
+    this.unknown = null;
+  }
+
   /** The served label, or UNKNOWN_WEIGHTS while the weights cannot be named. */
   served(label: string | null): string | null {
     return this.unknown === null ? label : UNKNOWN_WEIGHTS;
   }
 
   private async loadOne(w: Weights): Promise<void> {
-    let r: { success: boolean; message: string };
-    try {
-      r = await this.engine.updateWeightsFromDisk(w.path, w.version);
-    } catch (err) {
-      throw new Error((err as Error).message, { cause: err });
-    }
+    const r = await this.engine.updateWeightsFromDisk(w.path, w.version);
     if (!r.success) throw new Error(r.message);
     const f = await this.engine.flushCache(this.flushWaitS);
     if (!f.flushed) throw new Error(`the weights are in, but the engine was not idle within ${this.flushWaitS} s to drop the cache of the earlier ones: ${f.message}`);

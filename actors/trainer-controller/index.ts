@@ -284,7 +284,7 @@ export async function createController(w: WiringOptions): Promise<{ controller: 
             // here. A restore loads what the engine should serve already: nothing before it to go back to.
             await weights.load({ path, version }, kind === 'restore' ? null : lastGood());
           } else {
-            weights.unknown = null;
+            weights.pushed();
           }
           if (gw) await gw.call({ type: 'resume-generation', weightVersion: version });
           return published;

@@ -80,8 +80,8 @@ def engine_command(module: str, model_path: str, host: str, port: int, extra_arg
 
 # Where Reef's SGLang plugin is found (`engines/sglang_plugin.py`): its dist-info directory, and
 # the directory `reef_shim` is imported from.
-SGLANG_PLUGIN_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sglang_plugins")
 _SHIM_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SGLANG_PLUGIN_PATH = os.path.join(_SHIM_ROOT, "sglang_plugins")
 SGLANG_PLUGIN_NAME = "reef_weight_group_timeout"
 # How long SGLang's end of a weight-update group waits on it: a push's own bound (the trainer's
 # PUSH_TIMEOUT_S) and the minute the shim waits past it, instead of torch's 30 minutes.
