@@ -257,14 +257,20 @@ class TrainerRank:
         self.optimizer.zero_grad(set_to_none=True)
         forward_backward_s = time.monotonic() - started
         if self.adapters is not None:
-            return self._save_adapter(scenario or "", out_dir, meta, sums, forward_backward_s)
-        state = self._full_state()
+            # Every rank holds the adapter whole: rank 0 writes it (and its optimizer) alone.
+            def save(out: Path) -> float:
+                return self.adapters.save(scenario or "", out, meta)
+        else:
+            state = self._full_state()
+
+            def save(out: Path) -> float:
+                return save_checkpoint(state, self.model_path, out, meta)
         save_s = 0.0
         if self.rank == 0 and out_dir is not None:
             from safetensors import SafetensorError  # what save_file raises for an I/O error
 
             try:
-                save_s = save_checkpoint(state, self.model_path, Path(out_dir), meta)
+                save_s = save(Path(out_dir))
             except (OSError, SafetensorError) as e:
                 # Raised, it read as the batch's fault (REEF_ERR_TRAINER), and a full disk had every
                 # batch dead-lettered in turn. The weights have taken the step: the group must not
@@ -272,20 +278,6 @@ class TrainerRank:
                 return {"error": f"the checkpoint {out_dir} could not be saved: {type(e).__name__}: {e}",
                         "applied": True, "sums": sums}
         return {"error": None, "sums": sums, "train_s": forward_backward_s, "save_s": save_s}
-
-    def _save_adapter(self, scenario: str, out_dir: str | None, meta: dict[str, Any], sums: dict[str, float],
-                      train_s: float) -> dict[str, Any]:
-        """Rank 0 writes the scenario's adapter (and its optimizer); every rank holds it whole."""
-        save_s = 0.0
-        if self.rank == 0 and out_dir is not None:
-            from safetensors import SafetensorError
-
-            try:
-                save_s = self.adapters.save(scenario, Path(out_dir), meta)
-            except (OSError, SafetensorError) as e:  # as for full weights: applied, the group must not train on
-                return {"error": f"the checkpoint {out_dir} could not be saved: {type(e).__name__}: {e}",
-                        "applied": True, "sums": sums}
-        return {"error": None, "sums": sums, "train_s": train_s, "save_s": save_s}
 
     def _trainable(self) -> list[torch.nn.Parameter]:
         """The parameters a step updates: the active adapter's, or the sharded policy's."""
