@@ -677,10 +677,12 @@ export class SqliteStore implements RecordStore, ResponseStore {
       add(await deleteRows(this.db, target.scenario, ids, write, pause));
       await forget(ids);
       add(await deleteRows(this.db, target.scenario, ids, write, pause));
-      await this.deleteState(key);
       const s = await scrub(this.db, write, pause);
       add(s);
       counts.walTruncated = s.walTruncated;
+      // Last: a run stopped in the scrub leaves chunks only those records referenced, which a
+      // resumed run collects. The intent row holds ids alone, so its removal writes no text to the WAL.
+      await this.deleteState(key);
     });
     return { ...counts, ids };
   }
