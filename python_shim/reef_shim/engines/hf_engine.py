@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -149,36 +150,39 @@ class HFEngine:
 
     # --- LoRA adapters (lora_serving.py) ------------------------------------------------------------
 
-    def _check_adapter(self, name: str) -> None:
+    @contextmanager
+    def _adapter_request(self) -> Iterator[None]:
+        """A request naming an adapter the engine cannot serve is the request's fault: a 400."""
         from .lora_serving import AdapterError
         from .request import RequestError
 
         try:
-            self.adapters.check_known(name)
+            yield
         except AdapterError as e:
             raise RequestError(str(e), "REEF_ERR_NOT_FOUND", 400) from e
+
+    def _check_adapter(self, name: str) -> None:
+        with self._adapter_request():
+            self.adapters.check_known(name)
 
     def _acquire_adapter(self, name: str | None, busy: set[str]) -> bool:
-        from .lora_serving import AdapterError
-        from .request import RequestError
-
-        try:
+        with self._adapter_request():
             return self.adapters.acquire(name, busy)
-        except AdapterError as e:
-            raise RequestError(str(e), "REEF_ERR_NOT_FOUND", 400) from e
+
+    def _exclusive(self) -> Any:
+        """No request generating while held: the scheduler's pause of its batches, else the engine's lock."""
+        return self.scheduler.exclusive() if self.scheduler is not None else self.lock
 
     def load_lora_adapter(self, lora_name: str, lora_path: str) -> None:
         """SGLang's `/load_lora_adapter`: register and read an adapter, with no request generating
         (a running batch finishes first; new requests wait). Raises lora_serving.AdapterError."""
         self._require_memory()
-        hold = self.scheduler.exclusive() if self.scheduler is not None else self.lock
-        with hold:
+        with self._exclusive():
             self.adapters.register(lora_name, lora_path)
 
     def unload_lora_adapter(self, lora_name: str) -> None:
         """SGLang's `/unload_lora_adapter`: the requests using it finish first. Raises AdapterError."""
-        hold = self.scheduler.exclusive() if self.scheduler is not None else self.lock
-        with hold:
+        with self._exclusive():
             self.adapters.unregister(lora_name)
 
     def _refuse_with_adapters(self) -> None:
@@ -256,8 +260,7 @@ class HFEngine:
             return "nothing to release (the hf engine keeps no KV cache between requests)"
         if self.released is not None:
             raise WeightError("the weights' memory is already released")
-        hold = self.scheduler.exclusive() if self.scheduler is not None else self.lock
-        with hold:
+        with self._exclusive():
             weights = self._weights()
             self.released = {name: p.shape for name, p in weights.items()}
             for p in weights.values():
@@ -297,8 +300,7 @@ class HFEngine:
         # casts into the served dtype (an fp32 trainer's weights into a bf16 engine).
         self._require_memory()
         self._refuse_with_adapters()
-        hold = self.scheduler.exclusive() if self.scheduler is not None else self.lock
-        with hold, torch.inference_mode():
+        with self._exclusive(), torch.inference_mode():
             params = dict(self.model.named_parameters(remove_duplicate=False))
             buffers = dict(self.model.named_buffers())
             for name, tensor in state.items():
